@@ -1,0 +1,1 @@
+//! the node's actors, each a pure core plus a thin actix shell

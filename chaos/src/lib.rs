@@ -1,0 +1,1 @@
+//! fault injectors, recorded workloads and a linearizability checker

@@ -1,0 +1,1 @@
+//! network-namespace test hosts running real yard processes

@@ -1,0 +1,90 @@
+//! The command set replicated through Raft and the responses `apply` returns.
+//!
+//! `Command` is encoded by variant index, so new variants go at the end and old ones are never
+//! reordered or removed: a log written by an older `yard` must replay on a newer one.
+
+use serde::{Deserialize, Serialize};
+
+/// What openraft knows about a node: enough to reach it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    /// The QUIC address (`host:port`) other nodes dial.
+    pub addr: String,
+    /// The node's name; its certificate carries `node-<id>.<cluster>`.
+    pub name: String,
+}
+
+impl std::fmt::Display for NodeInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}@{}", self.name, self.addr)
+    }
+}
+
+/// Node metadata kept in the replicated state (richer than [`NodeInfo`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeMeta {
+    pub id: u64,
+    pub name: String,
+    pub addr: String,
+    pub roles: Vec<String>,
+    pub labels: Vec<(String, String)>,
+}
+
+/// A stored join token: only the secret's hash is replicated.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JoinToken {
+    pub id: String,
+    pub secret_sha256: [u8; 32],
+    pub expires_unix_ms: u64,
+}
+
+/// A value with the revision that last wrote it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Versioned {
+    pub value: String,
+    /// Revision of the write that produced this value.
+    pub revision: u64,
+    /// Revision of the write that created the key.
+    pub create_revision: u64,
+}
+
+/// A replicated command. Never reorder: the variant index is the wire tag.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Set `key` to `value`.
+    Put { key: String, value: String },
+    /// Remove `key`.
+    Delete { key: String },
+    /// Set `key` to `value` only if its current value is `expect` (`None`: key absent).
+    Cas {
+        key: String,
+        expect: Option<String>,
+        value: String,
+    },
+    /// Record or replace a node's metadata.
+    SetNode(NodeMeta),
+    /// Forget a node's metadata.
+    RemoveNode { id: u64 },
+    /// Store a join token (hash and expiry only).
+    CreateToken(JoinToken),
+    /// Drop join tokens that expired before `now_unix_ms` (the proposer's clock, so replay is
+    /// deterministic).
+    ExpireTokens { now_unix_ms: u64 },
+}
+
+/// What applying a command produced.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Response {
+    /// A membership or blank entry: nothing to report.
+    None,
+    /// The write succeeded at `revision`.
+    Written { revision: u64 },
+    /// A delete at `revision`; `existed` says whether there was anything to delete.
+    Deleted { revision: u64, existed: bool },
+    /// A compare-and-swap: on failure `current` is what the key held instead.
+    Cas {
+        succeeded: bool,
+        revision: u64,
+        current: Option<Versioned>,
+    },
+}

@@ -1,0 +1,325 @@
+//! The deterministic state machine: what every command does to the replicated tables.
+//!
+//! No I/O and no clock here: given the same entries in the same order, every node ends with the
+//! same tables and emits the same changes.
+
+use std::collections::BTreeMap;
+
+use openraft::{EntryPayload, LogId, StoredMembership};
+use serde::{Deserialize, Serialize};
+
+use crate::command::{Command, JoinToken, NodeInfo, NodeMeta, Response, Versioned};
+use crate::{NodeId, TypeConfig};
+
+/// One change to the replicated tables, as actors see it on the change feed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// A KV key now holds `value` (`None`: deleted) as of `revision`.
+    Kv {
+        revision: u64,
+        key: String,
+        value: Option<String>,
+    },
+    /// A node's metadata changed (`None`: removed).
+    Node {
+        revision: u64,
+        id: u64,
+        meta: Option<NodeMeta>,
+    },
+    /// The whole state was replaced (snapshot installed): subscribers must resync.
+    Reset { revision: u64 },
+}
+
+/// Every replicated table plus the bookkeeping openraft needs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateMachineData {
+    pub last_applied: Option<LogId<NodeId>>,
+    pub last_membership: StoredMembership<NodeId, NodeInfo>,
+    /// Cluster-wide revision: bumped by every write that changes a table.
+    pub revision: u64,
+    pub kv: BTreeMap<String, Versioned>,
+    pub nodes: BTreeMap<u64, NodeMeta>,
+    pub tokens: BTreeMap<String, JoinToken>,
+}
+
+impl StateMachineData {
+    /// Applies one log entry, returning its response and the changes it made.
+    pub fn apply_entry(&mut self, entry: &openraft::Entry<TypeConfig>) -> (Response, Vec<Change>) {
+        self.last_applied = Some(entry.log_id);
+        match &entry.payload {
+            EntryPayload::Blank => (Response::None, Vec::new()),
+            EntryPayload::Membership(m) => {
+                self.last_membership = StoredMembership::new(Some(entry.log_id), m.clone());
+                (Response::None, Vec::new())
+            }
+            EntryPayload::Normal(cmd) => self.apply_command(cmd),
+        }
+    }
+
+    /// Applies one command. Pure: the only input is the command and the current tables.
+    pub fn apply_command(&mut self, cmd: &Command) -> (Response, Vec<Change>) {
+        match cmd {
+            Command::Put { key, value } => {
+                let revision = self.bump();
+                self.put(key, value.clone(), revision);
+                (
+                    Response::Written { revision },
+                    vec![Change::Kv {
+                        revision,
+                        key: key.clone(),
+                        value: Some(value.clone()),
+                    }],
+                )
+            }
+            Command::Delete { key } => {
+                if self.kv.contains_key(key) {
+                    let revision = self.bump();
+                    self.kv.remove(key);
+                    (
+                        Response::Deleted {
+                            revision,
+                            existed: true,
+                        },
+                        vec![Change::Kv {
+                            revision,
+                            key: key.clone(),
+                            value: None,
+                        }],
+                    )
+                } else {
+                    (
+                        Response::Deleted {
+                            revision: self.revision,
+                            existed: false,
+                        },
+                        Vec::new(),
+                    )
+                }
+            }
+            Command::Cas { key, expect, value } => {
+                let current = self.kv.get(key);
+                if current.map(|v| &v.value) != expect.as_ref() {
+                    return (
+                        Response::Cas {
+                            succeeded: false,
+                            revision: self.revision,
+                            current: current.cloned(),
+                        },
+                        Vec::new(),
+                    );
+                }
+                let revision = self.bump();
+                self.put(key, value.clone(), revision);
+                (
+                    Response::Cas {
+                        succeeded: true,
+                        revision,
+                        current: self.kv.get(key).cloned(),
+                    },
+                    vec![Change::Kv {
+                        revision,
+                        key: key.clone(),
+                        value: Some(value.clone()),
+                    }],
+                )
+            }
+            Command::SetNode(meta) => {
+                let revision = self.bump();
+                self.nodes.insert(meta.id, meta.clone());
+                (
+                    Response::Written { revision },
+                    vec![Change::Node {
+                        revision,
+                        id: meta.id,
+                        meta: Some(meta.clone()),
+                    }],
+                )
+            }
+            Command::RemoveNode { id } => {
+                let revision = self.bump();
+                let existed = self.nodes.remove(id).is_some();
+                (
+                    Response::Deleted { revision, existed },
+                    vec![Change::Node {
+                        revision,
+                        id: *id,
+                        meta: None,
+                    }],
+                )
+            }
+            Command::CreateToken(token) => {
+                let revision = self.bump();
+                self.tokens.insert(token.id.clone(), token.clone());
+                (Response::Written { revision }, Vec::new())
+            }
+            Command::ExpireTokens { now_unix_ms } => {
+                let revision = self.bump();
+                self.tokens.retain(|_, t| t.expires_unix_ms > *now_unix_ms);
+                (Response::Written { revision }, Vec::new())
+            }
+        }
+    }
+
+    fn bump(&mut self) -> u64 {
+        self.revision += 1;
+        self.revision
+    }
+
+    fn put(&mut self, key: &str, value: String, revision: u64) {
+        let create_revision = self.kv.get(key).map_or(revision, |old| old.create_revision);
+        self.kv.insert(
+            key.to_owned(),
+            Versioned {
+                value,
+                revision,
+                create_revision,
+            },
+        );
+    }
+
+    /// Keys with `prefix`, in order.
+    pub fn list<'a>(
+        &'a self,
+        prefix: &'a str,
+    ) -> impl Iterator<Item = (&'a String, &'a Versioned)> + 'a {
+        self.kv
+            .range(prefix.to_owned()..)
+            .take_while(move |(k, _)| k.starts_with(prefix))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn put(k: &str, v: &str) -> Command {
+        Command::Put {
+            key: k.into(),
+            value: v.into(),
+        }
+    }
+
+    #[test]
+    fn cas_succeeds_only_on_expected_value() {
+        let mut sm = StateMachineData::default();
+        sm.apply_command(&put("a", "1"));
+        let (r, _) = sm.apply_command(&Command::Cas {
+            key: "a".into(),
+            expect: Some("2".into()),
+            value: "3".into(),
+        });
+        assert!(
+            matches!(r, Response::Cas { succeeded: false, revision: 1, current: Some(ref v) } if v.value == "1")
+        );
+        let (r, ch) = sm.apply_command(&Command::Cas {
+            key: "a".into(),
+            expect: Some("1".into()),
+            value: "3".into(),
+        });
+        assert!(matches!(
+            r,
+            Response::Cas {
+                succeeded: true,
+                revision: 2,
+                ..
+            }
+        ));
+        assert_eq!(ch.len(), 1);
+        assert_eq!(sm.kv["a"].value, "3");
+        assert_eq!(sm.kv["a"].create_revision, 1);
+    }
+
+    #[test]
+    fn cas_with_no_expectation_creates_only_absent_keys() {
+        let mut sm = StateMachineData::default();
+        let cas = Command::Cas {
+            key: "k".into(),
+            expect: None,
+            value: "v".into(),
+        };
+        assert!(matches!(
+            sm.apply_command(&cas).0,
+            Response::Cas {
+                succeeded: true,
+                ..
+            }
+        ));
+        assert!(matches!(
+            sm.apply_command(&cas).0,
+            Response::Cas {
+                succeeded: false,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn delete_of_missing_key_changes_nothing() {
+        let mut sm = StateMachineData::default();
+        let (r, ch) = sm.apply_command(&Command::Delete { key: "x".into() });
+        assert_eq!(
+            r,
+            Response::Deleted {
+                revision: 0,
+                existed: false
+            }
+        );
+        assert!(ch.is_empty());
+        assert_eq!(sm.revision, 0);
+    }
+
+    #[test]
+    fn list_returns_prefix_in_order() {
+        let mut sm = StateMachineData::default();
+        for k in ["b/2", "a/1", "b/1", "c"] {
+            sm.apply_command(&put(k, "v"));
+        }
+        let keys: Vec<_> = sm.list("b/").map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["b/1", "b/2"]);
+    }
+
+    fn arb_command() -> impl Strategy<Value = Command> {
+        let key = "[a-c]";
+        let val = "[0-2]";
+        prop_oneof![
+            (key, val).prop_map(|(k, v)| Command::Put { key: k, value: v }),
+            key.prop_map(|k| Command::Delete { key: k }),
+            (key, proptest::option::of(val), val).prop_map(|(k, e, v)| Command::Cas {
+                key: k,
+                expect: e,
+                value: v
+            }),
+        ]
+    }
+
+    proptest! {
+        /// Replaying the same commands gives the same tables (determinism), revisions never go
+        /// back, and every key's value equals the last successful write to it.
+        #[test]
+        fn apply_is_deterministic_and_matches_a_model(cmds in proptest::collection::vec(arb_command(), 0..64)) {
+            let mut a = StateMachineData::default();
+            let mut b = StateMachineData::default();
+            let mut model: BTreeMap<String, String> = BTreeMap::new();
+            let mut last_rev = 0;
+            for c in &cmds {
+                let (ra, _) = a.apply_command(c);
+                let (rb, _) = b.apply_command(c);
+                prop_assert_eq!(&ra, &rb);
+                prop_assert!(a.revision >= last_rev);
+                last_rev = a.revision;
+                match c {
+                    Command::Put { key, value } => { model.insert(key.clone(), value.clone()); }
+                    Command::Delete { key } => { model.remove(key); }
+                    Command::Cas { key, expect, value } => {
+                        if model.get(key) == expect.as_ref() { model.insert(key.clone(), value.clone()); }
+                    }
+                    _ => {}
+                }
+            }
+            prop_assert_eq!(&a, &b);
+            let got: BTreeMap<String, String> = a.kv.iter().map(|(k, v)| (k.clone(), v.value.clone())).collect();
+            prop_assert_eq!(got, model);
+        }
+    }
+}
