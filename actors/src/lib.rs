@@ -1,1 +1,5 @@
-//! the node's actors, each a pure core plus a thin actix shell
+//! The node's actors. Each is a pure core (deterministic, no I/O, no clock: events in, effects
+//! out) plus a thin actix shell that owns timers and I/O and executes the effects.
+
+pub mod health;
+pub mod liveness;

@@ -1,1 +1,13 @@
-//! yard
+//! `yard`: the Switchyard node daemon. This library half holds what the binary and the tests
+//! share: configuration, the PKI, the frame codec, the transports, Raft's network, the request
+//! handler and the admin client.
+
+pub mod client;
+pub mod config;
+pub mod frame;
+pub mod metrics;
+pub mod raft_network;
+pub mod rpc;
+pub mod service;
+pub mod tls;
+pub mod transport;

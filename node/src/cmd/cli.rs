@@ -1,0 +1,308 @@
+//! The command line, exactly as DESIGN.md's Interfaces section gives it.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use serde_json::json;
+use yard::client::AdminClient;
+use yard::rpc::{AdminReply, AdminRequest};
+
+use super::output::{print_status, Out};
+
+#[derive(Debug, Parser)]
+#[command(name = "yard", version, about = "Switchyard node daemon and cluster CLI")]
+pub struct Args {
+    /// Node(s) to talk to, `HOST:PORT`; a comma-separated list is tried in order.
+    #[arg(long, global = true, env = "YARD_ENDPOINT", default_value = "127.0.0.1:7480")]
+    endpoint: String,
+    /// Directory holding ca.crt, admin.crt and admin.key.
+    #[arg(long, global = true, env = "YARD_TLS_DIR", default_value = "/var/lib/yard/tls")]
+    tls_dir: PathBuf,
+    /// The cluster name certificates carry.
+    #[arg(long, global = true, env = "YARD_CLUSTER", default_value = "yard")]
+    cluster: String,
+    /// Machine-readable output.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Per-request timeout in milliseconds.
+    #[arg(long, global = true, default_value_t = 5000)]
+    timeout_ms: u64,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the node daemon.
+    Node {
+        #[command(subcommand)]
+        cmd: NodeCmd,
+    },
+    /// Manage the cluster CA.
+    Ca {
+        #[command(subcommand)]
+        cmd: CaCmd,
+    },
+    /// Join tokens for nodes without certificates.
+    Token {
+        #[command(subcommand)]
+        cmd: TokenCmd,
+    },
+    /// Leader, term, commit index, members and actors' health.
+    Status,
+    /// The replicated key-value store.
+    Kv {
+        #[command(subcommand)]
+        cmd: KvCmd,
+    },
+    /// Cluster membership.
+    Members {
+        #[command(subcommand)]
+        cmd: MembersCmd,
+    },
+    /// Benchmarks.
+    Bench {
+        #[command(subcommand)]
+        cmd: BenchCmd,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum NodeCmd {
+    /// Start the daemon; with no configuration at all, a one-node cluster on loopback.
+    Start {
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Initialise a new one-node cluster (first node only).
+        #[arg(long, conflicts_with = "join")]
+        bootstrap: bool,
+        /// Join the cluster through any member.
+        #[arg(long, value_name = "HOST:PORT")]
+        join: Option<String>,
+        /// A join token from `yard token create`, for a node with no certificate yet.
+        #[arg(long, requires = "join")]
+        token: Option<String>,
+        /// Log as JSON lines instead of human-readable text.
+        #[arg(long)]
+        log_json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum CaCmd {
+    /// Create ca.crt/ca.key and admin.crt/admin.key in DIR.
+    Init {
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    /// Issue a node certificate NAME.crt/NAME.key signed by DIR's CA.
+    Issue {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        id: u64,
+        #[arg(long = "ip")]
+        ips: Vec<IpAddr>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum TokenCmd {
+    /// Create a join token (secret, TTL, CA hash).
+    Create {
+        #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+        ttl: Duration,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum KvCmd {
+    Put { key: String, value: String },
+    Get { key: String },
+    Delete { key: String },
+    /// Set KEY to VALUE only if it holds OLD (or, with --expect-absent, does not exist).
+    Cas {
+        key: String,
+        #[arg(long, required_unless_present = "expect_absent")]
+        expect: Option<String>,
+        #[arg(long, conflicts_with = "expect")]
+        expect_absent: bool,
+        value: String,
+    },
+    List { prefix: Option<String> },
+}
+
+#[derive(Debug, Subcommand)]
+enum MembersCmd {
+    /// Remove a node from the cluster.
+    Remove { id: u64 },
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCmd {
+    /// Concurrent puts: throughput and latency percentiles.
+    Kv {
+        #[arg(long, default_value_t = 16)]
+        clients: usize,
+        #[arg(long, default_value_t = 10_000)]
+        ops: usize,
+        #[arg(long, default_value_t = 256)]
+        value_size: usize,
+    },
+}
+
+impl Args {
+    fn endpoints(&self) -> Vec<String> {
+        self.endpoint.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect()
+    }
+
+    fn client(&self) -> anyhow::Result<AdminClient> {
+        AdminClient::new(&self.endpoints(), &self.tls_dir, &self.cluster, Duration::from_millis(self.timeout_ms))
+            .with_context(|| format!("cannot use the admin credentials in {}", self.tls_dir.display()))
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let out = Out { json: args.json };
+    match &args.command {
+        Command::Node {
+            cmd: NodeCmd::Start {
+                config,
+                bootstrap,
+                join,
+                token,
+                log_json,
+            },
+        } => {
+            super::daemon::start(super::daemon::StartArgs {
+                config: config.clone(),
+                bootstrap: *bootstrap,
+                join: join.clone(),
+                token: token.clone(),
+                log_json: *log_json,
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Ca { cmd: CaCmd::Init { dir } } => {
+            yard::tls::init_ca_dir(dir, &args.cluster)?;
+            out.line(json!({"dir": dir, "ca": dir.join("ca.crt"), "admin": dir.join("admin.crt")}), || {
+                format!("created a CA and an admin certificate in {}", dir.display())
+            });
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Ca {
+            cmd: CaCmd::Issue { dir, name, id, ips },
+        } => {
+            if *id == 0 {
+                bail!("node id must be at least 1");
+            }
+            yard::tls::issue_node_cert(dir, &args.cluster, name, *id, ips)?;
+            let san = yard::tls::node_san(&args.cluster, *id);
+            out.line(json!({"name": name, "id": id, "san": san}), || {
+                format!("issued {}/{name}.crt for {san}", dir.display())
+            });
+            Ok(ExitCode::SUCCESS)
+        }
+        _ => runtime()?.block_on(client_command(&args, out)),
+    }
+}
+
+async fn client_command(args: &Args, out: Out) -> anyhow::Result<ExitCode> {
+    if let Command::Bench {
+        cmd: BenchCmd::Kv { clients, ops, value_size },
+    } = &args.command
+    {
+        if *clients == 0 || *ops == 0 {
+            bail!("--clients and --ops must be at least 1");
+        }
+        let client = args.client()?;
+        let report = super::bench::kv(client, *clients, *ops, *value_size).await?;
+        out.line(serde_json::to_value(&report)?, || report.human());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let client = args.client()?;
+    let req = match &args.command {
+        Command::Status => AdminRequest::Status,
+        Command::Token {
+            cmd: TokenCmd::Create { ttl },
+        } => AdminRequest::TokenCreate { ttl_secs: ttl.as_secs() },
+        Command::Kv { cmd } => match cmd {
+            KvCmd::Put { key, value } => AdminRequest::KvPut { key: key.clone(), value: value.clone() },
+            KvCmd::Get { key } => AdminRequest::KvGet { key: key.clone() },
+            KvCmd::Delete { key } => AdminRequest::KvDelete { key: key.clone() },
+            KvCmd::Cas { key, expect, value, .. } => AdminRequest::KvCas {
+                key: key.clone(),
+                expect: expect.clone(),
+                value: value.clone(),
+            },
+            KvCmd::List { prefix } => AdminRequest::KvList {
+                prefix: prefix.clone().unwrap_or_default(),
+            },
+        },
+        Command::Members {
+            cmd: MembersCmd::Remove { id },
+        } => AdminRequest::MembersRemove { id: *id },
+        Command::Node { .. } | Command::Ca { .. } | Command::Bench { .. } => unreachable!("handled above"),
+    };
+    let reply = client.admin(req.clone()).await?;
+    Ok(render(&req, reply, out))
+}
+
+fn render(req: &AdminRequest, reply: AdminReply, out: Out) -> ExitCode {
+    match (req, reply) {
+        (_, AdminReply::Status(s)) => print_status(&s, out),
+        (AdminRequest::KvGet { key }, AdminReply::Value(None)) => {
+            eprintln!("key not found: {key}");
+            return ExitCode::FAILURE;
+        }
+        (_, AdminReply::Value(Some(e))) => out.line(json!({"key": e.key, "value": e.value, "revision": e.revision}), || e.value.clone()),
+        (_, AdminReply::List(entries)) => {
+            let v: Vec<_> = entries.iter().map(|e| json!({"key": e.key, "value": e.value, "revision": e.revision})).collect();
+            out.line(serde_json::Value::Array(v), || {
+                entries.iter().map(|e| format!("{}\t{}", e.key, e.value)).collect::<Vec<_>>().join("\n")
+            });
+        }
+        (_, AdminReply::Written { revision }) => out.line(json!({"revision": revision}), || format!("revision {revision}")),
+        (_, AdminReply::Deleted { revision, existed }) => {
+            out.line(json!({"revision": revision, "deleted": existed}), || {
+                if existed { format!("deleted at revision {revision}") } else { "no such key".into() }
+            })
+        }
+        (AdminRequest::KvCas { key, .. }, AdminReply::Cas { succeeded, revision, current }) => {
+            out.line(
+                json!({"succeeded": succeeded, "revision": revision, "current": current.as_ref().map(|c| &c.value)}),
+                || {
+                    if succeeded {
+                        format!("revision {revision}")
+                    } else {
+                        format!("compare failed: {key} holds {}", current.as_ref().map_or("nothing".into(), |c| format!("{:?}", c.value)))
+                    }
+                },
+            );
+            if !succeeded {
+                return ExitCode::from(2);
+            }
+        }
+        (_, AdminReply::Cas { .. }) => {}
+        (_, AdminReply::Removed { id }) => out.line(json!({"removed": id}), || format!("removed node {id}")),
+        (_, AdminReply::Token { token, expires_unix_ms }) => {
+            out.line(json!({"token": token, "expires_unix_ms": expires_unix_ms}), || token.clone())
+        }
+        (_, AdminReply::Value(None)) => {}
+    }
+    ExitCode::SUCCESS
+}

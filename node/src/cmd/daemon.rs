@@ -1,0 +1,266 @@
+//! The daemon's process wiring: configuration, logging, certificates, the QUIC endpoint, Raft,
+//! the request handler, metrics, the actix actor system, bootstrap or join, and a graceful stop
+//! on SIGTERM.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use yard::client::AdminClient;
+use yard::config::{Config, LogFormat};
+use yard::rpc::{RedeemRequest, Reply, Request};
+use yard::service::{Node, NodeParts, RaftGauges};
+use yard::tls::{self, CertAuthority, Identity, Trust};
+use yard::transport::{self, Quic, QuicTransport, Target, Transport};
+use yard_actors::health::HealthRegistry;
+use yard_actors::liveness::{LivenessActor, ProbeTarget, Prober, Reachability};
+use yard_raft_store::NodeId;
+
+pub struct StartArgs {
+    pub config: Option<PathBuf>,
+    pub bootstrap: bool,
+    pub join: Option<String>,
+    pub token: Option<String>,
+    pub log_json: bool,
+}
+
+pub fn start(args: StartArgs) -> anyhow::Result<()> {
+    let cfg = Config::load(args.config.as_deref())?;
+    init_logging(&cfg, args.log_json)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("yard-rt")
+        .build()
+        .context("cannot start the async runtime")?;
+    rt.block_on(run(cfg, args))
+}
+
+fn init_logging(cfg: &Config, json: bool) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("YARD_LOG")
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&cfg.log.level))
+        .context("log.level is not a valid tracing filter")?;
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json || cfg.log.format == LogFormat::Json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+    Ok(())
+}
+
+/// Makes sure this node has a certificate: present already, generated for the embedded
+/// default, or obtained by redeeming a join token.
+async fn ensure_certificates(cfg: &Config, args: &StartArgs, tls_dir: &Path) -> anyhow::Result<()> {
+    let cert = tls_dir.join(format!("{}.crt", cfg.node.name));
+    if cert.exists() {
+        return Ok(());
+    }
+    let ip = cfg.node.listen.ip();
+    if let (Some(token), Some(seed)) = (&args.token, &args.join) {
+        let hash = token.rsplit('.').next().filter(|h| h.len() == 64).context("join token is malformed; expected <id>.<secret>.<ca-hash>")?;
+        let client_cfg = tls::client_config(&cfg.node.cluster, Trust::CaHash(hash.to_owned()), None)?;
+        let client = AdminClient::with_config(std::slice::from_ref(seed), client_cfg, &cfg.node.cluster, Duration::from_secs(10))?;
+        let req = Request::RedeemToken(RedeemRequest {
+            token: token.clone(),
+            id: cfg.node.id,
+            name: cfg.node.name.clone(),
+            ips: vec![ip],
+        });
+        match client.call(req).await.with_context(|| format!("cannot redeem the join token at {seed}"))? {
+            Reply::Certificate { ca, cert } => {
+                tls::write_ca_cert(tls_dir, &ca)?;
+                tls::write_cert(tls_dir, &cfg.node.name, &cert)?;
+                tracing::info!(dir = %tls_dir.display(), "obtained a node certificate with the join token");
+                return Ok(());
+            }
+            Reply::Error(e) => bail!("join token refused: {e}"),
+            other => bail!("unexpected reply to a token redemption: {other:?}"),
+        }
+    }
+    if cfg.tls.dir.is_none() && args.join.is_none() {
+        // The embedded default: a self-contained cluster with its own CA in the data dir.
+        if !tls_dir.join("ca.key").exists() {
+            tls::init_ca_dir(tls_dir, &cfg.node.cluster)?;
+            tracing::info!(dir = %tls_dir.display(), "generated a cluster CA");
+        }
+        tls::issue_node_cert(tls_dir, &cfg.node.cluster, &cfg.node.name, cfg.node.id, &[ip])?;
+        return Ok(());
+    }
+    bail!(
+        "no certificate {} for node {}: issue one with `yard ca issue` or join with --token",
+        cert.display(),
+        cfg.node.name
+    )
+}
+
+async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&cfg.node.data_dir)
+        .with_context(|| format!("cannot create node.data_dir {}", cfg.node.data_dir.display()))?;
+    let tls_dir = cfg.tls_dir();
+    ensure_certificates(&cfg, &args, &tls_dir).await?;
+    let identity = Identity::load(&tls_dir, &cfg.node.name)?;
+    let ca = if tls_dir.join("ca.key").exists() {
+        Some(Arc::new(CertAuthority::load(&tls_dir)?))
+    } else {
+        None
+    };
+    let cluster = cfg.node.cluster.clone();
+    let server_cfg = tls::server_config(&identity)?;
+    let client_cfg = tls::client_config(&cluster, Trust::Ca(identity.ca.clone()), Some(&identity))?;
+    let endpoint = quinn::Endpoint::server(server_cfg, cfg.node.listen)
+        .with_context(|| format!("cannot listen on node.listen {}", cfg.node.listen))?;
+    let max_frame = cfg.transport.max_frame_bytes;
+    let transport: Arc<dyn Transport> = Arc::new(Quic(QuicTransport::new(endpoint.clone(), client_cfg, cluster.clone(), max_frame)));
+
+    let (log, sm) = yard_raft_store::open(&cfg.node.data_dir.join("raft")).context("cannot open the raft store")?;
+    let feed = sm.feed();
+    let raft_cfg = Arc::new(cfg.raft.to_openraft(&cluster)?);
+    let net = yard::raft_network::RaftNet { transport: transport.clone() };
+    let raft = yard_raft_store::Raft::new(cfg.node.id, raft_cfg, net, log, sm)
+        .await
+        .context("cannot start raft")?;
+
+    let health = HealthRegistry::default();
+    let reachability = Reachability::default();
+    let rpc_timeout = Duration::from_millis(cfg.transport.rpc_timeout_ms);
+    let node = Node::new(NodeParts {
+        id: cfg.node.id,
+        name: cfg.node.name.clone(),
+        cluster: cluster.clone(),
+        addr: cfg.advertise(),
+        raft: raft.clone(),
+        feed,
+        transport: transport.clone(),
+        ca,
+        ca_hash: tls::ca_hash(&identity.ca),
+        rpc_timeout,
+        leader_wait: Duration::from_millis(cfg.raft.election_timeout_max_ms * 8).max(rpc_timeout),
+        health: health.clone(),
+        reachability: reachability.clone(),
+    });
+    let server = tokio::spawn(transport::serve(endpoint.clone(), Arc::new(node.clone()), cluster.clone(), max_frame));
+    if let Some(addr) = cfg.metrics.listen {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on metrics.listen {addr}"))?;
+        tokio::spawn(yard::metrics::serve(listener, Arc::new(RaftGauges(node.clone()))));
+    }
+    tracing::info!(id = cfg.node.id, listen = %cfg.node.listen, advertise = %cfg.advertise(), "node started");
+
+    let prober = Arc::new(RaftProber {
+        node: node.clone(),
+        transport: transport.clone(),
+        timeout: Duration::from_millis(cfg.liveness.interval_ms.max(100)),
+        rt: tokio::runtime::Handle::current(),
+    });
+    let actors = ActorSystem::start(cfg.liveness.interval_ms, cfg.liveness.misses, prober, reachability, health.clone())?;
+
+    let start_cluster = async {
+        if let Some(seed) = &args.join {
+            node.join(seed, Duration::from_secs(120)).await.map(|_| ()).map_err(anyhow::Error::msg)
+        } else if args.bootstrap || args.config.is_none() {
+            node.bootstrap().await.map_err(anyhow::Error::msg)
+        } else {
+            tracing::info!("neither --bootstrap nor --join: resuming from the store");
+            Ok(())
+        }
+    };
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = start_cluster => r?,
+        _ = term.recv() => { tracing::info!("SIGTERM before the node joined; stopping"); }
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: stopping"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupt: stopping"),
+    }
+    actors.stop();
+    if let Err(e) = raft.shutdown().await {
+        tracing::warn!(error = %e, "raft did not shut down cleanly");
+    }
+    endpoint.close(0u32.into(), b"shutdown");
+    server.abort();
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Probes members over the node's own transport, on the node's runtime.
+struct RaftProber {
+    node: Node,
+    transport: Arc<dyn Transport>,
+    timeout: Duration,
+    rt: tokio::runtime::Handle,
+}
+
+impl Prober for RaftProber {
+    fn targets(&self) -> ProbeTarget {
+        let m = self.node.raft().metrics().borrow().clone();
+        ProbeTarget {
+            leader: m.state == openraft::ServerState::Leader,
+            members: m.membership_config.membership().nodes().map(|(id, _)| *id).filter(|id| *id != self.node.id()).collect(),
+        }
+    }
+
+    fn probe(&self, id: NodeId) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>> {
+        let addr = self.node.raft().metrics().borrow().membership_config.membership().get_node(&id).map(|n| n.addr.clone());
+        let transport = self.transport.clone();
+        let timeout = self.timeout;
+        let task = self.rt.spawn(async move {
+            let Some(addr) = addr else { return false };
+            yard::metrics::METRICS.liveness_probes.inc();
+            let ok = matches!(transport.call(Target::node(id, addr), Request::Probe, timeout).await, Ok(Reply::Pong { id: got }) if got == id);
+            if !ok {
+                yard::metrics::METRICS.liveness_probe_failures.inc();
+            }
+            ok
+        });
+        Box::pin(async move { task.await.unwrap_or(false) })
+    }
+}
+
+/// The actix system on its own thread, hosting the actors under supervision.
+struct ActorSystem {
+    system: actix::System,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ActorSystem {
+    fn start(
+        interval_ms: u64,
+        misses: u32,
+        prober: Arc<dyn Prober>,
+        reachability: Reachability,
+        health: HealthRegistry,
+    ) -> anyhow::Result<Self> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("yard-actors".into())
+            .spawn(move || {
+                let system = actix::System::new();
+                system.block_on(async {
+                    let interval = Duration::from_millis(interval_ms);
+                    actix::Supervisor::start(move |_| LivenessActor::new(interval, misses, prober, reachability, health));
+                });
+                let _ = tx.send(actix::System::current());
+                if let Err(e) = system.run() {
+                    tracing::error!(error = %e, "actor system failed");
+                }
+            })
+            .context("cannot start the actor thread")?;
+        let system = rx.recv().context("the actor system did not start")?;
+        Ok(Self {
+            system,
+            thread: Some(thread),
+        })
+    }
+
+    fn stop(mut self) {
+        self.system.stop();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,62 @@
+//! Human or JSON output, one place for both.
+
+use serde_json::{json, Value};
+use yard::rpc::Status;
+
+#[derive(Debug, Clone, Copy)]
+pub struct Out {
+    pub json: bool,
+}
+
+impl Out {
+    /// Prints `value` as JSON, or the human text `human` builds.
+    #[allow(clippy::print_stdout)]
+    pub fn line(&self, value: Value, human: impl FnOnce() -> String) {
+        if self.json {
+            println!("{value}");
+        } else {
+            let text = human();
+            if !text.is_empty() {
+                println!("{text}");
+            }
+        }
+    }
+}
+
+pub fn print_status(s: &Status, out: Out) {
+    let members: Vec<Value> = s
+        .members
+        .iter()
+        .map(|m| json!({"id": m.id, "name": m.name, "addr": m.addr, "role": m.role, "reachable": m.reachable}))
+        .collect();
+    let actors: Vec<Value> = s
+        .actors
+        .iter()
+        .map(|a| json!({"name": a.name, "healthy": a.healthy, "detail": a.detail}))
+        .collect();
+    let value = json!({
+        "id": s.id,
+        "leader": s.leader,
+        "term": s.term,
+        "commit_index": s.commit_index,
+        "members": members,
+        "actors": actors,
+    });
+    out.line(value, || {
+        let mut t = format!(
+            "leader {}  term {}  commit index {}  (answered by node {})\n",
+            s.leader.map_or("none".into(), |l| l.to_string()),
+            s.term,
+            s.commit_index,
+            s.id
+        );
+        t.push_str("ID  NAME        ADDR                   ROLE     REACHABLE\n");
+        for m in &s.members {
+            t.push_str(&format!("{:<3} {:<11} {:<22} {:<8} {}\n", m.id, m.name, m.addr, m.role, m.reachable));
+        }
+        for a in &s.actors {
+            t.push_str(&format!("actor {}: {} ({})\n", a.name, if a.healthy { "healthy" } else { "unhealthy" }, a.detail));
+        }
+        t.trim_end().to_owned()
+    });
+}

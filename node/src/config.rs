@@ -1,0 +1,370 @@
+//! Node configuration: embedded defaults < TOML file < `YARD_<SECTION>__<KEY>` environment
+//! variables. Unknown keys and bad values are errors that name the key, so a typo never
+//! silently falls back to a default.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub node: NodeSection,
+    pub tls: TlsSection,
+    pub metrics: MetricsSection,
+    pub raft: RaftSection,
+    pub liveness: LivenessSection,
+    pub transport: TransportSection,
+    pub log: LogSection,
+    pub gateway: GatewaySection,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodeSection {
+    pub id: u64,
+    pub name: String,
+    /// Certificates carry `node-<id>.<cluster>`; clusters with different names never mix.
+    pub cluster: String,
+    pub listen: SocketAddr,
+    /// What other nodes dial; defaults to `listen`.
+    pub advertise: Option<String>,
+    pub data_dir: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsSection {
+    /// Holds ca.crt plus `<node.name>.crt`/`.key`; defaults to `<data_dir>/tls`, where a
+    /// node with no configuration generates its own CA.
+    pub dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsSection {
+    /// Prometheus text on `GET /metrics`; `None` turns the port off.
+    pub listen: Option<SocketAddr>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RaftSection {
+    pub heartbeat_ms: u64,
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    /// Build a snapshot after this many log entries since the last one.
+    pub snapshot_every: u64,
+    /// Log entries kept behind the snapshot, so a briefly absent follower catches up from the
+    /// log; one further behind gets the snapshot.
+    pub logs_kept: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LivenessSection {
+    pub interval_ms: u64,
+    pub misses: u32,
+    pub lease_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TransportSection {
+    pub max_frame_bytes: u32,
+    pub rpc_timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Human,
+    Json,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogSection {
+    pub format: LogFormat,
+    /// A tracing filter such as `info` or `yard=debug,openraft=warn`.
+    pub level: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum XdpMode {
+    Native,
+    Generic,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GatewaySection {
+    pub enabled: bool,
+    pub interface: String,
+    pub xdp_mode: XdpMode,
+}
+
+impl Default for NodeSection {
+    fn default() -> Self {
+        Self {
+            id: 1,
+            name: "n1".into(),
+            cluster: "yard".into(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 7480)),
+            advertise: None,
+            data_dir: PathBuf::from("/var/lib/yard"),
+        }
+    }
+}
+
+impl Default for TlsSection {
+    fn default() -> Self {
+        Self { dir: None }
+    }
+}
+
+impl Default for MetricsSection {
+    fn default() -> Self {
+        Self {
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], 9480))),
+        }
+    }
+}
+
+impl Default for RaftSection {
+    fn default() -> Self {
+        Self {
+            heartbeat_ms: 50,
+            election_timeout_min_ms: 250,
+            election_timeout_max_ms: 500,
+            snapshot_every: 10_000,
+            logs_kept: 1_000,
+        }
+    }
+}
+
+impl Default for LivenessSection {
+    fn default() -> Self {
+        Self {
+            interval_ms: 200,
+            misses: 3,
+            lease_ms: 1_000,
+        }
+    }
+}
+
+impl Default for TransportSection {
+    fn default() -> Self {
+        Self {
+            max_frame_bytes: crate::frame::DEFAULT_MAX_FRAME,
+            rpc_timeout_ms: 2_000,
+        }
+    }
+}
+
+impl Default for LogSection {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Human,
+            level: "info,openraft=warn".into(),
+        }
+    }
+}
+
+impl Default for GatewaySection {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            interface: "eth0".into(),
+            xdp_mode: XdpMode::Native,
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            node: NodeSection::default(),
+            tls: TlsSection::default(),
+            metrics: MetricsSection::default(),
+            raft: RaftSection::default(),
+            liveness: LivenessSection::default(),
+            transport: TransportSection::default(),
+            log: LogSection::default(),
+            gateway: GatewaySection::default(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {0} does not exist")]
+    Missing(PathBuf),
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+impl Config {
+    /// Loads defaults < `file` < environment `YARD_<SECTION>__<KEY>`.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::load_with_env(file, Env::prefixed("YARD_"))
+    }
+
+    fn load_with_env(file: Option<&Path>, env: Env) -> Result<Self, ConfigError> {
+        let mut fig = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = file {
+            if !path.exists() {
+                return Err(ConfigError::Missing(path.to_owned()));
+            }
+            fig = fig.merge(Toml::file(path));
+        }
+        // Only `SECTION__KEY` variables are config; `YARD_ENDPOINT` and friends belong to the CLI.
+        fig = fig.merge(env.filter(|k| k.as_str().contains("__")).split("__"));
+        let cfg: Config = fig.extract().map_err(|e| ConfigError::Invalid(describe(&e)))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key: &str, why: &str| Err(ConfigError::Invalid(format!("{key}: {why}")));
+        if self.node.id == 0 {
+            return bad("node.id", "must be at least 1");
+        }
+        if self.node.name.is_empty() || !self.node.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+            return bad("node.name", "use letters, digits and '-'");
+        }
+        if self.raft.heartbeat_ms == 0 || self.raft.heartbeat_ms >= self.raft.election_timeout_min_ms {
+            return bad("raft.heartbeat_ms", "must be above 0 and below raft.election_timeout_min_ms");
+        }
+        if self.raft.election_timeout_min_ms >= self.raft.election_timeout_max_ms {
+            return bad("raft.election_timeout_max_ms", "must exceed raft.election_timeout_min_ms");
+        }
+        if self.raft.snapshot_every == 0 {
+            return bad("raft.snapshot_every", "must be at least 1");
+        }
+        if self.liveness.interval_ms == 0 || self.liveness.misses == 0 {
+            return bad("liveness.interval_ms", "interval and misses must be at least 1");
+        }
+        if self.transport.max_frame_bytes < 4096 {
+            return bad("transport.max_frame_bytes", "must be at least 4096");
+        }
+        Ok(())
+    }
+
+    /// The address other nodes dial.
+    pub fn advertise(&self) -> String {
+        self.node.advertise.clone().unwrap_or_else(|| self.node.listen.to_string())
+    }
+
+    /// The TLS directory in force.
+    pub fn tls_dir(&self) -> PathBuf {
+        self.tls.dir.clone().unwrap_or_else(|| self.node.data_dir.join("tls"))
+    }
+}
+
+/// One sentence naming the key and what was wrong with it.
+fn describe(e: &figment::Error) -> String {
+    let mut parts = Vec::new();
+    for err in e.clone() {
+        let key = err.path.join(".");
+        let origin = err
+            .metadata
+            .as_ref()
+            .map(|m| m.interpolate(&err.profile.clone().unwrap_or_default(), &err.path))
+            .unwrap_or_else(|| key.clone());
+        let what = match &err.kind {
+            figment::error::Kind::UnknownField(field, _) => format!("unknown key `{}`", join_key(&key, field)),
+            kind => format!("{origin}: {kind}"),
+        };
+        parts.push(what);
+    }
+    parts.join("; ")
+}
+
+fn join_key(prefix: &str, field: &str) -> String {
+    if prefix.is_empty() {
+        field.to_owned()
+    } else {
+        format!("{prefix}.{field}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load_toml(toml: &str) -> Result<Config, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("yard.toml");
+        std::fs::write(&path, toml).unwrap();
+        Config::load_with_env(Some(&path), Env::prefixed("YARD_TEST_NONE_"))
+    }
+
+    #[test]
+    fn defaults_are_a_loopback_single_node() {
+        let cfg = Config::load_with_env(None, Env::prefixed("YARD_TEST_NONE_")).unwrap();
+        assert_eq!(cfg.node.listen.to_string(), "127.0.0.1:7480");
+        assert_eq!(cfg.advertise(), "127.0.0.1:7480");
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = load_toml("[node]\nlisten_addr = \"127.0.0.1:1\"\n").unwrap_err().to_string();
+        assert!(err.contains("node.listen_addr"), "{err}");
+    }
+
+    #[test]
+    fn unknown_section_is_named() {
+        let err = load_toml("[nod]\nid = 2\n").unwrap_err().to_string();
+        assert!(err.contains("nod"), "{err}");
+    }
+
+    #[test]
+    fn bad_value_is_named() {
+        let err = load_toml("[raft]\nheartbeat_ms = \"fast\"\n").unwrap_err().to_string();
+        assert!(err.contains("raft.heartbeat_ms"), "{err}");
+        let err = load_toml("[gateway]\nxdp_mode = \"turbo\"\n").unwrap_err().to_string();
+        assert!(err.contains("gateway.xdp_mode"), "{err}");
+    }
+
+    #[test]
+    fn env_overrides_file() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("yard.toml", "[node]\nid = 2\nname = \"a\"\n")?;
+            jail.set_env("YARD_NODE__ID", "3");
+            jail.set_env("YARD_ENDPOINT", "ignored:1");
+            let cfg = Config::load(Some(Path::new("yard.toml"))).map_err(|e| e.to_string())?;
+            assert_eq!(cfg.node.id, 3);
+            assert_eq!(cfg.node.name, "a");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn inconsistent_timeouts_are_refused() {
+        let err = load_toml("[raft]\nheartbeat_ms = 500\n").unwrap_err().to_string();
+        assert!(err.contains("raft.heartbeat_ms"), "{err}");
+    }
+}
+
+impl RaftSection {
+    /// The openraft configuration these settings describe.
+    pub fn to_openraft(&self, cluster: &str) -> Result<openraft::Config, ConfigError> {
+        openraft::Config {
+            cluster_name: cluster.to_owned(),
+            heartbeat_interval: self.heartbeat_ms,
+            election_timeout_min: self.election_timeout_min_ms,
+            election_timeout_max: self.election_timeout_max_ms,
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_every),
+            max_in_snapshot_log_to_keep: self.logs_kept,
+            install_snapshot_timeout: 2_000,
+            ..Default::default()
+        }
+        .validate()
+        .map_err(|e| ConfigError::Invalid(format!("raft: {e}")))
+    }
+}

@@ -1,0 +1,128 @@
+//! Every request a node accepts on its QUIC endpoint, and the replies. One enum for the whole
+//! endpoint so Raft, admin, join and liveness traffic share one listener and one frame codec.
+
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use serde::{Deserialize, Serialize};
+use yard_raft_store::{NodeId, TypeConfig};
+
+use crate::tls::CertPem;
+
+/// A request on one bidirectional stream.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Request {
+    /// Raft traffic: nodes only.
+    Raft(RaftRequest),
+    /// Operator requests: admins, or nodes forwarding an admin's request to the leader.
+    Admin(AdminRequest),
+    /// A node with a certificate asks to join (forwarded to the leader).
+    Join(JoinRequest),
+    /// A node without a certificate redeems a join token for one.
+    RedeemToken(RedeemRequest),
+    /// Liveness probe from the leader.
+    Probe,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum RaftRequest {
+    AppendEntries(AppendEntriesRequest<TypeConfig>),
+    Vote(VoteRequest<NodeId>),
+    InstallSnapshot(InstallSnapshotRequest<TypeConfig>),
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum RaftReply {
+    AppendEntries(AppendEntriesResponse<NodeId>),
+    Vote(VoteResponse<NodeId>),
+    InstallSnapshot(InstallSnapshotResponse<NodeId>),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum AdminRequest {
+    Status,
+    KvGet { key: String },
+    KvList { prefix: String },
+    KvPut { key: String, value: String },
+    KvDelete { key: String },
+    KvCas { key: String, expect: Option<String>, value: String },
+    MembersRemove { id: NodeId },
+    TokenCreate { ttl_secs: u64 },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JoinRequest {
+    pub id: NodeId,
+    pub name: String,
+    pub addr: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RedeemRequest {
+    pub token: String,
+    pub id: NodeId,
+    pub name: String,
+    pub ips: Vec<std::net::IpAddr>,
+}
+
+/// The reply on the same stream.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Reply {
+    Raft(Result<RaftReply, RaftFailure>),
+    Admin(AdminReply),
+    Joined { leader: NodeId },
+    Certificate { ca: String, cert: CertPem },
+    Pong { id: NodeId },
+    /// The request was refused or failed; one clear sentence.
+    Error(String),
+}
+
+/// A Raft RPC failed on the receiver (serialised openraft error text).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RaftFailure(pub String);
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct KvEntry {
+    pub key: String,
+    pub value: String,
+    pub revision: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MemberStatus {
+    pub id: NodeId,
+    pub name: String,
+    pub addr: String,
+    pub role: String,
+    pub reachable: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ActorHealth {
+    pub name: String,
+    pub healthy: bool,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Status {
+    pub id: NodeId,
+    pub leader: Option<NodeId>,
+    pub term: u64,
+    pub commit_index: u64,
+    pub members: Vec<MemberStatus>,
+    pub actors: Vec<ActorHealth>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum AdminReply {
+    Status(Status),
+    Value(Option<KvEntry>),
+    List(Vec<KvEntry>),
+    Written { revision: u64 },
+    Deleted { revision: u64, existed: bool },
+    Cas { succeeded: bool, revision: u64, current: Option<KvEntry> },
+    Removed { id: NodeId },
+    Token { token: String, expires_unix_ms: u64 },
+}

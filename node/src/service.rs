@@ -1,0 +1,622 @@
+//! What a node does with each request: authorise it by the peer's role, then serve it from the
+//! local Raft (reads through `ensure_linearizable`, writes through `client_write`) or forward it
+//! to the leader, so a client never needs to know who leads.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use openraft::error::{ClientWriteError, ForwardToLeader, RaftError};
+use openraft::{ChangeMembers, ServerState};
+use rand::Rng;
+use yard_actors::health::HealthRegistry;
+use yard_actors::liveness::Reachability;
+use yard_raft_store::{ChangeFeed, Command, JoinToken, NodeId, NodeInfo, NodeMeta, Raft, Response};
+
+use crate::metrics::{GaugeSource, METRICS};
+use crate::rpc::{
+    ActorHealth, AdminReply, AdminRequest, JoinRequest, KvEntry, MemberStatus, RaftFailure, RaftReply, RaftRequest,
+    RedeemRequest, Reply, Request, Status,
+};
+use crate::tls::{self, CertAuthority, PeerRole};
+use crate::transport::{BoxFut, Handler, Target, Transport};
+
+/// Everything a node's request handling needs.
+pub struct NodeParts {
+    pub id: NodeId,
+    pub name: String,
+    pub cluster: String,
+    pub addr: String,
+    pub raft: Raft,
+    pub feed: ChangeFeed,
+    pub transport: Arc<dyn Transport>,
+    /// Present on nodes that hold `ca.key`: only they can sign certificates for token joins.
+    pub ca: Option<Arc<CertAuthority>>,
+    pub ca_hash: String,
+    pub rpc_timeout: Duration,
+    /// How long a request waits for a leader to appear before giving up.
+    pub leader_wait: Duration,
+    pub health: HealthRegistry,
+    pub reachability: Reachability,
+}
+
+/// A running node's request handler. Cheap to clone.
+#[derive(Clone)]
+pub struct Node {
+    inner: Arc<NodeParts>,
+}
+
+enum Attempt<T> {
+    Done(T),
+    /// Not the leader: where to forward, if a leader is known.
+    Forward(Option<(NodeId, NodeInfo)>),
+}
+
+fn now_unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+fn entry(key: &str, v: &yard_raft_store::Versioned) -> KvEntry {
+    KvEntry {
+        key: key.to_owned(),
+        value: v.value.clone(),
+        revision: v.revision,
+    }
+}
+
+impl Node {
+    pub fn new(parts: NodeParts) -> Self {
+        Self { inner: Arc::new(parts) }
+    }
+
+    pub fn id(&self) -> NodeId {
+        self.inner.id
+    }
+
+    pub fn raft(&self) -> &Raft {
+        &self.inner.raft
+    }
+
+    pub fn feed(&self) -> &ChangeFeed {
+        &self.inner.feed
+    }
+
+    /// Initialises a one-node cluster of this node unless the store already belongs to one.
+    pub async fn bootstrap(&self) -> Result<(), String> {
+        let p = &self.inner;
+        if p.raft.is_initialized().await.map_err(|e| e.to_string())? {
+            tracing::info!("store already initialised; not bootstrapping again");
+            return Ok(());
+        }
+        let node = NodeInfo {
+            addr: p.addr.clone(),
+            name: p.name.clone(),
+        };
+        p.raft
+            .initialize(std::collections::BTreeMap::from([(p.id, node)]))
+            .await
+            .map_err(|e| format!("bootstrap failed: {e}"))?;
+        self.write_until_leader(Command::SetNode(self.meta())).await?;
+        tracing::info!(id = p.id, "bootstrapped a one-node cluster");
+        Ok(())
+    }
+
+    fn meta(&self) -> NodeMeta {
+        NodeMeta {
+            id: self.inner.id,
+            name: self.inner.name.clone(),
+            addr: self.inner.addr.clone(),
+            roles: vec!["voter".into()],
+            labels: Vec::new(),
+        }
+    }
+
+    /// Joins the cluster through any member at `seed`; retries until `deadline` passes.
+    pub async fn join(&self, seed: &str, deadline: Duration) -> Result<NodeId, String> {
+        let p = &self.inner;
+        if p.raft.is_initialized().await.map_err(|e| e.to_string())? {
+            tracing::info!("store already belongs to a cluster; not joining again");
+            return Ok(p.raft.current_leader().await.unwrap_or(p.id));
+        }
+        let req = JoinRequest {
+            id: p.id,
+            name: p.name.clone(),
+            addr: p.addr.clone(),
+        };
+        let start = Instant::now();
+        loop {
+            let timeout = p.rpc_timeout.max(Duration::from_secs(30));
+            let err = match p.transport.call(Target::any(seed), Request::Join(req.clone()), timeout).await {
+                Ok(Reply::Joined { leader }) => {
+                    tracing::info!(seed, leader, "joined the cluster");
+                    return Ok(leader);
+                }
+                Ok(Reply::Error(e)) => e,
+                Ok(other) => format!("unexpected reply {other:?}"),
+                Err(e) => e.to_string(),
+            };
+            if start.elapsed() > deadline {
+                return Err(format!("could not join through {seed}: {err}"));
+            }
+            tracing::warn!(seed, error = %err, "join attempt failed; retrying");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// Proposes `cmd`, waiting out an election if there is no leader yet (used at bootstrap).
+    async fn write_until_leader(&self, cmd: Command) -> Result<Response, String> {
+        let start = Instant::now();
+        loop {
+            match self.inner.raft.client_write(cmd.clone()).await {
+                Ok(resp) => return Ok(resp.data),
+                Err(e) if start.elapsed() < Duration::from_secs(10) => {
+                    tracing::debug!(error = %e, "waiting for leadership");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    }
+
+    /// Runs `local` on this node, or forwards `req` to the leader when this node does not lead.
+    /// A request that was itself forwarded is never forwarded again (no loops): the original
+    /// forwarder retries instead.
+    async fn leader_or_forward<T, F, Fut>(&self, forwarded: bool, req: &AdminRequest, local: F) -> Reply
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<Attempt<T>, String>>,
+        T: Into<AdminReply>,
+    {
+        let p = &self.inner;
+        let start = Instant::now();
+        loop {
+            let leader = match local().await {
+                Ok(Attempt::Done(r)) => return Reply::Admin(r.into()),
+                Ok(Attempt::Forward(leader)) => leader,
+                Err(e) => return Reply::Error(e),
+            };
+            if let Some((id, node)) = leader.filter(|(id, _)| *id != p.id) {
+                if forwarded {
+                    return Reply::Error(format!("node {} is not the leader; node {id} is", p.id));
+                }
+                METRICS.forwarded.inc();
+                match p
+                    .transport
+                    .call(Target::node(id, node.addr.clone()), Request::Admin(req.clone()), p.rpc_timeout)
+                    .await
+                {
+                    Ok(reply @ Reply::Admin(_)) => return reply,
+                    Ok(Reply::Error(e)) => tracing::debug!(leader = id, error = %e, "forwarded request failed"),
+                    Ok(other) => return Reply::Error(format!("unexpected reply from the leader: {other:?}")),
+                    Err(e) => tracing::debug!(leader = id, error = %e, "leader unreachable"),
+                }
+            }
+            if start.elapsed() > p.leader_wait {
+                return Reply::Error(format!(
+                    "no leader answered within {} ms; is a majority of the cluster up?",
+                    p.leader_wait.as_millis()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn write(&self, forwarded: bool, req: &AdminRequest, cmd: Command) -> Reply {
+        self.leader_or_forward(forwarded, req, || {
+            let cmd = cmd.clone();
+            async move {
+                match self.inner.raft.client_write(cmd).await {
+                    Ok(resp) => {
+                        METRICS.kv_writes.inc();
+                        Ok(Attempt::Done(resp.data))
+                    }
+                    Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => Ok(Attempt::Forward(leader_of(f))),
+                    Err(e) => Err(format!("write failed: {e}")),
+                }
+            }
+        })
+        .await
+    }
+
+    async fn read<T: Into<AdminReply>>(
+        &self,
+        forwarded: bool,
+        req: &AdminRequest,
+        f: impl Fn(&yard_raft_store::StateMachineData) -> T,
+    ) -> Reply {
+        self.leader_or_forward(forwarded, req, || async {
+            match self.inner.raft.ensure_linearizable().await {
+                Ok(_) => {
+                    METRICS.kv_reads.inc();
+                    Ok(Attempt::Done(self.inner.feed.read(&f)))
+                }
+                Err(RaftError::APIError(openraft::error::CheckIsLeaderError::ForwardToLeader(f))) => {
+                    Ok(Attempt::Forward(leader_of(f)))
+                }
+                Err(RaftError::APIError(e)) => {
+                    tracing::debug!(error = %e, "read barrier failed; retrying");
+                    Ok(Attempt::Forward(None))
+                }
+                Err(e) => Err(format!("read failed: {e}")),
+            }
+        })
+        .await
+    }
+
+    async fn handle_admin(&self, forwarded: bool, req: AdminRequest) -> Reply {
+        match &req {
+            AdminRequest::KvPut { key, value } => {
+                let cmd = Command::Put { key: key.clone(), value: value.clone() };
+                self.write(forwarded, &req, cmd).await
+            }
+            AdminRequest::KvDelete { key } => self.write(forwarded, &req, Command::Delete { key: key.clone() }).await,
+            AdminRequest::KvCas { key, expect, value } => {
+                let cmd = Command::Cas {
+                    key: key.clone(),
+                    expect: expect.clone(),
+                    value: value.clone(),
+                };
+                self.write(forwarded, &req, cmd).await
+            }
+            AdminRequest::KvGet { key } => {
+                let key = key.clone();
+                self.read(forwarded, &req, move |d| AdminReply::Value(d.kv.get(&key).map(|v| entry(&key, v))))
+                    .await
+            }
+            AdminRequest::KvList { prefix } => {
+                let prefix = prefix.clone();
+                self.read(forwarded, &req, move |d| {
+                    AdminReply::List(d.list(&prefix).map(|(k, v)| entry(k, v)).collect())
+                })
+                .await
+            }
+            AdminRequest::Status => self.status(forwarded, &req).await,
+            AdminRequest::MembersRemove { id } => self.remove_member(forwarded, &req, *id).await,
+            AdminRequest::TokenCreate { ttl_secs } => self.create_token(forwarded, &req, *ttl_secs).await,
+        }
+    }
+
+    /// The status as this node sees it; reachability is the leader's view, so a follower
+    /// forwards to the leader and falls back to its own view only if the leader is unreachable.
+    async fn status(&self, forwarded: bool, req: &AdminRequest) -> Reply {
+        let p = &self.inner;
+        let m = p.raft.metrics().borrow().clone();
+        if !forwarded && m.state != ServerState::Leader {
+            if let Some(leader) = m.current_leader {
+                if let Some(node) = m.membership_config.membership().get_node(&leader) {
+                    let target = Target::node(leader, node.addr.clone());
+                    if let Ok(reply @ Reply::Admin(_)) = p.transport.call(target, Request::Admin(req.clone()), p.rpc_timeout).await {
+                        return reply;
+                    }
+                }
+            }
+        }
+        Reply::Admin(AdminReply::Status(self.local_status()))
+    }
+
+    /// This node's own view of the cluster.
+    pub fn local_status(&self) -> Status {
+        let p = &self.inner;
+        let m = p.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership().clone();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let reach = p.reachability.snapshot();
+        let is_leader = m.state == ServerState::Leader;
+        let members = membership
+            .nodes()
+            .map(|(id, node)| MemberStatus {
+                id: *id,
+                name: node.name.clone(),
+                addr: node.addr.clone(),
+                role: if voters.contains(id) { "voter" } else { "learner" }.into(),
+                reachable: *id == p.id || (is_leader && reach.get(id).copied().unwrap_or(false)),
+            })
+            .collect();
+        // Raft's health is read live, not reported: a stuck core shows up here at once.
+        let raft = ActorHealth {
+            name: "raft".into(),
+            healthy: m.running_state.is_ok() && m.current_leader.is_some(),
+            detail: match (&m.running_state, m.current_leader) {
+                (Err(e), _) => format!("stopped: {e}"),
+                (Ok(()), None) => format!("{:?}, no leader known", m.state),
+                (Ok(()), Some(l)) => format!("{:?}, leader {l}", m.state),
+            },
+        };
+        let actors = std::iter::once(raft)
+            .chain(p.health.snapshot().into_iter().map(|(name, h)| ActorHealth {
+                name,
+                healthy: h.healthy,
+                detail: h.detail,
+            }))
+            .collect();
+        Status {
+            id: p.id,
+            leader: m.current_leader,
+            term: m.current_term,
+            commit_index: m.last_applied.map_or(0, |l| l.index),
+            members,
+            actors,
+        }
+    }
+
+    async fn remove_member(&self, forwarded: bool, req: &AdminRequest, id: NodeId) -> Reply {
+        let known = self
+            .inner
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(&id)
+            .is_some();
+        if !known {
+            return Reply::Error(format!("node {id} is not a member of this cluster"));
+        }
+        let reply = self
+            .leader_or_forward(forwarded, req, || async move {
+                let change = ChangeMembers::RemoveVoters(BTreeSet::from([id]));
+                match self.inner.raft.change_membership(change, false).await {
+                    Ok(_) => Ok(Attempt::Done(AdminReply::Removed { id })),
+                    Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => Ok(Attempt::Forward(leader_of(f))),
+                    Err(e) => Err(format!("cannot remove node {id}: {e}")),
+                }
+            })
+            .await;
+        if matches!(reply, Reply::Admin(_)) && self.inner.raft.metrics().borrow().state == ServerState::Leader {
+            // Best effort: the membership change is what matters; metadata follows.
+            let _ = self.inner.raft.client_write(Command::RemoveNode { id }).await;
+        }
+        reply
+    }
+
+    async fn create_token(&self, forwarded: bool, req: &AdminRequest, ttl_secs: u64) -> Reply {
+        if ttl_secs == 0 || ttl_secs > 7 * 24 * 3600 {
+            return Reply::Error("token ttl must be between 1 second and 7 days".into());
+        }
+        let (id, secret) = (random_token_part(6), random_token_part(16));
+        let expires_unix_ms = now_unix_ms() + ttl_secs * 1000;
+        let cmd = Command::CreateToken(JoinToken {
+            id: id.clone(),
+            secret_sha256: sha256(secret.as_bytes()),
+            expires_unix_ms,
+        });
+        match self.write(forwarded, req, cmd).await {
+            Reply::Admin(_) => Reply::Admin(AdminReply::Token {
+                token: format!("{id}.{secret}.{}", self.inner.ca_hash),
+                expires_unix_ms,
+            }),
+            other => other,
+        }
+    }
+
+    /// Adds a node as a learner, waits for it to catch up, then promotes it to voter.
+    async fn handle_join(&self, role: PeerRole, req: JoinRequest) -> Reply {
+        let p = &self.inner;
+        let members: BTreeSet<NodeId> = p.raft.metrics().borrow().membership_config.membership().nodes().map(|(id, _)| *id).collect();
+        match role {
+            PeerRole::Node(id) if id == req.id || members.contains(&id) => {}
+            PeerRole::Node(id) => {
+                return Reply::Error(format!("certificate names node {id} but the join is for node {}", req.id));
+            }
+            _ => return Reply::Error("joining needs a node certificate; redeem a join token first".into()),
+        }
+        let forwarded = role != PeerRole::Node(req.id);
+        let start = Instant::now();
+        loop {
+            let m = p.raft.metrics().borrow().clone();
+            if m.state == ServerState::Leader {
+                break;
+            }
+            if let Some(leader) = m.current_leader.filter(|l| *l != p.id) {
+                if forwarded {
+                    return Reply::Error(format!("node {} is not the leader; node {leader} is", p.id));
+                }
+                if let Some(node) = m.membership_config.membership().get_node(&leader) {
+                    METRICS.forwarded.inc();
+                    let timeout = Duration::from_secs(30);
+                    match p.transport.call(Target::node(leader, node.addr.clone()), Request::Join(req.clone()), timeout).await {
+                        Ok(reply) => return reply,
+                        Err(e) => tracing::debug!(error = %e, "forwarding join failed"),
+                    }
+                }
+            }
+            if start.elapsed() > p.leader_wait {
+                return Reply::Error("no leader to add the node; is a majority of the cluster up?".into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let node = NodeInfo {
+            addr: req.addr.clone(),
+            name: req.name.clone(),
+        };
+        if let Some(existing) = p.raft.metrics().borrow().membership_config.membership().get_node(&req.id) {
+            if existing.addr != req.addr {
+                return Reply::Error(format!(
+                    "node id {} is already a member at {}; remove it first",
+                    req.id, existing.addr
+                ));
+            }
+        }
+        tracing::info!(id = req.id, addr = %req.addr, "adding learner");
+        if let Err(e) = p.raft.add_learner(req.id, node, true).await {
+            return Reply::Error(format!("cannot add node {} as a learner: {e}", req.id));
+        }
+        if let Err(e) = p.raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([req.id])), false).await {
+            return Reply::Error(format!("cannot promote node {} to voter: {e}", req.id));
+        }
+        let meta = NodeMeta {
+            id: req.id,
+            name: req.name,
+            addr: req.addr,
+            roles: vec!["voter".into()],
+            labels: Vec::new(),
+        };
+        if let Err(e) = p.raft.client_write(Command::SetNode(meta)).await {
+            tracing::warn!(error = %e, "node metadata not recorded");
+        }
+        tracing::info!(id = req.id, "node promoted to voter");
+        Reply::Joined { leader: p.id }
+    }
+
+    /// Signs a node certificate for the holder of a valid join token.
+    async fn handle_redeem(&self, role: PeerRole, req: RedeemRequest) -> Reply {
+        let p = &self.inner;
+        if role == PeerRole::Admin {
+            return Reply::Error("admin certificates cannot redeem join tokens".into());
+        }
+        let Some(ca) = p.ca.clone() else {
+            // Only nodes holding ca.key can sign; the leader is the best guess for one.
+            let m = p.raft.metrics().borrow().clone();
+            if let (Some(leader), PeerRole::Anonymous) = (m.current_leader.filter(|l| *l != p.id), role) {
+                if let Some(node) = m.membership_config.membership().get_node(&leader) {
+                    return match p.transport.call(Target::node(leader, node.addr.clone()), Request::RedeemToken(req), p.rpc_timeout).await {
+                        Ok(reply) => reply,
+                        Err(e) => Reply::Error(format!("cannot reach the leader to sign a certificate: {e}")),
+                    };
+                }
+            }
+            return Reply::Error("no node reachable from here holds the CA key to sign certificates".into());
+        };
+        let mut parts = req.token.splitn(3, '.');
+        let (Some(id), Some(secret), Some(hash)) = (parts.next(), parts.next(), parts.next()) else {
+            return Reply::Error("join token is malformed; expected <id>.<secret>.<ca-hash>".into());
+        };
+        if hash != p.ca_hash {
+            return Reply::Error("join token belongs to another cluster's CA".into());
+        }
+        // Tokens only ever appear and expire, so a local read can wrongly refuse a token that
+        // is not replicated here yet, never wrongly accept one: wait briefly for replication.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let stored = loop {
+            match p.feed.read(|d| d.tokens.get(id).cloned()) {
+                Some(t) => break t,
+                None if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(50)).await,
+                None => return Reply::Error("join token is not valid for this cluster".into()),
+            }
+        };
+        if stored.secret_sha256 != sha256(secret.as_bytes()) {
+            return Reply::Error("join token is not valid for this cluster".into());
+        }
+        if stored.expires_unix_ms <= now_unix_ms() {
+            return Reply::Error("join token expired; create a new one with `yard token create`".into());
+        }
+        let known = p.raft.metrics().borrow().membership_config.membership().get_node(&req.id).cloned();
+        if let Some(existing) = known {
+            if existing.name != req.name {
+                return Reply::Error(format!("node id {} already belongs to {}", req.id, existing.name));
+            }
+        }
+        match ca.sign_node(&p.cluster, &req.name, req.id, &req.ips) {
+            Ok(cert) => {
+                tracing::info!(id = req.id, name = %req.name, "signed a node certificate for a token join");
+                Reply::Certificate {
+                    ca: ca.cert_pem.clone(),
+                    cert,
+                }
+            }
+            Err(e) => Reply::Error(format!("cannot sign a certificate: {e}")),
+        }
+    }
+
+    async fn handle_raft(&self, req: RaftRequest) -> Reply {
+        let raft = &self.inner.raft;
+        let res = match req {
+            RaftRequest::AppendEntries(r) => raft.append_entries(r).await.map(RaftReply::AppendEntries).map_err(|e| RaftFailure(e.to_string())),
+            RaftRequest::Vote(r) => raft.vote(r).await.map(RaftReply::Vote).map_err(|e| RaftFailure(e.to_string())),
+            RaftRequest::InstallSnapshot(r) => raft
+                .install_snapshot(r)
+                .await
+                .map(RaftReply::InstallSnapshot)
+                .map_err(|e| RaftFailure(e.to_string())),
+        };
+        Reply::Raft(res)
+    }
+}
+
+fn leader_of(f: ForwardToLeader<NodeId, NodeInfo>) -> Option<(NodeId, NodeInfo)> {
+    f.leader_id.zip(f.leader_node)
+}
+
+fn random_token_part(len: usize) -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut rng = rand::thread_rng();
+    (0..len).map(|_| char::from(ALPHABET[rng.gen_range(0..ALPHABET.len())])).collect()
+}
+
+fn sha256(bytes: &[u8]) -> [u8; 32] {
+    let d = ring::digest::digest(&ring::digest::SHA256, bytes);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(d.as_ref());
+    out
+}
+
+impl From<Response> for AdminReply {
+    fn from(r: Response) -> Self {
+        match r {
+            Response::None => AdminReply::Written { revision: 0 },
+            Response::Written { revision } => AdminReply::Written { revision },
+            Response::Deleted { revision, existed } => AdminReply::Deleted { revision, existed },
+            Response::Cas { succeeded, revision, current } => AdminReply::Cas {
+                succeeded,
+                revision,
+                current: current.map(|v| KvEntry {
+                    key: String::new(),
+                    value: v.value,
+                    revision: v.revision,
+                }),
+            },
+        }
+    }
+}
+
+impl Handler for Node {
+    fn handle(&self, role: PeerRole, req: Request) -> BoxFut<Reply> {
+        let this = self.clone();
+        Box::pin(async move {
+            match (role, req) {
+                (PeerRole::Node(_), Request::Raft(r)) => this.handle_raft(r).await,
+                (PeerRole::Node(_), Request::Probe) => Reply::Pong { id: this.inner.id },
+                (PeerRole::Admin, Request::Admin(r)) => this.handle_admin(false, r).await,
+                (PeerRole::Node(_), Request::Admin(r)) => this.handle_admin(true, r).await,
+                (role, Request::Join(r)) => this.handle_join(role, r).await,
+                (role, Request::RedeemToken(r)) => this.handle_redeem(role, r).await,
+                (role, req) => {
+                    METRICS.requests_refused.inc();
+                    let what = match req {
+                        Request::Raft(_) => "raft traffic",
+                        Request::Admin(_) => "admin requests",
+                        Request::Probe => "liveness probes",
+                        Request::Join(_) | Request::RedeemToken(_) => "joins",
+                    };
+                    tracing::warn!(?role, what, "refused request for the peer's role");
+                    Reply::Error(format!("{what} need a {} certificate", if what == "admin requests" { "admin" } else { "node" }))
+                }
+            }
+        })
+    }
+}
+
+/// Gauges read from openraft at scrape time.
+pub struct RaftGauges(pub Node);
+
+impl GaugeSource for RaftGauges {
+    fn gauges(&self) -> Vec<(&'static str, &'static str, f64)> {
+        let m = self.0.inner.raft.metrics().borrow().clone();
+        let reach = self.0.inner.reachability.snapshot();
+        vec![
+            ("yard_raft_term", "current raft term", m.current_term as f64),
+            ("yard_raft_is_leader", "1 when this node leads", f64::from(u8::from(m.state == ServerState::Leader))),
+            ("yard_raft_leader_id", "id of the current leader, 0 if none", m.current_leader.unwrap_or(0) as f64),
+            ("yard_raft_last_log_index", "index of the last log entry", m.last_log_index.unwrap_or(0) as f64),
+            ("yard_raft_last_applied_index", "index of the last applied entry", m.last_applied.map_or(0, |l| l.index) as f64),
+            ("yard_raft_snapshot_index", "index covered by the last snapshot", m.snapshot.map_or(0, |l| l.index) as f64),
+            ("yard_raft_members", "nodes in the membership", m.membership_config.membership().nodes().count() as f64),
+            ("yard_liveness_reachable_members", "members the leader can reach", reach.values().filter(|r| **r).count() as f64),
+        ]
+    }
+}
+
+/// Used by the token join: what the CA hash of a loaded CA certificate is.
+pub fn ca_hash_of(ca: &rustls::pki_types::CertificateDer<'_>) -> String {
+    tls::ca_hash(ca)
+}

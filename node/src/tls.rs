@@ -1,0 +1,496 @@
+//! The cluster's PKI: a CA made with rcgen, node certificates whose SAN `node-<id>.<cluster>`
+//! names the node, admin certificates whose SAN `admin.<cluster>` carries the admin role, and
+//! the rustls/quinn configurations that enforce them.
+//!
+//! Mutual TLS always: the server asks every client for a certificate from the cluster CA. A
+//! client without one is let through the handshake only so it can present a join token; the
+//! server then allows it nothing else (see [`PeerRole::Anonymous`]).
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
+
+/// ALPN protocol of every yard connection.
+pub const ALPN: &[u8] = b"yard/1";
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} holds no valid PEM {what}")]
+    Pem { path: PathBuf, what: &'static str },
+    #[error("certificate generation failed: {0}")]
+    Generate(#[from] rcgen::Error),
+    #[error("tls configuration failed: {0}")]
+    Rustls(#[from] rustls::Error),
+    #[error("{0} already exists; refusing to overwrite a CA")]
+    Exists(PathBuf),
+    #[error("invalid certificate name {0:?}: use letters, digits and '-'")]
+    BadName(String),
+}
+
+/// The SAN a node's certificate carries.
+pub fn node_san(cluster: &str, id: u64) -> String {
+    format!("node-{id}.{cluster}")
+}
+
+/// The SAN an admin certificate carries.
+pub fn admin_san(cluster: &str) -> String {
+    format!("admin.{cluster}")
+}
+
+/// Who is on the other end of a connection, from its verified client certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerRole {
+    /// A cluster node; the id comes from its certificate.
+    Node(u64),
+    /// An operator's admin certificate.
+    Admin,
+    /// No client certificate: may only redeem a join token.
+    Anonymous,
+}
+
+/// Reads the role from a DER client certificate already verified against the CA.
+pub fn role_of(cluster: &str, cert: &CertificateDer<'_>) -> PeerRole {
+    let admin = admin_san(cluster);
+    for name in dns_sans(cert) {
+        if name == admin {
+            return PeerRole::Admin;
+        }
+        if let Some(id) = node_id_of_san(cluster, &name) {
+            return PeerRole::Node(id);
+        }
+    }
+    PeerRole::Anonymous
+}
+
+fn node_id_of_san(cluster: &str, san: &str) -> Option<u64> {
+    san.strip_prefix("node-")?
+        .strip_suffix(cluster)?
+        .strip_suffix('.')?
+        .parse()
+        .ok()
+}
+
+fn dns_sans(cert: &CertificateDer<'_>) -> Vec<String> {
+    let Ok((_, parsed)) = x509_parser::parse_x509_certificate(cert.as_ref()) else {
+        return Vec::new();
+    };
+    let Ok(Some(san)) = parsed.subject_alternative_name() else {
+        return Vec::new();
+    };
+    san.value
+        .general_names
+        .iter()
+        .filter_map(|n| match n {
+            x509_parser::extensions::GeneralName::DNSName(s) => Some((*s).to_owned()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// SHA-256 of the CA certificate (DER), hex: what a join token pins.
+pub fn ca_hash(ca: &CertificateDer<'_>) -> String {
+    hex(ring::digest::digest(&ring::digest::SHA256, ca.as_ref()).as_ref())
+}
+
+/// Lowercase hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Read {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn write(path: &Path, contents: &str, secret: bool) -> Result<(), TlsError> {
+    let err = |source| TlsError::Write {
+        path: path.to_owned(),
+        source,
+    };
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(err)?;
+    }
+    std::fs::write(path, contents).map_err(err)?;
+    if secret {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+    }
+    Ok(())
+}
+
+fn check_name(name: &str) -> Result<(), TlsError> {
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+        return Err(TlsError::BadName(name.to_owned()));
+    }
+    Ok(())
+}
+
+/// PEM strings of one certificate and its key.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct CertPem {
+    pub cert: String,
+    pub key: String,
+}
+
+/// A loaded CA able to sign node and admin certificates.
+pub struct CertAuthority {
+    issuer: Issuer<'static, KeyPair>,
+    /// The CA certificate, PEM.
+    pub cert_pem: String,
+}
+
+impl CertAuthority {
+    /// Generates a new CA for `cluster`.
+    pub fn generate(cluster: &str) -> Result<Self, TlsError> {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, format!("yard cluster CA {cluster}"));
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let cert = params.self_signed(&key)?;
+        Ok(Self {
+            cert_pem: cert.pem(),
+            issuer: Issuer::new(params, key),
+        })
+    }
+
+    /// Loads `ca.crt` and `ca.key` from `dir`.
+    pub fn load(dir: &Path) -> Result<Self, TlsError> {
+        let cert_pem = String::from_utf8_lossy(&read(&dir.join("ca.crt"))?).into_owned();
+        let key_pem = String::from_utf8_lossy(&read(&dir.join("ca.key"))?).into_owned();
+        let key = KeyPair::from_pem(&key_pem).map_err(|_| TlsError::Pem {
+            path: dir.join("ca.key"),
+            what: "private key",
+        })?;
+        let issuer = Issuer::from_ca_cert_pem(&cert_pem, key).map_err(|_| TlsError::Pem {
+            path: dir.join("ca.crt"),
+            what: "certificate",
+        })?;
+        Ok(Self { issuer, cert_pem })
+    }
+
+    /// Signs a certificate with the given DNS and IP SANs.
+    fn sign(&self, common_name: &str, dns: Vec<String>, ips: &[IpAddr]) -> Result<CertPem, TlsError> {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(dns)?;
+        params.distinguished_name.push(DnType::CommonName, common_name);
+        params
+            .subject_alt_names
+            .extend(ips.iter().map(|ip| rcgen::SanType::IpAddress(*ip)));
+        params.extended_key_usages = vec![
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok(CertPem {
+            cert: cert.pem(),
+            key: key.serialize_pem(),
+        })
+    }
+
+    /// Signs a node certificate: SAN `node-<id>.<cluster>` plus `ips`.
+    pub fn sign_node(&self, cluster: &str, name: &str, id: u64, ips: &[IpAddr]) -> Result<CertPem, TlsError> {
+        check_name(name)?;
+        self.sign(name, vec![node_san(cluster, id)], ips)
+    }
+
+    /// Signs an admin certificate: SAN `admin.<cluster>`.
+    pub fn sign_admin(&self, cluster: &str) -> Result<CertPem, TlsError> {
+        self.sign("yard admin", vec![admin_san(cluster)], &[])
+    }
+}
+
+/// `yard ca init`: writes ca.crt/ca.key and admin.crt/admin.key into `dir`.
+pub fn init_ca_dir(dir: &Path, cluster: &str) -> Result<(), TlsError> {
+    if dir.join("ca.key").exists() {
+        return Err(TlsError::Exists(dir.join("ca.key")));
+    }
+    let ca = CertAuthority::generate(cluster)?;
+    write(&dir.join("ca.crt"), &ca.cert_pem, false)?;
+    write(&dir.join("ca.key"), &ca.issuer.key().serialize_pem(), true)?;
+    let admin = ca.sign_admin(cluster)?;
+    write(&dir.join("admin.crt"), &admin.cert, false)?;
+    write(&dir.join("admin.key"), &admin.key, true)
+}
+
+/// `yard ca issue`: writes `<name>.crt`/`<name>.key` signed by the CA in `dir`.
+pub fn issue_node_cert(dir: &Path, cluster: &str, name: &str, id: u64, ips: &[IpAddr]) -> Result<(), TlsError> {
+    let ca = CertAuthority::load(dir)?;
+    let pem = ca.sign_node(cluster, name, id, ips)?;
+    write_cert(dir, name, &pem)
+}
+
+/// Writes `<name>.crt` and `<name>.key` into `dir`.
+pub fn write_cert(dir: &Path, name: &str, pem: &CertPem) -> Result<(), TlsError> {
+    write(&dir.join(format!("{name}.crt")), &pem.cert, false)?;
+    write(&dir.join(format!("{name}.key")), &pem.key, true)
+}
+
+/// Writes `ca.crt` into `dir`.
+pub fn write_ca_cert(dir: &Path, pem: &str) -> Result<(), TlsError> {
+    write(&dir.join("ca.crt"), pem, false)
+}
+
+/// A certificate chain and key to present, plus the CA to trust.
+#[derive(Debug)]
+pub struct Identity {
+    pub ca: CertificateDer<'static>,
+    pub chain: Vec<CertificateDer<'static>>,
+    pub key: PrivateKeyDer<'static>,
+}
+
+impl Clone for Identity {
+    fn clone(&self) -> Self {
+        Self {
+            ca: self.ca.clone(),
+            chain: self.chain.clone(),
+            key: self.key.clone_key(),
+        }
+    }
+}
+
+/// Loads the CA certificate from `dir/ca.crt`.
+pub fn load_ca(dir: &Path) -> Result<CertificateDer<'static>, TlsError> {
+    let path = dir.join("ca.crt");
+    CertificateDer::from_pem_slice(&read(&path)?).map_err(|_| TlsError::Pem {
+        path,
+        what: "certificate",
+    })
+}
+
+impl Identity {
+    /// Loads `ca.crt`, `<name>.crt` and `<name>.key` from `dir`. The CA is appended to the chain
+    /// so a token-holding joiner, which has only the CA's hash, can check it.
+    pub fn load(dir: &Path, name: &str) -> Result<Self, TlsError> {
+        let ca = load_ca(dir)?;
+        let cert_path = dir.join(format!("{name}.crt"));
+        let key_path = dir.join(format!("{name}.key"));
+        let leaf = CertificateDer::from_pem_slice(&read(&cert_path)?).map_err(|_| TlsError::Pem {
+            path: cert_path,
+            what: "certificate",
+        })?;
+        let key = PrivateKeyDer::from_pem_slice(&read(&key_path)?).map_err(|_| TlsError::Pem {
+            path: key_path,
+            what: "private key",
+        })?;
+        Ok(Self {
+            chain: vec![leaf, ca.clone()],
+            ca,
+            key,
+        })
+    }
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn roots(ca: &CertificateDer<'static>) -> Result<Arc<RootCertStore>, TlsError> {
+    let mut roots = RootCertStore::empty();
+    roots.add(ca.clone())?;
+    Ok(Arc::new(roots))
+}
+
+fn transport_config() -> Arc<quinn::TransportConfig> {
+    let mut t = quinn::TransportConfig::default();
+    t.keep_alive_interval(Some(std::time::Duration::from_millis(500)));
+    t.max_idle_timeout(Some(
+        quinn::IdleTimeout::try_from(std::time::Duration::from_secs(3)).expect("3 s fits"),
+    ));
+    t.max_concurrent_bidi_streams(1024u32.into());
+    Arc::new(t)
+}
+
+/// The server side: presents `identity`, asks every client for a CA-signed certificate but lets
+/// certificate-less clients through to redeem a join token.
+pub fn server_config(identity: &Identity) -> Result<quinn::ServerConfig, TlsError> {
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(roots(&identity.ca)?, provider())
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| TlsError::Rustls(rustls::Error::General(e.to_string())))?;
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(identity.chain.clone(), identity.key.clone_key())?;
+    cfg.alpn_protocols = vec![ALPN.to_vec()];
+    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(cfg)
+        .map_err(|e| TlsError::Rustls(rustls::Error::General(e.to_string())))?;
+    let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    server.transport_config(transport_config());
+    Ok(server)
+}
+
+/// How a client decides whom it trusts.
+#[derive(Debug, Clone)]
+pub enum Trust {
+    /// The cluster CA certificate.
+    Ca(CertificateDer<'static>),
+    /// Only the CA's SHA-256 (from a join token): the server must send the CA in its chain.
+    CaHash(String),
+}
+
+/// The client side: trusts `trust`, presents `identity` if any, and accepts any server whose
+/// certificate names a node of `cluster` (the exact node is then checked by SAN when dialling
+/// by id, see [`expected_server_name`]).
+pub fn client_config(cluster: &str, trust: Trust, identity: Option<&Identity>) -> Result<quinn::ClientConfig, TlsError> {
+    let verifier = Arc::new(ClusterNodeVerifier {
+        cluster: cluster.to_owned(),
+        trust,
+        provider: provider(),
+    });
+    let builder = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier);
+    let mut cfg = match identity {
+        Some(id) => builder.with_client_auth_cert(id.chain.clone(), id.key.clone_key())?,
+        None => builder.with_no_client_auth(),
+    };
+    cfg.alpn_protocols = vec![ALPN.to_vec()];
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(cfg)
+        .map_err(|e| TlsError::Rustls(rustls::Error::General(e.to_string())))?;
+    let mut client = quinn::ClientConfig::new(Arc::new(crypto));
+    client.transport_config(transport_config());
+    Ok(client)
+}
+
+/// The server name to dial: the target's SAN when its id is known, else a wildcard marker that
+/// [`ClusterNodeVerifier`] resolves to whatever node SAN the certificate carries.
+pub fn expected_server_name(cluster: &str, id: Option<u64>) -> String {
+    match id {
+        Some(id) => node_san(cluster, id),
+        None => format!("any-node.{cluster}"),
+    }
+}
+
+/// Verifies a server certificate against the cluster CA (or its pinned hash) and checks that it
+/// names a node: exactly the expected node when dialled by id, any node otherwise. Never an
+/// admin certificate.
+#[derive(Debug)]
+struct ClusterNodeVerifier {
+    cluster: String,
+    trust: Trust,
+    provider: Arc<CryptoProvider>,
+}
+
+impl ClusterNodeVerifier {
+    fn webpki(&self, intermediates: &[CertificateDer<'_>]) -> Result<Arc<WebPkiServerVerifier>, rustls::Error> {
+        let ca = match &self.trust {
+            Trust::Ca(ca) => ca.clone(),
+            Trust::CaHash(hash) => {
+                let ca = intermediates
+                    .iter()
+                    .find(|c| ca_hash(c) == *hash)
+                    .ok_or_else(|| rustls::Error::General("server's CA does not match the join token's CA hash".into()))?;
+                ca.clone().into_owned()
+            }
+        };
+        let roots = roots(&ca).map_err(|e| rustls::Error::General(e.to_string()))?;
+        WebPkiServerVerifier::builder_with_provider(roots, self.provider.clone())
+            .build()
+            .map_err(|e| rustls::Error::General(e.to_string()))
+    }
+}
+
+impl ServerCertVerifier for ClusterNodeVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let wanted = server_name.to_str();
+        let any = expected_server_name(&self.cluster, None);
+        let name = if wanted == any {
+            match role_of(&self.cluster, end_entity) {
+                PeerRole::Node(id) => node_san(&self.cluster, id),
+                _ => return Err(rustls::Error::General("server certificate names no node of this cluster".into())),
+            }
+        } else {
+            wanted.into_owned()
+        };
+        let name = ServerName::try_from(name).map_err(|e| rustls::Error::General(e.to_string()))?;
+        self.webpki(intermediates)?
+            .verify_server_cert(end_entity, intermediates, &name, ocsp_response, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_san_round_trips_and_rejects_other_clusters() {
+        assert_eq!(node_id_of_san("yard", &node_san("yard", 42)), Some(42));
+        assert_eq!(node_id_of_san("yard", "node-42.other"), None);
+        assert_eq!(node_id_of_san("yard", "node-x.yard"), None);
+        assert_eq!(node_id_of_san("yard", "admin.yard"), None);
+    }
+
+    #[test]
+    fn roles_come_from_the_certificate() {
+        let ca = CertAuthority::generate("yard").unwrap();
+        let node = ca.sign_node("yard", "n1", 7, &[]).unwrap();
+        let admin = ca.sign_admin("yard").unwrap();
+        let der = |pem: &str| CertificateDer::from_pem_slice(pem.as_bytes()).unwrap();
+        assert_eq!(role_of("yard", &der(&node.cert)), PeerRole::Node(7));
+        assert_eq!(role_of("yard", &der(&admin.cert)), PeerRole::Admin);
+        assert_eq!(role_of("other", &der(&admin.cert)), PeerRole::Anonymous);
+    }
+
+    #[test]
+    fn bad_names_are_refused() {
+        let ca = CertAuthority::generate("yard").unwrap();
+        assert!(matches!(ca.sign_node("yard", "../x", 1, &[]), Err(TlsError::BadName(_))));
+    }
+}

@@ -1,0 +1,353 @@
+//! How requests travel between nodes: a [`Transport`] sends, a [`Handler`] answers. The QUIC
+//! implementation is what runs in production; [`MemNetwork`] runs whole clusters inside one test
+//! process and can drop, delay and partition traffic.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use yard_raft_store::NodeId;
+
+use crate::frame::{self, FrameError};
+use crate::metrics::METRICS;
+use crate::rpc::{Reply, Request};
+use crate::tls::{self, PeerRole};
+
+/// A boxed, sendable future: what the object-safe traits below return.
+pub type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// Where a request goes: an address, and the node id its certificate must carry when known.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Target {
+    pub addr: String,
+    pub id: Option<NodeId>,
+}
+
+impl Target {
+    pub fn node(id: NodeId, addr: impl Into<String>) -> Self {
+        Self {
+            addr: addr.into(),
+            id: Some(id),
+        }
+    }
+    pub fn any(addr: impl Into<String>) -> Self {
+        Self {
+            addr: addr.into(),
+            id: None,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    #[error("cannot reach {addr}: {reason}")]
+    Unreachable { addr: String, reason: String },
+    #[error("request to {addr} timed out after {ms} ms")]
+    Timeout { addr: String, ms: u128 },
+    #[error("exchange with {addr} failed: {source}")]
+    Frame { addr: String, source: FrameError },
+}
+
+/// Sends one request and waits for its reply.
+pub trait Transport: Send + Sync + 'static {
+    fn call(&self, target: Target, req: Request, timeout: Duration) -> BoxFut<Result<Reply, TransportError>>;
+}
+
+/// Answers one request from a peer whose role the transport established.
+pub trait Handler: Send + Sync + 'static {
+    fn handle(&self, role: PeerRole, req: Request) -> BoxFut<Reply>;
+}
+
+/// The QUIC transport: one endpoint for both directions, one cached connection per target,
+/// one bidirectional stream per request.
+pub struct QuicTransport {
+    endpoint: quinn::Endpoint,
+    client: quinn::ClientConfig,
+    cluster: String,
+    max_frame: u32,
+    conns: Mutex<HashMap<Target, quinn::Connection>>,
+}
+
+impl QuicTransport {
+    pub fn new(endpoint: quinn::Endpoint, client: quinn::ClientConfig, cluster: String, max_frame: u32) -> Arc<Self> {
+        Arc::new(Self {
+            endpoint,
+            client,
+            cluster,
+            max_frame,
+            conns: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn cached(&self, target: &Target) -> Option<quinn::Connection> {
+        let conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        conns.get(target).filter(|c| c.close_reason().is_none()).cloned()
+    }
+
+    fn evict(&self, target: &Target) {
+        self.conns.lock().unwrap_or_else(|e| e.into_inner()).remove(target);
+    }
+
+    async fn connect(&self, target: &Target) -> Result<quinn::Connection, TransportError> {
+        if let Some(conn) = self.cached(target) {
+            return Ok(conn);
+        }
+        let unreachable = |reason: String| TransportError::Unreachable {
+            addr: target.addr.clone(),
+            reason,
+        };
+        let addr = resolve(&target.addr).await.map_err(unreachable)?;
+        let name = tls::expected_server_name(&self.cluster, target.id);
+        let conn = self
+            .endpoint
+            .connect_with(self.client.clone(), addr, &name)
+            .map_err(|e| unreachable(e.to_string()))?
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        self.conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(target.clone(), conn.clone());
+        Ok(conn)
+    }
+
+    async fn exchange(&self, conn: &quinn::Connection, target: &Target, req: &Request) -> Result<Reply, TransportError> {
+        let frame_err = |source| TransportError::Frame {
+            addr: target.addr.clone(),
+            source,
+        };
+        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| TransportError::Unreachable {
+            addr: target.addr.clone(),
+            reason: e.to_string(),
+        })?;
+        frame::write(&mut send, req).await.map_err(frame_err)?;
+        let _ = send.finish();
+        frame::read(&mut recv, self.max_frame).await.map_err(frame_err)
+    }
+
+    async fn call_inner(self: Arc<Self>, target: Target, req: Request) -> Result<Reply, TransportError> {
+        let conn = self.connect(&target).await?;
+        match self.exchange(&conn, &target, &req).await {
+            Ok(reply) => Ok(reply),
+            // A cached connection may have died since: dial once more.
+            Err(first) => {
+                self.evict(&target);
+                if conn.close_reason().is_none() {
+                    return Err(first);
+                }
+                let conn = self.connect(&target).await?;
+                self.exchange(&conn, &target, &req).await
+            }
+        }
+    }
+}
+
+/// Arc wrapper so the transport can hand out `'static` futures.
+#[derive(Clone)]
+pub struct Quic(pub Arc<QuicTransport>);
+
+impl Transport for Quic {
+    fn call(&self, target: Target, req: Request, timeout: Duration) -> BoxFut<Result<Reply, TransportError>> {
+        let this = self.0.clone();
+        Box::pin(async move {
+            let addr = target.addr.clone();
+            METRICS.rpc_sent.inc();
+            match tokio::time::timeout(timeout, this.clone().call_inner(target.clone(), req)).await {
+                Ok(Ok(reply)) => Ok(reply),
+                Ok(Err(e)) => {
+                    METRICS.rpc_failed.inc();
+                    Err(e)
+                }
+                Err(_) => {
+                    METRICS.rpc_failed.inc();
+                    this.evict(&target);
+                    Err(TransportError::Timeout {
+                        addr,
+                        ms: timeout.as_millis(),
+                    })
+                }
+            }
+        })
+    }
+}
+
+async fn resolve(addr: &str) -> Result<SocketAddr, String> {
+    if let Ok(sa) = addr.parse() {
+        return Ok(sa);
+    }
+    tokio::net::lookup_host(addr)
+        .await
+        .map_err(|e| format!("cannot resolve {addr}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{addr} resolves to no address"))
+}
+
+/// Accepts connections on `endpoint` until it closes, answering each stream with `handler`.
+pub async fn serve(endpoint: quinn::Endpoint, handler: Arc<dyn Handler>, cluster: String, max_frame: u32) {
+    while let Some(incoming) = endpoint.accept().await {
+        let handler = handler.clone();
+        let cluster = cluster.clone();
+        tokio::spawn(async move {
+            let remote = incoming.remote_address();
+            let conn = match incoming.await {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // The client only sees "connection lost"; the reason is logged here.
+                    METRICS.handshake_failed.inc();
+                    tracing::warn!(%remote, error = %e, "refused connection");
+                    return;
+                }
+            };
+            let role = conn
+                .peer_identity()
+                .and_then(|id| id.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>().ok())
+                .and_then(|chain| chain.first().map(|c| tls::role_of(&cluster, c)))
+                .unwrap_or(PeerRole::Anonymous);
+            tracing::debug!(%remote, ?role, "accepted connection");
+            while let Ok((send, recv)) = conn.accept_bi().await {
+                let handler = handler.clone();
+                tokio::spawn(serve_stream(send, recv, handler, role, max_frame, remote));
+            }
+        });
+    }
+}
+
+async fn serve_stream(
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+    handler: Arc<dyn Handler>,
+    role: PeerRole,
+    max_frame: u32,
+    remote: SocketAddr,
+) {
+    METRICS.rpc_served.inc();
+    let reply = match frame::read::<Request, _>(&mut recv, max_frame).await {
+        Ok(req) => handler.handle(role, req).await,
+        Err(e) => {
+            METRICS.frame_errors.inc();
+            tracing::warn!(%remote, error = %e, "bad frame");
+            let _ = recv.stop(0u32.into());
+            Reply::Error(e.to_string())
+        }
+    };
+    if let Err(e) = frame::write(&mut send, &reply).await {
+        tracing::debug!(%remote, error = %e, "could not send reply");
+    }
+    let _ = send.finish();
+}
+
+/// An in-process network for cluster tests: handlers registered by address, requests
+/// round-tripped through the real frame codec, and faults injected per link.
+#[derive(Clone, Default)]
+pub struct MemNetwork {
+    inner: Arc<Mutex<MemState>>,
+}
+
+#[derive(Default)]
+struct MemState {
+    handlers: HashMap<String, Arc<dyn Handler>>,
+    /// Directed links (from, to) that drop everything.
+    cut: HashSet<(String, String)>,
+    delay: Duration,
+}
+
+impl MemNetwork {
+    pub fn register(&self, addr: &str, handler: Arc<dyn Handler>) {
+        self.lock().handlers.insert(addr.to_owned(), handler);
+    }
+
+    pub fn unregister(&self, addr: &str) {
+        self.lock().handlers.remove(addr);
+    }
+
+    /// A transport whose requests come from `from` with `role`.
+    pub fn transport(&self, from: &str, role: PeerRole) -> Arc<dyn Transport> {
+        Arc::new(MemTransport {
+            net: self.clone(),
+            from: from.to_owned(),
+            role,
+        })
+    }
+
+    /// Cuts every link between the two sides, both directions.
+    pub fn partition(&self, a: &[&str], b: &[&str]) {
+        let mut st = self.lock();
+        for x in a {
+            for y in b {
+                st.cut.insert((x.to_string(), y.to_string()));
+                st.cut.insert((y.to_string(), x.to_string()));
+            }
+        }
+    }
+
+    pub fn heal(&self) {
+        self.lock().cut.clear();
+    }
+
+    pub fn set_delay(&self, delay: Duration) {
+        self.lock().delay = delay;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, MemState> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+struct MemTransport {
+    net: MemNetwork,
+    from: String,
+    role: PeerRole,
+}
+
+impl Transport for MemTransport {
+    fn call(&self, target: Target, req: Request, timeout: Duration) -> BoxFut<Result<Reply, TransportError>> {
+        let (handler, cut, delay) = {
+            let st = self.net.lock();
+            (
+                st.handlers.get(&target.addr).cloned(),
+                st.cut.contains(&(self.from.clone(), target.addr.clone())),
+                st.delay,
+            )
+        };
+        let role = self.role;
+        Box::pin(async move {
+            let addr = target.addr.clone();
+            let unreachable = |reason: &str| TransportError::Unreachable {
+                addr: addr.clone(),
+                reason: reason.into(),
+            };
+            let Some(handler) = handler else {
+                return Err(unreachable("no node listens there"));
+            };
+            if cut {
+                // A cut cable is silent: the caller learns only by timing out.
+                tokio::time::sleep(timeout).await;
+                return Err(TransportError::Timeout {
+                    addr,
+                    ms: timeout.as_millis(),
+                });
+            }
+            let frame_err = |source| TransportError::Frame {
+                addr: addr.clone(),
+                source,
+            };
+            let bytes = frame::encode(&req).map_err(frame_err)?;
+            let req: Request = frame::decode_body(&bytes[4..]).map_err(frame_err)?;
+            let exchange = async {
+                tokio::time::sleep(delay).await;
+                handler.handle(role, req).await
+            };
+            let reply = tokio::time::timeout(timeout, exchange)
+                .await
+                .map_err(|_| TransportError::Timeout {
+                    addr: addr.clone(),
+                    ms: timeout.as_millis(),
+                })?;
+            let bytes = frame::encode(&reply).map_err(frame_err)?;
+            frame::decode_body(&bytes[4..]).map_err(frame_err)
+        })
+    }
+}
