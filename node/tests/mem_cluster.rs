@@ -1,0 +1,254 @@
+//! Whole clusters in one process over the in-memory transport: membership, forwarding, leader
+//! failure, partitions, snapshots and join tokens, with every message through the real codec.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use yard::config::RaftSection;
+use yard::rpc::{AdminReply, AdminRequest, RedeemRequest, Reply, Request};
+use yard::service::{Node, NodeParts};
+use yard::tls::{CertAuthority, PeerRole};
+use yard::transport::{MemNetwork, Target};
+use yard_actors::health::HealthRegistry;
+use yard_actors::liveness::Reachability;
+use yard_raft_store::NodeId;
+
+struct TestNode {
+    node: Node,
+    addr: String,
+    _dir: tempfile::TempDir,
+}
+
+fn addr(id: NodeId) -> String {
+    format!("198.18.0.{id}:7480")
+}
+
+fn raft_section(snapshot_every: u64, logs_kept: u64) -> RaftSection {
+    RaftSection {
+        heartbeat_ms: 50,
+        election_timeout_min_ms: 200,
+        election_timeout_max_ms: 400,
+        snapshot_every,
+        logs_kept,
+    }
+}
+
+async fn start(net: &MemNetwork, id: NodeId, raft: &RaftSection, ca: Option<Arc<CertAuthority>>) -> TestNode {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, sm) = yard_raft_store::open(dir.path()).unwrap();
+    let feed = sm.feed();
+    let transport = net.transport(&addr(id), PeerRole::Node(id));
+    let cfg = Arc::new(raft.to_openraft("test").unwrap());
+    let net_factory = yard::raft_network::RaftNet { transport: transport.clone() };
+    let raft = yard_raft_store::Raft::new(id, cfg, net_factory, log, sm).await.unwrap();
+    let node = Node::new(NodeParts {
+        id,
+        name: format!("n{id}"),
+        cluster: "test".into(),
+        addr: addr(id),
+        raft,
+        feed,
+        transport,
+        ca,
+        ca_hash: "cafe".into(),
+        rpc_timeout: Duration::from_millis(500),
+        leader_wait: Duration::from_secs(3),
+        health: HealthRegistry::default(),
+        reachability: Reachability::default(),
+    });
+    net.register(&addr(id), Arc::new(node.clone()));
+    TestNode {
+        node,
+        addr: addr(id),
+        _dir: dir,
+    }
+}
+
+async fn cluster(net: &MemNetwork, n: u64, raft: &RaftSection) -> Vec<TestNode> {
+    let mut nodes = vec![start(net, 1, raft, None).await];
+    nodes[0].node.bootstrap().await.unwrap();
+    for id in 2..=n {
+        let t = start(net, id, raft, None).await;
+        t.node.join(&addr(1), Duration::from_secs(10)).await.unwrap();
+        nodes.push(t);
+    }
+    nodes
+}
+
+async fn admin(net: &MemNetwork, to: &str, req: AdminRequest) -> Result<AdminReply, String> {
+    let t = net.transport("198.18.1.1:1", PeerRole::Admin);
+    match t.call(Target::any(to), Request::Admin(req), Duration::from_secs(5)).await {
+        Ok(Reply::Admin(r)) => Ok(r),
+        Ok(Reply::Error(e)) => Err(e),
+        Ok(other) => Err(format!("unexpected {other:?}")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+async fn put(net: &MemNetwork, to: &str, k: &str, v: &str) -> Result<u64, String> {
+    match admin(net, to, AdminRequest::KvPut { key: k.into(), value: v.into() }).await? {
+        AdminReply::Written { revision } => Ok(revision),
+        other => Err(format!("unexpected {other:?}")),
+    }
+}
+
+async fn get(net: &MemNetwork, to: &str, k: &str) -> Result<Option<String>, String> {
+    match admin(net, to, AdminRequest::KvGet { key: k.into() }).await? {
+        AdminReply::Value(v) => Ok(v.map(|e| e.value)),
+        other => Err(format!("unexpected {other:?}")),
+    }
+}
+
+async fn wait_leader(nodes: &[&TestNode], not: Option<NodeId>) -> NodeId {
+    let start = Instant::now();
+    loop {
+        let leaders: BTreeSet<_> = nodes.iter().filter_map(|n| n.node.raft().metrics().borrow().current_leader).collect();
+        if leaders.len() == 1 {
+            let l = *leaders.iter().next().unwrap();
+            if Some(l) != not && nodes.iter().any(|n| n.node.id() == l) {
+                return l;
+            }
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "no single leader among {:?}", leaders);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_join_and_forward_writes() {
+    let net = MemNetwork::default();
+    let nodes = cluster(&net, 3, &raft_section(10_000, 1_000)).await;
+    // Writes and reads through followers are forwarded to the leader.
+    let r1 = put(&net, &nodes[2].addr, "a", "1").await.unwrap();
+    let r2 = put(&net, &nodes[1].addr, "a", "2").await.unwrap();
+    assert!(r2 > r1);
+    assert_eq!(get(&net, &nodes[2].addr, "a").await.unwrap().as_deref(), Some("2"));
+    let AdminReply::Status(s) = admin(&net, &nodes[1].addr, AdminRequest::Status).await.unwrap() else { panic!() };
+    assert_eq!(s.members.iter().filter(|m| m.role == "voter").count(), 3);
+    assert_eq!(s.leader, Some(1));
+    // Node metadata for every member is replicated.
+    let names: Vec<String> = nodes[2].node.feed().read(|d| d.nodes.values().map(|m| m.name.clone()).collect());
+    assert_eq!(names, ["n1", "n2", "n3"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_loss_elects_a_new_leader_and_keeps_acknowledged_writes() {
+    let net = MemNetwork::default();
+    let nodes = cluster(&net, 3, &raft_section(10_000, 1_000)).await;
+    let mut acked = Vec::new();
+    for i in 0..30 {
+        put(&net, &nodes[1].addr, &format!("k{i}"), &format!("v{i}")).await.unwrap();
+        acked.push(i);
+    }
+    let old = wait_leader(&[&nodes[0], &nodes[1], &nodes[2]], None).await;
+    let dead = nodes.iter().find(|n| n.node.id() == old).unwrap();
+    net.unregister(&dead.addr);
+    dead.node.raft().shutdown().await.unwrap();
+    let survivors: Vec<&TestNode> = nodes.iter().filter(|n| n.node.id() != old).collect();
+    let new = wait_leader(&survivors, Some(old)).await;
+    assert_ne!(new, old);
+    for i in acked {
+        assert_eq!(get(&net, &survivors[0].addr, &format!("k{i}")).await.unwrap(), Some(format!("v{i}")), "acknowledged write k{i} lost");
+    }
+    put(&net, &survivors[1].addr, "after", "x").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn minority_makes_no_progress_and_heals_to_the_majority() {
+    let net = MemNetwork::default();
+    let nodes = cluster(&net, 3, &raft_section(10_000, 1_000)).await;
+    put(&net, &nodes[0].addr, "k", "before").await.unwrap();
+    let old = wait_leader(&[&nodes[0], &nodes[1], &nodes[2]], None).await;
+    let minority = nodes.iter().find(|n| n.node.id() == old).unwrap();
+    let majority: Vec<&TestNode> = nodes.iter().filter(|n| n.node.id() != old).collect();
+    net.partition(&[&minority.addr], &[&majority[0].addr, &majority[1].addr]);
+    // The isolated old leader cannot commit.
+    let w = put(&net, &minority.addr, "k", "minority").await;
+    assert!(w.is_err(), "a write on the minority side was acknowledged: {w:?}");
+    let new = wait_leader(&majority, Some(old)).await;
+    assert_ne!(new, old);
+    put(&net, &majority[0].addr, "k", "majority").await.unwrap();
+    net.heal();
+    let start = Instant::now();
+    loop {
+        if get(&net, &minority.addr, "k").await.ok().flatten().as_deref() == Some("majority") {
+            let local = minority.node.feed().read(|d| d.kv.get("k").map(|v| v.value.clone()));
+            if local.as_deref() == Some("majority") {
+                break;
+            }
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "old leader did not converge");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_node_catches_up_by_snapshot_after_the_log_was_purged() {
+    let net = MemNetwork::default();
+    let raft = raft_section(20, 0);
+    let nodes = cluster(&net, 2, &raft).await;
+    for i in 0..120 {
+        put(&net, &nodes[0].addr, &format!("k{i}"), "v").await.unwrap();
+    }
+    let start = Instant::now();
+    while nodes[0].node.raft().metrics().borrow().purged.is_none() {
+        assert!(start.elapsed() < Duration::from_secs(10), "leader never purged its log");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let purged = nodes[0].node.raft().metrics().borrow().purged.unwrap();
+    let late = start_node_and_join(&net, 3, &raft).await;
+    // Entries up to `purged` exist nowhere but in the snapshot, so holding them proves one was
+    // installed.
+    let start = Instant::now();
+    loop {
+        let m = late.node.raft().metrics().borrow().clone();
+        let n = late.node.feed().read(|d| d.list("k").count());
+        if n == 120 {
+            assert!(m.snapshot.is_some_and(|s| s.index >= purged.index), "caught up without the snapshot: {m:?}");
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "new node holds {n} of 120 keys");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn start_node_and_join(net: &MemNetwork, id: NodeId, raft: &RaftSection) -> TestNode {
+    let t = start(net, id, raft, None).await;
+    t.node.join(&addr(1), Duration::from_secs(10)).await.unwrap();
+    t
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn join_tokens_are_checked() {
+    let net = MemNetwork::default();
+    let ca = Arc::new(CertAuthority::generate("test").unwrap());
+    let n1 = start(&net, 1, &raft_section(10_000, 1_000), Some(ca)).await;
+    n1.node.bootstrap().await.unwrap();
+    let AdminReply::Token { token, .. } = admin(&net, &n1.addr, AdminRequest::TokenCreate { ttl_secs: 1 }).await.unwrap() else {
+        panic!()
+    };
+    let anon = net.transport("198.18.9.9:1", PeerRole::Anonymous);
+    let redeem = |token: String| {
+        let anon = anon.clone();
+        async move {
+            let req = Request::RedeemToken(RedeemRequest {
+                token,
+                id: 2,
+                name: "n2".into(),
+                ips: vec![],
+            });
+            anon.call(Target::any(addr(1)), req, Duration::from_secs(5)).await.unwrap()
+        }
+    };
+    assert!(matches!(redeem(token.clone()).await, Reply::Certificate { .. }));
+    let (id, rest) = token.split_once('.').unwrap();
+    let (_, hash) = rest.split_once('.').unwrap();
+    let forged = format!("{id}.wrongsecret.{hash}");
+    assert!(matches!(redeem(forged).await, Reply::Error(e) if e.contains("not valid")));
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert!(matches!(redeem(token).await, Reply::Error(e) if e.contains("expired")));
+    // An anonymous peer gets nothing else.
+    let r = anon.call(Target::any(addr(1)), Request::Admin(AdminRequest::Status), Duration::from_secs(5)).await.unwrap();
+    assert!(matches!(r, Reply::Error(e) if e.contains("admin certificate")));
+}
