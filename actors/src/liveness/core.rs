@@ -98,7 +98,7 @@ impl LivenessCore {
                 }
                 if ok {
                     let last = self.last_answer.entry(id).or_insert(0);
-                    if round >= *last {
+                    if round > *last {
                         *last = round;
                         self.misses.insert(id, 0);
                     }
