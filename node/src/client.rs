@@ -30,8 +30,10 @@ impl ClientError {
     /// Whether the request may have taken effect even though it failed (timeouts and lost
     /// connections): what a history checker must treat as unknown.
     pub fn is_indefinite(&self) -> bool {
-        matches!(self, ClientError::Transport(TransportError::Timeout { .. } | TransportError::Frame { .. }))
-            || matches!(self, ClientError::Remote(m) if m.contains("timed out") || m.contains("no leader answered"))
+        matches!(
+            self,
+            ClientError::Transport(TransportError::Timeout { .. } | TransportError::Frame { .. })
+        ) || matches!(self, ClientError::Remote(m) if m.contains("timed out") || m.contains("no leader answered"))
     }
 }
 
@@ -44,19 +46,35 @@ pub struct AdminClient {
 
 impl AdminClient {
     /// Connects with `tls_dir`'s ca.crt and admin.crt/admin.key. `endpoints` is tried in order.
-    pub fn new(endpoints: &[String], tls_dir: &Path, cluster: &str, timeout: Duration) -> Result<Self, ClientError> {
+    pub fn new(
+        endpoints: &[String],
+        tls_dir: &Path,
+        cluster: &str,
+        timeout: Duration,
+    ) -> Result<Self, ClientError> {
         let identity = Identity::load(tls_dir, "admin")?;
         let client = tls::client_config(cluster, Trust::Ca(identity.ca.clone()), Some(&identity))?;
         Self::with_config(endpoints, client, cluster, timeout)
     }
 
     /// A client with an explicit QUIC client configuration (token redemption, tests).
-    pub fn with_config(endpoints: &[String], client: quinn::ClientConfig, cluster: &str, timeout: Duration) -> Result<Self, ClientError> {
+    pub fn with_config(
+        endpoints: &[String],
+        client: quinn::ClientConfig,
+        cluster: &str,
+        timeout: Duration,
+    ) -> Result<Self, ClientError> {
         if endpoints.is_empty() {
             return Err(ClientError::NoEndpoint);
         }
-        let endpoint = quinn::Endpoint::client(std::net::SocketAddr::from(([0, 0, 0, 0], 0))).map_err(ClientError::Socket)?;
-        let transport = Quic(QuicTransport::new(endpoint, client, cluster.to_owned(), crate::frame::DEFAULT_MAX_FRAME));
+        let endpoint = quinn::Endpoint::client(std::net::SocketAddr::from(([0, 0, 0, 0], 0)))
+            .map_err(ClientError::Socket)?;
+        let transport = Quic(QuicTransport::new(
+            endpoint,
+            client,
+            cluster.to_owned(),
+            crate::frame::DEFAULT_MAX_FRAME,
+        ));
         Ok(Self {
             transport,
             endpoints: endpoints.to_vec(),
@@ -68,9 +86,15 @@ impl AdminClient {
     pub async fn call(&self, req: Request) -> Result<Reply, ClientError> {
         let mut last = None;
         for (i, ep) in self.endpoints.iter().enumerate() {
-            match self.transport.call(Target::any(ep.clone()), req.clone(), self.timeout).await {
+            match self
+                .transport
+                .call(Target::any(ep.clone()), req.clone(), self.timeout)
+                .await
+            {
                 Ok(reply) => return Ok(reply),
-                Err(e @ TransportError::Unreachable { .. }) if i + 1 < self.endpoints.len() => last = Some(e),
+                Err(e @ TransportError::Unreachable { .. }) if i + 1 < self.endpoints.len() => {
+                    last = Some(e)
+                }
                 Err(e) => return Err(e.into()),
             }
         }

@@ -224,7 +224,9 @@ impl Config {
         }
         // Only `SECTION__KEY` variables are config; `YARD_ENDPOINT` and friends belong to the CLI.
         fig = fig.merge(env.filter(|k| k.as_str().contains("__")).split("__"));
-        let cfg: Config = fig.extract().map_err(|e| ConfigError::Invalid(describe(&e)))?;
+        let cfg: Config = fig
+            .extract()
+            .map_err(|e| ConfigError::Invalid(describe(&e)))?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -234,20 +236,37 @@ impl Config {
         if self.node.id == 0 {
             return bad("node.id", "must be at least 1");
         }
-        if self.node.name.is_empty() || !self.node.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+        if self.node.name.is_empty()
+            || !self
+                .node
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-')
+        {
             return bad("node.name", "use letters, digits and '-'");
         }
-        if self.raft.heartbeat_ms == 0 || self.raft.heartbeat_ms >= self.raft.election_timeout_min_ms {
-            return bad("raft.heartbeat_ms", "must be above 0 and below raft.election_timeout_min_ms");
+        if self.raft.heartbeat_ms == 0
+            || self.raft.heartbeat_ms >= self.raft.election_timeout_min_ms
+        {
+            return bad(
+                "raft.heartbeat_ms",
+                "must be above 0 and below raft.election_timeout_min_ms",
+            );
         }
         if self.raft.election_timeout_min_ms >= self.raft.election_timeout_max_ms {
-            return bad("raft.election_timeout_max_ms", "must exceed raft.election_timeout_min_ms");
+            return bad(
+                "raft.election_timeout_max_ms",
+                "must exceed raft.election_timeout_min_ms",
+            );
         }
         if self.raft.snapshot_every == 0 {
             return bad("raft.snapshot_every", "must be at least 1");
         }
         if self.liveness.interval_ms == 0 || self.liveness.misses == 0 {
-            return bad("liveness.interval_ms", "interval and misses must be at least 1");
+            return bad(
+                "liveness.interval_ms",
+                "interval and misses must be at least 1",
+            );
         }
         if self.transport.max_frame_bytes < 4096 {
             return bad("transport.max_frame_bytes", "must be at least 4096");
@@ -257,12 +276,18 @@ impl Config {
 
     /// The address other nodes dial.
     pub fn advertise(&self) -> String {
-        self.node.advertise.clone().unwrap_or_else(|| self.node.listen.to_string())
+        self.node
+            .advertise
+            .clone()
+            .unwrap_or_else(|| self.node.listen.to_string())
     }
 
     /// The TLS directory in force.
     pub fn tls_dir(&self) -> PathBuf {
-        self.tls.dir.clone().unwrap_or_else(|| self.node.data_dir.join("tls"))
+        self.tls
+            .dir
+            .clone()
+            .unwrap_or_else(|| self.node.data_dir.join("tls"))
     }
 }
 
@@ -270,15 +295,20 @@ impl Config {
 fn describe(e: &figment::Error) -> String {
     let mut parts = Vec::new();
     for err in e.clone() {
-        let key = err.path.join(".");
+        let key = err.path.join(".").to_lowercase();
         let origin = err
             .metadata
             .as_ref()
-            .map(|m| m.interpolate(&err.profile.clone().unwrap_or_default(), &err.path))
-            .unwrap_or_else(|| key.clone());
+            .map(|m| format!(" (from {})", m.name))
+            .unwrap_or_default();
         let what = match &err.kind {
-            figment::error::Kind::UnknownField(field, _) => format!("unknown key `{}`", join_key(&key, field)),
-            kind => format!("{origin}: {kind}"),
+            figment::error::Kind::UnknownField(field, _) if key.ends_with(field.as_str()) => {
+                format!("unknown key `{key}`{origin}")
+            }
+            figment::error::Kind::UnknownField(field, _) => {
+                format!("unknown key `{}`{origin}", join_key(&key, field))
+            }
+            kind => format!("{key}: {kind}{origin}"),
         };
         parts.push(what);
     }
@@ -313,7 +343,9 @@ mod tests {
 
     #[test]
     fn unknown_key_is_named() {
-        let err = load_toml("[node]\nlisten_addr = \"127.0.0.1:1\"\n").unwrap_err().to_string();
+        let err = load_toml("[node]\nlisten_addr = \"127.0.0.1:1\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("node.listen_addr"), "{err}");
     }
 
@@ -325,9 +357,13 @@ mod tests {
 
     #[test]
     fn bad_value_is_named() {
-        let err = load_toml("[raft]\nheartbeat_ms = \"fast\"\n").unwrap_err().to_string();
+        let err = load_toml("[raft]\nheartbeat_ms = \"fast\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("raft.heartbeat_ms"), "{err}");
-        let err = load_toml("[gateway]\nxdp_mode = \"turbo\"\n").unwrap_err().to_string();
+        let err = load_toml("[gateway]\nxdp_mode = \"turbo\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("gateway.xdp_mode"), "{err}");
     }
 
@@ -346,7 +382,9 @@ mod tests {
 
     #[test]
     fn inconsistent_timeouts_are_refused() {
-        let err = load_toml("[raft]\nheartbeat_ms = 500\n").unwrap_err().to_string();
+        let err = load_toml("[raft]\nheartbeat_ms = 500\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("raft.heartbeat_ms"), "{err}");
     }
 }

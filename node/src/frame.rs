@@ -26,7 +26,8 @@ pub enum FrameError {
 pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, FrameError> {
     let body = bincode::serde::encode_to_vec(msg, bincode::config::standard())
         .map_err(|e| FrameError::Encode(e.to_string()))?;
-    let len = u32::try_from(body.len()).map_err(|_| FrameError::Encode("body exceeds 4 GiB".into()))?;
+    let len =
+        u32::try_from(body.len()).map_err(|_| FrameError::Encode("body exceeds 4 GiB".into()))?;
     let mut out = Vec::with_capacity(4 + body.len());
     out.extend_from_slice(&len.to_be_bytes());
     out.extend_from_slice(&body);
@@ -38,26 +39,39 @@ pub fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, FrameError> {
     let (msg, used) = bincode::serde::decode_from_slice(body, bincode::config::standard())
         .map_err(|e| FrameError::Decode(e.to_string()))?;
     if used != body.len() {
-        return Err(FrameError::Decode(format!("{} trailing bytes", body.len() - used)));
+        return Err(FrameError::Decode(format!(
+            "{} trailing bytes",
+            body.len() - used
+        )));
     }
     Ok(msg)
 }
 
 /// Reads one frame of at most `max` body bytes.
-pub async fn read<T: DeserializeOwned, R: AsyncRead + Unpin>(r: &mut R, max: u32) -> Result<T, FrameError> {
+pub async fn read<T: DeserializeOwned, R: AsyncRead + Unpin>(
+    r: &mut R,
+    max: u32,
+) -> Result<T, FrameError> {
     let mut len = [0u8; 4];
-    r.read_exact(&mut len).await.map_err(FrameError::Truncated)?;
+    r.read_exact(&mut len)
+        .await
+        .map_err(FrameError::Truncated)?;
     let len = u32::from_be_bytes(len);
     if len > max {
         return Err(FrameError::TooLarge { len, max });
     }
     let mut body = vec![0u8; len as usize];
-    r.read_exact(&mut body).await.map_err(FrameError::Truncated)?;
+    r.read_exact(&mut body)
+        .await
+        .map_err(FrameError::Truncated)?;
     decode_body(&body)
 }
 
 /// Writes one frame.
-pub async fn write<T: Serialize, W: AsyncWrite + Unpin>(w: &mut W, msg: &T) -> Result<(), FrameError> {
+pub async fn write<T: Serialize, W: AsyncWrite + Unpin>(
+    w: &mut W,
+    msg: &T,
+) -> Result<(), FrameError> {
     let bytes = encode(msg)?;
     w.write_all(&bytes).await.map_err(FrameError::Write)
 }
@@ -71,7 +85,13 @@ mod tests {
     async fn oversize_length_is_refused_before_reading_the_body() {
         let mut bytes: &[u8] = &[0xff, 0xff, 0xff, 0xff, 1, 2, 3];
         let err = read::<String, _>(&mut bytes, 1024).await.unwrap_err();
-        assert!(matches!(err, FrameError::TooLarge { len: u32::MAX, max: 1024 }));
+        assert!(matches!(
+            err,
+            FrameError::TooLarge {
+                len: u32::MAX,
+                max: 1024
+            }
+        ));
     }
 
     #[tokio::test]

@@ -61,21 +61,69 @@ pub trait GaugeSource: Send + Sync + 'static {
 pub fn render(gauges: &dyn GaugeSource) -> String {
     let m = &METRICS;
     let counters: [(&str, &str, &Counter); 11] = [
-        ("yard_transport_rpc_sent_total", "requests sent to peers", &m.rpc_sent),
-        ("yard_transport_rpc_failed_total", "requests to peers that failed or timed out", &m.rpc_failed),
-        ("yard_transport_rpc_served_total", "request streams served", &m.rpc_served),
-        ("yard_transport_frame_errors_total", "malformed, truncated or oversize frames refused", &m.frame_errors),
-        ("yard_transport_handshake_failed_total", "connections refused during the TLS handshake", &m.handshake_failed),
-        ("yard_requests_refused_total", "requests refused for the peer's role", &m.requests_refused),
-        ("yard_kv_writes_total", "kv writes accepted by this node", &m.kv_writes),
-        ("yard_kv_reads_total", "kv reads served by this node", &m.kv_reads),
-        ("yard_forwarded_total", "requests forwarded to the leader", &m.forwarded),
-        ("yard_liveness_probes_total", "liveness probes sent", &m.liveness_probes),
-        ("yard_liveness_probe_failures_total", "liveness probes that failed", &m.liveness_probe_failures),
+        (
+            "yard_transport_rpc_sent_total",
+            "requests sent to peers",
+            &m.rpc_sent,
+        ),
+        (
+            "yard_transport_rpc_failed_total",
+            "requests to peers that failed or timed out",
+            &m.rpc_failed,
+        ),
+        (
+            "yard_transport_rpc_served_total",
+            "request streams served",
+            &m.rpc_served,
+        ),
+        (
+            "yard_transport_frame_errors_total",
+            "malformed, truncated or oversize frames refused",
+            &m.frame_errors,
+        ),
+        (
+            "yard_transport_handshake_failed_total",
+            "connections refused during the TLS handshake",
+            &m.handshake_failed,
+        ),
+        (
+            "yard_requests_refused_total",
+            "requests refused for the peer's role",
+            &m.requests_refused,
+        ),
+        (
+            "yard_kv_writes_total",
+            "kv writes accepted by this node",
+            &m.kv_writes,
+        ),
+        (
+            "yard_kv_reads_total",
+            "kv reads served by this node",
+            &m.kv_reads,
+        ),
+        (
+            "yard_forwarded_total",
+            "requests forwarded to the leader",
+            &m.forwarded,
+        ),
+        (
+            "yard_liveness_probes_total",
+            "liveness probes sent",
+            &m.liveness_probes,
+        ),
+        (
+            "yard_liveness_probe_failures_total",
+            "liveness probes that failed",
+            &m.liveness_probe_failures,
+        ),
     ];
     let mut out = String::new();
     for (name, help, c) in counters {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", c.get());
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+            c.get()
+        );
     }
     for (name, help, v) in gauges.gauges() {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
@@ -92,7 +140,12 @@ pub async fn serve(listener: tokio::net::TcpListener, gauges: Arc<dyn GaugeSourc
         let gauges = gauges.clone();
         tokio::spawn(async move {
             let mut buf = [0u8; 2048];
-            let n = match tokio::time::timeout(std::time::Duration::from_secs(5), stream.read(&mut buf)).await {
+            let n = match tokio::time::timeout(
+                std::time::Duration::from_secs(5),
+                stream.read(&mut buf),
+            )
+            .await
+            {
                 Ok(Ok(n)) => n,
                 _ => return,
             };

@@ -39,13 +39,23 @@ pub struct PeerLink {
 type RpcErr<E = openraft::error::Infallible> = RPCError<NodeId, NodeInfo, RaftError<NodeId, E>>;
 
 impl PeerLink {
-    async fn send<E: std::error::Error>(&self, req: RaftRequest, option: &RPCOption) -> Result<RaftReply, RpcErr<E>> {
-        match self.transport.call(self.target.clone(), Request::Raft(req), option.hard_ttl()).await {
+    async fn send<E: std::error::Error>(
+        &self,
+        req: RaftRequest,
+        option: &RPCOption,
+    ) -> Result<RaftReply, RpcErr<E>> {
+        match self
+            .transport
+            .call(self.target.clone(), Request::Raft(req), option.hard_ttl())
+            .await
+        {
             Ok(Reply::Raft(Ok(reply))) => Ok(reply),
-            Ok(Reply::Raft(Err(failure))) => Err(RPCError::Network(NetworkError::new(&std::io::Error::other(failure.0)))),
-            Ok(other) => Err(RPCError::Network(NetworkError::new(&std::io::Error::other(format!(
-                "unexpected reply to a raft request: {other:?}"
-            ))))),
+            Ok(Reply::Raft(Err(failure))) => Err(RPCError::Network(NetworkError::new(
+                &std::io::Error::other(failure.0),
+            ))),
+            Ok(other) => Err(RPCError::Network(NetworkError::new(
+                &std::io::Error::other(format!("unexpected reply to a raft request: {other:?}")),
+            ))),
             // Unreachable makes openraft back off instead of hammering a dead peer.
             Err(e @ (TransportError::Unreachable { .. } | TransportError::Timeout { .. })) => {
                 Err(RPCError::Unreachable(Unreachable::new(&e)))
@@ -78,13 +88,20 @@ impl RaftNetwork<TypeConfig> for PeerLink {
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<InstallSnapshotResponse<NodeId>, RpcErr<InstallSnapshotError>> {
-        match self.send(RaftRequest::InstallSnapshot(rpc), &option).await? {
+        match self
+            .send(RaftRequest::InstallSnapshot(rpc), &option)
+            .await?
+        {
             RaftReply::InstallSnapshot(r) => Ok(r),
             other => Err(mismatch(other)),
         }
     }
 
-    async fn vote(&mut self, rpc: VoteRequest<NodeId>, option: RPCOption) -> Result<VoteResponse<NodeId>, RpcErr> {
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RpcErr> {
         match self.send(RaftRequest::Vote(rpc), &option).await? {
             RaftReply::Vote(r) => Ok(r),
             other => Err(mismatch(other)),

@@ -42,13 +42,30 @@ pub enum RaftReply {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum AdminRequest {
     Status,
-    KvGet { key: String },
-    KvList { prefix: String },
-    KvPut { key: String, value: String },
-    KvDelete { key: String },
-    KvCas { key: String, expect: Option<String>, value: String },
-    MembersRemove { id: NodeId },
-    TokenCreate { ttl_secs: u64 },
+    KvGet {
+        key: String,
+    },
+    KvList {
+        prefix: String,
+    },
+    KvPut {
+        key: String,
+        value: String,
+    },
+    KvDelete {
+        key: String,
+    },
+    KvCas {
+        key: String,
+        expect: Option<String>,
+        value: String,
+    },
+    MembersRemove {
+        id: NodeId,
+    },
+    TokenCreate {
+        ttl_secs: u64,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -71,9 +88,16 @@ pub struct RedeemRequest {
 pub enum Reply {
     Raft(Result<RaftReply, RaftFailure>),
     Admin(AdminReply),
-    Joined { leader: NodeId },
-    Certificate { ca: String, cert: CertPem },
-    Pong { id: NodeId },
+    Joined {
+        leader: NodeId,
+    },
+    Certificate {
+        ca: String,
+        cert: CertPem,
+    },
+    Pong {
+        id: NodeId,
+    },
     /// The request was refused or failed; one clear sentence.
     Error(String),
 }
@@ -120,9 +144,23 @@ pub enum AdminReply {
     Status(Status),
     Value(Option<KvEntry>),
     List(Vec<KvEntry>),
-    Written { revision: u64 },
-    Deleted { revision: u64, existed: bool },
-    Cas { succeeded: bool, revision: u64, current: Option<KvEntry> },
-    Removed { id: NodeId },
-    Token { token: String, expires_unix_ms: u64 },
+    Written {
+        revision: u64,
+    },
+    Deleted {
+        revision: u64,
+        existed: bool,
+    },
+    Cas {
+        succeeded: bool,
+        revision: u64,
+        current: Option<KvEntry>,
+    },
+    Removed {
+        id: NodeId,
+    },
+    Token {
+        token: String,
+        expires_unix_ms: u64,
+    },
 }

@@ -15,8 +15,8 @@ use yard_raft_store::{ChangeFeed, Command, JoinToken, NodeId, NodeInfo, NodeMeta
 
 use crate::metrics::{GaugeSource, METRICS};
 use crate::rpc::{
-    ActorHealth, AdminReply, AdminRequest, JoinRequest, KvEntry, MemberStatus, RaftFailure, RaftReply, RaftRequest,
-    RedeemRequest, Reply, Request, Status,
+    ActorHealth, AdminReply, AdminRequest, JoinRequest, KvEntry, MemberStatus, RaftFailure,
+    RaftReply, RaftRequest, RedeemRequest, Reply, Request, Status,
 };
 use crate::tls::{self, CertAuthority, PeerRole};
 use crate::transport::{BoxFut, Handler, Target, Transport};
@@ -53,7 +53,9 @@ enum Attempt<T> {
 }
 
 fn now_unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 fn entry(key: &str, v: &yard_raft_store::Versioned) -> KvEntry {
@@ -66,7 +68,9 @@ fn entry(key: &str, v: &yard_raft_store::Versioned) -> KvEntry {
 
 impl Node {
     pub fn new(parts: NodeParts) -> Self {
-        Self { inner: Arc::new(parts) }
+        Self {
+            inner: Arc::new(parts),
+        }
     }
 
     pub fn id(&self) -> NodeId {
@@ -96,7 +100,8 @@ impl Node {
             .initialize(std::collections::BTreeMap::from([(p.id, node)]))
             .await
             .map_err(|e| format!("bootstrap failed: {e}"))?;
-        self.write_until_leader(Command::SetNode(self.meta())).await?;
+        self.write_until_leader(Command::SetNode(self.meta()))
+            .await?;
         tracing::info!(id = p.id, "bootstrapped a one-node cluster");
         Ok(())
     }
@@ -126,7 +131,11 @@ impl Node {
         let start = Instant::now();
         loop {
             let timeout = p.rpc_timeout.max(Duration::from_secs(30));
-            let err = match p.transport.call(Target::any(seed), Request::Join(req.clone()), timeout).await {
+            let err = match p
+                .transport
+                .call(Target::any(seed), Request::Join(req.clone()), timeout)
+                .await
+            {
                 Ok(Reply::Joined { leader }) => {
                     tracing::info!(seed, leader, "joined the cluster");
                     return Ok(leader);
@@ -161,7 +170,12 @@ impl Node {
     /// Runs `local` on this node, or forwards `req` to the leader when this node does not lead.
     /// A request that was itself forwarded is never forwarded again (no loops): the original
     /// forwarder retries instead.
-    async fn leader_or_forward<T, F, Fut>(&self, forwarded: bool, req: &AdminRequest, local: F) -> Reply
+    async fn leader_or_forward<T, F, Fut>(
+        &self,
+        forwarded: bool,
+        req: &AdminRequest,
+        local: F,
+    ) -> Reply
     where
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<Attempt<T>, String>>,
@@ -182,12 +196,20 @@ impl Node {
                 METRICS.forwarded.inc();
                 match p
                     .transport
-                    .call(Target::node(id, node.addr.clone()), Request::Admin(req.clone()), p.rpc_timeout)
+                    .call(
+                        Target::node(id, node.addr.clone()),
+                        Request::Admin(req.clone()),
+                        p.rpc_timeout,
+                    )
                     .await
                 {
                     Ok(reply @ Reply::Admin(_)) => return reply,
-                    Ok(Reply::Error(e)) => tracing::debug!(leader = id, error = %e, "forwarded request failed"),
-                    Ok(other) => return Reply::Error(format!("unexpected reply from the leader: {other:?}")),
+                    Ok(Reply::Error(e)) => {
+                        tracing::debug!(leader = id, error = %e, "forwarded request failed")
+                    }
+                    Ok(other) => {
+                        return Reply::Error(format!("unexpected reply from the leader: {other:?}"))
+                    }
                     Err(e) => tracing::debug!(leader = id, error = %e, "leader unreachable"),
                 }
             }
@@ -210,7 +232,9 @@ impl Node {
                         METRICS.kv_writes.inc();
                         Ok(Attempt::Done(resp.data))
                     }
-                    Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => Ok(Attempt::Forward(leader_of(f))),
+                    Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                        Ok(Attempt::Forward(leader_of(f)))
+                    }
                     Err(e) => Err(format!("write failed: {e}")),
                 }
             }
@@ -230,9 +254,9 @@ impl Node {
                     METRICS.kv_reads.inc();
                     Ok(Attempt::Done(self.inner.feed.read(&f)))
                 }
-                Err(RaftError::APIError(openraft::error::CheckIsLeaderError::ForwardToLeader(f))) => {
-                    Ok(Attempt::Forward(leader_of(f)))
-                }
+                Err(RaftError::APIError(openraft::error::CheckIsLeaderError::ForwardToLeader(
+                    f,
+                ))) => Ok(Attempt::Forward(leader_of(f))),
                 Err(RaftError::APIError(e)) => {
                     tracing::debug!(error = %e, "read barrier failed; retrying");
                     Ok(Attempt::Forward(None))
@@ -246,10 +270,16 @@ impl Node {
     async fn handle_admin(&self, forwarded: bool, req: AdminRequest) -> Reply {
         match &req {
             AdminRequest::KvPut { key, value } => {
-                let cmd = Command::Put { key: key.clone(), value: value.clone() };
+                let cmd = Command::Put {
+                    key: key.clone(),
+                    value: value.clone(),
+                };
                 self.write(forwarded, &req, cmd).await
             }
-            AdminRequest::KvDelete { key } => self.write(forwarded, &req, Command::Delete { key: key.clone() }).await,
+            AdminRequest::KvDelete { key } => {
+                self.write(forwarded, &req, Command::Delete { key: key.clone() })
+                    .await
+            }
             AdminRequest::KvCas { key, expect, value } => {
                 let cmd = Command::Cas {
                     key: key.clone(),
@@ -260,8 +290,10 @@ impl Node {
             }
             AdminRequest::KvGet { key } => {
                 let key = key.clone();
-                self.read(forwarded, &req, move |d| AdminReply::Value(d.kv.get(&key).map(|v| entry(&key, v))))
-                    .await
+                self.read(forwarded, &req, move |d| {
+                    AdminReply::Value(d.kv.get(&key).map(|v| entry(&key, v)))
+                })
+                .await
             }
             AdminRequest::KvList { prefix } => {
                 let prefix = prefix.clone();
@@ -272,7 +304,9 @@ impl Node {
             }
             AdminRequest::Status => self.status(forwarded, &req).await,
             AdminRequest::MembersRemove { id } => self.remove_member(forwarded, &req, *id).await,
-            AdminRequest::TokenCreate { ttl_secs } => self.create_token(forwarded, &req, *ttl_secs).await,
+            AdminRequest::TokenCreate { ttl_secs } => {
+                self.create_token(forwarded, &req, *ttl_secs).await
+            }
         }
     }
 
@@ -285,7 +319,11 @@ impl Node {
             if let Some(leader) = m.current_leader {
                 if let Some(node) = m.membership_config.membership().get_node(&leader) {
                     let target = Target::node(leader, node.addr.clone());
-                    if let Ok(reply @ Reply::Admin(_)) = p.transport.call(target, Request::Admin(req.clone()), p.rpc_timeout).await {
+                    if let Ok(reply @ Reply::Admin(_)) = p
+                        .transport
+                        .call(target, Request::Admin(req.clone()), p.rpc_timeout)
+                        .await
+                    {
                         return reply;
                     }
                 }
@@ -308,7 +346,12 @@ impl Node {
                 id: *id,
                 name: node.name.clone(),
                 addr: node.addr.clone(),
-                role: if voters.contains(id) { "voter" } else { "learner" }.into(),
+                role: if voters.contains(id) {
+                    "voter"
+                } else {
+                    "learner"
+                }
+                .into(),
                 reachable: *id == p.id || (is_leader && reach.get(id).copied().unwrap_or(false)),
             })
             .collect();
@@ -323,11 +366,16 @@ impl Node {
             },
         };
         let actors = std::iter::once(raft)
-            .chain(p.health.snapshot().into_iter().map(|(name, h)| ActorHealth {
-                name,
-                healthy: h.healthy,
-                detail: h.detail,
-            }))
+            .chain(
+                p.health
+                    .snapshot()
+                    .into_iter()
+                    .map(|(name, h)| ActorHealth {
+                        name,
+                        healthy: h.healthy,
+                        detail: h.detail,
+                    }),
+            )
             .collect();
         Status {
             id: p.id,
@@ -357,14 +405,22 @@ impl Node {
                 let change = ChangeMembers::RemoveVoters(BTreeSet::from([id]));
                 match self.inner.raft.change_membership(change, false).await {
                     Ok(_) => Ok(Attempt::Done(AdminReply::Removed { id })),
-                    Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => Ok(Attempt::Forward(leader_of(f))),
+                    Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                        Ok(Attempt::Forward(leader_of(f)))
+                    }
                     Err(e) => Err(format!("cannot remove node {id}: {e}")),
                 }
             })
             .await;
-        if matches!(reply, Reply::Admin(_)) && self.inner.raft.metrics().borrow().state == ServerState::Leader {
+        if matches!(reply, Reply::Admin(_))
+            && self.inner.raft.metrics().borrow().state == ServerState::Leader
+        {
             // Best effort: the membership change is what matters; metadata follows.
-            let _ = self.inner.raft.client_write(Command::RemoveNode { id }).await;
+            let _ = self
+                .inner
+                .raft
+                .client_write(Command::RemoveNode { id })
+                .await;
         }
         reply
     }
@@ -392,13 +448,28 @@ impl Node {
     /// Adds a node as a learner, waits for it to catch up, then promotes it to voter.
     async fn handle_join(&self, role: PeerRole, req: JoinRequest) -> Reply {
         let p = &self.inner;
-        let members: BTreeSet<NodeId> = p.raft.metrics().borrow().membership_config.membership().nodes().map(|(id, _)| *id).collect();
+        let members: BTreeSet<NodeId> = p
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .nodes()
+            .map(|(id, _)| *id)
+            .collect();
         match role {
             PeerRole::Node(id) if id == req.id || members.contains(&id) => {}
             PeerRole::Node(id) => {
-                return Reply::Error(format!("certificate names node {id} but the join is for node {}", req.id));
+                return Reply::Error(format!(
+                    "certificate names node {id} but the join is for node {}",
+                    req.id
+                ));
             }
-            _ => return Reply::Error("joining needs a node certificate; redeem a join token first".into()),
+            _ => {
+                return Reply::Error(
+                    "joining needs a node certificate; redeem a join token first".into(),
+                )
+            }
         }
         let forwarded = role != PeerRole::Node(req.id);
         let start = Instant::now();
@@ -409,19 +480,32 @@ impl Node {
             }
             if let Some(leader) = m.current_leader.filter(|l| *l != p.id) {
                 if forwarded {
-                    return Reply::Error(format!("node {} is not the leader; node {leader} is", p.id));
+                    return Reply::Error(format!(
+                        "node {} is not the leader; node {leader} is",
+                        p.id
+                    ));
                 }
                 if let Some(node) = m.membership_config.membership().get_node(&leader) {
                     METRICS.forwarded.inc();
                     let timeout = Duration::from_secs(30);
-                    match p.transport.call(Target::node(leader, node.addr.clone()), Request::Join(req.clone()), timeout).await {
+                    match p
+                        .transport
+                        .call(
+                            Target::node(leader, node.addr.clone()),
+                            Request::Join(req.clone()),
+                            timeout,
+                        )
+                        .await
+                    {
                         Ok(reply) => return reply,
                         Err(e) => tracing::debug!(error = %e, "forwarding join failed"),
                     }
                 }
             }
             if start.elapsed() > p.leader_wait {
-                return Reply::Error("no leader to add the node; is a majority of the cluster up?".into());
+                return Reply::Error(
+                    "no leader to add the node; is a majority of the cluster up?".into(),
+                );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -429,7 +513,14 @@ impl Node {
             addr: req.addr.clone(),
             name: req.name.clone(),
         };
-        if let Some(existing) = p.raft.metrics().borrow().membership_config.membership().get_node(&req.id) {
+        if let Some(existing) = p
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(&req.id)
+        {
             if existing.addr != req.addr {
                 return Reply::Error(format!(
                     "node id {} is already a member at {}; remove it first",
@@ -441,7 +532,11 @@ impl Node {
         if let Err(e) = p.raft.add_learner(req.id, node, true).await {
             return Reply::Error(format!("cannot add node {} as a learner: {e}", req.id));
         }
-        if let Err(e) = p.raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([req.id])), false).await {
+        if let Err(e) = p
+            .raft
+            .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([req.id])), false)
+            .await
+        {
             return Reply::Error(format!("cannot promote node {} to voter: {e}", req.id));
         }
         let meta = NodeMeta {
@@ -467,19 +562,36 @@ impl Node {
         let Some(ca) = p.ca.clone() else {
             // Only nodes holding ca.key can sign; the leader is the best guess for one.
             let m = p.raft.metrics().borrow().clone();
-            if let (Some(leader), PeerRole::Anonymous) = (m.current_leader.filter(|l| *l != p.id), role) {
+            if let (Some(leader), PeerRole::Anonymous) =
+                (m.current_leader.filter(|l| *l != p.id), role)
+            {
                 if let Some(node) = m.membership_config.membership().get_node(&leader) {
-                    return match p.transport.call(Target::node(leader, node.addr.clone()), Request::RedeemToken(req), p.rpc_timeout).await {
+                    return match p
+                        .transport
+                        .call(
+                            Target::node(leader, node.addr.clone()),
+                            Request::RedeemToken(req),
+                            p.rpc_timeout,
+                        )
+                        .await
+                    {
                         Ok(reply) => reply,
-                        Err(e) => Reply::Error(format!("cannot reach the leader to sign a certificate: {e}")),
+                        Err(e) => Reply::Error(format!(
+                            "cannot reach the leader to sign a certificate: {e}"
+                        )),
                     };
                 }
             }
-            return Reply::Error("no node reachable from here holds the CA key to sign certificates".into());
+            return Reply::Error(
+                "no node reachable from here holds the CA key to sign certificates".into(),
+            );
         };
         let mut parts = req.token.splitn(3, '.');
-        let (Some(id), Some(secret), Some(hash)) = (parts.next(), parts.next(), parts.next()) else {
-            return Reply::Error("join token is malformed; expected <id>.<secret>.<ca-hash>".into());
+        let (Some(id), Some(secret), Some(hash)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return Reply::Error(
+                "join token is malformed; expected <id>.<secret>.<ca-hash>".into(),
+            );
         };
         if hash != p.ca_hash {
             return Reply::Error("join token belongs to another cluster's CA".into());
@@ -490,7 +602,9 @@ impl Node {
         let stored = loop {
             match p.feed.read(|d| d.tokens.get(id).cloned()) {
                 Some(t) => break t,
-                None if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(50)).await,
+                None if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await
+                }
                 None => return Reply::Error("join token is not valid for this cluster".into()),
             }
         };
@@ -498,12 +612,24 @@ impl Node {
             return Reply::Error("join token is not valid for this cluster".into());
         }
         if stored.expires_unix_ms <= now_unix_ms() {
-            return Reply::Error("join token expired; create a new one with `yard token create`".into());
+            return Reply::Error(
+                "join token expired; create a new one with `yard token create`".into(),
+            );
         }
-        let known = p.raft.metrics().borrow().membership_config.membership().get_node(&req.id).cloned();
+        let known = p
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(&req.id)
+            .cloned();
         if let Some(existing) = known {
             if existing.name != req.name {
-                return Reply::Error(format!("node id {} already belongs to {}", req.id, existing.name));
+                return Reply::Error(format!(
+                    "node id {} already belongs to {}",
+                    req.id, existing.name
+                ));
             }
         }
         match ca.sign_node(&p.cluster, &req.name, req.id, &req.ips) {
@@ -521,8 +647,16 @@ impl Node {
     async fn handle_raft(&self, req: RaftRequest) -> Reply {
         let raft = &self.inner.raft;
         let res = match req {
-            RaftRequest::AppendEntries(r) => raft.append_entries(r).await.map(RaftReply::AppendEntries).map_err(|e| RaftFailure(e.to_string())),
-            RaftRequest::Vote(r) => raft.vote(r).await.map(RaftReply::Vote).map_err(|e| RaftFailure(e.to_string())),
+            RaftRequest::AppendEntries(r) => raft
+                .append_entries(r)
+                .await
+                .map(RaftReply::AppendEntries)
+                .map_err(|e| RaftFailure(e.to_string())),
+            RaftRequest::Vote(r) => raft
+                .vote(r)
+                .await
+                .map(RaftReply::Vote)
+                .map_err(|e| RaftFailure(e.to_string())),
             RaftRequest::InstallSnapshot(r) => raft
                 .install_snapshot(r)
                 .await
@@ -540,7 +674,9 @@ fn leader_of(f: ForwardToLeader<NodeId, NodeInfo>) -> Option<(NodeId, NodeInfo)>
 fn random_token_part(len: usize) -> String {
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
     let mut rng = rand::thread_rng();
-    (0..len).map(|_| char::from(ALPHABET[rng.gen_range(0..ALPHABET.len())])).collect()
+    (0..len)
+        .map(|_| char::from(ALPHABET[rng.gen_range(0..ALPHABET.len())]))
+        .collect()
 }
 
 fn sha256(bytes: &[u8]) -> [u8; 32] {
@@ -556,7 +692,11 @@ impl From<Response> for AdminReply {
             Response::None => AdminReply::Written { revision: 0 },
             Response::Written { revision } => AdminReply::Written { revision },
             Response::Deleted { revision, existed } => AdminReply::Deleted { revision, existed },
-            Response::Cas { succeeded, revision, current } => AdminReply::Cas {
+            Response::Cas {
+                succeeded,
+                revision,
+                current,
+            } => AdminReply::Cas {
                 succeeded,
                 revision,
                 current: current.map(|v| KvEntry {
@@ -589,7 +729,14 @@ impl Handler for Node {
                         Request::Join(_) | Request::RedeemToken(_) => "joins",
                     };
                     tracing::warn!(?role, what, "refused request for the peer's role");
-                    Reply::Error(format!("{what} need a {} certificate", if what == "admin requests" { "admin" } else { "node" }))
+                    Reply::Error(format!(
+                        "{what} need a {} certificate",
+                        if what == "admin requests" {
+                            "admin"
+                        } else {
+                            "node"
+                        }
+                    ))
                 }
             }
         })
@@ -605,13 +752,41 @@ impl GaugeSource for RaftGauges {
         let reach = self.0.inner.reachability.snapshot();
         vec![
             ("yard_raft_term", "current raft term", m.current_term as f64),
-            ("yard_raft_is_leader", "1 when this node leads", f64::from(u8::from(m.state == ServerState::Leader))),
-            ("yard_raft_leader_id", "id of the current leader, 0 if none", m.current_leader.unwrap_or(0) as f64),
-            ("yard_raft_last_log_index", "index of the last log entry", m.last_log_index.unwrap_or(0) as f64),
-            ("yard_raft_last_applied_index", "index of the last applied entry", m.last_applied.map_or(0, |l| l.index) as f64),
-            ("yard_raft_snapshot_index", "index covered by the last snapshot", m.snapshot.map_or(0, |l| l.index) as f64),
-            ("yard_raft_members", "nodes in the membership", m.membership_config.membership().nodes().count() as f64),
-            ("yard_liveness_reachable_members", "members the leader can reach", reach.values().filter(|r| **r).count() as f64),
+            (
+                "yard_raft_is_leader",
+                "1 when this node leads",
+                f64::from(u8::from(m.state == ServerState::Leader)),
+            ),
+            (
+                "yard_raft_leader_id",
+                "id of the current leader, 0 if none",
+                m.current_leader.unwrap_or(0) as f64,
+            ),
+            (
+                "yard_raft_last_log_index",
+                "index of the last log entry",
+                m.last_log_index.unwrap_or(0) as f64,
+            ),
+            (
+                "yard_raft_last_applied_index",
+                "index of the last applied entry",
+                m.last_applied.map_or(0, |l| l.index) as f64,
+            ),
+            (
+                "yard_raft_snapshot_index",
+                "index covered by the last snapshot",
+                m.snapshot.map_or(0, |l| l.index) as f64,
+            ),
+            (
+                "yard_raft_members",
+                "nodes in the membership",
+                m.membership_config.membership().nodes().count() as f64,
+            ),
+            (
+                "yard_liveness_reachable_members",
+                "members the leader can reach",
+                reach.values().filter(|r| **r).count() as f64,
+            ),
         ]
     }
 }

@@ -196,10 +196,17 @@ impl CertAuthority {
     }
 
     /// Signs a certificate with the given DNS and IP SANs.
-    fn sign(&self, common_name: &str, dns: Vec<String>, ips: &[IpAddr]) -> Result<CertPem, TlsError> {
+    fn sign(
+        &self,
+        common_name: &str,
+        dns: Vec<String>,
+        ips: &[IpAddr],
+    ) -> Result<CertPem, TlsError> {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::new(dns)?;
-        params.distinguished_name.push(DnType::CommonName, common_name);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
         params
             .subject_alt_names
             .extend(ips.iter().map(|ip| rcgen::SanType::IpAddress(*ip)));
@@ -215,7 +222,13 @@ impl CertAuthority {
     }
 
     /// Signs a node certificate: SAN `node-<id>.<cluster>` plus `ips`.
-    pub fn sign_node(&self, cluster: &str, name: &str, id: u64, ips: &[IpAddr]) -> Result<CertPem, TlsError> {
+    pub fn sign_node(
+        &self,
+        cluster: &str,
+        name: &str,
+        id: u64,
+        ips: &[IpAddr],
+    ) -> Result<CertPem, TlsError> {
         check_name(name)?;
         self.sign(name, vec![node_san(cluster, id)], ips)
     }
@@ -240,7 +253,13 @@ pub fn init_ca_dir(dir: &Path, cluster: &str) -> Result<(), TlsError> {
 }
 
 /// `yard ca issue`: writes `<name>.crt`/`<name>.key` signed by the CA in `dir`.
-pub fn issue_node_cert(dir: &Path, cluster: &str, name: &str, id: u64, ips: &[IpAddr]) -> Result<(), TlsError> {
+pub fn issue_node_cert(
+    dir: &Path,
+    cluster: &str,
+    name: &str,
+    id: u64,
+    ips: &[IpAddr],
+) -> Result<(), TlsError> {
     let ca = CertAuthority::load(dir)?;
     let pem = ca.sign_node(cluster, name, id, ips)?;
     write_cert(dir, name, &pem)
@@ -291,10 +310,11 @@ impl Identity {
         let ca = load_ca(dir)?;
         let cert_path = dir.join(format!("{name}.crt"));
         let key_path = dir.join(format!("{name}.key"));
-        let leaf = CertificateDer::from_pem_slice(&read(&cert_path)?).map_err(|_| TlsError::Pem {
-            path: cert_path,
-            what: "certificate",
-        })?;
+        let leaf =
+            CertificateDer::from_pem_slice(&read(&cert_path)?).map_err(|_| TlsError::Pem {
+                path: cert_path,
+                what: "certificate",
+            })?;
         let key = PrivateKeyDer::from_pem_slice(&read(&key_path)?).map_err(|_| TlsError::Pem {
             path: key_path,
             what: "private key",
@@ -330,10 +350,13 @@ fn transport_config() -> Arc<quinn::TransportConfig> {
 /// The server side: presents `identity`, asks every client for a CA-signed certificate but lets
 /// certificate-less clients through to redeem a join token.
 pub fn server_config(identity: &Identity) -> Result<quinn::ServerConfig, TlsError> {
-    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(roots(&identity.ca)?, provider())
-        .allow_unauthenticated()
-        .build()
-        .map_err(|e| TlsError::Rustls(rustls::Error::General(e.to_string())))?;
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        roots(&identity.ca)?,
+        provider(),
+    )
+    .allow_unauthenticated()
+    .build()
+    .map_err(|e| TlsError::Rustls(rustls::Error::General(e.to_string())))?;
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_client_cert_verifier(verifier)
@@ -358,7 +381,11 @@ pub enum Trust {
 /// The client side: trusts `trust`, presents `identity` if any, and accepts any server whose
 /// certificate names a node of `cluster` (the exact node is then checked by SAN when dialling
 /// by id, see [`expected_server_name`]).
-pub fn client_config(cluster: &str, trust: Trust, identity: Option<&Identity>) -> Result<quinn::ClientConfig, TlsError> {
+pub fn client_config(
+    cluster: &str,
+    trust: Trust,
+    identity: Option<&Identity>,
+) -> Result<quinn::ClientConfig, TlsError> {
     let verifier = Arc::new(ClusterNodeVerifier {
         cluster: cluster.to_owned(),
         trust,
@@ -400,14 +427,21 @@ struct ClusterNodeVerifier {
 }
 
 impl ClusterNodeVerifier {
-    fn webpki(&self, intermediates: &[CertificateDer<'_>]) -> Result<Arc<WebPkiServerVerifier>, rustls::Error> {
+    fn webpki(
+        &self,
+        intermediates: &[CertificateDer<'_>],
+    ) -> Result<Arc<WebPkiServerVerifier>, rustls::Error> {
         let ca = match &self.trust {
             Trust::Ca(ca) => ca.clone(),
             Trust::CaHash(hash) => {
                 let ca = intermediates
                     .iter()
                     .find(|c| ca_hash(c) == *hash)
-                    .ok_or_else(|| rustls::Error::General("server's CA does not match the join token's CA hash".into()))?;
+                    .ok_or_else(|| {
+                        rustls::Error::General(
+                            "server's CA does not match the join token's CA hash".into(),
+                        )
+                    })?;
                 ca.clone().into_owned()
             }
         };
@@ -432,14 +466,23 @@ impl ServerCertVerifier for ClusterNodeVerifier {
         let name = if wanted == any {
             match role_of(&self.cluster, end_entity) {
                 PeerRole::Node(id) => node_san(&self.cluster, id),
-                _ => return Err(rustls::Error::General("server certificate names no node of this cluster".into())),
+                _ => {
+                    return Err(rustls::Error::General(
+                        "server certificate names no node of this cluster".into(),
+                    ))
+                }
             }
         } else {
             wanted.into_owned()
         };
         let name = ServerName::try_from(name).map_err(|e| rustls::Error::General(e.to_string()))?;
-        self.webpki(intermediates)?
-            .verify_server_cert(end_entity, intermediates, &name, ocsp_response, now)
+        self.webpki(intermediates)?.verify_server_cert(
+            end_entity,
+            intermediates,
+            &name,
+            ocsp_response,
+            now,
+        )
     }
 
     fn verify_tls12_signature(
@@ -448,7 +491,12 @@ impl ServerCertVerifier for ClusterNodeVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn verify_tls13_signature(
@@ -457,11 +505,18 @@ impl ServerCertVerifier for ClusterNodeVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider.signature_verification_algorithms.supported_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 
@@ -491,6 +546,9 @@ mod tests {
     #[test]
     fn bad_names_are_refused() {
         let ca = CertAuthority::generate("yard").unwrap();
-        assert!(matches!(ca.sign_node("yard", "../x", 1, &[]), Err(TlsError::BadName(_))));
+        assert!(matches!(
+            ca.sign_node("yard", "../x", 1, &[]),
+            Err(TlsError::BadName(_))
+        ));
     }
 }

@@ -53,7 +53,12 @@ pub enum TransportError {
 
 /// Sends one request and waits for its reply.
 pub trait Transport: Send + Sync + 'static {
-    fn call(&self, target: Target, req: Request, timeout: Duration) -> BoxFut<Result<Reply, TransportError>>;
+    fn call(
+        &self,
+        target: Target,
+        req: Request,
+        timeout: Duration,
+    ) -> BoxFut<Result<Reply, TransportError>>;
 }
 
 /// Answers one request from a peer whose role the transport established.
@@ -72,7 +77,12 @@ pub struct QuicTransport {
 }
 
 impl QuicTransport {
-    pub fn new(endpoint: quinn::Endpoint, client: quinn::ClientConfig, cluster: String, max_frame: u32) -> Arc<Self> {
+    pub fn new(
+        endpoint: quinn::Endpoint,
+        client: quinn::ClientConfig,
+        cluster: String,
+        max_frame: u32,
+    ) -> Arc<Self> {
         Arc::new(Self {
             endpoint,
             client,
@@ -84,11 +94,17 @@ impl QuicTransport {
 
     fn cached(&self, target: &Target) -> Option<quinn::Connection> {
         let conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
-        conns.get(target).filter(|c| c.close_reason().is_none()).cloned()
+        conns
+            .get(target)
+            .filter(|c| c.close_reason().is_none())
+            .cloned()
     }
 
     fn evict(&self, target: &Target) {
-        self.conns.lock().unwrap_or_else(|e| e.into_inner()).remove(target);
+        self.conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(target);
     }
 
     async fn connect(&self, target: &Target) -> Result<quinn::Connection, TransportError> {
@@ -114,21 +130,35 @@ impl QuicTransport {
         Ok(conn)
     }
 
-    async fn exchange(&self, conn: &quinn::Connection, target: &Target, req: &Request) -> Result<Reply, TransportError> {
+    async fn exchange(
+        &self,
+        conn: &quinn::Connection,
+        target: &Target,
+        req: &Request,
+    ) -> Result<Reply, TransportError> {
         let frame_err = |source| TransportError::Frame {
             addr: target.addr.clone(),
             source,
         };
-        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| TransportError::Unreachable {
-            addr: target.addr.clone(),
-            reason: e.to_string(),
-        })?;
+        let (mut send, mut recv) =
+            conn.open_bi()
+                .await
+                .map_err(|e| TransportError::Unreachable {
+                    addr: target.addr.clone(),
+                    reason: e.to_string(),
+                })?;
         frame::write(&mut send, req).await.map_err(frame_err)?;
         let _ = send.finish();
-        frame::read(&mut recv, self.max_frame).await.map_err(frame_err)
+        frame::read(&mut recv, self.max_frame)
+            .await
+            .map_err(frame_err)
     }
 
-    async fn call_inner(self: Arc<Self>, target: Target, req: Request) -> Result<Reply, TransportError> {
+    async fn call_inner(
+        self: Arc<Self>,
+        target: Target,
+        req: Request,
+    ) -> Result<Reply, TransportError> {
         let conn = self.connect(&target).await?;
         match self.exchange(&conn, &target, &req).await {
             Ok(reply) => Ok(reply),
@@ -150,12 +180,18 @@ impl QuicTransport {
 pub struct Quic(pub Arc<QuicTransport>);
 
 impl Transport for Quic {
-    fn call(&self, target: Target, req: Request, timeout: Duration) -> BoxFut<Result<Reply, TransportError>> {
+    fn call(
+        &self,
+        target: Target,
+        req: Request,
+        timeout: Duration,
+    ) -> BoxFut<Result<Reply, TransportError>> {
         let this = self.0.clone();
         Box::pin(async move {
             let addr = target.addr.clone();
             METRICS.rpc_sent.inc();
-            match tokio::time::timeout(timeout, this.clone().call_inner(target.clone(), req)).await {
+            match tokio::time::timeout(timeout, this.clone().call_inner(target.clone(), req)).await
+            {
                 Ok(Ok(reply)) => Ok(reply),
                 Ok(Err(e)) => {
                     METRICS.rpc_failed.inc();
@@ -186,7 +222,12 @@ async fn resolve(addr: &str) -> Result<SocketAddr, String> {
 }
 
 /// Accepts connections on `endpoint` until it closes, answering each stream with `handler`.
-pub async fn serve(endpoint: quinn::Endpoint, handler: Arc<dyn Handler>, cluster: String, max_frame: u32) {
+pub async fn serve(
+    endpoint: quinn::Endpoint,
+    handler: Arc<dyn Handler>,
+    cluster: String,
+    max_frame: u32,
+) {
     while let Some(incoming) = endpoint.accept().await {
         let handler = handler.clone();
         let cluster = cluster.clone();
@@ -203,7 +244,10 @@ pub async fn serve(endpoint: quinn::Endpoint, handler: Arc<dyn Handler>, cluster
             };
             let role = conn
                 .peer_identity()
-                .and_then(|id| id.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>().ok())
+                .and_then(|id| {
+                    id.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
+                        .ok()
+                })
                 .and_then(|chain| chain.first().map(|c| tls::role_of(&cluster, c)))
                 .unwrap_or(PeerRole::Anonymous);
             tracing::debug!(%remote, ?role, "accepted connection");
@@ -303,7 +347,12 @@ struct MemTransport {
 }
 
 impl Transport for MemTransport {
-    fn call(&self, target: Target, req: Request, timeout: Duration) -> BoxFut<Result<Reply, TransportError>> {
+    fn call(
+        &self,
+        target: Target,
+        req: Request,
+        timeout: Duration,
+    ) -> BoxFut<Result<Reply, TransportError>> {
         let (handler, cut, delay) = {
             let st = self.net.lock();
             (
@@ -340,12 +389,12 @@ impl Transport for MemTransport {
                 tokio::time::sleep(delay).await;
                 handler.handle(role, req).await
             };
-            let reply = tokio::time::timeout(timeout, exchange)
-                .await
-                .map_err(|_| TransportError::Timeout {
+            let reply = tokio::time::timeout(timeout, exchange).await.map_err(|_| {
+                TransportError::Timeout {
                     addr: addr.clone(),
                     ms: timeout.as_millis(),
-                })?;
+                }
+            })?;
             let bytes = frame::encode(&reply).map_err(frame_err)?;
             frame::decode_body(&bytes[4..]).map_err(frame_err)
         })

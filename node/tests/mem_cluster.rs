@@ -34,14 +34,23 @@ fn raft_section(snapshot_every: u64, logs_kept: u64) -> RaftSection {
     }
 }
 
-async fn start(net: &MemNetwork, id: NodeId, raft: &RaftSection, ca: Option<Arc<CertAuthority>>) -> TestNode {
+async fn start(
+    net: &MemNetwork,
+    id: NodeId,
+    raft: &RaftSection,
+    ca: Option<Arc<CertAuthority>>,
+) -> TestNode {
     let dir = tempfile::tempdir().unwrap();
     let (log, sm) = yard_raft_store::open(dir.path()).unwrap();
     let feed = sm.feed();
     let transport = net.transport(&addr(id), PeerRole::Node(id));
     let cfg = Arc::new(raft.to_openraft("test").unwrap());
-    let net_factory = yard::raft_network::RaftNet { transport: transport.clone() };
-    let raft = yard_raft_store::Raft::new(id, cfg, net_factory, log, sm).await.unwrap();
+    let net_factory = yard::raft_network::RaftNet {
+        transport: transport.clone(),
+    };
+    let raft = yard_raft_store::Raft::new(id, cfg, net_factory, log, sm)
+        .await
+        .unwrap();
     let node = Node::new(NodeParts {
         id,
         name: format!("n{id}"),
@@ -70,7 +79,10 @@ async fn cluster(net: &MemNetwork, n: u64, raft: &RaftSection) -> Vec<TestNode> 
     nodes[0].node.bootstrap().await.unwrap();
     for id in 2..=n {
         let t = start(net, id, raft, None).await;
-        t.node.join(&addr(1), Duration::from_secs(10)).await.unwrap();
+        t.node
+            .join(&addr(1), Duration::from_secs(10))
+            .await
+            .unwrap();
         nodes.push(t);
     }
     nodes
@@ -78,7 +90,10 @@ async fn cluster(net: &MemNetwork, n: u64, raft: &RaftSection) -> Vec<TestNode> 
 
 async fn admin(net: &MemNetwork, to: &str, req: AdminRequest) -> Result<AdminReply, String> {
     let t = net.transport("198.18.1.1:1", PeerRole::Admin);
-    match t.call(Target::any(to), Request::Admin(req), Duration::from_secs(5)).await {
+    match t
+        .call(Target::any(to), Request::Admin(req), Duration::from_secs(5))
+        .await
+    {
         Ok(Reply::Admin(r)) => Ok(r),
         Ok(Reply::Error(e)) => Err(e),
         Ok(other) => Err(format!("unexpected {other:?}")),
@@ -87,7 +102,16 @@ async fn admin(net: &MemNetwork, to: &str, req: AdminRequest) -> Result<AdminRep
 }
 
 async fn put(net: &MemNetwork, to: &str, k: &str, v: &str) -> Result<u64, String> {
-    match admin(net, to, AdminRequest::KvPut { key: k.into(), value: v.into() }).await? {
+    match admin(
+        net,
+        to,
+        AdminRequest::KvPut {
+            key: k.into(),
+            value: v.into(),
+        },
+    )
+    .await?
+    {
         AdminReply::Written { revision } => Ok(revision),
         other => Err(format!("unexpected {other:?}")),
     }
@@ -103,14 +127,21 @@ async fn get(net: &MemNetwork, to: &str, k: &str) -> Result<Option<String>, Stri
 async fn wait_leader(nodes: &[&TestNode], not: Option<NodeId>) -> NodeId {
     let start = Instant::now();
     loop {
-        let leaders: BTreeSet<_> = nodes.iter().filter_map(|n| n.node.raft().metrics().borrow().current_leader).collect();
+        let leaders: BTreeSet<_> = nodes
+            .iter()
+            .filter_map(|n| n.node.raft().metrics().borrow().current_leader)
+            .collect();
         if leaders.len() == 1 {
             let l = *leaders.iter().next().unwrap();
             if Some(l) != not && nodes.iter().any(|n| n.node.id() == l) {
                 return l;
             }
         }
-        assert!(start.elapsed() < Duration::from_secs(10), "no single leader among {:?}", leaders);
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no single leader among {:?}",
+            leaders
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -123,12 +154,23 @@ async fn three_nodes_join_and_forward_writes() {
     let r1 = put(&net, &nodes[2].addr, "a", "1").await.unwrap();
     let r2 = put(&net, &nodes[1].addr, "a", "2").await.unwrap();
     assert!(r2 > r1);
-    assert_eq!(get(&net, &nodes[2].addr, "a").await.unwrap().as_deref(), Some("2"));
-    let AdminReply::Status(s) = admin(&net, &nodes[1].addr, AdminRequest::Status).await.unwrap() else { panic!() };
+    assert_eq!(
+        get(&net, &nodes[2].addr, "a").await.unwrap().as_deref(),
+        Some("2")
+    );
+    let AdminReply::Status(s) = admin(&net, &nodes[1].addr, AdminRequest::Status)
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
     assert_eq!(s.members.iter().filter(|m| m.role == "voter").count(), 3);
     assert_eq!(s.leader, Some(1));
     // Node metadata for every member is replicated.
-    let names: Vec<String> = nodes[2].node.feed().read(|d| d.nodes.values().map(|m| m.name.clone()).collect());
+    let names: Vec<String> = nodes[2]
+        .node
+        .feed()
+        .read(|d| d.nodes.values().map(|m| m.name.clone()).collect());
     assert_eq!(names, ["n1", "n2", "n3"]);
 }
 
@@ -138,7 +180,9 @@ async fn leader_loss_elects_a_new_leader_and_keeps_acknowledged_writes() {
     let nodes = cluster(&net, 3, &raft_section(10_000, 1_000)).await;
     let mut acked = Vec::new();
     for i in 0..30 {
-        put(&net, &nodes[1].addr, &format!("k{i}"), &format!("v{i}")).await.unwrap();
+        put(&net, &nodes[1].addr, &format!("k{i}"), &format!("v{i}"))
+            .await
+            .unwrap();
         acked.push(i);
     }
     let old = wait_leader(&[&nodes[0], &nodes[1], &nodes[2]], None).await;
@@ -149,7 +193,13 @@ async fn leader_loss_elects_a_new_leader_and_keeps_acknowledged_writes() {
     let new = wait_leader(&survivors, Some(old)).await;
     assert_ne!(new, old);
     for i in acked {
-        assert_eq!(get(&net, &survivors[0].addr, &format!("k{i}")).await.unwrap(), Some(format!("v{i}")), "acknowledged write k{i} lost");
+        assert_eq!(
+            get(&net, &survivors[0].addr, &format!("k{i}"))
+                .await
+                .unwrap(),
+            Some(format!("v{i}")),
+            "acknowledged write k{i} lost"
+        );
     }
     put(&net, &survivors[1].addr, "after", "x").await.unwrap();
 }
@@ -165,20 +215,35 @@ async fn minority_makes_no_progress_and_heals_to_the_majority() {
     net.partition(&[&minority.addr], &[&majority[0].addr, &majority[1].addr]);
     // The isolated old leader cannot commit.
     let w = put(&net, &minority.addr, "k", "minority").await;
-    assert!(w.is_err(), "a write on the minority side was acknowledged: {w:?}");
+    assert!(
+        w.is_err(),
+        "a write on the minority side was acknowledged: {w:?}"
+    );
     let new = wait_leader(&majority, Some(old)).await;
     assert_ne!(new, old);
     put(&net, &majority[0].addr, "k", "majority").await.unwrap();
     net.heal();
     let start = Instant::now();
     loop {
-        if get(&net, &minority.addr, "k").await.ok().flatten().as_deref() == Some("majority") {
-            let local = minority.node.feed().read(|d| d.kv.get("k").map(|v| v.value.clone()));
+        if get(&net, &minority.addr, "k")
+            .await
+            .ok()
+            .flatten()
+            .as_deref()
+            == Some("majority")
+        {
+            let local = minority
+                .node
+                .feed()
+                .read(|d| d.kv.get("k").map(|v| v.value.clone()));
             if local.as_deref() == Some("majority") {
                 break;
             }
         }
-        assert!(start.elapsed() < Duration::from_secs(10), "old leader did not converge");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "old leader did not converge"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -189,11 +254,16 @@ async fn a_new_node_catches_up_by_snapshot_after_the_log_was_purged() {
     let raft = raft_section(20, 0);
     let nodes = cluster(&net, 2, &raft).await;
     for i in 0..120 {
-        put(&net, &nodes[0].addr, &format!("k{i}"), "v").await.unwrap();
+        put(&net, &nodes[0].addr, &format!("k{i}"), "v")
+            .await
+            .unwrap();
     }
     let start = Instant::now();
     while nodes[0].node.raft().metrics().borrow().purged.is_none() {
-        assert!(start.elapsed() < Duration::from_secs(10), "leader never purged its log");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "leader never purged its log"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let purged = nodes[0].node.raft().metrics().borrow().purged.unwrap();
@@ -205,17 +275,26 @@ async fn a_new_node_catches_up_by_snapshot_after_the_log_was_purged() {
         let m = late.node.raft().metrics().borrow().clone();
         let n = late.node.feed().read(|d| d.list("k").count());
         if n == 120 {
-            assert!(m.snapshot.is_some_and(|s| s.index >= purged.index), "caught up without the snapshot: {m:?}");
+            assert!(
+                m.snapshot.is_some_and(|s| s.index >= purged.index),
+                "caught up without the snapshot: {m:?}"
+            );
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(10), "new node holds {n} of 120 keys");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "new node holds {n} of 120 keys"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
 async fn start_node_and_join(net: &MemNetwork, id: NodeId, raft: &RaftSection) -> TestNode {
     let t = start(net, id, raft, None).await;
-    t.node.join(&addr(1), Duration::from_secs(10)).await.unwrap();
+    t.node
+        .join(&addr(1), Duration::from_secs(10))
+        .await
+        .unwrap();
     t
 }
 
@@ -225,7 +304,11 @@ async fn join_tokens_are_checked() {
     let ca = Arc::new(CertAuthority::generate("test").unwrap());
     let n1 = start(&net, 1, &raft_section(10_000, 1_000), Some(ca)).await;
     n1.node.bootstrap().await.unwrap();
-    let AdminReply::Token { token, .. } = admin(&net, &n1.addr, AdminRequest::TokenCreate { ttl_secs: 1 }).await.unwrap() else {
+    let AdminReply::Token { token, .. } =
+        admin(&net, &n1.addr, AdminRequest::TokenCreate { ttl_secs: 1 })
+            .await
+            .unwrap()
+    else {
         panic!()
     };
     let anon = net.transport("198.18.9.9:1", PeerRole::Anonymous);
@@ -238,10 +321,15 @@ async fn join_tokens_are_checked() {
                 name: "n2".into(),
                 ips: vec![],
             });
-            anon.call(Target::any(addr(1)), req, Duration::from_secs(5)).await.unwrap()
+            anon.call(Target::any(addr(1)), req, Duration::from_secs(5))
+                .await
+                .unwrap()
         }
     };
-    assert!(matches!(redeem(token.clone()).await, Reply::Certificate { .. }));
+    assert!(matches!(
+        redeem(token.clone()).await,
+        Reply::Certificate { .. }
+    ));
     let (id, rest) = token.split_once('.').unwrap();
     let (_, hash) = rest.split_once('.').unwrap();
     let forged = format!("{id}.wrongsecret.{hash}");
@@ -249,6 +337,13 @@ async fn join_tokens_are_checked() {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert!(matches!(redeem(token).await, Reply::Error(e) if e.contains("expired")));
     // An anonymous peer gets nothing else.
-    let r = anon.call(Target::any(addr(1)), Request::Admin(AdminRequest::Status), Duration::from_secs(5)).await.unwrap();
+    let r = anon
+        .call(
+            Target::any(addr(1)),
+            Request::Admin(AdminRequest::Status),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
     assert!(matches!(r, Reply::Error(e) if e.contains("admin certificate")));
 }

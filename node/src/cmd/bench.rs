@@ -38,7 +38,12 @@ fn quantile(sorted: &[Duration], q: f64) -> u64 {
     sorted[rank - 1].as_micros() as u64
 }
 
-pub async fn kv(client: AdminClient, clients: usize, ops: usize, value_size: usize) -> anyhow::Result<KvReport> {
+pub async fn kv(
+    client: AdminClient,
+    clients: usize,
+    ops: usize,
+    value_size: usize,
+) -> anyhow::Result<KvReport> {
     let value = "x".repeat(value_size);
     // Warm the connection so the handshake is not counted as a put.
     client.admin(AdminRequest::Status).await?;

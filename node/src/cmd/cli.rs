@@ -14,13 +14,27 @@ use yard::rpc::{AdminReply, AdminRequest};
 use super::output::{print_status, Out};
 
 #[derive(Debug, Parser)]
-#[command(name = "yard", version, about = "Switchyard node daemon and cluster CLI")]
+#[command(
+    name = "yard",
+    version,
+    about = "Switchyard node daemon and cluster CLI"
+)]
 pub struct Args {
     /// Node(s) to talk to, `HOST:PORT`; a comma-separated list is tried in order.
-    #[arg(long, global = true, env = "YARD_ENDPOINT", default_value = "127.0.0.1:7480")]
+    #[arg(
+        long,
+        global = true,
+        env = "YARD_ENDPOINT",
+        default_value = "127.0.0.1:7480"
+    )]
     endpoint: String,
     /// Directory holding ca.crt, admin.crt and admin.key.
-    #[arg(long, global = true, env = "YARD_TLS_DIR", default_value = "/var/lib/yard/tls")]
+    #[arg(
+        long,
+        global = true,
+        env = "YARD_TLS_DIR",
+        default_value = "/var/lib/yard/tls"
+    )]
     tls_dir: PathBuf,
     /// The cluster name certificates carry.
     #[arg(long, global = true, env = "YARD_CLUSTER", default_value = "yard")]
@@ -123,9 +137,16 @@ enum TokenCmd {
 
 #[derive(Debug, Subcommand)]
 enum KvCmd {
-    Put { key: String, value: String },
-    Get { key: String },
-    Delete { key: String },
+    Put {
+        key: String,
+        value: String,
+    },
+    Get {
+        key: String,
+    },
+    Delete {
+        key: String,
+    },
     /// Set KEY to VALUE only if it holds OLD (or, with --expect-absent, does not exist).
     Cas {
         key: String,
@@ -135,7 +156,9 @@ enum KvCmd {
         expect_absent: bool,
         value: String,
     },
-    List { prefix: Option<String> },
+    List {
+        prefix: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -159,12 +182,26 @@ enum BenchCmd {
 
 impl Args {
     fn endpoints(&self) -> Vec<String> {
-        self.endpoint.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect()
+        self.endpoint
+            .split(',')
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .collect()
     }
 
     fn client(&self) -> anyhow::Result<AdminClient> {
-        AdminClient::new(&self.endpoints(), &self.tls_dir, &self.cluster, Duration::from_millis(self.timeout_ms))
-            .with_context(|| format!("cannot use the admin credentials in {}", self.tls_dir.display()))
+        AdminClient::new(
+            &self.endpoints(),
+            &self.tls_dir,
+            &self.cluster,
+            Duration::from_millis(self.timeout_ms),
+        )
+        .with_context(|| {
+            format!(
+                "cannot use the admin credentials in {}",
+                self.tls_dir.display()
+            )
+        })
     }
 }
 
@@ -180,13 +217,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let out = Out { json: args.json };
     match &args.command {
         Command::Node {
-            cmd: NodeCmd::Start {
-                config,
-                bootstrap,
-                join,
-                token,
-                log_json,
-            },
+            cmd:
+                NodeCmd::Start {
+                    config,
+                    bootstrap,
+                    join,
+                    token,
+                    log_json,
+                },
         } => {
             super::daemon::start(super::daemon::StartArgs {
                 config: config.clone(),
@@ -197,11 +235,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             })?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Ca { cmd: CaCmd::Init { dir } } => {
+        Command::Ca {
+            cmd: CaCmd::Init { dir },
+        } => {
             yard::tls::init_ca_dir(dir, &args.cluster)?;
-            out.line(json!({"dir": dir, "ca": dir.join("ca.crt"), "admin": dir.join("admin.crt")}), || {
-                format!("created a CA and an admin certificate in {}", dir.display())
-            });
+            out.line(
+                json!({"dir": dir, "ca": dir.join("ca.crt"), "admin": dir.join("admin.crt")}),
+                || format!("created a CA and an admin certificate in {}", dir.display()),
+            );
             Ok(ExitCode::SUCCESS)
         }
         Command::Ca {
@@ -223,7 +264,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 async fn client_command(args: &Args, out: Out) -> anyhow::Result<ExitCode> {
     if let Command::Bench {
-        cmd: BenchCmd::Kv { clients, ops, value_size },
+        cmd: BenchCmd::Kv {
+            clients,
+            ops,
+            value_size,
+        },
     } = &args.command
     {
         if *clients == 0 || *ops == 0 {
@@ -239,12 +284,19 @@ async fn client_command(args: &Args, out: Out) -> anyhow::Result<ExitCode> {
         Command::Status => AdminRequest::Status,
         Command::Token {
             cmd: TokenCmd::Create { ttl },
-        } => AdminRequest::TokenCreate { ttl_secs: ttl.as_secs() },
+        } => AdminRequest::TokenCreate {
+            ttl_secs: ttl.as_secs(),
+        },
         Command::Kv { cmd } => match cmd {
-            KvCmd::Put { key, value } => AdminRequest::KvPut { key: key.clone(), value: value.clone() },
+            KvCmd::Put { key, value } => AdminRequest::KvPut {
+                key: key.clone(),
+                value: value.clone(),
+            },
             KvCmd::Get { key } => AdminRequest::KvGet { key: key.clone() },
             KvCmd::Delete { key } => AdminRequest::KvDelete { key: key.clone() },
-            KvCmd::Cas { key, expect, value, .. } => AdminRequest::KvCas {
+            KvCmd::Cas {
+                key, expect, value, ..
+            } => AdminRequest::KvCas {
                 key: key.clone(),
                 expect: expect.clone(),
                 value: value.clone(),
@@ -256,7 +308,9 @@ async fn client_command(args: &Args, out: Out) -> anyhow::Result<ExitCode> {
         Command::Members {
             cmd: MembersCmd::Remove { id },
         } => AdminRequest::MembersRemove { id: *id },
-        Command::Node { .. } | Command::Ca { .. } | Command::Bench { .. } => unreachable!("handled above"),
+        Command::Node { .. } | Command::Ca { .. } | Command::Bench { .. } => {
+            unreachable!("handled above")
+        }
     };
     let reply = client.admin(req.clone()).await?;
     Ok(render(&req, reply, out))
@@ -269,20 +323,43 @@ fn render(req: &AdminRequest, reply: AdminReply, out: Out) -> ExitCode {
             eprintln!("key not found: {key}");
             return ExitCode::FAILURE;
         }
-        (_, AdminReply::Value(Some(e))) => out.line(json!({"key": e.key, "value": e.value, "revision": e.revision}), || e.value.clone()),
+        (_, AdminReply::Value(Some(e))) => out.line(
+            json!({"key": e.key, "value": e.value, "revision": e.revision}),
+            || e.value.clone(),
+        ),
         (_, AdminReply::List(entries)) => {
-            let v: Vec<_> = entries.iter().map(|e| json!({"key": e.key, "value": e.value, "revision": e.revision})).collect();
+            let v: Vec<_> = entries
+                .iter()
+                .map(|e| json!({"key": e.key, "value": e.value, "revision": e.revision}))
+                .collect();
             out.line(serde_json::Value::Array(v), || {
-                entries.iter().map(|e| format!("{}\t{}", e.key, e.value)).collect::<Vec<_>>().join("\n")
+                entries
+                    .iter()
+                    .map(|e| format!("{}\t{}", e.key, e.value))
+                    .collect::<Vec<_>>()
+                    .join("\n")
             });
         }
-        (_, AdminReply::Written { revision }) => out.line(json!({"revision": revision}), || format!("revision {revision}")),
+        (_, AdminReply::Written { revision }) => out.line(json!({"revision": revision}), || {
+            format!("revision {revision}")
+        }),
         (_, AdminReply::Deleted { revision, existed }) => {
             out.line(json!({"revision": revision, "deleted": existed}), || {
-                if existed { format!("deleted at revision {revision}") } else { "no such key".into() }
+                if existed {
+                    format!("deleted at revision {revision}")
+                } else {
+                    "no such key".into()
+                }
             })
         }
-        (AdminRequest::KvCas { key, .. }, AdminReply::Cas { succeeded, revision, current }) => {
+        (
+            AdminRequest::KvCas { key, .. },
+            AdminReply::Cas {
+                succeeded,
+                revision,
+                current,
+            },
+        ) => {
             out.line(
                 json!({"succeeded": succeeded, "revision": revision, "current": current.as_ref().map(|c| &c.value)}),
                 || {
@@ -298,10 +375,19 @@ fn render(req: &AdminRequest, reply: AdminReply, out: Out) -> ExitCode {
             }
         }
         (_, AdminReply::Cas { .. }) => {}
-        (_, AdminReply::Removed { id }) => out.line(json!({"removed": id}), || format!("removed node {id}")),
-        (_, AdminReply::Token { token, expires_unix_ms }) => {
-            out.line(json!({"token": token, "expires_unix_ms": expires_unix_ms}), || token.clone())
+        (_, AdminReply::Removed { id }) => {
+            out.line(json!({"removed": id}), || format!("removed node {id}"))
         }
+        (
+            _,
+            AdminReply::Token {
+                token,
+                expires_unix_ms,
+            },
+        ) => out.line(
+            json!({"token": token, "expires_unix_ms": expires_unix_ms}),
+            || token.clone(),
+        ),
         (_, AdminReply::Value(None)) => {}
     }
     ExitCode::SUCCESS

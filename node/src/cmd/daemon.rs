@@ -41,7 +41,9 @@ fn init_logging(cfg: &Config, json: bool) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_env("YARD_LOG")
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&cfg.log.level))
         .context("log.level is not a valid tracing filter")?;
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if json || cfg.log.format == LogFormat::Json {
         builder.json().init();
     } else {
@@ -59,16 +61,30 @@ async fn ensure_certificates(cfg: &Config, args: &StartArgs, tls_dir: &Path) -> 
     }
     let ip = cfg.node.listen.ip();
     if let (Some(token), Some(seed)) = (&args.token, &args.join) {
-        let hash = token.rsplit('.').next().filter(|h| h.len() == 64).context("join token is malformed; expected <id>.<secret>.<ca-hash>")?;
-        let client_cfg = tls::client_config(&cfg.node.cluster, Trust::CaHash(hash.to_owned()), None)?;
-        let client = AdminClient::with_config(std::slice::from_ref(seed), client_cfg, &cfg.node.cluster, Duration::from_secs(10))?;
+        let hash = token
+            .rsplit('.')
+            .next()
+            .filter(|h| h.len() == 64)
+            .context("join token is malformed; expected <id>.<secret>.<ca-hash>")?;
+        let client_cfg =
+            tls::client_config(&cfg.node.cluster, Trust::CaHash(hash.to_owned()), None)?;
+        let client = AdminClient::with_config(
+            std::slice::from_ref(seed),
+            client_cfg,
+            &cfg.node.cluster,
+            Duration::from_secs(10),
+        )?;
         let req = Request::RedeemToken(RedeemRequest {
             token: token.clone(),
             id: cfg.node.id,
             name: cfg.node.name.clone(),
             ips: vec![ip],
         });
-        match client.call(req).await.with_context(|| format!("cannot redeem the join token at {seed}"))? {
+        match client
+            .call(req)
+            .await
+            .with_context(|| format!("cannot redeem the join token at {seed}"))?
+        {
             Reply::Certificate { ca, cert } => {
                 tls::write_ca_cert(tls_dir, &ca)?;
                 tls::write_cert(tls_dir, &cfg.node.name, &cert)?;
@@ -85,7 +101,13 @@ async fn ensure_certificates(cfg: &Config, args: &StartArgs, tls_dir: &Path) -> 
             tls::init_ca_dir(tls_dir, &cfg.node.cluster)?;
             tracing::info!(dir = %tls_dir.display(), "generated a cluster CA");
         }
-        tls::issue_node_cert(tls_dir, &cfg.node.cluster, &cfg.node.name, cfg.node.id, &[ip])?;
+        tls::issue_node_cert(
+            tls_dir,
+            &cfg.node.cluster,
+            &cfg.node.name,
+            cfg.node.id,
+            &[ip],
+        )?;
         return Ok(());
     }
     bail!(
@@ -96,8 +118,12 @@ async fn ensure_certificates(cfg: &Config, args: &StartArgs, tls_dir: &Path) -> 
 }
 
 async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&cfg.node.data_dir)
-        .with_context(|| format!("cannot create node.data_dir {}", cfg.node.data_dir.display()))?;
+    std::fs::create_dir_all(&cfg.node.data_dir).with_context(|| {
+        format!(
+            "cannot create node.data_dir {}",
+            cfg.node.data_dir.display()
+        )
+    })?;
     let tls_dir = cfg.tls_dir();
     ensure_certificates(&cfg, &args, &tls_dir).await?;
     let identity = Identity::load(&tls_dir, &cfg.node.name)?;
@@ -112,12 +138,20 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
     let endpoint = quinn::Endpoint::server(server_cfg, cfg.node.listen)
         .with_context(|| format!("cannot listen on node.listen {}", cfg.node.listen))?;
     let max_frame = cfg.transport.max_frame_bytes;
-    let transport: Arc<dyn Transport> = Arc::new(Quic(QuicTransport::new(endpoint.clone(), client_cfg, cluster.clone(), max_frame)));
+    let transport: Arc<dyn Transport> = Arc::new(Quic(QuicTransport::new(
+        endpoint.clone(),
+        client_cfg,
+        cluster.clone(),
+        max_frame,
+    )));
 
-    let (log, sm) = yard_raft_store::open(&cfg.node.data_dir.join("raft")).context("cannot open the raft store")?;
+    let (log, sm) = yard_raft_store::open(&cfg.node.data_dir.join("raft"))
+        .context("cannot open the raft store")?;
     let feed = sm.feed();
     let raft_cfg = Arc::new(cfg.raft.to_openraft(&cluster)?);
-    let net = yard::raft_network::RaftNet { transport: transport.clone() };
+    let net = yard::raft_network::RaftNet {
+        transport: transport.clone(),
+    };
     let raft = yard_raft_store::Raft::new(cfg.node.id, raft_cfg, net, log, sm)
         .await
         .context("cannot start raft")?;
@@ -140,12 +174,20 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
         health: health.clone(),
         reachability: reachability.clone(),
     });
-    let server = tokio::spawn(transport::serve(endpoint.clone(), Arc::new(node.clone()), cluster.clone(), max_frame));
+    let server = tokio::spawn(transport::serve(
+        endpoint.clone(),
+        Arc::new(node.clone()),
+        cluster.clone(),
+        max_frame,
+    ));
     if let Some(addr) = cfg.metrics.listen {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("cannot listen on metrics.listen {addr}"))?;
-        tokio::spawn(yard::metrics::serve(listener, Arc::new(RaftGauges(node.clone()))));
+        tokio::spawn(yard::metrics::serve(
+            listener,
+            Arc::new(RaftGauges(node.clone())),
+        ));
     }
     tracing::info!(id = cfg.node.id, listen = %cfg.node.listen, advertise = %cfg.advertise(), "node started");
 
@@ -155,11 +197,20 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
         timeout: Duration::from_millis(cfg.liveness.interval_ms.max(100)),
         rt: tokio::runtime::Handle::current(),
     });
-    let actors = ActorSystem::start(cfg.liveness.interval_ms, cfg.liveness.misses, prober, reachability, health.clone())?;
+    let actors = ActorSystem::start(
+        cfg.liveness.interval_ms,
+        cfg.liveness.misses,
+        prober,
+        reachability,
+        health.clone(),
+    )?;
 
     let start_cluster = async {
         if let Some(seed) = &args.join {
-            node.join(seed, Duration::from_secs(120)).await.map(|_| ()).map_err(anyhow::Error::msg)
+            node.join(seed, Duration::from_secs(120))
+                .await
+                .map(|_| ())
+                .map_err(anyhow::Error::msg)
         } else if args.bootstrap || args.config.is_none() {
             node.bootstrap().await.map_err(anyhow::Error::msg)
         } else {
@@ -200,12 +251,29 @@ impl Prober for RaftProber {
         let m = self.node.raft().metrics().borrow().clone();
         ProbeTarget {
             leader: m.state == openraft::ServerState::Leader,
-            members: m.membership_config.membership().nodes().map(|(id, _)| *id).filter(|id| *id != self.node.id()).collect(),
+            members: m
+                .membership_config
+                .membership()
+                .nodes()
+                .map(|(id, _)| *id)
+                .filter(|id| *id != self.node.id())
+                .collect(),
         }
     }
 
-    fn probe(&self, id: NodeId) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>> {
-        let addr = self.node.raft().metrics().borrow().membership_config.membership().get_node(&id).map(|n| n.addr.clone());
+    fn probe(
+        &self,
+        id: NodeId,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>> {
+        let addr = self
+            .node
+            .raft()
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(&id)
+            .map(|n| n.addr.clone());
         let transport = self.transport.clone();
         let timeout = self.timeout;
         let task = self.rt.spawn(async move {
@@ -242,7 +310,9 @@ impl ActorSystem {
                 let system = actix::System::new();
                 system.block_on(async {
                     let interval = Duration::from_millis(interval_ms);
-                    actix::Supervisor::start(move |_| LivenessActor::new(interval, misses, prober, reachability, health));
+                    actix::Supervisor::start(move |_| {
+                        LivenessActor::new(interval, misses, prober, reachability, health)
+                    });
                 });
                 let _ = tx.send(actix::System::current());
                 if let Err(e) = system.run() {

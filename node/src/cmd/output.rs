@@ -52,10 +52,18 @@ pub fn print_status(s: &Status, out: Out) {
         );
         t.push_str("ID  NAME        ADDR                   ROLE     REACHABLE\n");
         for m in &s.members {
-            t.push_str(&format!("{:<3} {:<11} {:<22} {:<8} {}\n", m.id, m.name, m.addr, m.role, m.reachable));
+            t.push_str(&format!(
+                "{:<3} {:<11} {:<22} {:<8} {}\n",
+                m.id, m.name, m.addr, m.role, m.reachable
+            ));
         }
         for a in &s.actors {
-            t.push_str(&format!("actor {}: {} ({})\n", a.name, if a.healthy { "healthy" } else { "unhealthy" }, a.detail));
+            t.push_str(&format!(
+                "actor {}: {} ({})\n",
+                a.name,
+                if a.healthy { "healthy" } else { "unhealthy" },
+                a.detail
+            ));
         }
         t.trim_end().to_owned()
     });

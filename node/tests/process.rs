@@ -1,0 +1,350 @@
+//! Real `yard` processes on loopback: crash recovery after `kill -9` mid-write, a foreign CA
+//! refused, garbage and oversize frames refused with the node still serving, config errors
+//! that name the key.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use yard::client::AdminClient;
+use yard::rpc::{AdminReply, AdminRequest, Reply};
+use yard::tls::{self, Identity, Trust};
+
+const BIN: &str = env!("CARGO_BIN_EXE_yard");
+
+fn free_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn free_tcp_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One single-node daemon on loopback with the embedded default (its own CA in its data dir).
+struct Daemon {
+    child: Option<Child>,
+    dir: PathBuf,
+    port: u16,
+    metrics: u16,
+}
+
+impl Daemon {
+    fn start(dir: &Path) -> Self {
+        let mut d = Self {
+            child: None,
+            dir: dir.to_owned(),
+            port: free_port(),
+            metrics: free_tcp_port(),
+        };
+        d.spawn();
+        d
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("yard.log"))
+            .unwrap();
+        let child = Command::new(BIN)
+            .args(["node", "start"])
+            .env("YARD_NODE__DATA_DIR", &self.dir)
+            .env("YARD_NODE__LISTEN", format!("127.0.0.1:{}", self.port))
+            .env(
+                "YARD_METRICS__LISTEN",
+                format!("127.0.0.1:{}", self.metrics),
+            )
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+    }
+
+    fn endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn tls_dir(&self) -> PathBuf {
+        self.dir.join("tls")
+    }
+
+    fn client(&self) -> AdminClient {
+        let start = Instant::now();
+        while !self.tls_dir().join("admin.key").exists() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "daemon never wrote its CA"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        AdminClient::new(
+            &[self.endpoint()],
+            &self.tls_dir(),
+            "yard",
+            Duration::from_secs(2),
+        )
+        .unwrap()
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+async fn wait_serving(client: &AdminClient) {
+    let start = Instant::now();
+    loop {
+        if let Ok(AdminReply::Status(s)) = client.admin(AdminRequest::Status).await {
+            if s.leader.is_some() {
+                return;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "node did not start serving"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_mid_write_loses_no_acknowledged_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = Daemon::start(dir.path());
+    let client = d.client();
+    wait_serving(&client).await;
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    for round in 0..3u32 {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut writers = Vec::new();
+        for w in 0..4 {
+            let (client, acked, stop) = (client.clone(), acked.clone(), stop.clone());
+            writers.push(tokio::spawn(async move {
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let key = format!("r{round}/w{w}/{i}");
+                    if client
+                        .admin(AdminRequest::KvPut {
+                            key: key.clone(),
+                            value: "v".into(),
+                        })
+                        .await
+                        .is_ok()
+                    {
+                        acked.lock().unwrap().push(key);
+                    }
+                    i += 1;
+                }
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(300 + 170 * u64::from(round))).await;
+        d.kill9();
+        stop.store(true, Ordering::Relaxed);
+        for w in writers {
+            w.await.unwrap();
+        }
+        d.spawn();
+        wait_serving(&client).await;
+        let keys = acked.lock().unwrap().clone();
+        assert!(
+            !keys.is_empty(),
+            "no write was acknowledged before the kill"
+        );
+        for key in &keys {
+            match client
+                .admin(AdminRequest::KvGet { key: key.clone() })
+                .await
+                .unwrap()
+            {
+                AdminReply::Value(Some(_)) => {}
+                other => {
+                    panic!("acknowledged write {key} lost after kill -9 (round {round}): {other:?}")
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_ca_is_refused_and_the_node_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path());
+    let client = d.client();
+    wait_serving(&client).await;
+    let foreign = tempfile::tempdir().unwrap();
+    tls::init_ca_dir(foreign.path(), "yard").unwrap();
+    let stranger = AdminClient::new(
+        &[d.endpoint()],
+        foreign.path(),
+        "yard",
+        Duration::from_secs(2),
+    )
+    .unwrap();
+    let err = stranger.admin(AdminRequest::Status).await.unwrap_err();
+    assert!(!err.to_string().is_empty());
+    // The CLI says so in one sentence and exits non-zero.
+    let out = Command::new(BIN)
+        .args(["status", "--endpoint", &d.endpoint(), "--tls-dir"])
+        .arg(foreign.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(matches!(
+        client.admin(AdminRequest::Status).await,
+        Ok(AdminReply::Status(_))
+    ));
+}
+
+/// Opens a raw stream with the admin certificate and sends `bytes` as-is.
+async fn raw_exchange(d: &Daemon, bytes: &[u8]) -> Result<Reply, String> {
+    let identity = Identity::load(&d.tls_dir(), "admin").unwrap();
+    let cfg = tls::client_config("yard", Trust::Ca(identity.ca.clone()), Some(&identity)).unwrap();
+    let ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    let conn = ep
+        .connect_with(
+            cfg,
+            d.endpoint().parse().unwrap(),
+            &tls::expected_server_name("yard", None),
+        )
+        .unwrap()
+        .await
+        .map_err(|e| e.to_string())?;
+    let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+    let _ = send.write_all(bytes).await;
+    let _ = send.finish();
+    yard::frame::read(&mut recv, 1 << 20)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_and_oversize_frames_are_refused_and_the_node_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path());
+    let client = d.client();
+    wait_serving(&client).await;
+    let mut oversize = (u32::MAX).to_be_bytes().to_vec();
+    oversize.extend_from_slice(&[0u8; 64]);
+    match raw_exchange(&d, &oversize).await.unwrap() {
+        Reply::Error(e) => assert!(e.contains("exceeds the limit"), "{e}"),
+        other => panic!("oversize frame answered with {other:?}"),
+    }
+    let mut garbage = 12u32.to_be_bytes().to_vec();
+    garbage.extend_from_slice(&[
+        0xde, 0xad, 0xbe, 0xef, 0xff, 0xff, 0xff, 0xff, 0x13, 0x37, 0x00, 0x01,
+    ]);
+    match raw_exchange(&d, &garbage).await.unwrap() {
+        Reply::Error(e) => assert!(
+            e.contains("does not decode") || e.contains("trailing"),
+            "{e}"
+        ),
+        other => panic!("garbage frame answered with {other:?}"),
+    }
+    match raw_exchange(&d, &[0, 0]).await.unwrap() {
+        Reply::Error(e) => assert!(e.contains("truncated"), "{e}"),
+        other => panic!("truncated frame answered with {other:?}"),
+    }
+    assert!(matches!(
+        client
+            .admin(AdminRequest::KvPut {
+                key: "still".into(),
+                value: "up".into()
+            })
+            .await,
+        Ok(AdminReply::Written { .. })
+    ));
+    // The refusals are counted.
+    let body = http_get(d.metrics, "/metrics").await;
+    let line = body
+        .lines()
+        .find(|l| l.starts_with("yard_transport_frame_errors_total "))
+        .unwrap();
+    assert_eq!(line, "yard_transport_frame_errors_total 3");
+}
+
+async fn http_get(port: u16, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
+}
+
+#[test]
+fn config_errors_name_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("yard.toml");
+    std::fs::write(
+        &cfg,
+        "[node]\nid = 1\nlisten = \"127.0.0.1:1\"\n[raft]\nheartbeat_mss = 5\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["node", "start", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("raft.heartbeat_mss"), "{stderr}");
+    let out = Command::new(BIN)
+        .args(["node", "start", "--config"])
+        .arg(&cfg)
+        .env("YARD_RAFT__HEARTBEAT_MS", "soon")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    std::fs::write(&cfg, "[node]\nid = 1\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["node", "start", "--config"])
+        .arg(&cfg)
+        .env("YARD_RAFT__HEARTBEAT_MS", "soon")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("raft.heartbeat_ms"), "{stderr}");
+}
+
+#[test]
+fn bad_cli_arguments_get_one_clear_error() {
+    let out = Command::new(BIN)
+        .args(["members", "remove", "not-a-number"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let out = Command::new(BIN)
+        .args(["bench", "kv", "--clients", "0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--clients"));
+}
