@@ -26,7 +26,10 @@ impl HealthRegistry {
             detail: detail.into(),
             updated: Instant::now(),
         };
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).insert(actor.to_owned(), entry);
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(actor.to_owned(), entry);
     }
 
     pub fn snapshot(&self) -> BTreeMap<String, ActorHealth> {

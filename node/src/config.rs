@@ -9,7 +9,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub node: NodeSection,
@@ -35,7 +35,7 @@ pub struct NodeSection {
     pub data_dir: PathBuf,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TlsSection {
     /// Holds ca.crt plus `<node.name>.crt`/`.key`; defaults to `<data_dir>/tls`, where a
@@ -121,12 +121,6 @@ impl Default for NodeSection {
     }
 }
 
-impl Default for TlsSection {
-    fn default() -> Self {
-        Self { dir: None }
-    }
-}
-
 impl Default for MetricsSection {
     fn default() -> Self {
         Self {
@@ -181,21 +175,6 @@ impl Default for GatewaySection {
             enabled: false,
             interface: "eth0".into(),
             xdp_mode: XdpMode::Native,
-        }
-    }
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            node: NodeSection::default(),
-            tls: TlsSection::default(),
-            metrics: MetricsSection::default(),
-            raft: RaftSection::default(),
-            liveness: LivenessSection::default(),
-            transport: TransportSection::default(),
-            log: LogSection::default(),
-            gateway: GatewaySection::default(),
         }
     }
 }
@@ -323,6 +302,24 @@ fn join_key(prefix: &str, field: &str) -> String {
     }
 }
 
+impl RaftSection {
+    /// The openraft configuration these settings describe.
+    pub fn to_openraft(&self, cluster: &str) -> Result<openraft::Config, ConfigError> {
+        openraft::Config {
+            cluster_name: cluster.to_owned(),
+            heartbeat_interval: self.heartbeat_ms,
+            election_timeout_min: self.election_timeout_min_ms,
+            election_timeout_max: self.election_timeout_max_ms,
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_every),
+            max_in_snapshot_log_to_keep: self.logs_kept,
+            install_snapshot_timeout: 2_000,
+            ..Default::default()
+        }
+        .validate()
+        .map_err(|e| ConfigError::Invalid(format!("raft: {e}")))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -368,6 +365,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::result_large_err)] // figment's own Jail signature
     fn env_overrides_file() {
         figment::Jail::expect_with(|jail| {
             jail.create_file("yard.toml", "[node]\nid = 2\nname = \"a\"\n")?;
@@ -386,23 +384,5 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("raft.heartbeat_ms"), "{err}");
-    }
-}
-
-impl RaftSection {
-    /// The openraft configuration these settings describe.
-    pub fn to_openraft(&self, cluster: &str) -> Result<openraft::Config, ConfigError> {
-        openraft::Config {
-            cluster_name: cluster.to_owned(),
-            heartbeat_interval: self.heartbeat_ms,
-            election_timeout_min: self.election_timeout_min_ms,
-            election_timeout_max: self.election_timeout_max_ms,
-            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_every),
-            max_in_snapshot_log_to_keep: self.logs_kept,
-            install_snapshot_timeout: 2_000,
-            ..Default::default()
-        }
-        .validate()
-        .map_err(|e| ConfigError::Invalid(format!("raft: {e}")))
     }
 }

@@ -311,8 +311,8 @@ mod tests {
                 match c {
                     Command::Put { key, value } => { model.insert(key.clone(), value.clone()); }
                     Command::Delete { key } => { model.remove(key); }
-                    Command::Cas { key, expect, value } => {
-                        if model.get(key) == expect.as_ref() { model.insert(key.clone(), value.clone()); }
+                    Command::Cas { key, expect, value } if model.get(key) == expect.as_ref() => {
+                        model.insert(key.clone(), value.clone());
                     }
                     _ => {}
                 }

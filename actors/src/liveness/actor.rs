@@ -36,7 +36,13 @@ pub struct LivenessActor {
 }
 
 impl LivenessActor {
-    pub fn new(interval: Duration, misses: u32, prober: Arc<dyn Prober>, view: Reachability, health: HealthRegistry) -> Self {
+    pub fn new(
+        interval: Duration,
+        misses: u32,
+        prober: Arc<dyn Prober>,
+        view: Reachability,
+        health: HealthRegistry,
+    ) -> Self {
         Self {
             core: LivenessCore::new(misses),
             interval,
@@ -58,7 +64,11 @@ impl LivenessActor {
                     }
                 }
                 Effect::Publish(view) => {
-                    let down: Vec<u64> = view.iter().filter(|(_, r)| !**r).map(|(id, _)| *id).collect();
+                    let down: Vec<u64> = view
+                        .iter()
+                        .filter(|(_, r)| !**r)
+                        .map(|(id, _)| *id)
+                        .collect();
                     tracing::info!(?down, members = view.len(), "reachability changed");
                     self.view.publish(view);
                 }

@@ -7,7 +7,10 @@ use std::collections::{BTreeMap, BTreeSet};
 pub enum Event {
     /// A probe interval elapsed. `leader` says whether this node leads; `members` is the current
     /// membership without this node.
-    Tick { leader: bool, members: BTreeSet<u64> },
+    Tick {
+        leader: bool,
+        members: BTreeSet<u64>,
+    },
     /// A probe sent in round `round` to `id` came back (`ok`) or failed.
     ProbeResult { id: u64, round: u64, ok: bool },
 }
@@ -49,7 +52,10 @@ impl LivenessCore {
         if !self.leader {
             return BTreeMap::new();
         }
-        self.misses.iter().map(|(id, m)| (*id, *m < self.misses_allowed)).collect()
+        self.misses
+            .iter()
+            .map(|(id, m)| (*id, *m < self.misses_allowed))
+            .collect()
     }
 
     fn publish_if_changed(&mut self, effects: &mut Vec<Effect>) {
@@ -133,17 +139,33 @@ mod tests {
         let mut core = LivenessCore::new(3);
         let fx = tick(&mut core, true, &[2, 3]);
         assert_eq!(published(&fx), Some(BTreeMap::from([(2, true), (3, true)])));
-        core.handle(Event::ProbeResult { id: 2, round: 1, ok: true });
-        core.handle(Event::ProbeResult { id: 3, round: 1, ok: true });
+        core.handle(Event::ProbeResult {
+            id: 2,
+            round: 1,
+            ok: true,
+        });
+        core.handle(Event::ProbeResult {
+            id: 3,
+            round: 1,
+            ok: true,
+        });
         let mut last = None;
         for round in 2..=5 {
-            core.handle(Event::ProbeResult { id: 2, round, ok: true });
+            core.handle(Event::ProbeResult {
+                id: 2,
+                round,
+                ok: true,
+            });
             if let Some(v) = published(&tick(&mut core, true, &[2, 3])) {
                 last = Some(v);
             }
         }
         assert_eq!(last, Some(BTreeMap::from([(2, true), (3, false)])));
-        let fx = core.handle(Event::ProbeResult { id: 3, round: 6, ok: true });
+        let fx = core.handle(Event::ProbeResult {
+            id: 3,
+            round: 6,
+            ok: true,
+        });
         assert_eq!(published(&fx), Some(BTreeMap::from([(2, true), (3, true)])));
     }
 
@@ -166,12 +188,20 @@ mod tests {
     fn stale_results_do_not_revive() {
         let mut core = LivenessCore::new(1);
         tick(&mut core, true, &[2]);
-        core.handle(Event::ProbeResult { id: 2, round: 1, ok: true });
+        core.handle(Event::ProbeResult {
+            id: 2,
+            round: 1,
+            ok: true,
+        });
         tick(&mut core, true, &[2]);
         let fx = tick(&mut core, true, &[2]);
         assert_eq!(published(&fx), Some(BTreeMap::from([(2, false)])));
         // a late answer to round 1 is older than what we already know
-        let fx = core.handle(Event::ProbeResult { id: 2, round: 1, ok: true });
+        let fx = core.handle(Event::ProbeResult {
+            id: 2,
+            round: 1,
+            ok: true,
+        });
         assert!(published(&fx).is_none());
     }
 }

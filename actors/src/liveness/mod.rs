@@ -5,7 +5,7 @@
 pub mod actor;
 pub mod core;
 
-pub use self::actor::{LivenessActor, Prober, ProbeTarget};
+pub use self::actor::{LivenessActor, ProbeTarget, Prober};
 pub use self::core::{Effect, Event, LivenessCore};
 
 use std::collections::BTreeMap;
