@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs, idempotently, every system package Switchyard's build, tests and benchmarks use on
+# a Debian machine (as root). The Rust toolchain itself comes from rust-toolchain.toml via rustup.
+set -euo pipefail
+
+packages=(clang llvm libbpf-dev iproute2 nftables ethtool procps curl python3 etcd-server etcd-client protobuf-compiler)
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    [[ $EUID -eq 0 ]] || { echo "install-deps: installing ${missing[*]} needs root" >&2; exit 1; }
+    echo "install-deps: installing ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# Debian's etcd-server starts a system etcd on 127.0.0.1:2379; the benchmark runs its own.
+if command -v systemctl >/dev/null && systemctl is-active --quiet etcd 2>/dev/null; then
+    systemctl stop etcd || true
+fi
+command -v cargo >/dev/null || { echo "install-deps: cargo not found; install rustup (the toolchain is pinned in rust-toolchain.toml)" >&2; exit 1; }
+mkdir -p /sys/fs/bpf 2>/dev/null || true
+mountpoint -q /sys/fs/bpf 2>/dev/null || mount -t bpf bpf /sys/fs/bpf 2>/dev/null || true
+echo "install-deps: ok"

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The whole test suite, cheapest first: unit and property tests, openraft's storage suite,
+# in-memory clusters, real processes on loopback, real clusters in network namespaces, then the
+# seeded chaos schedule (bounded; CHAOS_SECONDS, default 240, at most 600). Needs root for the
+# namespace tests: they fail, never skip, without it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./deploy/install-deps.sh
+[[ $EUID -eq 0 ]] || { echo "test: the namespace tests need root; run as root" >&2; exit 1; }
+cargo build --workspace --all-targets
+cargo build --release -p yard
+# One test binary at a time keeps real clusters from competing for the two cores.
+cargo test --workspace -- --test-threads=2
+CHAOS_SECONDS=${CHAOS_SECONDS:-240}
+cargo run --release -p yard-chaos --bin chaos -- --yard-bin target/release/yard --seconds "$CHAOS_SECONDS" ${CHAOS_SEED:+--seed "$CHAOS_SEED"}
