@@ -7,6 +7,9 @@ use std::time::Duration;
 /// What can go wrong while building test hosts, running processes in them or injecting faults.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// A yard cluster operation failed (see [`crate::yard`]).
+    #[error("{0}")]
+    Yard(String),
     /// Namespaces, veths, nftables and TC need root.
     #[error("network-namespace tests need root (effective uid is {euid}); run them as root, e.g. with sudo -E cargo test")]
     NotRoot {

@@ -12,6 +12,7 @@ mod faults;
 mod loss;
 mod process;
 mod topology;
+pub mod yard;
 
 pub use error::{Error, Result};
 pub use process::Process;

@@ -17,9 +17,12 @@ pub enum ClientError {
     Socket(std::io::Error),
     #[error("{0}")]
     Transport(#[from] TransportError),
-    /// The node answered with a refusal or failure.
+    /// The node refused or failed the request; it did not take effect.
     #[error("{0}")]
     Remote(String),
+    /// The request may or may not have taken effect.
+    #[error("{0}")]
+    Indefinite(String),
     #[error("unexpected reply: {0}")]
     Unexpected(String),
     #[error("no endpoint given")]
@@ -32,8 +35,11 @@ impl ClientError {
     pub fn is_indefinite(&self) -> bool {
         matches!(
             self,
-            ClientError::Transport(TransportError::Timeout { .. } | TransportError::Frame { .. })
-        ) || matches!(self, ClientError::Remote(m) if m.contains("timed out") || m.contains("no leader answered"))
+            ClientError::Indefinite(_)
+                | ClientError::Transport(
+                    TransportError::Timeout { .. } | TransportError::Frame { .. }
+                )
+        )
     }
 }
 
@@ -106,6 +112,7 @@ impl AdminClient {
         match self.call(Request::Admin(req)).await? {
             Reply::Admin(r) => Ok(r),
             Reply::Error(e) => Err(ClientError::Remote(e)),
+            Reply::Indefinite(e) => Err(ClientError::Indefinite(e)),
             other => Err(ClientError::Unexpected(format!("{other:?}"))),
         }
     }

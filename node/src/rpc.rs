@@ -98,8 +98,11 @@ pub enum Reply {
     Pong {
         id: NodeId,
     },
-    /// The request was refused or failed; one clear sentence.
+    /// The request was refused or failed and did not take effect; one clear sentence.
     Error(String),
+    /// The request may or may not have taken effect (e.g. the leader died mid-write); a client
+    /// must not assume either.
+    Indefinite(String),
 }
 
 /// A Raft RPC failed on the receiver (serialised openraft error text).

@@ -19,7 +19,7 @@ use crate::rpc::{
     RaftReply, RaftRequest, RedeemRequest, Reply, Request, Status,
 };
 use crate::tls::{self, CertAuthority, PeerRole};
-use crate::transport::{BoxFut, Handler, Target, Transport};
+use crate::transport::{BoxFut, Handler, Target, Transport, TransportError};
 
 /// Everything a node's request handling needs.
 pub struct NodeParts {
@@ -178,7 +178,7 @@ impl Node {
     ) -> Reply
     where
         F: Fn() -> Fut,
-        Fut: std::future::Future<Output = Result<Attempt<T>, String>>,
+        Fut: std::future::Future<Output = Result<Attempt<T>, Reply>>,
         T: Into<AdminReply>,
     {
         let p = &self.inner;
@@ -187,7 +187,7 @@ impl Node {
             let leader = match local().await {
                 Ok(Attempt::Done(r)) => return Reply::Admin(r.into()),
                 Ok(Attempt::Forward(leader)) => leader,
-                Err(e) => return Reply::Error(e),
+                Err(reply) => return reply,
             };
             if let Some((id, node)) = leader.filter(|(id, _)| *id != p.id) {
                 if forwarded {
@@ -203,14 +203,24 @@ impl Node {
                     )
                     .await
                 {
-                    Ok(reply @ Reply::Admin(_)) => return reply,
+                    Ok(reply @ (Reply::Admin(_) | Reply::Indefinite(_))) => return reply,
+                    // A refusal (e.g. "not the leader"): nothing happened, so trying again is safe.
                     Ok(Reply::Error(e)) => {
-                        tracing::debug!(leader = id, error = %e, "forwarded request failed")
+                        tracing::debug!(leader = id, error = %e, "forwarded request refused")
                     }
                     Ok(other) => {
                         return Reply::Error(format!("unexpected reply from the leader: {other:?}"))
                     }
-                    Err(e) => tracing::debug!(leader = id, error = %e, "leader unreachable"),
+                    // Never sent: safe to try again.
+                    Err(e @ TransportError::Unreachable { .. }) => {
+                        tracing::debug!(leader = id, error = %e, "leader unreachable")
+                    }
+                    // Possibly applied: retrying could apply it twice.
+                    Err(e) => {
+                        return Reply::Indefinite(format!(
+                            "the leader did not answer, so the outcome is unknown: {e}"
+                        ))
+                    }
                 }
             }
             if start.elapsed() > p.leader_wait {
@@ -235,7 +245,8 @@ impl Node {
                     Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
                         Ok(Attempt::Forward(leader_of(f)))
                     }
-                    Err(e) => Err(format!("write failed: {e}")),
+                    // Raft stopped under the write: it may still be committed by the next leader.
+                    Err(e) => Err(Reply::Indefinite(format!("write outcome unknown: {e}"))),
                 }
             }
         })
@@ -261,7 +272,7 @@ impl Node {
                     tracing::debug!(error = %e, "read barrier failed; retrying");
                     Ok(Attempt::Forward(None))
                 }
-                Err(e) => Err(format!("read failed: {e}")),
+                Err(e) => Err(Reply::Error(format!("read failed: {e}"))),
             }
         })
         .await
@@ -408,7 +419,7 @@ impl Node {
                     Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
                         Ok(Attempt::Forward(leader_of(f)))
                     }
-                    Err(e) => Err(format!("cannot remove node {id}: {e}")),
+                    Err(e) => Err(Reply::Error(format!("cannot remove node {id}: {e}"))),
                 }
             })
             .await;

@@ -154,22 +154,59 @@ impl QuicTransport {
             .map_err(frame_err)
     }
 
+    async fn connect_within(
+        &self,
+        target: &Target,
+        timeout: Duration,
+    ) -> Result<quinn::Connection, TransportError> {
+        tokio::time::timeout(timeout, self.connect(target))
+            .await
+            .unwrap_or_else(|_| {
+                Err(TransportError::Unreachable {
+                    addr: target.addr.clone(),
+                    reason: format!("no handshake within {} ms", timeout.as_millis()),
+                })
+            })
+    }
+
+    async fn exchange_within(
+        &self,
+        conn: &quinn::Connection,
+        target: &Target,
+        req: &Request,
+        timeout: Duration,
+    ) -> Result<Reply, TransportError> {
+        tokio::time::timeout(timeout, self.exchange(conn, target, req))
+            .await
+            .unwrap_or_else(|_| {
+                Err(TransportError::Timeout {
+                    addr: target.addr.clone(),
+                    ms: timeout.as_millis(),
+                })
+            })
+    }
+
     async fn call_inner(
         self: Arc<Self>,
         target: Target,
         req: Request,
+        timeout: Duration,
     ) -> Result<Reply, TransportError> {
-        let conn = self.connect(&target).await?;
-        match self.exchange(&conn, &target, &req).await {
+        let conn = self.connect_within(&target, timeout).await?;
+        match self.exchange_within(&conn, &target, &req, timeout).await {
             Ok(reply) => Ok(reply),
-            // A cached connection may have died since: dial once more.
-            Err(first) => {
+            // A cached connection may have died since it was cached. Dial once more, but only
+            // if the stream could not even be opened: once a request may have been sent, a
+            // retry could apply it twice (a compare-and-swap would then report failure for a
+            // write that happened), so the caller gets the error and treats it as unknown.
+            Err(TransportError::Unreachable { .. }) if conn.close_reason().is_some() => {
                 self.evict(&target);
-                if conn.close_reason().is_none() {
-                    return Err(first);
-                }
-                let conn = self.connect(&target).await?;
-                self.exchange(&conn, &target, &req).await
+                let conn = self.connect_within(&target, timeout).await?;
+                self.exchange_within(&conn, &target, &req, timeout).await
+            }
+            Err(e) => {
+                self.evict(&target);
+                Err(e)
             }
         }
     }
@@ -180,6 +217,10 @@ impl QuicTransport {
 pub struct Quic(pub Arc<QuicTransport>);
 
 impl Transport for Quic {
+    /// `timeout` bounds the handshake and the exchange separately. A handshake that does not
+    /// finish in time counts as unreachable (a dead host answers nothing), so callers with
+    /// several endpoints move on to the next one; a request that does not finish in time is a
+    /// timeout, whose outcome is unknown.
     fn call(
         &self,
         target: Target,
@@ -188,24 +229,15 @@ impl Transport for Quic {
     ) -> BoxFut<Result<Reply, TransportError>> {
         let this = self.0.clone();
         Box::pin(async move {
-            let addr = target.addr.clone();
             METRICS.rpc_sent.inc();
-            match tokio::time::timeout(timeout, this.clone().call_inner(target.clone(), req)).await
-            {
-                Ok(Ok(reply)) => Ok(reply),
-                Ok(Err(e)) => {
-                    METRICS.rpc_failed.inc();
-                    Err(e)
-                }
-                Err(_) => {
-                    METRICS.rpc_failed.inc();
-                    this.evict(&target);
-                    Err(TransportError::Timeout {
-                        addr,
-                        ms: timeout.as_millis(),
-                    })
-                }
+            let result = this.clone().call_inner(target.clone(), req, timeout).await;
+            if result.is_err() {
+                METRICS.rpc_failed.inc();
             }
+            if matches!(result, Err(TransportError::Timeout { .. })) {
+                this.evict(&target);
+            }
+            result
         })
     }
 }

@@ -1,0 +1,253 @@
+//! A `yard` cluster on a [`Topology`]: the PKI, one config per host, bootstrap and peer joins,
+//! and the CLI run inside a host — what the namespace tests, the chaos schedule and the
+//! benchmarks all need, written once.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use crate::{Error, Process, Result, Topology};
+
+/// QUIC port every node listens on.
+pub const PORT: u16 = 7480;
+/// Metrics port every node listens on.
+pub const METRICS_PORT: u16 = 9480;
+
+/// Extra `[raft]`/`[liveness]` settings for a test cluster.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterOptions {
+    /// Lines appended to every node's TOML config (e.g. `"[raft]\nsnapshot_every = 50"`).
+    pub extra_config: String,
+}
+
+/// A cluster of `yard` processes, host i running node i.
+pub struct YardCluster {
+    pub topo: Topology,
+    bin: PathBuf,
+    tls: PathBuf,
+    nodes: Vec<Option<Process>>,
+}
+
+fn cmd_err(what: String, out: &Output) -> Error {
+    Error::Yard(format!(
+        "{what} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    ))
+}
+
+fn io(context: String) -> impl FnOnce(std::io::Error) -> Error {
+    move |e| Error::Yard(format!("cannot {context}: {e}"))
+}
+
+impl YardCluster {
+    /// Makes the PKI and configs for `n` nodes on a fresh topology of `hosts ≥ n` hosts,
+    /// bootstraps node 1 and joins the others one at a time, each waited for as a voter.
+    pub fn start(bin: &Path, n: usize, hosts: usize, opts: &ClusterOptions) -> Result<Self> {
+        let topo = Topology::new(hosts.max(n))?;
+        let tls = topo.dir().join("tls");
+        let mut cluster = Self {
+            bin: bin.to_owned(),
+            tls,
+            nodes: vec![None; n],
+            topo,
+        };
+        cluster.local(&["ca", "init", "--dir", &cluster.tls_str()])?;
+        for i in 1..=n {
+            let ip = cluster.topo.addr(i).to_string();
+            cluster.local(&[
+                "ca",
+                "issue",
+                "--dir",
+                &cluster.tls_str(),
+                "--name",
+                &format!("n{i}"),
+                "--id",
+                &i.to_string(),
+                "--ip",
+                &ip,
+            ])?;
+            let dir = cluster.node_dir(i);
+            std::fs::create_dir_all(&dir).map_err(io(format!("create {}", dir.display())))?;
+            let config = format!(
+                "[node]\nid = {i}\nname = \"n{i}\"\nlisten = \"{ip}:{PORT}\"\ndata_dir = \"{}\"\n[tls]\ndir = \"{}\"\n[metrics]\nlisten = \"{ip}:{METRICS_PORT}\"\n{}\n",
+                dir.join("data").display(),
+                cluster.tls_str(),
+                opts.extra_config
+            );
+            let path = cluster.config_path(i);
+            std::fs::write(&path, config).map_err(io(format!("write {}", path.display())))?;
+        }
+        cluster.spawn(1, &["--bootstrap"])?;
+        cluster.wait_voters(1, 1, Duration::from_secs(20))?;
+        for i in 2..=n {
+            let seed = format!("{}:{PORT}", cluster.topo.addr(1));
+            cluster.spawn(i, &["--join", &seed])?;
+            cluster.wait_voters(1, i, Duration::from_secs(30))?;
+        }
+        Ok(cluster)
+    }
+
+    fn tls_str(&self) -> String {
+        self.tls.display().to_string()
+    }
+
+    /// The directory holding ca.crt and admin.crt/admin.key.
+    pub fn tls_dir(&self) -> &Path {
+        &self.tls
+    }
+
+    fn node_dir(&self, i: usize) -> PathBuf {
+        self.topo.dir().join(format!("n{i}"))
+    }
+
+    fn config_path(&self, i: usize) -> PathBuf {
+        self.node_dir(i).join("yard.toml")
+    }
+
+    /// Node `i`'s QUIC address.
+    pub fn endpoint(&self, i: usize) -> String {
+        format!("{}:{PORT}", self.topo.addr(i))
+    }
+
+    /// Every node's address, comma-separated (the CLI tries them in order).
+    pub fn all_endpoints(&self) -> String {
+        (1..=self.nodes.len())
+            .map(|i| self.endpoint(i))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Number of nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether the cluster has no nodes.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    fn local(&self, args: &[&str]) -> Result<()> {
+        let out = std::process::Command::new(&self.bin)
+            .args(args)
+            .output()
+            .map_err(io(format!("run {}", self.bin.display())))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(cmd_err(format!("yard {}", args.join(" ")), &out))
+        }
+    }
+
+    /// Starts node `i` (its config plus `extra` flags) and records its process.
+    pub fn spawn(&mut self, i: usize, extra: &[&str]) -> Result<Process> {
+        let config = self.config_path(i).display().to_string();
+        let mut args = vec!["node", "start", "--config", &config];
+        args.extend_from_slice(extra);
+        let p = self
+            .topo
+            .spawn(i, &self.bin, &args, &[], &format!("n{i}.log"))?;
+        self.nodes[i - 1] = Some(p.clone());
+        Ok(p)
+    }
+
+    /// Restarts node `i` from its store (no bootstrap, no join).
+    pub fn restart(&mut self, i: usize) -> Result<Process> {
+        self.spawn(i, &[])
+    }
+
+    /// Node `i`'s process, if started.
+    pub fn process(&self, i: usize) -> Option<&Process> {
+        self.nodes.get(i - 1).and_then(Option::as_ref)
+    }
+
+    /// `kill -9` of node `i`, waiting until it is gone.
+    pub fn kill9(&mut self, i: usize) -> Result<()> {
+        if let Some(p) = self.nodes[i - 1].take() {
+            p.kill9()?;
+            let _ = p.wait_exit(Duration::from_secs(5));
+        }
+        Ok(())
+    }
+
+    /// Runs the CLI inside host `from` against `endpoints` with the admin credentials.
+    pub fn cli_to(&self, from: usize, endpoints: &str, args: &[&str]) -> Result<Output> {
+        let mut full = vec!["--endpoint", endpoints, "--tls-dir"];
+        let tls = self.tls_str();
+        full.push(&tls);
+        full.extend_from_slice(args);
+        self.topo
+            .exec_with(from, &self.bin, &full, &[], Duration::from_secs(20))
+    }
+
+    /// Runs the CLI inside host `i` against node `i`.
+    pub fn cli(&self, i: usize, args: &[&str]) -> Result<Output> {
+        self.cli_to(i, &self.endpoint(i), args)
+    }
+
+    /// `yard status --json` as answered through node `i`.
+    pub fn status(&self, i: usize) -> Result<serde_json::Value> {
+        let out = self.cli(i, &["status", "--json", "--timeout-ms", "2000"])?;
+        if !out.status.success() {
+            return Err(cmd_err(format!("yard status via node {i}"), &out));
+        }
+        serde_json::from_slice(&out.stdout).map_err(|e| {
+            Error::Yard(format!(
+                "yard status via node {i} printed unparseable output: {e}"
+            ))
+        })
+    }
+
+    /// The leader as node `i` reports it.
+    pub fn leader(&self, i: usize) -> Option<usize> {
+        self.status(i)
+            .ok()?
+            .get("leader")?
+            .as_u64()
+            .map(|l| l as usize)
+    }
+
+    /// Waits until node `i` reports `n` voters, all reachable, and a leader.
+    pub fn wait_voters(&self, i: usize, n: usize, timeout: Duration) -> Result<serde_json::Value> {
+        let start = Instant::now();
+        loop {
+            if let Ok(s) = self.status(i) {
+                let members = s["members"].as_array().cloned().unwrap_or_default();
+                let voters = members
+                    .iter()
+                    .filter(|m| m["role"] == "voter" && m["reachable"] == true)
+                    .count();
+                if voters == n && s["leader"].is_u64() {
+                    return Ok(s);
+                }
+            }
+            if start.elapsed() > timeout {
+                return Err(Error::Yard(format!(
+                    "node {i} did not see {n} reachable voters within {timeout:?}"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Scrapes node `i`'s metrics from inside its host.
+    pub fn metrics(&self, i: usize) -> Result<String> {
+        let url = format!("http://{}:{METRICS_PORT}/metrics", self.topo.addr(i));
+        let out = self
+            .topo
+            .exec(i, "curl", &["-sf", "--max-time", "3", &url])?;
+        if !out.status.success() {
+            return Err(cmd_err(format!("curl {url}"), &out));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// One gauge or counter from node `i`'s metrics.
+    pub fn metric(&self, i: usize, name: &str) -> Result<f64> {
+        let body = self.metrics(i)?;
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .ok_or_else(|| Error::Yard(format!("node {i} exports no metric {name}")))
+    }
+}

@@ -1,0 +1,263 @@
+//! Real `yard` clusters in network namespaces: peer-joined bootstrap, leader `kill -9`, restart
+//! catching up by snapshot, minority partition, and a foreign CA refused. Needs root.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use yard_cluster_tests::require_root;
+use yard_cluster_tests::yard::{ClusterOptions, YardCluster};
+
+fn yard_bin() -> PathBuf {
+    let bin = std::env::var_os("YARD_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/debug/yard"))
+        });
+    assert!(
+        bin.exists(),
+        "yard binary {} not found; build it with `cargo build -p yard` or set YARD_BIN",
+        bin.display()
+    );
+    bin
+}
+
+fn ok(out: std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "command failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+fn assert_members(c: &YardCluster, n: usize) {
+    for i in 1..=n {
+        let s = c.wait_voters(i, n, Duration::from_secs(10)).unwrap();
+        let members = s["members"].as_array().unwrap();
+        assert_eq!(members.len(), n, "node {i} sees {s}");
+        for m in members {
+            assert_eq!(m["role"], "voter");
+            assert_eq!(m["reachable"], true);
+        }
+    }
+}
+
+#[test]
+fn three_node_peer_joined_bootstrap_replicates_and_refuses_a_foreign_ca() {
+    require_root();
+    let c = YardCluster::start(&yard_bin(), 3, 3, &ClusterOptions::default()).unwrap();
+    assert_members(&c, 3);
+    ok(c.cli(3, &["kv", "put", "greeting", "hello"]).unwrap());
+    let got = ok(c.cli(2, &["kv", "get", "greeting", "--json"]).unwrap());
+    let v: serde_json::Value = serde_json::from_str(&got).unwrap();
+    assert_eq!(v["value"], "hello");
+    // A client whose certificate comes from another CA is refused in one sentence.
+    let foreign = c.topo.dir().join("foreign");
+    ok(std::process::Command::new(yard_bin())
+        .args(["ca", "init", "--dir"])
+        .arg(&foreign)
+        .output()
+        .unwrap());
+    let out = c
+        .topo
+        .exec(
+            2,
+            yard_bin(),
+            &[
+                "--endpoint",
+                &c.endpoint(2),
+                "--tls-dir",
+                foreign.to_str().unwrap(),
+                "status",
+            ],
+        )
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("error: "));
+    assert!(
+        c.metric(2, "yard_transport_handshake_failed_total")
+            .unwrap()
+            >= 1.0
+    );
+    // and the node goes on serving
+    ok(c.cli(2, &["kv", "put", "after", "refusal"]).unwrap());
+}
+
+#[test]
+fn five_node_peer_joined_bootstrap() {
+    require_root();
+    let c = YardCluster::start(&yard_bin(), 5, 5, &ClusterOptions::default()).unwrap();
+    assert_members(&c, 5);
+    ok(c.cli(5, &["kv", "put", "five", "nodes"]).unwrap());
+    assert_eq!(ok(c.cli(4, &["kv", "get", "five"]).unwrap()), "nodes");
+}
+
+#[test]
+fn leader_kill_9_elects_a_new_leader_and_keeps_every_acknowledged_write() {
+    require_root();
+    let mut c = YardCluster::start(&yard_bin(), 3, 3, &ClusterOptions::default()).unwrap();
+    let all = c.all_endpoints();
+    let mut acked = Vec::new();
+    for i in 0..20 {
+        let key = format!("k{i}");
+        if c.cli_to(1, &all, &["kv", "put", &key, "v"])
+            .unwrap()
+            .status
+            .success()
+        {
+            acked.push(key);
+        }
+    }
+    assert_eq!(acked.len(), 20);
+    let old = c.leader(1).unwrap();
+    let survivor = if old == 1 { 2 } else { 1 };
+    c.kill9(old).unwrap();
+    let start = Instant::now();
+    loop {
+        let out = c
+            .cli_to(
+                survivor,
+                &all,
+                &["--timeout-ms", "300", "kv", "put", "after", "kill"],
+            )
+            .unwrap();
+        if out.status.success() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no write acknowledged within 10 s of the leader's death"
+        );
+    }
+    eprintln!(
+        "next acknowledged write {:?} after kill -9 of the leader (CLI process spawns included)",
+        start.elapsed()
+    );
+    let new = c.leader(survivor).unwrap();
+    assert_ne!(new, old);
+    let listed = ok(c
+        .cli_to(survivor, &all, &["kv", "list", "k", "--json"])
+        .unwrap());
+    let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    let keys: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["key"].as_str().unwrap())
+        .collect();
+    for key in &acked {
+        assert!(
+            keys.contains(&key.as_str()),
+            "acknowledged {key} lost; have {keys:?}"
+        );
+    }
+}
+
+#[test]
+fn a_restarted_node_that_missed_a_lot_catches_up_by_snapshot() {
+    require_root();
+    let opts = ClusterOptions {
+        extra_config: "[raft]\nsnapshot_every = 50\nlogs_kept = 0\n".into(),
+    };
+    let mut c = YardCluster::start(&yard_bin(), 3, 3, &opts).unwrap();
+    let leader = c.leader(1).unwrap();
+    let lagger = if leader == 3 { 2 } else { 3 };
+    let other = (1..=3).find(|i| *i != leader && *i != lagger).unwrap();
+    c.kill9(lagger).unwrap();
+    let out = c
+        .cli(
+            leader,
+            &[
+                "bench",
+                "kv",
+                "--clients",
+                "4",
+                "--ops",
+                "400",
+                "--value-size",
+                "64",
+                "--json",
+            ],
+        )
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_str(&ok(out)).unwrap();
+    assert_eq!(report["errors"], 0, "{report}");
+    let purged_past_lagger = c.metric(leader, "yard_raft_snapshot_index").unwrap();
+    assert!(purged_past_lagger >= 50.0);
+    c.restart(lagger).unwrap();
+    let start = Instant::now();
+    loop {
+        let target = c.metric(leader, "yard_raft_last_applied_index").unwrap();
+        if let Ok(applied) = c.metric(lagger, "yard_raft_last_applied_index") {
+            if applied >= target {
+                break;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "restarted node did not catch up"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = c.process(lagger).unwrap().log();
+    assert!(
+        log.contains("installed snapshot"),
+        "the lagging node caught up without a snapshot:\n{log}"
+    );
+    assert_members(&c, 3);
+    // The caught-up node serves the data when it is the only follower left with the leader.
+    c.kill9(other).unwrap();
+    assert_eq!(
+        ok(c.cli(lagger, &["kv", "get", "bench/0/99"]).unwrap()).len(),
+        64
+    );
+}
+
+#[test]
+fn a_minority_makes_no_progress_and_the_partition_heals_to_the_majority() {
+    require_root();
+    let c = YardCluster::start(&yard_bin(), 3, 3, &ClusterOptions::default()).unwrap();
+    ok(c.cli(1, &["kv", "put", "k", "before"]).unwrap());
+    let old = c.leader(1).unwrap();
+    let majority: Vec<usize> = (1..=3).filter(|i| *i != old).collect();
+    c.topo.isolate(old).unwrap();
+    // The isolated old leader cannot commit anything.
+    let out = c
+        .cli(old, &["--timeout-ms", "3000", "kv", "put", "k", "minority"])
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "a write on the minority side was acknowledged"
+    );
+    // The majority elects a leader among itself and serves writes.
+    let start = Instant::now();
+    let new = loop {
+        if let Some(l) = c.leader(majority[0]).filter(|l| majority.contains(l)) {
+            break l;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "majority elected no leader"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    ok(c.cli(majority[1], &["kv", "put", "k", "majority"]).unwrap());
+    c.topo.heal().unwrap();
+    let start = Instant::now();
+    loop {
+        let out = c.cli(old, &["kv", "get", "k"]).unwrap();
+        if out.status.success()
+            && String::from_utf8_lossy(&out.stdout).trim() == "majority"
+            && c.leader(old).is_some_and(|l| majority.contains(&l))
+        {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "the healed node did not converge"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = new;
+    assert_members(&c, 3);
+}
