@@ -1,1 +1,32 @@
-//! fault injectors, recorded workloads and a linearizability checker
+//! Chaos testing for Switchyard: recorded workloads, a linearizability checker and fault
+//! schedules.
+//!
+//! The pieces are pure so that they can be tested in microseconds and trusted when a real cluster
+//! run says "violation":
+//! - [`history`]: what clients did and saw, with three-valued outcomes (ok, failed, unknown);
+//! - [`linearizability`]: decides whether a history of per-key register operations could have
+//!   come from one atomic register per key, and shrinks a violation to a small witness;
+//! - [`workload`]: drives any [`workload::KvClient`] with a seeded concurrent mix and records it;
+//! - [`schedule`]: a seeded, reproducible fault plan that never faults a majority of hosts.
+//!
+//! The runner that injects faults into real hosts builds on these.
+
+pub mod history;
+pub mod linearizability;
+pub mod schedule;
+pub mod workload;
+
+pub use history::{
+    Entry, Event, EventKind, FailReason, History, Op, OpHandle, OpResult, Outcome, ProcessId,
+    Recorder,
+};
+pub use linearizability::{
+    check, check_with, CheckConfig, CheckError, Counterexample, InconclusiveKey, Verdict,
+};
+pub use schedule::{
+    generate, Fault, FaultKind, Schedule, ScheduleConfig, ScheduleError, Step, MAX_TOTAL,
+};
+pub use workload::{
+    key_set, run_workload, ClientError, KvClient, OpMix, WorkloadConfig, WorkloadError,
+    WorkloadSummary,
+};
