@@ -9,12 +9,15 @@
 //! - [`workload`]: drives any [`workload::KvClient`] with a seeded concurrent mix and records it;
 //! - [`schedule`]: a seeded, reproducible fault plan that never faults a majority of hosts.
 //!
-//! The runner that injects faults into real hosts builds on these.
+//! - [`inject`] and [`yard_client`] connect them to a real `yard` cluster in network
+//!   namespaces; the `chaos` binary runs a seeded schedule against one.
 
 pub mod history;
+pub mod inject;
 pub mod linearizability;
 pub mod schedule;
 pub mod workload;
+pub mod yard_client;
 
 pub use history::{
     Entry, Event, EventKind, FailReason, History, Op, OpHandle, OpResult, Outcome, ProcessId,

@@ -623,6 +623,35 @@ fn mac(i: usize) -> String {
     format!("02:59:44:00:00:{:02x}", i & 0xff)
 }
 
+impl Topology {
+    /// Runs `f` on a new thread that lives in host `i`'s network namespace, so every socket it
+    /// opens (a whole tokio runtime built inside `f`, say) sends from that host. `setns` changes
+    /// only the calling thread, which is why this never touches the caller's own thread.
+    pub fn thread_in_host<T, F>(&self, i: usize, f: F) -> Result<std::thread::JoinHandle<T>>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> T + Send + 'static,
+    {
+        self.check_host(i)?;
+        let path = PathBuf::from("/run/netns").join(self.ns_name(i));
+        let ns = std::fs::File::open(&path).map_err(io_err(format!("open {}", path.display())))?;
+        std::thread::Builder::new()
+            .name(format!("host-{i}"))
+            .spawn(move || {
+                use std::os::fd::AsFd;
+                if let Err(e) = rustix::thread::move_into_link_name_space(
+                    ns.as_fd(),
+                    Some(rustix::thread::LinkNameSpaceType::Network),
+                ) {
+                    panic!("cannot enter the host's network namespace: {e}");
+                }
+                drop(ns);
+                f()
+            })
+            .map_err(io_err(format!("start a thread in host {i}")))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
