@@ -67,16 +67,8 @@ impl YardCluster {
                 "--ip",
                 &ip,
             ])?;
-            let dir = cluster.node_dir(i);
-            std::fs::create_dir_all(&dir).map_err(io(format!("create {}", dir.display())))?;
-            let config = format!(
-                "[node]\nid = {i}\nname = \"n{i}\"\nlisten = \"{ip}:{PORT}\"\ndata_dir = \"{}\"\n[tls]\ndir = \"{}\"\n[metrics]\nlisten = \"{ip}:{METRICS_PORT}\"\n{}\n",
-                dir.join("data").display(),
-                cluster.tls_str(),
-                opts.extra_config
-            );
-            let path = cluster.config_path(i);
-            std::fs::write(&path, config).map_err(io(format!("write {}", path.display())))?;
+            let tls = cluster.tls.clone();
+            cluster.write_config(i, &tls, &opts.extra_config)?;
         }
         cluster.spawn(1, &["--bootstrap"])?;
         cluster.wait_voters(1, 1, Duration::from_secs(20))?;
@@ -86,6 +78,31 @@ impl YardCluster {
             cluster.wait_voters(1, i, Duration::from_secs(30))?;
         }
         Ok(cluster)
+    }
+
+    fn write_config(&self, i: usize, tls: &Path, extra: &str) -> Result<()> {
+        let ip = self.topo.addr(i);
+        let dir = self.node_dir(i);
+        std::fs::create_dir_all(&dir).map_err(io(format!("create {}", dir.display())))?;
+        let config = format!(
+            "[node]\nid = {i}\nname = \"n{i}\"\nlisten = \"{ip}:{PORT}\"\ndata_dir = \"{}\"\n[tls]\ndir = \"{}\"\n[metrics]\nlisten = \"{ip}:{METRICS_PORT}\"\n{extra}\n",
+            dir.join("data").display(),
+            tls.display(),
+        );
+        let path = self.config_path(i);
+        std::fs::write(&path, config).map_err(io(format!("write {}", path.display())))
+    }
+
+    /// Starts node `i` (a host beyond the current nodes) with no certificate at all: it must
+    /// redeem `token` through node 1 and then join. Its TLS directory starts empty.
+    pub fn join_with_token(&mut self, i: usize, token: &str) -> Result<Process> {
+        let tls = self.node_dir(i).join("tls");
+        self.write_config(i, &tls, "")?;
+        if self.nodes.len() < i {
+            self.nodes.resize(i, None);
+        }
+        let seed = format!("{}:{PORT}", self.topo.addr(1));
+        self.spawn(i, &["--join", &seed, "--token", token])
     }
 
     fn tls_str(&self) -> String {

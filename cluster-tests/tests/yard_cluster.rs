@@ -261,3 +261,52 @@ fn a_minority_makes_no_progress_and_the_partition_heals_to_the_majority() {
     let _ = new;
     assert_members(&c, 3);
 }
+
+#[test]
+fn a_node_without_a_certificate_joins_with_a_token_and_a_member_is_removed() {
+    require_root();
+    let mut c = YardCluster::start(&yard_bin(), 3, 4, &ClusterOptions::default()).unwrap();
+    // A wrong token is refused in one clear sentence and the node does not start.
+    let created = ok(c
+        .cli(1, &["token", "create", "--ttl", "10m", "--json"])
+        .unwrap());
+    let token: serde_json::Value = serde_json::from_str(&created).unwrap();
+    let token = token["token"].as_str().unwrap().to_owned();
+    let (id, rest) = token.split_once('.').unwrap();
+    let (_, hash) = rest.split_once('.').unwrap();
+    let forged = format!("{id}.notthesecret0000.{hash}");
+    let p = c.join_with_token(4, &forged).unwrap();
+    let status = p.wait_exit(Duration::from_secs(15)).unwrap();
+    assert!(!status.success());
+    assert!(
+        p.log()
+            .contains("join token refused: join token is not valid for this cluster"),
+        "{}",
+        p.log()
+    );
+    // The real token yields a certificate signed over the join RPC, then a voter.
+    let p = c.join_with_token(4, &token).unwrap();
+    let start = Instant::now();
+    while c.status(4).is_err() {
+        assert!(p.is_running(), "token join failed:\n{}", p.log());
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "token join did not finish:\n{}",
+            p.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_members(&c, 4);
+    assert!(c.topo.dir().join("n4/tls/n4.crt").exists());
+    // Removing a member shrinks the membership everywhere; the rest keeps serving.
+    ok(c.cli(1, &["members", "remove", "4"]).unwrap());
+    c.kill9(4).unwrap();
+    for i in 1..=3 {
+        let s = c.wait_voters(i, 3, Duration::from_secs(10)).unwrap();
+        assert_eq!(s["members"].as_array().unwrap().len(), 3, "{s}");
+    }
+    let out = c.cli(1, &["members", "remove", "9"]).unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("node 9 is not a member"));
+    ok(c.cli(2, &["kv", "put", "after", "removal"]).unwrap());
+}
