@@ -22,3 +22,89 @@ fn sled_store_passes_openraft_suite() {
         panic!("openraft storage suite failed: {e}");
     }
 }
+
+mod change_feed {
+    use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
+    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
+    use yard_raft_store::{Change, Command, TypeConfig};
+
+    fn entry(index: u64, cmd: Command) -> Entry<TypeConfig> {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(cmd),
+        }
+    }
+
+    fn put(k: &str, v: &str) -> Command {
+        Command::Put {
+            key: k.into(),
+            value: v.into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn subscribers_see_every_change_after_their_snapshot_and_a_reset_on_install() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_log, mut sm) = yard_raft_store::open(dir.path()).unwrap();
+        let feed = sm.feed();
+        sm.apply([entry(1, put("a", "1"))]).await.unwrap();
+        let (seen, mut rx) = feed.subscribe();
+        assert_eq!(seen.kv["a"].value, "1");
+        sm.apply([
+            entry(2, put("b", "2")),
+            entry(3, Command::Delete { key: "a".into() }),
+        ])
+        .await
+        .unwrap();
+        assert_eq!(
+            rx.recv().await.unwrap(),
+            Change::Kv {
+                revision: 2,
+                key: "b".into(),
+                value: Some("2".into())
+            }
+        );
+        assert_eq!(
+            rx.recv().await.unwrap(),
+            Change::Kv {
+                revision: 3,
+                key: "a".into(),
+                value: None
+            }
+        );
+        // A snapshot from elsewhere replaces everything: subscribers are told to resync.
+        let snap = sm
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        let dir2 = tempfile::tempdir().unwrap();
+        let (_log2, mut other) = yard_raft_store::open(dir2.path()).unwrap();
+        let (_, mut rx2) = other.feed().subscribe();
+        other
+            .install_snapshot(&snap.meta, snap.snapshot)
+            .await
+            .unwrap();
+        assert_eq!(rx2.recv().await.unwrap(), Change::Reset { revision: 3 });
+        assert_eq!(other.feed().read(|d| d.kv["b"].value.clone()), "2");
+    }
+
+    #[tokio::test]
+    async fn state_survives_reopen_from_the_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (_log, mut sm) = yard_raft_store::open(dir.path()).unwrap();
+            sm.apply([entry(1, put("a", "1"))]).await.unwrap();
+            sm.get_snapshot_builder()
+                .await
+                .build_snapshot()
+                .await
+                .unwrap();
+        }
+        let (_log, mut sm) = yard_raft_store::open(dir.path()).unwrap();
+        let (applied, _) = sm.applied_state().await.unwrap();
+        assert_eq!(applied.map(|l| l.index), Some(1));
+        assert_eq!(sm.feed().read(|d| d.kv["a"].value.clone()), "1");
+    }
+}
