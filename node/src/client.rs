@@ -2,7 +2,6 @@
 //! certificate, one connection per endpoint, trying the next endpoint when one is unreachable.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::rpc::{AdminReply, AdminRequest, Reply, Request};
@@ -117,6 +116,3 @@ impl AdminClient {
         }
     }
 }
-
-/// Convenience for `Arc`-shared use.
-pub type SharedClient = Arc<AdminClient>;

@@ -801,8 +801,3 @@ impl GaugeSource for RaftGauges {
         ]
     }
 }
-
-/// Used by the token join: what the CA hash of a loaded CA certificate is.
-pub fn ca_hash_of(ca: &rustls::pki_types::CertificateDer<'_>) -> String {
-    tls::ca_hash(ca)
-}

@@ -214,7 +214,11 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
         } else if args.bootstrap || args.config.is_none() {
             node.bootstrap().await.map_err(anyhow::Error::msg)
         } else {
-            tracing::info!("neither --bootstrap nor --join: resuming from the store");
+            if node.raft().is_initialized().await? {
+                tracing::info!("resuming from the store");
+            } else {
+                tracing::warn!("the store is empty and neither --bootstrap nor --join was given: waiting to be added by a leader");
+            }
             Ok(())
         }
     };

@@ -10,7 +10,6 @@ pub struct Out {
 
 impl Out {
     /// Prints `value` as JSON, or the human text `human` builds.
-    #[allow(clippy::print_stdout)]
     pub fn line(&self, value: Value, human: impl FnOnce() -> String) {
         if self.json {
             println!("{value}");
