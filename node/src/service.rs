@@ -18,7 +18,7 @@ use crate::rpc::{
     ActorHealth, AdminReply, AdminRequest, JoinRequest, KvEntry, MemberStatus, RaftFailure,
     RaftReply, RaftRequest, RedeemRequest, Reply, Request, Status,
 };
-use crate::tls::{self, CertAuthority, PeerRole};
+use crate::tls::{CertAuthority, PeerRole};
 use crate::transport::{BoxFut, Handler, Target, Transport, TransportError};
 
 /// Everything a node's request handling needs.
