@@ -5,6 +5,7 @@
 pub mod client;
 pub mod config;
 pub mod frame;
+pub mod latency;
 pub mod metrics;
 pub mod raft_network;
 pub mod rpc;

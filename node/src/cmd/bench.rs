@@ -4,6 +4,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use yard::client::AdminClient;
+use yard::latency::{micros, quantile_us};
 use yard::rpc::AdminRequest;
 
 #[derive(Debug, Serialize)]
@@ -27,15 +28,6 @@ impl KvReport {
             self.ops, self.value_size, self.clients, self.duration_s, self.throughput_ops_s, self.p50_us, self.p99_us, self.p999_us, self.max_us, self.errors
         )
     }
-}
-
-/// The `q`-quantile of sorted samples (nearest rank).
-fn quantile(sorted: &[Duration], q: f64) -> u64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1].as_micros() as u64
 }
 
 pub async fn kv(
@@ -86,23 +78,9 @@ pub async fn kv(
         errors,
         duration_s: elapsed,
         throughput_ops_s: all.len() as f64 / elapsed,
-        p50_us: quantile(&all, 0.50),
-        p99_us: quantile(&all, 0.99),
-        p999_us: quantile(&all, 0.999),
-        max_us: all.last().map_or(0, |d| d.as_micros() as u64),
+        p50_us: quantile_us(&all, 0.50),
+        p99_us: quantile_us(&all, 0.99),
+        p999_us: quantile_us(&all, 0.999),
+        max_us: all.last().copied().map_or(0, micros),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn quantiles_use_nearest_rank() {
-        let v: Vec<Duration> = (1..=100).map(Duration::from_micros).collect();
-        assert_eq!(quantile(&v, 0.5), 50);
-        assert_eq!(quantile(&v, 0.99), 99);
-        assert_eq!(quantile(&v, 0.999), 100);
-        assert_eq!(quantile(&[], 0.5), 0);
-    }
 }
