@@ -1,6 +1,6 @@
 //! `yard bench kv`: concurrent puts against the cluster, throughput and latency percentiles.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde::Serialize;
 use yard::client::AdminClient;
