@@ -85,6 +85,31 @@ impl Node {
         &self.inner.feed
     }
 
+    /// A member's address and name, from the membership in force.
+    pub fn member(&self, id: NodeId) -> Option<NodeInfo> {
+        self.inner
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(&id)
+            .cloned()
+    }
+
+    /// Every member's id (voters and learners).
+    pub fn member_ids(&self) -> BTreeSet<NodeId> {
+        self.inner
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .nodes()
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
     /// Initialises a one-node cluster of this node unless the store already belongs to one.
     pub async fn bootstrap(&self) -> Result<(), String> {
         let p = &self.inner;
@@ -399,15 +424,7 @@ impl Node {
     }
 
     async fn remove_member(&self, forwarded: bool, req: &AdminRequest, id: NodeId) -> Reply {
-        let known = self
-            .inner
-            .raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .membership()
-            .get_node(&id)
-            .is_some();
+        let known = self.member(id).is_some();
         if !known {
             return Reply::Error(format!("node {id} is not a member of this cluster"));
         }
@@ -459,15 +476,7 @@ impl Node {
     /// Adds a node as a learner, waits for it to catch up, then promotes it to voter.
     async fn handle_join(&self, role: PeerRole, req: JoinRequest) -> Reply {
         let p = &self.inner;
-        let members: BTreeSet<NodeId> = p
-            .raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .membership()
-            .nodes()
-            .map(|(id, _)| *id)
-            .collect();
+        let members = self.member_ids();
         match role {
             PeerRole::Node(id) if id == req.id || members.contains(&id) => {}
             PeerRole::Node(id) => {
@@ -524,14 +533,7 @@ impl Node {
             addr: req.addr.clone(),
             name: req.name.clone(),
         };
-        if let Some(existing) = p
-            .raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .membership()
-            .get_node(&req.id)
-        {
+        if let Some(existing) = self.member(req.id) {
             if existing.addr != req.addr {
                 return Reply::Error(format!(
                     "node id {} is already a member at {}; remove it first",
@@ -627,14 +629,7 @@ impl Node {
                 "join token expired; create a new one with `yard token create`".into(),
             );
         }
-        let known = p
-            .raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .membership()
-            .get_node(&req.id)
-            .cloned();
+        let known = self.member(req.id);
         if let Some(existing) = known {
             if existing.name != req.name {
                 return Reply::Error(format!(

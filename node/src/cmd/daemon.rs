@@ -252,16 +252,11 @@ struct RaftProber {
 
 impl Prober for RaftProber {
     fn targets(&self) -> ProbeTarget {
-        let m = self.node.raft().metrics().borrow().clone();
+        let mut members = self.node.member_ids();
+        members.remove(&self.node.id());
         ProbeTarget {
-            leader: m.state == openraft::ServerState::Leader,
-            members: m
-                .membership_config
-                .membership()
-                .nodes()
-                .map(|(id, _)| *id)
-                .filter(|id| *id != self.node.id())
-                .collect(),
+            leader: self.node.raft().metrics().borrow().state == openraft::ServerState::Leader,
+            members,
         }
     }
 
@@ -269,15 +264,7 @@ impl Prober for RaftProber {
         &self,
         id: NodeId,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>> {
-        let addr = self
-            .node
-            .raft()
-            .metrics()
-            .borrow()
-            .membership_config
-            .membership()
-            .get_node(&id)
-            .map(|n| n.addr.clone());
+        let addr = self.node.member(id).map(|n| n.addr);
         let transport = self.transport.clone();
         let timeout = self.timeout;
         let task = self.rt.spawn(async move {
