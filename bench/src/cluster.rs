@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use yard_cluster_tests::Process;
 
 /// One client connection of either system. Each concurrent client of a workload owns one, so
@@ -118,22 +118,10 @@ pub trait Cluster {
     /// Fails, with the end of its log, if a member has exited on its own.
     fn check_running(&self) -> Result<()> {
         for h in self.hosts() {
-            let p = self.process(h);
-            if !p.is_running() {
-                bail!(
-                    "{} member on host {h} exited; last lines of {}:\n{}",
-                    self.name(),
-                    p.log_path().display(),
-                    tail(&p.log(), 20)
-                );
-            }
+            self.process(h)
+                .check_running()
+                .with_context(|| format!("{} member on host {h}", self.name()))?;
         }
         Ok(())
     }
-}
-
-/// The last `n` lines of `text`.
-pub fn tail(text: &str, n: usize) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }

@@ -7,18 +7,20 @@
 //!
 //! Layout: hosts 1-3 (198.18.0.1-3) each run one yard node and one etcd member; host 4
 //! (198.18.0.4) is the client. The test hosts' bridge is reachable only from inside the hosts,
-//! so this process moves one thread into host 4's namespace and builds its tokio runtime there:
-//! all drivers, of both systems, run in that one process with the same shape (one client
-//! object, and one connection, per concurrent client).
+//! so the driver runs on a thread the harness starts in host 4's namespace
+//! ([`Topology::thread_in_host`]) and builds its tokio runtime there, so every runtime thread
+//! and socket lives there too: all drivers, of both systems, run in that one process with the
+//! same shape (one client object, and one connection, per concurrent client). The main thread
+//! stays in the root namespace, which keeps the harness's cleanup (`ip netns pids`, then
+//! SIGKILL) from ever picking this process.
 
 mod cluster;
 mod etcd_cluster;
-mod netns;
 mod procfs;
 mod report;
 mod stats;
 mod workload;
-mod yard_cluster;
+mod yard_system;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -33,9 +35,9 @@ use crate::cluster::{Cluster, KvClient};
 use crate::etcd_cluster::EtcdCluster;
 use crate::report::{Report, RssFigures};
 use crate::workload::{KillSettings, KillTrial, RoundFigures};
-use crate::yard_cluster::YardCluster;
+use crate::yard_system::YardSystem;
 
-/// Server hosts; the client is the next one.
+/// Server hosts (the harness runs yard node i on host i); the client is the next one.
 const SERVERS: [usize; 3] = [1, 2, 3];
 const CLIENT_HOST: usize = 4;
 
@@ -127,7 +129,8 @@ fn run(mut args: Args) -> Result<()> {
 
     // Dropped last, on every path out of here (errors and driver panics included): kills every
     // process it started and deletes the namespaces. A run killed outright is swept by the next.
-    let topo = Topology::new(SERVERS.len() + 1).context("cannot make the test hosts")?;
+    // Shared with the driver thread, whose clone is gone by the time it has been joined.
+    let topo = Arc::new(Topology::new(SERVERS.len() + 1).context("cannot make the test hosts")?);
     progress(&format!(
         "test hosts yd{}-1..4 up; servers on {}-{}, driver on {}",
         topo.run_id(),
@@ -135,26 +138,14 @@ fn run(mut args: Args) -> Result<()> {
         topo.addr(3),
         topo.addr(CLIENT_HOST)
     ));
-    let client_ns = topo.ns_name(CLIENT_HOST);
-    let outcome = std::thread::scope(|s| {
-        s.spawn(|| -> Result<Report> {
-            netns::enter(&client_ns)?;
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .context("cannot build the tokio runtime")?;
-            let result = rt.block_on(async {
-                tokio::select! {
-                    r = bench(&topo, &args) => r,
-                    s = interrupted() => bail!("stopped by {s}; cleaning up"),
-                }
-            });
-            rt.shutdown_timeout(Duration::from_secs(5));
-            result
-        })
-        .join()
-    });
-    let report = match outcome {
+    let driver = {
+        let (topo, args) = (Arc::clone(&topo), args.clone());
+        move || drive(&topo, &args)
+    };
+    let driver = topo
+        .thread_in_host(CLIENT_HOST, driver)
+        .context("cannot start the driver in the client host")?;
+    let report = match driver.join() {
         Ok(r) => r?,
         Err(_) => bail!("the benchmark driver panicked; the hosts were cleaned up"),
     };
@@ -168,6 +159,26 @@ fn run(mut args: Args) -> Result<()> {
     }
     eprintln!("\n{}", report.table());
     Ok(())
+}
+
+/// The driver thread, in the client host: the benchmark on a runtime of its own, cut short by
+/// SIGINT or SIGTERM.
+fn drive(topo: &Arc<Topology>, args: &Args) -> Result<Report> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot build the tokio runtime")?;
+    let result = rt.block_on(async {
+        tokio::select! {
+            r = bench(topo, args) => r,
+            s = interrupted() => bail!("stopped by {s}; cleaning up"),
+        }
+    });
+    // Dropping the runtime cancels the tasks and waits for the blocking ones (the harness
+    // forming the yard cluster, reaping a killed member), each bounded by its own timeouts:
+    // they hold the topology, which must be free for the main thread to clean up.
+    drop(rt);
+    result
 }
 
 /// Waits for SIGINT or SIGTERM and names it.
@@ -189,11 +200,11 @@ fn progress(msg: &str) {
     eprintln!("kv-vs-etcd: {msg}");
 }
 
-async fn bench(topo: &Topology, args: &Args) -> Result<Report> {
+async fn bench(topo: &Arc<Topology>, args: &Args) -> Result<Report> {
     let started = Instant::now();
     let yard_bin = args.yard_bin.clone().unwrap_or_default();
     progress("starting a 3-node yard cluster (bootstrap n1, join n2, n3)");
-    let mut yard = YardCluster::start(topo, &yard_bin, &SERVERS, Duration::from_secs(90)).await?;
+    let mut yard = YardSystem::start(topo, &yard_bin, SERVERS.len()).await?;
     progress("starting a 3-member etcd cluster");
     let mut etcd =
         EtcdCluster::start(topo, &args.etcd_bin, &SERVERS, Duration::from_secs(60)).await?;
@@ -266,7 +277,7 @@ async fn bench(topo: &Topology, args: &Args) -> Result<Report> {
         data_dir: topo.dir().display().to_string(),
         etcd_version: EtcdCluster::version(&args.etcd_bin),
         etcd_flags: EtcdCluster::args(topo, &SERVERS, 1, &topo.dir().join("etcd-e1")),
-        yard_timings: YardCluster::timings(),
+        yard_timings: YardSystem::timings(),
         rounds,
         kill,
         trials,

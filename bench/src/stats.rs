@@ -1,19 +1,5 @@
-//! Quantiles and medians, the same way for both systems.
-
-use std::time::Duration;
-
-/// The `q`-quantile of sorted samples by nearest rank (as `yard bench kv` computes it), in µs.
-pub fn quantile_us(sorted: &[Duration], q: f64) -> u64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    micros(sorted[rank - 1])
-}
-
-pub fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
-}
+//! Medians, maxima and ratios over the rounds and trials, the same way for both systems.
+//! (Latency quantiles are `yard::latency`'s, as `yard bench kv` computes them.)
 
 /// The median (mean of the middle two for an even count); `None` when empty.
 pub fn median(values: &[f64]) -> Option<f64> {
@@ -50,15 +36,6 @@ pub fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn quantiles_use_nearest_rank() {
-        let v: Vec<Duration> = (1..=100).map(Duration::from_micros).collect();
-        assert_eq!(quantile_us(&v, 0.5), 50);
-        assert_eq!(quantile_us(&v, 0.99), 99);
-        assert_eq!(quantile_us(&v, 0.999), 100);
-        assert_eq!(quantile_us(&[], 0.5), 0);
-    }
 
     #[test]
     fn medians_and_ratios() {

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde::Serialize;
 use tokio::sync::Notify;
+use yard::latency::{micros, quantile_us};
 
 use crate::cluster::{Cluster, KvClient};
-use crate::stats::{micros, quantile_us};
 
 /// Figures of one put round of one system.
 #[derive(Debug, Clone, Serialize)]

@@ -1,6 +1,7 @@
 //! Errors of the harness.
 
 use std::io;
+use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::time::Duration;
 
@@ -99,6 +100,20 @@ pub enum Error {
         pid: u32,
         /// Its log name.
         name: String,
+    },
+    /// A process that should be running has exited on its own (see [`crate::Process::check_running`]).
+    #[error("process {pid} ({name}) exited ({status}); last lines of {}:\n{tail}", .log.display())]
+    Died {
+        /// Its pid.
+        pid: u32,
+        /// Its log name.
+        name: String,
+        /// How it exited.
+        status: ExitStatus,
+        /// Its log file.
+        log: PathBuf,
+        /// The end of its log.
+        tail: String,
     },
     /// The compiled loss program does not look as the harness expects.
     #[error("the loss program object is unusable: {0}")]

@@ -10,6 +10,9 @@ use rustix::process::{kill_process, Pid, Signal};
 
 use crate::error::{io_err, Error, Result};
 
+/// How much of a dead process's log [`Process::check_running`] quotes.
+const LOG_TAIL_LINES: usize = 20;
+
 /// A process the [`Topology`](crate::Topology) started in a host; cheap to clone.
 ///
 /// The topology keeps a clone and kills the process when it is dropped, so a test may let its
@@ -69,6 +72,29 @@ impl Process {
         std::fs::read(&self.inner.log)
             .map(|b| String::from_utf8_lossy(&b).into_owned())
             .unwrap_or_default()
+    }
+
+    /// The last `lines` lines of its log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let log = self.log();
+        let all: Vec<&str> = log.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// Fails with [`Error::Died`], which carries its exit status and the end of its log, if it
+    /// has exited: for a process that must not stop on its own (a cluster member) while a
+    /// caller waits on it.
+    pub fn check_running(&self) -> Result<()> {
+        match self.try_exit_status()? {
+            None => Ok(()),
+            Some(status) => Err(Error::Died {
+                pid: self.pid(),
+                name: self.name().to_owned(),
+                status,
+                log: self.log_path().to_owned(),
+                tail: self.log_tail(LOG_TAIL_LINES),
+            }),
+        }
     }
 
     /// Kills it with SIGKILL, as a crash or power cut would; it is not an error if it has

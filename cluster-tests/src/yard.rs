@@ -2,6 +2,7 @@
 //! and the CLI run inside a host — what the namespace tests, the chaos schedule and the
 //! benchmarks all need, written once.
 
+use std::borrow::Borrow;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::{Duration, Instant};
@@ -21,8 +22,13 @@ pub struct ClusterOptions {
 }
 
 /// A cluster of `yard` processes, host i running node i.
-pub struct YardCluster {
-    pub topo: Topology,
+///
+/// It owns its [`Topology`] (`T = Topology`, made by [`YardCluster::start`]) or shares one
+/// (`T = &Topology` or `Arc<Topology>`, see [`YardCluster::start_on`]) with whatever else runs
+/// on those hosts. The topology, not the cluster, owns the processes: dropping the cluster
+/// leaves them running until the topology goes.
+pub struct YardCluster<T = Topology> {
+    pub topo: T,
     bin: PathBuf,
     tls: PathBuf,
     nodes: Vec<Option<Process>>,
@@ -44,8 +50,18 @@ impl YardCluster {
     /// Makes the PKI and configs for `n` nodes on a fresh topology of `hosts ≥ n` hosts,
     /// bootstraps node 1 and joins the others one at a time, each waited for as a voter.
     pub fn start(bin: &Path, n: usize, hosts: usize, opts: &ClusterOptions) -> Result<Self> {
-        let topo = Topology::new(hosts.max(n))?;
-        let tls = topo.dir().join("tls");
+        Self::start_on(Topology::new(hosts.max(n))?, bin, n, opts)
+    }
+}
+
+impl<T: Borrow<Topology>> YardCluster<T> {
+    /// [`YardCluster::start`] on a topology the caller made (and may share with other
+    /// clusters, or drivers on its remaining hosts): `n` nodes on hosts `1..=n`. The cluster's
+    /// files go under the topology's run directory (`tls/`, `n<i>/`), its logs are `n<i>.log`.
+    /// Fails early, with the end of its log, if a node exits while the cluster is forming.
+    pub fn start_on(topo: T, bin: &Path, n: usize, opts: &ClusterOptions) -> Result<Self> {
+        topo.borrow().check_host(n)?;
+        let tls = topo.borrow().dir().join("tls");
         let mut cluster = Self {
             bin: bin.to_owned(),
             tls,
@@ -54,7 +70,7 @@ impl YardCluster {
         };
         cluster.local(&["ca", "init", "--dir", &cluster.tls_str()])?;
         for i in 1..=n {
-            let ip = cluster.topo.addr(i).to_string();
+            let ip = cluster.topology().addr(i).to_string();
             cluster.local(&[
                 "ca",
                 "issue",
@@ -71,17 +87,31 @@ impl YardCluster {
             cluster.write_config(i, &tls, &opts.extra_config)?;
         }
         cluster.spawn(1, &["--bootstrap"])?;
-        cluster.wait_voters(1, 1, Duration::from_secs(20))?;
+        cluster.wait_voters_checking(1, 1, Duration::from_secs(20), Self::check_running)?;
         for i in 2..=n {
-            let seed = format!("{}:{PORT}", cluster.topo.addr(1));
+            let seed = cluster.endpoint(1);
             cluster.spawn(i, &["--join", &seed])?;
-            cluster.wait_voters(1, i, Duration::from_secs(30))?;
+            cluster.wait_voters_checking(1, i, Duration::from_secs(30), Self::check_running)?;
         }
         Ok(cluster)
     }
 
+    /// The topology the cluster runs on, however it is held.
+    pub fn topology(&self) -> &Topology {
+        self.topo.borrow()
+    }
+
+    /// Fails with [`Error::Died`] if a node that should be running has exited (nodes ended by
+    /// [`YardCluster::kill9`] are not counted until restarted).
+    pub fn check_running(&self) -> Result<()> {
+        self.nodes
+            .iter()
+            .flatten()
+            .try_for_each(Process::check_running)
+    }
+
     fn write_config(&self, i: usize, tls: &Path, extra: &str) -> Result<()> {
-        let ip = self.topo.addr(i);
+        let ip = self.topology().addr(i);
         let dir = self.node_dir(i);
         std::fs::create_dir_all(&dir).map_err(io(format!("create {}", dir.display())))?;
         let config = format!(
@@ -101,7 +131,7 @@ impl YardCluster {
         if self.nodes.len() < i {
             self.nodes.resize(i, None);
         }
-        let seed = format!("{}:{PORT}", self.topo.addr(1));
+        let seed = self.endpoint(1);
         self.spawn(i, &["--join", &seed, "--token", token])
     }
 
@@ -115,7 +145,7 @@ impl YardCluster {
     }
 
     fn node_dir(&self, i: usize) -> PathBuf {
-        self.topo.dir().join(format!("n{i}"))
+        self.topology().dir().join(format!("n{i}"))
     }
 
     fn config_path(&self, i: usize) -> PathBuf {
@@ -124,7 +154,7 @@ impl YardCluster {
 
     /// Node `i`'s QUIC address.
     pub fn endpoint(&self, i: usize) -> String {
-        format!("{}:{PORT}", self.topo.addr(i))
+        format!("{}:{PORT}", self.topology().addr(i))
     }
 
     /// Every node's address, comma-separated (the CLI tries them in order).
@@ -163,7 +193,7 @@ impl YardCluster {
         let mut args = vec!["node", "start", "--config", &config];
         args.extend_from_slice(extra);
         let p = self
-            .topo
+            .topology()
             .spawn(i, &self.bin, &args, &[], &format!("n{i}.log"))?;
         self.nodes[i - 1] = Some(p.clone());
         Ok(p)
@@ -194,7 +224,7 @@ impl YardCluster {
         let tls = self.tls_str();
         full.push(&tls);
         full.extend_from_slice(args);
-        self.topo
+        self.topology()
             .exec_with(from, &self.bin, &full, &[], Duration::from_secs(20))
     }
 
@@ -227,8 +257,20 @@ impl YardCluster {
 
     /// Waits until node `i` reports `n` voters, all reachable, and a leader.
     pub fn wait_voters(&self, i: usize, n: usize, timeout: Duration) -> Result<serde_json::Value> {
+        self.wait_voters_checking(i, n, timeout, |_| Ok(()))
+    }
+
+    /// [`YardCluster::wait_voters`], giving up as soon as `check` fails.
+    fn wait_voters_checking(
+        &self,
+        i: usize,
+        n: usize,
+        timeout: Duration,
+        check: impl Fn(&Self) -> Result<()>,
+    ) -> Result<serde_json::Value> {
         let start = Instant::now();
         loop {
+            check(self)?;
             if let Ok(s) = self.status(i) {
                 let members = s["members"].as_array().cloned().unwrap_or_default();
                 let voters = members
@@ -250,9 +292,9 @@ impl YardCluster {
 
     /// Scrapes node `i`'s metrics from inside its host.
     pub fn metrics(&self, i: usize) -> Result<String> {
-        let url = format!("http://{}:{METRICS_PORT}/metrics", self.topo.addr(i));
+        let url = format!("http://{}:{METRICS_PORT}/metrics", self.topology().addr(i));
         let out = self
-            .topo
+            .topology()
             .exec(i, "curl", &["-sf", "--max-time", "3", &url])?;
         if !out.status.success() {
             return Err(cmd_err(format!("curl {url}"), &out));
