@@ -30,19 +30,25 @@ impl KvReport {
     }
 }
 
+/// `make` builds one client per concurrent client: each has its own QUIC connection, as
+/// separate client processes would.
 pub async fn kv(
-    client: AdminClient,
+    make: impl Fn() -> anyhow::Result<AdminClient>,
     clients: usize,
     ops: usize,
     value_size: usize,
 ) -> anyhow::Result<KvReport> {
     let value = "x".repeat(value_size);
-    // Warm the connection so the handshake is not counted as a put.
-    client.admin(AdminRequest::Status).await?;
+    let mut conns = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        let client = make()?;
+        // Warm the connection so the handshake is not counted as a put.
+        client.admin(AdminRequest::Status).await?;
+        conns.push(client);
+    }
     let start = Instant::now();
     let mut tasks = Vec::new();
-    for c in 0..clients {
-        let client = client.clone();
+    for (c, client) in conns.into_iter().enumerate() {
         let value = value.clone();
         let share = ops / clients + usize::from(c < ops % clients);
         tasks.push(tokio::spawn(async move {

@@ -274,8 +274,7 @@ async fn client_command(args: &Args, out: Out) -> anyhow::Result<ExitCode> {
         if *clients == 0 || *ops == 0 {
             bail!("--clients and --ops must be at least 1");
         }
-        let client = args.client()?;
-        let report = super::bench::kv(client, *clients, *ops, *value_size).await?;
+        let report = super::bench::kv(|| args.client(), *clients, *ops, *value_size).await?;
         out.line(serde_json::to_value(&report)?, || report.human());
         return Ok(ExitCode::SUCCESS);
     }
