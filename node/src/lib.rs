@@ -2,6 +2,7 @@
 //! share: configuration, the PKI, the frame codec, the transports, Raft's network, the request
 //! handler and the admin client.
 
+pub mod batcher;
 pub mod client;
 pub mod config;
 pub mod frame;

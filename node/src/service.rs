@@ -13,6 +13,7 @@ use yard_actors::health::HealthRegistry;
 use yard_actors::liveness::Reachability;
 use yard_raft_store::{ChangeFeed, Command, JoinToken, NodeId, NodeInfo, NodeMeta, Raft, Response};
 
+use crate::batcher::{BatchError, WriteBatcher};
 use crate::metrics::{GaugeSource, METRICS};
 use crate::rpc::{
     ActorHealth, AdminReply, AdminRequest, JoinRequest, KvEntry, MemberStatus, RaftFailure,
@@ -44,6 +45,7 @@ pub struct NodeParts {
 #[derive(Clone)]
 pub struct Node {
     inner: Arc<NodeParts>,
+    writes: WriteBatcher,
 }
 
 enum Attempt<T> {
@@ -67,9 +69,12 @@ fn entry(key: &str, v: &yard_raft_store::Versioned) -> KvEntry {
 }
 
 impl Node {
+    /// Wraps the parts; must run inside a tokio runtime (it starts the write batcher).
     pub fn new(parts: NodeParts) -> Self {
+        let writes = WriteBatcher::start(parts.raft.clone(), 8, 512);
         Self {
             inner: Arc::new(parts),
+            writes,
         }
     }
 
@@ -262,16 +267,14 @@ impl Node {
         self.leader_or_forward(forwarded, req, || {
             let cmd = cmd.clone();
             async move {
-                match self.inner.raft.client_write(cmd).await {
+                match self.writes.write(cmd).await {
                     Ok(resp) => {
                         METRICS.kv_writes.inc();
-                        Ok(Attempt::Done(resp.data))
+                        Ok(Attempt::Done(resp))
                     }
-                    Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                        Ok(Attempt::Forward(leader_of(f)))
-                    }
+                    Err(BatchError::Forward(f)) => Ok(Attempt::Forward(leader_of(f))),
                     // Raft stopped under the write: it may still be committed by the next leader.
-                    Err(e) => Err(Reply::Indefinite(format!("write outcome unknown: {e}"))),
+                    Err(BatchError::Indefinite(e)) => Err(Reply::Indefinite(e)),
                 }
             }
         })
@@ -695,7 +698,8 @@ fn sha256(bytes: &[u8]) -> [u8; 32] {
 impl From<Response> for AdminReply {
     fn from(r: Response) -> Self {
         match r {
-            Response::None => AdminReply::Written { revision: 0 },
+            // Client commands never answer with these; the batcher unpacks batches.
+            Response::None | Response::Batch(_) => AdminReply::Written { revision: 0 },
             Response::Written { revision } => AdminReply::Written { revision },
             Response::Deleted { revision, existed } => AdminReply::Deleted { revision, existed },
             Response::Cas {

@@ -347,3 +347,48 @@ async fn join_tokens_are_checked() {
         .unwrap();
     assert!(matches!(r, Reply::Error(e) if e.contains("admin certificate")));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_compare_and_swap_increments_lose_no_update() {
+    let net = MemNetwork::default();
+    let nodes = cluster(&net, 3, &raft_section(10_000, 1_000)).await;
+    // 24 clients each add 1 to a counter 3 times by read + compare-and-swap, through different
+    // nodes; writes that meet in the leader's batcher share log entries.
+    let mut tasks = Vec::new();
+    for c in 0..24usize {
+        let net = net.clone();
+        let to = nodes[c % 3].addr.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..3 {
+                loop {
+                    let current = get(&net, &to, "counter").await.unwrap();
+                    let next = current.as_deref().map_or(0, |v| v.parse::<u64>().unwrap()) + 1;
+                    let req = AdminRequest::KvCas {
+                        key: "counter".into(),
+                        expect: current,
+                        value: next.to_string(),
+                    };
+                    match admin(&net, &to, req).await.unwrap() {
+                        AdminReply::Cas {
+                            succeeded: true, ..
+                        } => break,
+                        AdminReply::Cas {
+                            succeeded: false, ..
+                        } => continue,
+                        other => panic!("unexpected {other:?}"),
+                    }
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(
+        get(&net, &nodes[0].addr, "counter")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("72")
+    );
+}

@@ -70,6 +70,9 @@ pub enum Command {
     /// Drop join tokens that expired before `now_unix_ms` (the proposer's clock, so replay is
     /// deterministic).
     ExpireTokens { now_unix_ms: u64 },
+    /// Several client commands in one log entry, applied in order. The leader batches concurrent
+    /// writes this way because openraft appends (and flushes) once per proposal.
+    Batch(Vec<Command>),
 }
 
 /// What applying a command produced.
@@ -87,4 +90,6 @@ pub enum Response {
         revision: u64,
         current: Option<Versioned>,
     },
+    /// One response per command of a [`Command::Batch`], in order.
+    Batch(Vec<Response>),
 }

@@ -152,6 +152,22 @@ impl StateMachineData {
                 self.tokens.insert(token.id.clone(), token.clone());
                 (Response::Written { revision }, Vec::new())
             }
+            Command::Batch(cmds) => {
+                let mut responses = Vec::with_capacity(cmds.len());
+                let mut changes = Vec::new();
+                for cmd in cmds {
+                    // Batches hold client commands only; a nested batch is answered with
+                    // nothing and changes nothing, so a batch is always one level deep.
+                    if matches!(cmd, Command::Batch(_)) {
+                        responses.push(Response::None);
+                        continue;
+                    }
+                    let (r, ch) = self.apply_command(cmd);
+                    responses.push(r);
+                    changes.extend(ch);
+                }
+                (Response::Batch(responses), changes)
+            }
             Command::ExpireTokens { now_unix_ms } => {
                 let revision = self.bump();
                 self.tokens.retain(|_, t| t.expires_unix_ms > *now_unix_ms);
@@ -294,6 +310,17 @@ mod tests {
     }
 
     proptest! {
+        /// A batch does exactly what its commands do one by one.
+        #[test]
+        fn a_batch_equals_its_commands_in_order(cmds in proptest::collection::vec(arb_command(), 0..32)) {
+            let mut one_by_one = StateMachineData::default();
+            let singles: Vec<Response> = cmds.iter().map(|c| one_by_one.apply_command(c).0).collect();
+            let mut batched = StateMachineData::default();
+            let (r, _) = batched.apply_command(&Command::Batch(cmds));
+            prop_assert_eq!(r, Response::Batch(singles));
+            prop_assert_eq!(batched, one_by_one);
+        }
+
         /// Replaying the same commands gives the same tables (determinism), revisions never go
         /// back, and every key's value equals the last successful write to it.
         #[test]
