@@ -133,12 +133,13 @@ impl Default for RaftSection {
     fn default() -> Self {
         // openraft waits `election_timeout_max` (the leader lease) plus a random timeout before a
         // follower stands for election, and times replication RPCs out after one heartbeat, so
-        // these three set the failover time (about 200-300 ms here) against tolerance of a
-        // slow follower. etcd's defaults (100/1000 ms) take over a second.
+        // these three set the failover time (160-330 ms here: the slower case is a candidate
+        // whose log is shorter, which openraft makes wait longer) against tolerance of a slow
+        // follower. etcd's defaults (100/1000 ms) take over a second.
         Self {
-            heartbeat_ms: 30,
-            election_timeout_min_ms: 80,
-            election_timeout_max_ms: 120,
+            heartbeat_ms: 20,
+            election_timeout_min_ms: 50,
+            election_timeout_max_ms: 80,
             snapshot_every: 10_000,
             logs_kept: 1_000,
         }
