@@ -47,6 +47,9 @@ pub struct AdminClient {
     transport: Quic,
     endpoints: Vec<String>,
     timeout: Duration,
+    /// The endpoint that last answered: tried first, so a dead node costs one handshake
+    /// timeout, not one per request. Shared by clones.
+    preferred: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl AdminClient {
@@ -84,22 +87,33 @@ impl AdminClient {
             transport,
             endpoints: endpoints.to_vec(),
             timeout,
+            preferred: Default::default(),
         })
     }
 
     /// Sends any request, trying each endpoint until one answers.
     pub async fn call(&self, req: Request) -> Result<Reply, ClientError> {
+        use std::sync::atomic::Ordering;
+        let n = self.endpoints.len();
+        let first = self.preferred.load(Ordering::Relaxed) % n;
         let mut last = None;
-        for (i, ep) in self.endpoints.iter().enumerate() {
+        for k in 0..n {
+            let i = (first + k) % n;
             match self
                 .transport
-                .call(Target::any(ep.clone()), req.clone(), self.timeout)
+                .call(
+                    Target::any(self.endpoints[i].clone()),
+                    req.clone(),
+                    self.timeout,
+                )
                 .await
             {
-                Ok(reply) => return Ok(reply),
-                Err(e @ TransportError::Unreachable { .. }) if i + 1 < self.endpoints.len() => {
-                    last = Some(e)
+                Ok(reply) => {
+                    self.preferred.store(i, Ordering::Relaxed);
+                    return Ok(reply);
                 }
+                // Never sent, so trying the next endpoint cannot apply it twice.
+                Err(e @ TransportError::Unreachable { .. }) if k + 1 < n => last = Some(e),
                 Err(e) => return Err(e.into()),
             }
         }
