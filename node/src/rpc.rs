@@ -68,6 +68,16 @@ pub enum AdminRequest {
     },
 }
 
+impl AdminRequest {
+    /// Whether serving the request changes nothing, so it may be sent again after a timeout.
+    pub fn is_read_only(&self) -> bool {
+        matches!(
+            self,
+            AdminRequest::Status | AdminRequest::KvGet { .. } | AdminRequest::KvList { .. }
+        )
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct JoinRequest {
     pub id: NodeId,

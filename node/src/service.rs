@@ -245,7 +245,11 @@ impl Node {
                     Err(e @ TransportError::Unreachable { .. }) => {
                         tracing::debug!(leader = id, error = %e, "leader unreachable")
                     }
-                    // Possibly applied: retrying could apply it twice.
+                    // A read changes nothing, so asking again (the leader may have changed) is safe.
+                    Err(e) if req.is_read_only() => {
+                        tracing::debug!(leader = id, error = %e, "leader did not answer a read")
+                    }
+                    // A write may have been applied: retrying could apply it twice.
                     Err(e) => {
                         return Reply::Indefinite(format!(
                             "the leader did not answer, so the outcome is unknown: {e}"

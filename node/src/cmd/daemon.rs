@@ -170,7 +170,9 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
         ca,
         ca_hash: tls::ca_hash(&identity.ca),
         rpc_timeout,
-        leader_wait: Duration::from_millis(cfg.raft.election_timeout_max_ms * 8).max(rpc_timeout),
+        // Long enough for one forward to time out on a dead leader and one more attempt after
+        // an election.
+        leader_wait: rpc_timeout + Duration::from_millis(cfg.raft.election_timeout_max_ms * 8),
         health: health.clone(),
         reachability: reachability.clone(),
     });
