@@ -199,7 +199,9 @@ impl Node {
 
     /// Runs `local` on this node, or forwards `req` to the leader when this node does not lead.
     /// A request that was itself forwarded is never forwarded again (no loops): the original
-    /// forwarder retries instead.
+    /// forwarder retries instead. Everything happens within `leader_wait`: a request is never
+    /// re-sent after its client has given up, and a write proposed here that does not commit in
+    /// time (this node may be a deposed leader behind a partition) is answered as unknown.
     async fn leader_or_forward<T, F, Fut>(
         &self,
         forwarded: bool,
@@ -213,12 +215,30 @@ impl Node {
     {
         let p = &self.inner;
         let start = Instant::now();
+        let gave_up = || {
+            Reply::Error(format!(
+                "no leader answered within {} ms; is a majority of the cluster up?",
+                p.leader_wait.as_millis()
+            ))
+        };
         loop {
-            let leader = match local().await {
-                Ok(Attempt::Done(r)) => return Reply::Admin(r.into()),
-                Ok(Attempt::Forward(leader)) => leader,
-                Err(reply) => return reply,
+            let remaining = p.leader_wait.saturating_sub(start.elapsed());
+            let leader = match tokio::time::timeout(remaining, local()).await {
+                Ok(Ok(Attempt::Done(r))) => return Reply::Admin(r.into()),
+                Ok(Ok(Attempt::Forward(leader))) => leader,
+                Ok(Err(reply)) => return reply,
+                Err(_) if req.is_read_only() => return gave_up(),
+                Err(_) => {
+                    return Reply::Indefinite(format!(
+                        "the write was proposed but not committed within {} ms, so its outcome is unknown",
+                        p.leader_wait.as_millis()
+                    ))
+                }
             };
+            // A forward is what makes a request take effect elsewhere: never after the deadline.
+            if start.elapsed() > p.leader_wait {
+                return gave_up();
+            }
             if let Some((id, node)) = leader.filter(|(id, _)| *id != p.id) {
                 if forwarded {
                     return Reply::Error(format!("node {} is not the leader; node {id} is", p.id));
@@ -258,10 +278,7 @@ impl Node {
                 }
             }
             if start.elapsed() > p.leader_wait {
-                return Reply::Error(format!(
-                    "no leader answered within {} ms; is a majority of the cluster up?",
-                    p.leader_wait.as_millis()
-                ));
+                return gave_up();
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -472,10 +489,16 @@ impl Node {
             expires_unix_ms,
         });
         match self.write(forwarded, req, cmd).await {
-            Reply::Admin(_) => Reply::Admin(AdminReply::Token {
+            // Forwarded: the leader made and stored its own token, so that is the one to hand out.
+            reply @ Reply::Admin(AdminReply::Token { .. }) => reply,
+            // Stored here, as this node leads.
+            Reply::Admin(AdminReply::Written { .. }) => Reply::Admin(AdminReply::Token {
                 token: format!("{id}.{secret}.{}", self.inner.ca_hash),
                 expires_unix_ms,
             }),
+            Reply::Admin(other) => {
+                Reply::Error(format!("unexpected reply to storing a token: {other:?}"))
+            }
             other => other,
         }
     }

@@ -392,3 +392,32 @@ async fn concurrent_compare_and_swap_increments_lose_no_update() {
         Some("72")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_created_through_a_follower_is_the_one_stored() {
+    let net = MemNetwork::default();
+    let raft = raft_section(10_000, 1_000);
+    let ca = Arc::new(CertAuthority::generate("test").unwrap());
+    let n1 = start(&net, 1, &raft, Some(ca)).await;
+    n1.node.bootstrap().await.unwrap();
+    let n2 = start_node_and_join(&net, 2, &raft).await;
+    let AdminReply::Token { token, .. } =
+        admin(&net, &n2.addr, AdminRequest::TokenCreate { ttl_secs: 60 })
+            .await
+            .unwrap()
+    else {
+        panic!()
+    };
+    let anon = net.transport("198.18.9.9:1", PeerRole::Anonymous);
+    let req = Request::RedeemToken(RedeemRequest {
+        token,
+        id: 3,
+        name: "n3".into(),
+        ips: vec![],
+    });
+    let reply = anon
+        .call(Target::any(addr(1)), req, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(matches!(reply, Reply::Certificate { .. }), "{reply:?}");
+}
