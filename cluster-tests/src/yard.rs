@@ -255,6 +255,20 @@ impl<T: Borrow<Topology>> YardCluster<T> {
             .map(|l| l as usize)
     }
 
+    /// The leader as node `i` reports it, waiting out an election in progress (up to 10 s).
+    pub fn wait_leader(&self, i: usize) -> Result<usize> {
+        let start = Instant::now();
+        loop {
+            if let Some(l) = self.leader(i) {
+                return Ok(l);
+            }
+            if start.elapsed() > Duration::from_secs(10) {
+                return Err(Error::Yard(format!("node {i} knew no leader for 10 s")));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Waits until node `i` reports `n` voters, all reachable, and a leader.
     pub fn wait_voters(&self, i: usize, n: usize, timeout: Duration) -> Result<serde_json::Value> {
         self.wait_voters_checking(i, n, timeout, |_| Ok(()))

@@ -109,7 +109,7 @@ fn leader_kill_9_elects_a_new_leader_and_keeps_every_acknowledged_write() {
         }
     }
     assert_eq!(acked.len(), 20);
-    let old = c.leader(1).unwrap();
+    let old = c.wait_leader(1).unwrap();
     let survivor = if old == 1 { 2 } else { 1 };
     c.kill9(old).unwrap();
     let start = Instant::now();
@@ -133,7 +133,7 @@ fn leader_kill_9_elects_a_new_leader_and_keeps_every_acknowledged_write() {
         "next acknowledged write {:?} after kill -9 of the leader (CLI process spawns included)",
         start.elapsed()
     );
-    let new = c.leader(survivor).unwrap();
+    let new = c.wait_leader(survivor).unwrap();
     assert_ne!(new, old);
     let listed = ok(c
         .cli_to(survivor, &all, &["kv", "list", "k", "--json"])
@@ -160,7 +160,7 @@ fn a_restarted_node_that_missed_a_lot_catches_up_by_snapshot() {
         extra_config: "[raft]\nsnapshot_every = 50\nlogs_kept = 0\n".into(),
     };
     let mut c = YardCluster::start(&yard_bin(), 3, 3, &opts).unwrap();
-    let leader = c.leader(1).unwrap();
+    let leader = c.wait_leader(1).unwrap();
     let lagger = if leader == 3 { 2 } else { 3 };
     let other = (1..=3).find(|i| *i != leader && *i != lagger).unwrap();
     c.kill9(lagger).unwrap();
@@ -218,7 +218,7 @@ fn a_minority_makes_no_progress_and_the_partition_heals_to_the_majority() {
     require_root();
     let c = YardCluster::start(&yard_bin(), 3, 3, &ClusterOptions::default()).unwrap();
     ok(c.cli(1, &["kv", "put", "k", "before"]).unwrap());
-    let old = c.leader(1).unwrap();
+    let old = c.wait_leader(1).unwrap();
     let majority: Vec<usize> = (1..=3).filter(|i| *i != old).collect();
     c.topo.isolate(old).unwrap();
     // The isolated old leader cannot commit anything.
