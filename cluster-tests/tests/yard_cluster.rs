@@ -47,6 +47,19 @@ fn three_node_peer_joined_bootstrap_replicates_and_refuses_a_foreign_ca() {
     require_root();
     let c = YardCluster::start(&yard_bin(), 3, 3, &ClusterOptions::default()).unwrap();
     assert_members(&c, 3);
+    // The answering node's actors (status is answered by the leader) run and report healthy.
+    for i in 1..=3 {
+        let s = c.status(i).unwrap();
+        let mut healthy: Vec<&str> = s["actors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|a| a["healthy"] == true)
+            .map(|a| a["name"].as_str().unwrap())
+            .collect();
+        healthy.sort_unstable();
+        assert_eq!(healthy, ["admin", "liveness", "raft"], "{s}");
+    }
     ok(c.cli(3, &["kv", "put", "greeting", "hello"]).unwrap());
     let got = ok(c.cli(2, &["kv", "get", "greeting", "--json"]).unwrap());
     let v: serde_json::Value = serde_json::from_str(&got).unwrap();

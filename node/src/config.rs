@@ -18,6 +18,7 @@ pub struct Config {
     pub raft: RaftSection,
     pub liveness: LivenessSection,
     pub transport: TransportSection,
+    pub admin: AdminSection,
     pub log: LogSection,
     pub gateway: GatewaySection,
 }
@@ -76,6 +77,22 @@ pub struct LivenessSection {
 pub struct TransportSection {
     pub max_frame_bytes: u32,
     pub rpc_timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminSection {
+    /// Management requests (status, membership, tokens) served at once; more are refused as
+    /// busy, doing nothing.
+    pub max_in_flight: usize,
+}
+
+impl Default for AdminSection {
+    fn default() -> Self {
+        Self {
+            max_in_flight: 1024,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -251,6 +268,9 @@ impl Config {
                 "liveness.interval_ms",
                 "interval and misses must be at least 1",
             );
+        }
+        if self.admin.max_in_flight == 0 {
+            return bad("admin.max_in_flight", "must be at least 1");
         }
         if self.transport.max_frame_bytes < 4096 {
             return bad("transport.max_frame_bytes", "must be at least 4096");

@@ -2,6 +2,7 @@
 //! share: configuration, the PKI, the frame codec, the transports, Raft's network, the request
 //! handler and the admin client.
 
+pub mod admin_actor;
 pub mod batcher;
 pub mod client;
 pub mod config;

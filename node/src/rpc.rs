@@ -69,6 +69,18 @@ pub enum AdminRequest {
 }
 
 impl AdminRequest {
+    /// Whether this is a key-value operation (the data path) rather than cluster management.
+    pub fn is_kv(&self) -> bool {
+        matches!(
+            self,
+            AdminRequest::KvGet { .. }
+                | AdminRequest::KvList { .. }
+                | AdminRequest::KvPut { .. }
+                | AdminRequest::KvDelete { .. }
+                | AdminRequest::KvCas { .. }
+        )
+    }
+
     /// Whether serving the request changes nothing, so it may be sent again after a timeout.
     pub fn is_read_only(&self) -> bool {
         matches!(

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use yard::admin_actor::AdminActor;
 use yard::client::AdminClient;
 use yard::config::{Config, LogFormat};
 use yard::rpc::{RedeemRequest, Reply, Request};
@@ -199,13 +200,26 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
         timeout: Duration::from_millis(cfg.liveness.interval_ms.max(100)),
         rt: tokio::runtime::Handle::current(),
     });
-    let actors = ActorSystem::start(
-        cfg.liveness.interval_ms,
+    let (interval, misses) = (
+        Duration::from_millis(cfg.liveness.interval_ms),
         cfg.liveness.misses,
-        prober,
-        reachability,
+    );
+    let (admin_node, rt, admin_health) = (
+        node.clone(),
+        tokio::runtime::Handle::current(),
         health.clone(),
-    )?;
+    );
+    let admin_limit = cfg.admin.max_in_flight;
+    let (actors, admin) = ActorSystem::start(move || {
+        actix::Supervisor::start(move |_| {
+            LivenessActor::new(interval, misses, prober, reachability, health)
+        });
+        actix::Supervisor::start(move |_| {
+            AdminActor::new(admin_node, admin_limit, rt, admin_health)
+        })
+        .recipient()
+    })?;
+    node.attach_admin(admin);
 
     let start_cluster = async {
         if let Some(seed) = &args.join {
@@ -289,35 +303,31 @@ struct ActorSystem {
 }
 
 impl ActorSystem {
-    fn start(
-        interval_ms: u64,
-        misses: u32,
-        prober: Arc<dyn Prober>,
-        reachability: Reachability,
-        health: HealthRegistry,
-    ) -> anyhow::Result<Self> {
+    /// Starts the actix system on its own thread and runs `start_actors` inside it; returns
+    /// what that returns (addresses of the actors it started).
+    fn start<T: Send + 'static>(
+        start_actors: impl FnOnce() -> T + Send + 'static,
+    ) -> anyhow::Result<(Self, T)> {
         let (tx, rx) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("yard-actors".into())
             .spawn(move || {
                 let system = actix::System::new();
-                system.block_on(async {
-                    let interval = Duration::from_millis(interval_ms);
-                    actix::Supervisor::start(move |_| {
-                        LivenessActor::new(interval, misses, prober, reachability, health)
-                    });
-                });
-                let _ = tx.send(actix::System::current());
+                let started = system.block_on(async { start_actors() });
+                let _ = tx.send((actix::System::current(), started));
                 if let Err(e) = system.run() {
                     tracing::error!(error = %e, "actor system failed");
                 }
             })
             .context("cannot start the actor thread")?;
-        let system = rx.recv().context("the actor system did not start")?;
-        Ok(Self {
-            system,
-            thread: Some(thread),
-        })
+        let (system, started) = rx.recv().context("the actor system did not start")?;
+        Ok((
+            Self {
+                system,
+                thread: Some(thread),
+            },
+            started,
+        ))
     }
 
     fn stop(mut self) {
