@@ -230,10 +230,10 @@ async fn bench(topo: &Arc<Topology>, args: &Args) -> Result<Report> {
             progress(&format!(
                 "round {r}/{} {system}: {:.0} ops/s, p50 {:.2} ms, p99 {:.2} ms, {} errors",
                 args.rounds,
-                fig.throughput_ops_s,
-                fig.p50_us as f64 / 1e3,
-                fig.p99_us as f64 / 1e3,
-                fig.errors
+                fig.put.throughput_ops_s,
+                fig.put.p50_us as f64 / 1e3,
+                fig.put.p99_us as f64 / 1e3,
+                fig.put.errors
             ));
             rounds.push(fig);
             if system == "yard" {

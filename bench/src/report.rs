@@ -84,11 +84,11 @@ impl Report {
         let med =
             |f: &dyn Fn(&RoundFigures) -> f64| median(&rs.iter().map(|r| f(r)).collect::<Vec<_>>());
         PutSummary {
-            throughput: med(&|r| r.throughput_ops_s),
-            p50_ms: med(&|r| r.p50_us as f64 / 1e3),
-            p99_ms: med(&|r| r.p99_us as f64 / 1e3),
-            p999_ms: med(&|r| r.p999_us as f64 / 1e3),
-            errors: rs.iter().map(|r| r.errors).sum(),
+            throughput: med(&|r| r.put.throughput_ops_s),
+            p50_ms: med(&|r| r.put.p50_us as f64 / 1e3),
+            p99_ms: med(&|r| r.put.p99_us as f64 / 1e3),
+            p999_ms: med(&|r| r.put.p999_us as f64 / 1e3),
+            errors: rs.iter().map(|r| r.put.errors).sum(),
         }
     }
 
@@ -299,12 +299,12 @@ impl Report {
                 "  {} {}: {:>9.0} ops/s  p50 {:>7.2} ms  p99 {:>7.2} ms  p999 {:>7.2} ms  max {:>7.2} ms  {} errors\n",
                 r.round,
                 r.system,
-                r.throughput_ops_s,
-                r.p50_us as f64 / 1e3,
-                r.p99_us as f64 / 1e3,
-                r.p999_us as f64 / 1e3,
-                r.max_us as f64 / 1e3,
-                r.errors
+                r.put.throughput_ops_s,
+                r.put.p50_us as f64 / 1e3,
+                r.put.p99_us as f64 / 1e3,
+                r.put.p999_us as f64 / 1e3,
+                r.put.max_us as f64 / 1e3,
+                r.put.errors
             );
         }
         if !self.trials.is_empty() {

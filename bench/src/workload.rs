@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde::Serialize;
 use tokio::sync::Notify;
-use yard::latency::{micros, quantile_us};
+use yard::latency::PutFigures;
 
 use crate::cluster::{Cluster, KvClient};
 
@@ -16,16 +16,9 @@ use crate::cluster::{Cluster, KvClient};
 pub struct RoundFigures {
     pub system: &'static str,
     pub round: usize,
-    pub clients: usize,
-    pub ops: usize,
-    pub value_size: usize,
-    pub errors: usize,
-    pub duration_s: f64,
-    pub throughput_ops_s: f64,
-    pub p50_us: u64,
-    pub p99_us: u64,
-    pub p999_us: u64,
-    pub max_us: u64,
+    /// Computed as `yard bench kv` computes them.
+    #[serde(flatten)]
+    pub put: PutFigures,
     /// The first error's text, if any put failed.
     pub first_error: Option<String>,
 }
@@ -85,21 +78,10 @@ pub async fn put_round(
             first_error = fe;
         }
     }
-    let elapsed = start.elapsed().as_secs_f64();
-    all.sort_unstable();
     let figures = RoundFigures {
         system,
         round,
-        clients: n,
-        ops,
-        value_size: value.len(),
-        errors,
-        duration_s: elapsed,
-        throughput_ops_s: all.len() as f64 / elapsed,
-        p50_us: quantile_us(&all, 0.50),
-        p99_us: quantile_us(&all, 0.99),
-        p999_us: quantile_us(&all, 0.999),
-        max_us: all.last().map_or(0, |d| micros(*d)),
+        put: PutFigures::new(n, ops, value.len(), errors, start.elapsed(), all),
         first_error,
     };
     Ok((figures, back))

@@ -2,33 +2,9 @@
 
 use std::time::Instant;
 
-use serde::Serialize;
 use yard::client::AdminClient;
-use yard::latency::{micros, quantile_us};
+use yard::latency::PutFigures;
 use yard::rpc::AdminRequest;
-
-#[derive(Debug, Serialize)]
-pub struct KvReport {
-    pub clients: usize,
-    pub ops: usize,
-    pub value_size: usize,
-    pub errors: usize,
-    pub duration_s: f64,
-    pub throughput_ops_s: f64,
-    pub p50_us: u64,
-    pub p99_us: u64,
-    pub p999_us: u64,
-    pub max_us: u64,
-}
-
-impl KvReport {
-    pub fn human(&self) -> String {
-        format!(
-            "{} puts of {} B by {} clients in {:.2} s: {:.0} ops/s, p50 {} us, p99 {} us, p999 {} us, max {} us, {} errors",
-            self.ops, self.value_size, self.clients, self.duration_s, self.throughput_ops_s, self.p50_us, self.p99_us, self.p999_us, self.max_us, self.errors
-        )
-    }
-}
 
 /// `make` builds one client per concurrent client: each has its own QUIC connection, as
 /// separate client processes would.
@@ -37,7 +13,7 @@ pub async fn kv(
     clients: usize,
     ops: usize,
     value_size: usize,
-) -> anyhow::Result<KvReport> {
+) -> anyhow::Result<PutFigures> {
     let value = "x".repeat(value_size);
     let mut conns = Vec::with_capacity(clients);
     for _ in 0..clients {
@@ -75,18 +51,12 @@ pub async fn kv(
         all.extend(lat);
         errors += e;
     }
-    let elapsed = start.elapsed().as_secs_f64();
-    all.sort_unstable();
-    Ok(KvReport {
+    Ok(PutFigures::new(
         clients,
         ops,
         value_size,
         errors,
-        duration_s: elapsed,
-        throughput_ops_s: all.len() as f64 / elapsed,
-        p50_us: quantile_us(&all, 0.50),
-        p99_us: quantile_us(&all, 0.99),
-        p999_us: quantile_us(&all, 0.999),
-        max_us: all.last().copied().map_or(0, micros),
-    })
+        start.elapsed(),
+        all,
+    ))
 }
