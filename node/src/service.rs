@@ -496,12 +496,16 @@ impl Node {
             return Reply::Error("token ttl must be between 1 second and 7 days".into());
         }
         let (id, secret) = (random_token_part(6), random_token_part(16));
-        let expires_unix_ms = now_unix_ms() + ttl_secs * 1000;
-        let cmd = Command::CreateToken(JoinToken {
-            id: id.clone(),
-            secret_sha256: sha256(secret.as_bytes()),
-            expires_unix_ms,
-        });
+        let now = now_unix_ms();
+        let expires_unix_ms = now + ttl_secs * 1000;
+        let cmd = Command::CreateToken {
+            token: JoinToken {
+                id: id.clone(),
+                secret_sha256: sha256(secret.as_bytes()),
+                expires_unix_ms,
+            },
+            now_unix_ms: now,
+        };
         match self.write(forwarded, req, cmd).await {
             // Forwarded: the leader made and stored its own token, so that is the one to hand out.
             reply @ Reply::Admin(AdminReply::Token { .. }) => reply,

@@ -65,11 +65,10 @@ pub enum Command {
     SetNode(NodeMeta),
     /// Forget a node's metadata.
     RemoveNode { id: u64 },
-    /// Store a join token (hash and expiry only).
-    CreateToken(JoinToken),
-    /// Drop join tokens that expired before `now_unix_ms` (the proposer's clock, so replay is
-    /// deterministic).
-    ExpireTokens { now_unix_ms: u64 },
+    /// Store a join token (hash and expiry only) and drop every token that expired before
+    /// `now_unix_ms`, the proposer's clock (carried in the command so replay is deterministic),
+    /// so expired tokens never pile up.
+    CreateToken { token: JoinToken, now_unix_ms: u64 },
     /// Several client commands in one log entry, applied in order. The leader batches concurrent
     /// writes this way because openraft appends (and flushes) once per proposal.
     Batch(Vec<Command>),

@@ -147,8 +147,9 @@ impl StateMachineData {
                     }],
                 )
             }
-            Command::CreateToken(token) => {
+            Command::CreateToken { token, now_unix_ms } => {
                 let revision = self.bump();
+                self.tokens.retain(|_, t| t.expires_unix_ms > *now_unix_ms);
                 self.tokens.insert(token.id.clone(), token.clone());
                 (Response::Written { revision }, Vec::new())
             }
@@ -167,11 +168,6 @@ impl StateMachineData {
                     changes.extend(ch);
                 }
                 (Response::Batch(responses), changes)
-            }
-            Command::ExpireTokens { now_unix_ms } => {
-                let revision = self.bump();
-                self.tokens.retain(|_, t| t.expires_unix_ms > *now_unix_ms);
-                (Response::Written { revision }, Vec::new())
             }
         }
     }
@@ -283,6 +279,30 @@ mod tests {
         );
         assert!(ch.is_empty());
         assert_eq!(sm.revision, 0);
+    }
+
+    #[test]
+    fn creating_a_token_drops_the_expired_ones() {
+        let token = |id: &str, expires_unix_ms| JoinToken {
+            id: id.into(),
+            secret_sha256: [0; 32],
+            expires_unix_ms,
+        };
+        let mut sm = StateMachineData::default();
+        sm.apply_command(&Command::CreateToken {
+            token: token("old", 1_000),
+            now_unix_ms: 500,
+        });
+        sm.apply_command(&Command::CreateToken {
+            token: token("live", 9_000),
+            now_unix_ms: 900,
+        });
+        assert_eq!(sm.tokens.keys().collect::<Vec<_>>(), ["live", "old"]);
+        sm.apply_command(&Command::CreateToken {
+            token: token("new", 9_000),
+            now_unix_ms: 2_000,
+        });
+        assert_eq!(sm.tokens.keys().collect::<Vec<_>>(), ["live", "new"]);
     }
 
     #[test]
