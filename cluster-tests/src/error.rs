@@ -11,6 +11,10 @@ pub enum Error {
     /// A yard cluster operation failed (see [`crate::yard`]).
     #[error("{0}")]
     Yard(String),
+    /// An overlay, gateway or baseline could not be set up as asked (see [`crate::overlay`],
+    /// [`crate::kernel_gw`], [`crate::keepalived`]).
+    #[error("{0}")]
+    Setup(String),
     /// Namespaces, veths, nftables and TC need root.
     #[error("network-namespace tests need root (effective uid is {euid}); run them as root, e.g. with sudo -E cargo test")]
     NotRoot {

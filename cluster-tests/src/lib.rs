@@ -9,14 +9,18 @@
 mod cmd;
 mod error;
 mod faults;
+pub mod keepalived;
+pub mod kernel_gw;
 mod loss;
+pub mod overlay;
+pub mod probe;
 mod process;
 mod topology;
 pub mod yard;
 
 pub use error::{Error, Result};
 pub use process::Process;
-pub use topology::{sweep_stale, Topology, EXEC_TIMEOUT, MAX_HOSTS};
+pub use topology::{sweep_stale, thread_in_namespace, Topology, EXEC_TIMEOUT, MAX_HOSTS};
 
 /// Fails the calling test unless it runs as root.
 ///

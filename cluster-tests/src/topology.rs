@@ -60,6 +60,9 @@ pub struct Topology {
     processes: Mutex<Vec<Process>>,
     /// Hosts whose bpffs is mounted, see [`Topology::bpffs`].
     bpffs: Mutex<BTreeSet<usize>>,
+    /// Namespaces made after the hosts (tenants of an overlay), see
+    /// [`Topology::add_namespace`]; removed on drop before the hosts.
+    extra_namespaces: Mutex<Vec<String>>,
 }
 
 impl Topology {
@@ -87,6 +90,7 @@ impl Topology {
             namespaces: Vec::new(),
             processes: Mutex::new(Vec::new()),
             bpffs: Mutex::new(BTreeSet::new()),
+            extra_namespaces: Mutex::new(Vec::new()),
         };
         fs::create_dir_all(&topo.dir).map_err(io_err(format!(
             "create run directory {}",
@@ -409,6 +413,14 @@ impl Drop for Topology {
         for p in &processes {
             p.force_kill();
         }
+        let extra = std::mem::take(
+            self.extra_namespaces
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for ns in extra.iter().rev() {
+            remove_ns(ns);
+        }
         for ns in self.namespaces.iter().rev() {
             remove_ns(ns);
         }
@@ -563,13 +575,22 @@ fn unmount_under(dir: &Path) {
     }
 }
 
-/// `yd<4 hex>-<host or f>` → the run id; other namespaces (`ydlc-*` of the local cluster
-/// script, anything else) are never touched.
+/// `yd<4 hex>-<host, f or tag>` → the run id; other namespaces (`ydlc-*` of the local cluster
+/// script, anything else) are never touched. A tag (see [`Topology::add_namespace`]) is a
+/// lowercase letter and digits, e.g. `t12`.
 fn parse_run(ns: &str) -> Option<&str> {
     let rest = ns.strip_prefix("yd")?;
     let (run, host) = rest.split_once('-')?;
-    let host_ok = host == "f" || (!host.is_empty() && host.bytes().all(|b| b.is_ascii_digit()));
+    let host_ok = host == "f"
+        || (!host.is_empty() && host.bytes().all(|b| b.is_ascii_digit()))
+        || is_extra_tag(host);
     (is_run_id(run) && host_ok).then_some(run)
+}
+
+/// A tag of an extra namespace: one lowercase letter, then one to four digits.
+fn is_extra_tag(tag: &str) -> bool {
+    let b = tag.as_bytes();
+    (2..=5).contains(&b.len()) && b[0].is_ascii_lowercase() && b[1..].iter().all(u8::is_ascii_digit)
 }
 
 fn is_run_id(s: &str) -> bool {
@@ -633,23 +654,67 @@ impl Topology {
         F: FnOnce() -> T + Send + 'static,
     {
         self.check_host(i)?;
-        let path = PathBuf::from("/run/netns").join(self.ns_name(i));
-        let ns = std::fs::File::open(&path).map_err(io_err(format!("open {}", path.display())))?;
-        std::thread::Builder::new()
-            .name(format!("host-{i}"))
-            .spawn(move || {
-                use std::os::fd::AsFd;
-                if let Err(e) = rustix::thread::move_into_link_name_space(
-                    ns.as_fd(),
-                    Some(rustix::thread::LinkNameSpaceType::Network),
-                ) {
-                    panic!("cannot enter the host's network namespace: {e}");
-                }
-                drop(ns);
-                f()
-            })
-            .map_err(io_err(format!("start a thread in host {i}")))
+        thread_in_namespace(&self.ns_name(i), format!("host-{i}"), f)
     }
+
+    /// Makes one more namespace of this run, `yd<run>-<tag>` (tag: a lowercase letter and one to
+    /// four digits, e.g. `t3` for an overlay tenant), with `lo` up, and returns its name.
+    ///
+    /// It is removed on drop, before the hosts' namespaces, and by [`sweep_stale`] if the run is
+    /// killed. Fails if the tag is malformed or the namespace exists.
+    pub fn add_namespace(&self, tag: &str) -> Result<String> {
+        if !is_extra_tag(tag) {
+            return Err(Error::Setup(format!(
+                "namespace tag {tag:?} is not a lowercase letter followed by 1-4 digits"
+            )));
+        }
+        let name = format!("yd{}-{tag}", self.run);
+        ip(&["netns", "add", &name])?;
+        self.extra_namespaces
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(name.clone());
+        ip(&["-n", &name, "link", "set", "lo", "up"])?;
+        Ok(name)
+    }
+
+    /// The namespaces made with [`Topology::add_namespace`] so far.
+    pub fn extra_namespaces(&self) -> Vec<String> {
+        self.extra_namespaces
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// Runs `f` on a new thread named `thread_name` that lives in the named network namespace
+/// (`/run/netns/<ns>`): see [`Topology::thread_in_host`]. `setns` changes only the calling
+/// thread, which is why this never touches the caller's own thread.
+pub fn thread_in_namespace<T, F>(
+    ns: &str,
+    thread_name: String,
+    f: F,
+) -> Result<std::thread::JoinHandle<T>>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    let path = PathBuf::from(NETNS_DIR).join(ns);
+    let ns_file = std::fs::File::open(&path).map_err(io_err(format!("open {}", path.display())))?;
+    std::thread::Builder::new()
+        .name(thread_name)
+        .spawn(move || {
+            use std::os::fd::AsFd;
+            if let Err(e) = rustix::thread::move_into_link_name_space(
+                ns_file.as_fd(),
+                Some(rustix::thread::LinkNameSpaceType::Network),
+            ) {
+                panic!("cannot enter the network namespace: {e}");
+            }
+            drop(ns_file);
+            f()
+        })
+        .map_err(io_err(format!("start a thread in namespace {ns}")))
 }
 
 #[cfg(test)]
@@ -667,6 +732,12 @@ mod tests {
         assert_eq!(parse_run("yd1a2b-x"), None);
         assert_eq!(parse_run("yd1a2b3-1"), None);
         assert_eq!(parse_run("other"), None);
+        assert_eq!(parse_run("yd1a2b-t1"), Some("1a2b"));
+        assert_eq!(parse_run("yd1a2b-t1234"), Some("1a2b"));
+        assert_eq!(parse_run("yd1a2b-t"), None);
+        assert_eq!(parse_run("yd1a2b-T1"), None);
+        assert_eq!(parse_run("yd1a2b-t12345"), None);
+        assert_eq!(parse_run("ydlc-t1"), None);
     }
 
     #[test]

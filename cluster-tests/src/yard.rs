@@ -14,10 +14,15 @@ pub const PORT: u16 = 7480;
 /// Metrics port every node listens on.
 pub const METRICS_PORT: u16 = 9480;
 
+/// Replaced by the host (= node) number in [`ClusterOptions::extra_config`].
+pub const HOST_PLACEHOLDER: &str = "@HOST@";
+
 /// Extra `[raft]`/`[liveness]` settings for a test cluster.
 #[derive(Debug, Clone, Default)]
 pub struct ClusterOptions {
     /// Lines appended to every node's TOML config (e.g. `"[raft]\nsnapshot_every = 50"`).
+    /// Every [`HOST_PLACEHOLDER`] in it is replaced by the node's host number, for settings
+    /// that differ per host (e.g. the gateway's pin directory on [`Topology::bpffs`]).
     pub extra_config: String,
 }
 
@@ -118,6 +123,7 @@ impl<T: Borrow<Topology>> YardCluster<T> {
             "[node]\nid = {i}\nname = \"n{i}\"\nlisten = \"{ip}:{PORT}\"\ndata_dir = \"{}\"\n[tls]\ndir = \"{}\"\n[metrics]\nlisten = \"{ip}:{METRICS_PORT}\"\n{extra}\n",
             dir.join("data").display(),
             tls.display(),
+            extra = extra.replace(HOST_PLACEHOLDER, &i.to_string()),
         );
         let path = self.config_path(i);
         std::fs::write(&path, config).map_err(io(format!("write {}", path.display())))

@@ -1,1 +1,96 @@
-//! XDP programs in C and their typed Rust loaders (filled in by the gateway work)
+//! Switchyard's XDP programs and their typed Rust loaders.
+//!
+//! The programs are C in `ebpf/bpf/*.bpf.c`, compiled by `build.rs` with `clang -target bpf`
+//! and embedded in this crate, so nothing needs a compiler at run time:
+//!
+//! - [`Gateway`] (`yard_gateway`): the overlay gateway's data plane: forwards VXLAN traffic sent
+//!   to the cluster's VIPs to the compute host of the inner destination and answers ARP, fenced by
+//!   the node's lease (see DESIGN.md, "Failure detection and fencing").
+//! - [`Bounce`] (`yard_bounce`): swaps MACs and bounces; the per-packet cost floor benchmarks
+//!   report every program against.
+//!
+//! The structs shared with C are mirrored in [`layout`]; [`frames`] builds test and benchmark
+//! frames; [`ktime_now_ns`] reads the clock the program compares lease deadlines with.
+
+mod bounce;
+mod clock;
+mod counters;
+pub mod frames;
+mod gateway;
+pub mod layout;
+mod sys;
+mod test_run;
+
+use std::io;
+use std::path::PathBuf;
+
+pub use bounce::Bounce;
+pub use clock::ktime_now_ns;
+pub use counters::{Counter, CounterValue};
+pub use gateway::{Endpoint, Gateway, GatewayConfig, VipMode, XdpMode};
+pub use test_run::{TestOutcome, XdpAction};
+
+/// Why an operation on an XDP program or its maps failed.
+///
+/// Every variant names what was being done; the underlying aya or OS error is its `source()`.
+#[derive(Debug, thiserror::Error)]
+pub enum EbpfError {
+    /// The embedded object could not be parsed, or its maps could not be created or adopted.
+    #[error("could not load the eBPF object {object}")]
+    Load {
+        object: &'static str,
+        #[source]
+        source: aya::EbpfError,
+    },
+    /// The object lacks a program or map this crate expects: build and code are out of step.
+    #[error("the eBPF object has no {kind} named {name}")]
+    Missing {
+        kind: &'static str,
+        name: &'static str,
+    },
+    /// The kernel refused the program (verifier, permissions) or an attach/test-run call.
+    #[error("could not {action} the XDP program {program}")]
+    Program {
+        action: &'static str,
+        program: &'static str,
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    /// A map operation failed.
+    #[error("could not {action} map {map}")]
+    Map {
+        action: &'static str,
+        map: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    /// A pinned map left by an earlier run does not match this build's definition, so adopting it
+    /// would make the program misread its entries.
+    #[error("pinned map {path} is incompatible with this build ({detail}); remove the pin directory to start afresh")]
+    IncompatiblePin { path: PathBuf, detail: String },
+    /// Pinning, opening or replacing a pinned XDP link failed.
+    #[error("could not {action} the XDP link pinned at {path}")]
+    Link {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// A file-system operation on the pin directory failed.
+    #[error("could not {action} {path}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// BPF_PROG_TEST_RUN refuses XDP input shorter than an Ethernet header.
+    #[error("a test frame must be at least 14 bytes long, got {0}")]
+    FrameTooShort(usize),
+    /// The VNI does not fit the 24 bits VXLAN carries.
+    #[error("vni {0} does not fit in 24 bits")]
+    InvalidVni(u32),
+    /// The interface name cannot be used (empty, too long or containing '/' or NUL).
+    #[error("invalid interface name {0:?}")]
+    InvalidInterface(String),
+}

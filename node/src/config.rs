@@ -67,9 +67,14 @@ pub struct RaftSection {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LivenessSection {
+    /// Probe period of the leader's liveness actor and renewal period of gateway leases.
     pub interval_ms: u64,
     pub misses: u32,
+    /// How long a gateway node serves its VIPs after a renewal was sent: the fencing bound,
+    /// and so the floor of failover time.
     pub lease_ms: u64,
+    /// Extra wait before the leader takes a lapsed node's VIPs (clock-rate and scheduling slack).
+    pub lease_margin_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -123,6 +128,17 @@ pub struct GatewaySection {
     pub enabled: bool,
     pub interface: String,
     pub xdp_mode: XdpMode,
+    /// Where the XDP program's maps and link are pinned (a bpffs directory), so a restarted
+    /// daemon re-adopts them and forwarding never stops.
+    pub pin_dir: PathBuf,
+    /// Largest outer IPv4 packet forwarded; bigger frames are dropped and counted.
+    pub mtu: u16,
+    /// Gratuitous ARPs sent when a VIP is taken (the first at once).
+    pub garp_repeats: u32,
+    /// Spacing of those; over 1 s so one lands after the neighbour lock time.
+    pub garp_interval_ms: u64,
+    /// How long a released VIP is still forwarded while caches move to the new owner.
+    pub linger_ms: u64,
 }
 
 impl Default for NodeSection {
@@ -166,9 +182,10 @@ impl Default for RaftSection {
 impl Default for LivenessSection {
     fn default() -> Self {
         Self {
-            interval_ms: 200,
+            interval_ms: 20,
             misses: 3,
-            lease_ms: 1_000,
+            lease_ms: 90,
+            lease_margin_ms: 10,
         }
     }
 }
@@ -197,6 +214,11 @@ impl Default for GatewaySection {
             enabled: false,
             interface: "eth0".into(),
             xdp_mode: XdpMode::Native,
+            pin_dir: PathBuf::from("/sys/fs/bpf/yard/gateway"),
+            mtu: 1500,
+            garp_repeats: 3,
+            garp_interval_ms: 1_100,
+            linger_ms: 3_000,
         }
     }
 }
@@ -268,6 +290,18 @@ impl Config {
                 "liveness.interval_ms",
                 "interval and misses must be at least 1",
             );
+        }
+        if self.liveness.lease_ms < 2 * self.liveness.interval_ms {
+            return bad(
+                "liveness.lease_ms",
+                "must be at least twice liveness.interval_ms, so renewals overlap",
+            );
+        }
+        if self.gateway.mtu < 576 {
+            return bad("gateway.mtu", "must be at least 576");
+        }
+        if self.gateway.garp_repeats == 0 {
+            return bad("gateway.garp_repeats", "must be at least 1");
         }
         if self.admin.max_in_flight == 0 {
             return bad("admin.max_in_flight", "must be at least 1");

@@ -7,6 +7,8 @@ pub mod batcher;
 pub mod client;
 pub mod config;
 pub mod frame;
+pub mod gateway_control;
+pub mod gateway_service;
 pub mod latency;
 pub mod metrics;
 pub mod raft_network;

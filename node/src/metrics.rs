@@ -34,6 +34,8 @@ pub struct Metrics {
     pub forwarded: Counter,
     pub liveness_probes: Counter,
     pub liveness_probe_failures: Counter,
+    pub gateway_renewals: Counter,
+    pub gateway_placements: Counter,
 }
 
 /// The process's counters.
@@ -49,18 +51,36 @@ pub static METRICS: Metrics = Metrics {
     forwarded: Counter(AtomicU64::new(0)),
     liveness_probes: Counter(AtomicU64::new(0)),
     liveness_probe_failures: Counter(AtomicU64::new(0)),
+    gateway_renewals: Counter(AtomicU64::new(0)),
+    gateway_placements: Counter(AtomicU64::new(0)),
 };
 
 /// Gauges that a scrape reads from live state.
 pub trait GaugeSource: Send + Sync + 'static {
     /// `(name, help, value)` triples.
     fn gauges(&self) -> Vec<(&'static str, &'static str, f64)>;
+
+    /// Labelled families (e.g. one XDP counter per reason); none by default.
+    fn families(&self) -> Vec<Family> {
+        Vec::new()
+    }
+}
+
+/// A metric family with labelled samples.
+#[derive(Debug, Clone)]
+pub struct Family {
+    pub name: &'static str,
+    pub help: &'static str,
+    /// `counter` or `gauge`.
+    pub kind: &'static str,
+    /// (label set without braces, e.g. `reason="forwarded"`, value)
+    pub samples: Vec<(String, f64)>,
 }
 
 /// Renders the Prometheus text exposition.
 pub fn render(gauges: &dyn GaugeSource) -> String {
     let m = &METRICS;
-    let counters: [(&str, &str, &Counter); 11] = [
+    let counters: [(&str, &str, &Counter); 13] = [
         (
             "yard_transport_rpc_sent_total",
             "requests sent to peers",
@@ -116,6 +136,16 @@ pub fn render(gauges: &dyn GaugeSource) -> String {
             "liveness probes that failed",
             &m.liveness_probe_failures,
         ),
+        (
+            "yard_gateway_lease_renewals_total",
+            "gateway lease renewals granted by this node as leader",
+            &m.gateway_renewals,
+        ),
+        (
+            "yard_gateway_placements_total",
+            "gateway placement commands committed by this node as leader",
+            &m.gateway_placements,
+        ),
     ];
     let mut out = String::new();
     for (name, help, c) in counters {
@@ -127,6 +157,12 @@ pub fn render(gauges: &dyn GaugeSource) -> String {
     }
     for (name, help, v) in gauges.gauges() {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+    }
+    for f in gauges.families() {
+        let _ = writeln!(out, "# HELP {} {}\n# TYPE {} {}", f.name, f.help, f.name, f.kind);
+        for (labels, v) in f.samples {
+            let _ = writeln!(out, "{}{{{labels}}} {v}", f.name);
+        }
     }
     out
 }

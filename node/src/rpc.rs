@@ -6,6 +6,9 @@ use openraft::raft::{
     VoteRequest, VoteResponse,
 };
 use serde::{Deserialize, Serialize};
+use std::net::Ipv4Addr;
+
+use yard_raft_store::gateway::{Endpoint, EndpointKey};
 use yard_raft_store::{NodeId, TypeConfig};
 
 use crate::tls::CertPem;
@@ -23,6 +26,9 @@ pub enum Request {
     RedeemToken(RedeemRequest),
     /// Liveness probe from the leader.
     Probe,
+    /// A gateway node renews its lease with the leader, reporting the revision it has applied
+    /// (and executed on its data plane). The node is the one named by the caller's certificate.
+    GatewayRenew { applied: u64 },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -66,6 +72,54 @@ pub enum AdminRequest {
     TokenCreate {
         ttl_secs: u64,
     },
+    Gateway(GatewayRequest),
+}
+
+/// Operator requests about the gateway.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum GatewayRequest {
+    AddVips(Vec<Ipv4Addr>),
+    RemoveVips(Vec<Ipv4Addr>),
+    PutEndpoints(Vec<Endpoint>),
+    RemoveEndpoints(Vec<EndpointKey>),
+    SetDrain { node: NodeId, draining: bool },
+    ListVips,
+    ListEndpoints,
+    /// The contacted node's own data plane (never forwarded).
+    Stats,
+}
+
+impl GatewayRequest {
+    pub fn is_read_only(&self) -> bool {
+        matches!(
+            self,
+            GatewayRequest::ListVips | GatewayRequest::ListEndpoints | GatewayRequest::Stats
+        )
+    }
+}
+
+/// One row of `yard gateway vip list`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct VipRow {
+    pub vip: Ipv4Addr,
+    pub owner: Option<NodeId>,
+    pub handoff_to: Option<NodeId>,
+}
+
+/// `yard gateway stats`: one node's data plane.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct GatewayStats {
+    pub node: NodeId,
+    pub enabled: bool,
+    pub lease_remaining_ms: u64,
+    pub fenced: bool,
+    /// (vip, "owned" | "forward_only")
+    pub vips: Vec<(Ipv4Addr, String)>,
+    pub endpoints: usize,
+    pub revision: u64,
+    /// (counter, packets, bytes)
+    pub counters: Vec<(String, u64, u64)>,
+    pub errors: u64,
 }
 
 impl AdminRequest {
@@ -86,7 +140,7 @@ impl AdminRequest {
         matches!(
             self,
             AdminRequest::Status | AdminRequest::KvGet { .. } | AdminRequest::KvList { .. }
-        )
+        ) || matches!(self, AdminRequest::Gateway(g) if g.is_read_only())
     }
 }
 
@@ -125,6 +179,10 @@ pub enum Reply {
     /// The request may or may not have taken effect (e.g. the leader died mid-write); a client
     /// must not assume either.
     Indefinite(String),
+    /// The leader's answer to a lease renewal: the lease, and the revision the leader had
+    /// applied. A node whose lease had lapsed must apply that revision before serving again:
+    /// its VIPs may have been given away meanwhile.
+    LeaseGranted { granted_ms: u64, revision: u64 },
 }
 
 /// A Raft RPC failed on the receiver (serialised openraft error text).
@@ -188,4 +246,7 @@ pub enum AdminReply {
         token: String,
         expires_unix_ms: u64,
     },
+    Vips(Vec<VipRow>),
+    Endpoints(Vec<Endpoint>),
+    GatewayStats(GatewayStats),
 }

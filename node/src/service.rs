@@ -20,7 +20,9 @@ use crate::rpc::{
     ActorHealth, AdminReply, AdminRequest, JoinRequest, KvEntry, MemberStatus, RaftFailure,
     RaftReply, RaftRequest, RedeemRequest, Reply, Request, Status,
 };
+use crate::gateway_control::GatewayControl;
 use crate::tls::{CertAuthority, PeerRole};
+use yard_actors::gateway::actor::GatewayView;
 use crate::transport::{BoxFut, Handler, Target, Transport, TransportError};
 
 /// Everything a node's request handling needs.
@@ -40,6 +42,8 @@ pub struct NodeParts {
     pub leader_wait: Duration,
     pub health: HealthRegistry,
     pub reachability: Reachability,
+    /// Gateway leases and placement (acts only while this node leads).
+    pub gateway: Arc<GatewayControl>,
 }
 
 /// A running node's request handler. Cheap to clone.
@@ -49,6 +53,8 @@ pub struct Node {
     writes: WriteBatcher,
     /// The admin actor, once the actor system runs; operators' requests go through it.
     admin: Arc<std::sync::OnceLock<actix::Recipient<ServeAdmin>>>,
+    /// This node's gateway data plane, when the gateway is enabled here.
+    gateway_view: Arc<std::sync::OnceLock<GatewayView>>,
 }
 
 enum Attempt<T> {
@@ -79,7 +85,22 @@ impl Node {
             inner: Arc::new(parts),
             writes,
             admin: Arc::default(),
+            gateway_view: Arc::default(),
         }
+    }
+
+    /// Shows this node's gateway data plane in stats and metrics from now on.
+    pub fn attach_gateway(&self, view: GatewayView) {
+        let _ = self.gateway_view.set(view);
+    }
+
+    /// The leader-side gateway control.
+    pub fn gateway(&self) -> &Arc<GatewayControl> {
+        &self.inner.gateway
+    }
+
+    pub(crate) fn gateway_view(&self) -> Option<&GatewayView> {
+        self.gateway_view.get()
     }
 
     /// Routes operators' requests through the admin actor from now on.
@@ -298,7 +319,7 @@ impl Node {
         }
     }
 
-    async fn write(&self, forwarded: bool, req: &AdminRequest, cmd: Command) -> Reply {
+    pub(crate) async fn write(&self, forwarded: bool, req: &AdminRequest, cmd: Command) -> Reply {
         self.leader_or_forward(forwarded, req, || {
             let cmd = cmd.clone();
             async move {
@@ -316,7 +337,7 @@ impl Node {
         .await
     }
 
-    async fn read<T: Into<AdminReply>>(
+    pub(crate) async fn read<T: Into<AdminReply>>(
         &self,
         forwarded: bool,
         req: &AdminRequest,
@@ -381,6 +402,7 @@ impl Node {
             AdminRequest::TokenCreate { ttl_secs } => {
                 self.create_token(forwarded, &req, *ttl_secs).await
             }
+            AdminRequest::Gateway(g) => self.handle_gateway(forwarded, &req, g).await,
         }
     }
 
@@ -771,6 +793,16 @@ impl Handler for Node {
             match (role, req) {
                 (PeerRole::Node(_), Request::Raft(r)) => this.handle_raft(r).await,
                 (PeerRole::Node(_), Request::Probe) => Reply::Pong { id: this.inner.id },
+                (PeerRole::Node(id), Request::GatewayRenew { applied }) => {
+                    let revision = this.inner.feed.read(|d| d.revision);
+                    match this.inner.gateway.renew(id, applied) {
+                        Ok(granted_ms) => Reply::LeaseGranted {
+                            granted_ms,
+                            revision,
+                        },
+                        Err(e) => Reply::Error(e),
+                    }
+                }
                 // The KV data path skips the actor: the hop through the actix thread and back
                 // cost 60% of put throughput when measured (bench kv, 16 clients).
                 (PeerRole::Admin, Request::Admin(r)) if r.is_kv() => this.serve_admin(r).await,
@@ -790,6 +822,7 @@ impl Handler for Node {
                         Request::Raft(_) => "raft traffic",
                         Request::Admin(_) => "admin requests",
                         Request::Probe => "liveness probes",
+                        Request::GatewayRenew { .. } => "gateway lease renewals",
                         Request::Join(_) | Request::RedeemToken(_) => "joins",
                     };
                     tracing::warn!(?role, what, "refused request for the peer's role");
@@ -811,6 +844,51 @@ impl Handler for Node {
 pub struct RaftGauges(pub Node);
 
 impl GaugeSource for RaftGauges {
+    fn families(&self) -> Vec<crate::metrics::Family> {
+        use crate::metrics::Family;
+        let Some(view) = self.0.gateway_view() else {
+            return Vec::new();
+        };
+        let s = view.snapshot();
+        let per_reason = |pick: fn(&(&'static str, u64, u64)) -> u64| {
+            s.counters
+                .iter()
+                .map(|c| (format!("reason=\"{}\"", c.0), pick(c) as f64))
+                .collect()
+        };
+        let owned = s
+            .vips
+            .iter()
+            .filter(|(_, m)| *m == yard_actors::gateway::core::Serve::Owned)
+            .count();
+        vec![
+            Family {
+                name: "yard_gateway_xdp_packets_total",
+                help: "packets the gateway XDP program handled, by outcome",
+                kind: "counter",
+                samples: per_reason(|c| c.1),
+            },
+            Family {
+                name: "yard_gateway_xdp_bytes_total",
+                help: "bytes the gateway XDP program handled, by outcome",
+                kind: "counter",
+                samples: per_reason(|c| c.2),
+            },
+            Family {
+                name: "yard_gateway_state",
+                help: "gateway node state: lease_remaining_ms, vips_owned, vips_served, endpoints, errors",
+                kind: "gauge",
+                samples: vec![
+                    ("what=\"lease_remaining_ms\"".into(), s.lease_remaining_ms as f64),
+                    ("what=\"vips_owned\"".into(), owned as f64),
+                    ("what=\"vips_served\"".into(), s.vips.len() as f64),
+                    ("what=\"endpoints\"".into(), s.endpoints as f64),
+                    ("what=\"errors\"".into(), s.errors as f64),
+                ],
+            },
+        ]
+    }
+
     fn gauges(&self) -> Vec<(&'static str, &'static str, f64)> {
         let m = self.0.inner.raft.metrics().borrow().clone();
         let reach = self.0.inner.reachability.snapshot();

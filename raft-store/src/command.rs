@@ -72,6 +72,8 @@ pub enum Command {
     /// Several client commands in one log entry, applied in order. The leader batches concurrent
     /// writes this way because openraft appends (and flushes) once per proposal.
     Batch(Vec<Command>),
+    /// A change to the gateway tables (VIP pool and owners, endpoints, drains).
+    Gateway(crate::gateway::GatewayCommand),
 }
 
 /// What applying a command produced.

@@ -13,11 +13,13 @@ use std::io::Cursor;
 
 pub mod codec;
 pub mod command;
+pub mod gateway;
 pub mod log_store;
 pub mod state;
 pub mod state_machine;
 
 pub use command::{Command, JoinToken, NodeInfo, NodeMeta, Response, Versioned};
+pub use gateway::{GatewayChange, GatewayCommand, GatewayTables};
 pub use log_store::LogStore;
 pub use state::{Change, StateMachineData};
 pub use state_machine::{ChangeFeed, StateMachineStore};

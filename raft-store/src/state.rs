@@ -9,6 +9,7 @@ use openraft::{EntryPayload, LogId, StoredMembership};
 use serde::{Deserialize, Serialize};
 
 use crate::command::{Command, JoinToken, NodeInfo, NodeMeta, Response, Versioned};
+use crate::gateway::{GatewayChange, GatewayTables};
 use crate::{NodeId, TypeConfig};
 
 /// One change to the replicated tables, as actors see it on the change feed.
@@ -28,6 +29,11 @@ pub enum Change {
     },
     /// The whole state was replaced (snapshot installed): subscribers must resync.
     Reset { revision: u64 },
+    /// A gateway table changed.
+    Gateway {
+        revision: u64,
+        change: GatewayChange,
+    },
 }
 
 /// Every replicated table plus the bookkeeping openraft needs.
@@ -40,6 +46,7 @@ pub struct StateMachineData {
     pub kv: BTreeMap<String, Versioned>,
     pub nodes: BTreeMap<u64, NodeMeta>,
     pub tokens: BTreeMap<String, JoinToken>,
+    pub gateway: GatewayTables,
 }
 
 impl StateMachineData {
@@ -152,6 +159,26 @@ impl StateMachineData {
                 self.tokens.retain(|_, t| t.expires_unix_ms > *now_unix_ms);
                 self.tokens.insert(token.id.clone(), token.clone());
                 (Response::Written { revision }, Vec::new())
+            }
+            Command::Gateway(cmd) => {
+                let revision = self.revision + 1;
+                let changes = self.gateway.apply(cmd, revision);
+                if changes.is_empty() {
+                    return (
+                        Response::Written {
+                            revision: self.revision,
+                        },
+                        Vec::new(),
+                    );
+                }
+                self.revision = revision;
+                (
+                    Response::Written { revision },
+                    changes
+                        .into_iter()
+                        .map(|change| Change::Gateway { revision, change })
+                        .collect(),
+                )
             }
             Command::Batch(cmds) => {
                 let mut responses = Vec::with_capacity(cmds.len());

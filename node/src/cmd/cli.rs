@@ -83,6 +83,11 @@ enum Command {
         #[command(subcommand)]
         cmd: BenchCmd,
     },
+    /// The gateway: VIP pool, endpoints, drains, data-plane stats.
+    Gateway {
+        #[command(subcommand)]
+        cmd: super::gateway::GatewayCmd,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -279,6 +284,9 @@ async fn client_command(args: &Args, out: Out) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let client = args.client()?;
+    if let Command::Gateway { cmd } = &args.command {
+        return super::gateway::run(&client, cmd, out).await;
+    }
     let req = match &args.command {
         Command::Status => AdminRequest::Status,
         Command::Token {
@@ -307,7 +315,10 @@ async fn client_command(args: &Args, out: Out) -> anyhow::Result<ExitCode> {
         Command::Members {
             cmd: MembersCmd::Remove { id },
         } => AdminRequest::MembersRemove { id: *id },
-        Command::Node { .. } | Command::Ca { .. } | Command::Bench { .. } => {
+        Command::Node { .. }
+        | Command::Ca { .. }
+        | Command::Bench { .. }
+        | Command::Gateway { .. } => {
             unreachable!("handled above")
         }
     };
@@ -388,6 +399,8 @@ fn render(req: &AdminRequest, reply: AdminReply, out: Out) -> ExitCode {
             || token.clone(),
         ),
         (_, AdminReply::Value(None)) => {}
+        // Gateway replies are rendered by `yard gateway`.
+        (_, AdminReply::Vips(_) | AdminReply::Endpoints(_) | AdminReply::GatewayStats(_)) => {}
     }
     ExitCode::SUCCESS
 }

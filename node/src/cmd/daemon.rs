@@ -9,7 +9,13 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use yard::admin_actor::AdminActor;
 use yard::client::AdminClient;
-use yard::config::{Config, LogFormat};
+use actix::Actor;
+use yard::config::{Config, LogFormat, XdpMode};
+use yard::gateway_control::GatewayControl;
+use yard_actors::gateway::actor::{GatewayActor, GatewaySettings, GatewayView, Interface, LinuxInterface, Renewer};
+use yard_actors::gateway::core::CoreConfig;
+use yard_actors::gateway::dataplane::XdpDataPlane;
+use yard_actors::gateway::lease::LeaseConfig;
 use yard::rpc::{RedeemRequest, Reply, Request};
 use yard::service::{Node, NodeParts, RaftGauges};
 use yard::tls::{self, CertAuthority, Identity, Trust};
@@ -160,6 +166,14 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
     let health = HealthRegistry::default();
     let reachability = Reachability::default();
     let rpc_timeout = Duration::from_millis(cfg.transport.rpc_timeout_ms);
+    let renew_every = Duration::from_millis(cfg.liveness.interval_ms);
+    let gateway_control = Arc::new(GatewayControl::new(
+        LeaseConfig {
+            lease_ms: cfg.liveness.lease_ms,
+            margin_ms: cfg.liveness.lease_margin_ms,
+        },
+        renew_every,
+    ));
     let node = Node::new(NodeParts {
         id: cfg.node.id,
         name: cfg.node.name.clone(),
@@ -176,7 +190,51 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
         leader_wait: rpc_timeout + Duration::from_millis(cfg.raft.election_timeout_max_ms * 8),
         health: health.clone(),
         reachability: reachability.clone(),
+        gateway: gateway_control.clone(),
     });
+    let control = {
+        let (raft, feed) = (raft.clone(), node.feed().clone());
+        tokio::spawn(async move { gateway_control.run(raft, feed).await })
+    };
+    let gateway = if cfg.gateway.enabled {
+        let g = &cfg.gateway;
+        let iface = LinuxInterface::open(&g.interface)
+            .with_context(|| format!("gateway.interface {} is not usable", g.interface))?;
+        let mode = match g.xdp_mode {
+            XdpMode::Native => yard_ebpf::XdpMode::Native,
+            XdpMode::Generic => yard_ebpf::XdpMode::Generic,
+        };
+        let (dataplane, adopted) = XdpDataPlane::open(&g.pin_dir, &g.interface, mode, iface.mac(), g.mtu)
+            .with_context(|| {
+                format!(
+                    "cannot load the gateway program on {} (pinned under {})",
+                    g.interface,
+                    g.pin_dir.display()
+                )
+            })?;
+        tracing::info!(interface = %g.interface, adopted, pin_dir = %g.pin_dir.display(), "gateway data plane ready");
+        let view = GatewayView::default();
+        node.attach_gateway(view.clone());
+        let settings = GatewaySettings {
+            node: cfg.node.id,
+            renew_every,
+            core: CoreConfig {
+                linger_ms: g.linger_ms,
+                garp_repeats: g.garp_repeats,
+                garp_interval_ms: g.garp_interval_ms,
+                ..CoreConfig::default()
+            },
+        };
+        let renewer: Arc<dyn Renewer> = Arc::new(LeaseRenewer {
+            node: node.clone(),
+            transport: transport.clone(),
+            timeout: Duration::from_millis(cfg.liveness.lease_ms),
+            rt: tokio::runtime::Handle::current(),
+        });
+        Some((settings, dataplane, iface, renewer, view))
+    } else {
+        None
+    };
     let server = tokio::spawn(transport::serve(
         endpoint.clone(),
         Arc::new(node.clone()),
@@ -210,7 +268,20 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
         health.clone(),
     );
     let admin_limit = cfg.admin.max_in_flight;
+    let (gateway_feed, gateway_health) = (node.feed().clone(), health.clone());
     let (actors, admin) = ActorSystem::start(move || {
+        if let Some((settings, dataplane, iface, renewer, view)) = gateway {
+            GatewayActor::new(
+                settings,
+                Box::new(dataplane),
+                Box::new(iface),
+                renewer,
+                gateway_feed,
+                view,
+                gateway_health,
+            )
+            .start();
+        }
         actix::Supervisor::start(move |_| {
             LivenessActor::new(interval, misses, prober, reachability, health)
         });
@@ -249,6 +320,7 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupt: stopping"),
     }
     actors.stop();
+    control.abort();
     if let Err(e) = raft.shutdown().await {
         tracing::warn!(error = %e, "raft did not shut down cleanly");
     }
@@ -256,6 +328,53 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
     server.abort();
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Renews this node's gateway lease with the leader it knows of, on the node's runtime.
+struct LeaseRenewer {
+    node: Node,
+    transport: Arc<dyn Transport>,
+    timeout: Duration,
+    rt: tokio::runtime::Handle,
+}
+
+impl Renewer for LeaseRenewer {
+    fn renew(
+        &self,
+        applied: u64,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<(u64, u64)>> + Send>> {
+        let (node, transport, timeout) = (self.node.clone(), self.transport.clone(), self.timeout);
+        let task = self.rt.spawn(async move {
+            let leader = node.raft().metrics().borrow().current_leader?;
+            if leader == node.id() {
+                let revision = node.feed().read(|d| d.revision);
+                return node
+                    .gateway()
+                    .renew(leader, applied)
+                    .ok()
+                    .map(|g| (g, revision));
+            }
+            let addr = node.member(leader)?.addr;
+            match transport
+                .call(Target::node(leader, addr), Request::GatewayRenew { applied }, timeout)
+                .await
+            {
+                Ok(Reply::LeaseGranted {
+                    granted_ms,
+                    revision,
+                }) => Some((granted_ms, revision)),
+                Ok(other) => {
+                    tracing::debug!(?other, "gateway lease not renewed");
+                    None
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "gateway lease renewal failed");
+                    None
+                }
+            }
+        });
+        Box::pin(async move { task.await.ok().flatten() })
+    }
 }
 
 /// Probes members over the node's own transport, on the node's runtime.

@@ -4,6 +4,7 @@
 mod bench;
 mod cli;
 mod daemon;
+mod gateway;
 mod output;
 
 use std::process::ExitCode;

@@ -1,0 +1,426 @@
+//! The actix shell of a gateway node: subscribes to the replicated tables, renews the lease
+//! with the leader, runs the timers, and executes the core's effects on the data plane (XDP
+//! maps), the interface (VIP addresses, gratuitous ARP) and the neighbour table. Every decision
+//! is in [`super::core`].
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::Ipv4Addr;
+use std::pin::Pin;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use actix::prelude::*;
+use tokio::sync::broadcast::error::RecvError;
+use yard_raft_store::gateway::{Endpoint, EndpointKey};
+use yard_raft_store::{Change, ChangeFeed, NodeId};
+
+use super::announce::{garp_frame, PacketSender};
+use super::core::{CoreConfig, Effect, Event, NodeCore, Serve};
+use crate::health::HealthRegistry;
+
+/// A failed data-plane or interface operation.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct DataPlaneError(pub String);
+
+/// The XDP side as the shell drives it (implemented over `yard_ebpf::Gateway`).
+pub trait DataPlane: Send + 'static {
+    /// The data plane's clock (CLOCK_MONOTONIC) in ms: lease deadlines are written in it.
+    fn now_ms(&self) -> u64;
+    fn set_lease(&mut self, deadline_ms: u64) -> Result<(), DataPlaneError>;
+    fn put_vip(&mut self, vip: Ipv4Addr, serve: Serve) -> Result<(), DataPlaneError>;
+    fn remove_vip(&mut self, vip: Ipv4Addr) -> Result<(), DataPlaneError>;
+    fn put_endpoint(&mut self, ep: &Endpoint) -> Result<(), DataPlaneError>;
+    fn remove_endpoint(&mut self, key: &EndpointKey) -> Result<(), DataPlaneError>;
+    fn put_host(&mut self, host: Ipv4Addr, mac: [u8; 6]) -> Result<(), DataPlaneError>;
+    fn remove_host(&mut self, host: Ipv4Addr) -> Result<(), DataPlaneError>;
+    /// (counter name, packets, bytes), summed over CPUs.
+    fn counters(&self) -> Result<Vec<(&'static str, u64, u64)>, DataPlaneError>;
+    /// What a previous daemon left programmed: VIPs and the lease deadline (ms).
+    fn adopted(&self) -> Result<(Vec<(Ipv4Addr, Serve)>, u64), DataPlaneError>;
+}
+
+/// The interface the VIPs live on.
+pub trait Interface: Send + 'static {
+    fn mac(&self) -> [u8; 6];
+    fn add_address(&mut self, vip: Ipv4Addr) -> Result<(), DataPlaneError>;
+    fn remove_address(&mut self, vip: Ipv4Addr) -> Result<(), DataPlaneError>;
+    /// The /32 VIP addresses currently on the interface (adopted on restart).
+    fn addresses(&self) -> Result<Vec<Ipv4Addr>, DataPlaneError>;
+    fn send_frame(&mut self, frame: &[u8]) -> Result<(), DataPlaneError>;
+    fn resolve(&mut self, hosts: &[Ipv4Addr]) -> BTreeMap<Ipv4Addr, [u8; 6]>;
+}
+
+/// Sends lease renewals to the leader on the node's runtime, reporting the applied revision.
+pub trait Renewer: Send + Sync + 'static {
+    /// The granted milliseconds and the leader's applied revision, or `None` (no leader,
+    /// refused, or no answer in time).
+    fn renew(&self, applied: u64) -> Pin<Box<dyn Future<Output = Option<(u64, u64)>> + Send>>;
+}
+
+/// What `yard gateway stats` and the metrics show, published by the shell.
+#[derive(Debug, Clone, Default)]
+pub struct GatewaySnapshot {
+    pub node: NodeId,
+    pub lease_remaining_ms: u64,
+    pub fenced: bool,
+    pub vips: Vec<(Ipv4Addr, Serve)>,
+    pub endpoints: usize,
+    pub counters: Vec<(&'static str, u64, u64)>,
+    pub revision: u64,
+    pub errors: u64,
+}
+
+/// Shared view of the snapshot (shell writes, status/metrics read).
+#[derive(Debug, Clone, Default)]
+pub struct GatewayView {
+    inner: Arc<RwLock<GatewaySnapshot>>,
+}
+
+impl GatewayView {
+    pub fn snapshot(&self) -> GatewaySnapshot {
+        self.inner.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn update(&self, f: impl FnOnce(&mut GatewaySnapshot)) {
+        f(&mut self.inner.write().unwrap_or_else(|e| e.into_inner()));
+    }
+}
+
+/// The shell's settings.
+#[derive(Debug, Clone)]
+pub struct GatewaySettings {
+    pub node: NodeId,
+    /// Renewal and tick period.
+    pub renew_every: Duration,
+    pub core: CoreConfig,
+}
+
+pub struct GatewayActor {
+    core: NodeCore,
+    settings: GatewaySettings,
+    dataplane: Box<dyn DataPlane>,
+    iface: Box<dyn Interface>,
+    renewer: Arc<dyn Renewer>,
+    feed: ChangeFeed,
+    view: GatewayView,
+    health: HealthRegistry,
+    renewing: bool,
+    ticks: u64,
+    errors: u64,
+}
+
+impl GatewayActor {
+    pub fn new(
+        settings: GatewaySettings,
+        dataplane: Box<dyn DataPlane>,
+        iface: Box<dyn Interface>,
+        renewer: Arc<dyn Renewer>,
+        feed: ChangeFeed,
+        view: GatewayView,
+        health: HealthRegistry,
+    ) -> Self {
+        let mut core = NodeCore::new(settings.node, settings.core.clone());
+        match (dataplane.adopted(), iface.addresses()) {
+            (Ok((vips, deadline)), Ok(addrs)) => {
+                if !vips.is_empty() {
+                    tracing::info!(vips = vips.len(), "gateway adopting pinned state");
+                }
+                // Only addresses of VIPs the maps hold are ours: another /32 on the interface
+                // belongs to someone else and is never touched.
+                let addrs: Vec<Ipv4Addr> = addrs
+                    .into_iter()
+                    .filter(|a| vips.iter().any(|(v, _)| v == a))
+                    .collect();
+                core.adopt(vips, addrs, deadline);
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::warn!(error = %e, "gateway cannot read the pinned state; starting clean")
+            }
+        }
+        Self {
+            core,
+            settings,
+            dataplane,
+            iface,
+            renewer,
+            feed,
+            view,
+            health,
+            renewing: false,
+            ticks: 0,
+            errors: 0,
+        }
+    }
+
+    fn subscribe(&mut self, ctx: &mut Context<Self>) {
+        let (data, rx) = self.feed.subscribe();
+        let now_ms = self.dataplane.now_ms();
+        self.run(
+            Event::Reset {
+                tables: Box::new(data.gateway),
+                revision: data.revision,
+                now_ms,
+            },
+            ctx,
+        );
+        ctx.add_stream(futures::stream::unfold(rx, |mut rx| async move {
+            let item = rx.recv().await;
+            match item {
+                Err(RecvError::Closed) => None,
+                other => Some((other, rx)),
+            }
+        }));
+    }
+
+    fn run(&mut self, event: Event, ctx: &mut Context<Self>) {
+        for effect in self.core.handle(event) {
+            if let Err(e) = self.execute(effect, ctx) {
+                self.errors += 1;
+                tracing::warn!(error = %e, "gateway effect failed");
+            }
+        }
+    }
+
+    fn execute(&mut self, effect: Effect, ctx: &mut Context<Self>) -> Result<(), DataPlaneError> {
+        match effect {
+            Effect::SetLease { deadline_ms } => self.dataplane.set_lease(deadline_ms),
+            Effect::PutVip { vip, serve } => self.dataplane.put_vip(vip, serve),
+            Effect::RemoveVip { vip } => self.dataplane.remove_vip(vip),
+            Effect::AddAddress { vip } => self.iface.add_address(vip),
+            Effect::RemoveAddress { vip } => self.iface.remove_address(vip),
+            Effect::Announce { vip, repeat } => {
+                let mac = self.iface.mac();
+                self.iface.send_frame(&garp_frame(mac, vip, false))?;
+                self.iface.send_frame(&garp_frame(mac, vip, true))?;
+                tracing::info!(%vip, repeat, "gateway announced");
+                Ok(())
+            }
+            Effect::Taken { vip, revision } => {
+                tracing::info!(%vip, revision, "gateway vip taken");
+                Ok(())
+            }
+            Effect::PutEndpoint(ep) => self.dataplane.put_endpoint(&ep),
+            Effect::RemoveEndpoint(key) => self.dataplane.remove_endpoint(&key),
+            Effect::Resolve(hosts) => {
+                for (host, mac) in self.iface.resolve(&hosts) {
+                    self.run(Event::HostResolved { host, mac }, ctx);
+                }
+                Ok(())
+            }
+            Effect::PutHost { host, mac } => self.dataplane.put_host(host, mac),
+            Effect::RemoveHost { host } => self.dataplane.remove_host(host),
+            Effect::Fenced(true) => {
+                tracing::warn!("gateway lease lapsed; withdrawing every vip");
+                Ok(())
+            }
+            Effect::Fenced(false) => {
+                tracing::info!("gateway lease held");
+                Ok(())
+            }
+        }
+    }
+
+    fn tick(&mut self, ctx: &mut Context<Self>) {
+        self.ticks += 1;
+        let now_ms = self.dataplane.now_ms();
+        if !self.renewing {
+            self.renewing = true;
+            let sent_ms = now_ms;
+            let fut = self.renewer.renew(self.core.revision());
+            ctx.spawn(fut.into_actor(self).map(move |granted, act, ctx| {
+                act.renewing = false;
+                if let Some((granted_ms, leader_revision)) = granted {
+                    let now_ms = act.dataplane.now_ms();
+                    act.run(
+                        Event::Granted {
+                            sent_ms,
+                            granted_ms,
+                            leader_revision,
+                            now_ms,
+                        },
+                        ctx,
+                    );
+                }
+            }));
+        }
+        self.run(Event::Tick { now_ms }, ctx);
+        self.publish(now_ms);
+    }
+
+    fn publish(&mut self, now_ms: u64) {
+        let counters = if self.ticks % 10 == 1 {
+            self.dataplane.counters().ok()
+        } else {
+            None
+        };
+        let deadline = self.core.deadline_ms();
+        let serving: Vec<(Ipv4Addr, Serve)> =
+            self.core.serving().iter().map(|(v, s)| (*v, *s)).collect();
+        let (endpoints, revision, errors, node) = (
+            self.core.endpoint_count(),
+            self.core.revision(),
+            self.errors,
+            self.settings.node,
+        );
+        self.view.update(|s| {
+            s.node = node;
+            s.lease_remaining_ms = deadline.saturating_sub(now_ms);
+            s.fenced = now_ms >= deadline;
+            s.vips = serving;
+            s.endpoints = endpoints;
+            s.revision = revision;
+            s.errors = errors;
+            if let Some(c) = counters {
+                s.counters = c;
+            }
+        });
+        let owned = self
+            .core
+            .serving()
+            .values()
+            .filter(|s| **s == Serve::Owned)
+            .count();
+        let lease_ok = now_ms < deadline;
+        self.health.report(
+            "gateway",
+            lease_ok,
+            if lease_ok {
+                format!("lease held, {owned} vips owned, {endpoints} endpoints")
+            } else {
+                "lease lapsed: serving nothing".to_owned()
+            },
+        );
+    }
+}
+
+impl StreamHandler<Result<Change, RecvError>> for GatewayActor {
+    fn handle(&mut self, item: Result<Change, RecvError>, ctx: &mut Context<Self>) {
+        let now_ms = self.dataplane.now_ms();
+        match item {
+            Ok(Change::Gateway { revision, change }) => self.run(
+                Event::Changed {
+                    revision,
+                    change,
+                    now_ms,
+                },
+                ctx,
+            ),
+            Ok(Change::Reset { .. }) | Err(RecvError::Lagged(_)) => {
+                tracing::info!("gateway resyncing from the tables");
+                self.subscribe(ctx);
+            }
+            Ok(_) | Err(RecvError::Closed) => {}
+        }
+    }
+
+    fn finished(&mut self, _: &mut Context<Self>) {}
+}
+
+impl Actor for GatewayActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        self.health.report("gateway", false, "starting");
+        self.subscribe(ctx);
+        ctx.run_interval(self.settings.renew_every, |act, ctx| act.tick(ctx));
+    }
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        self.health.report("gateway", false, "stopped");
+    }
+}
+
+impl Supervised for GatewayActor {
+    fn restarting(&mut self, _: &mut Self::Context) {
+        tracing::warn!("gateway actor restarting");
+    }
+}
+
+/// The interface over Linux: addresses through `ip`, frames through a packet socket, MACs from
+/// sysfs and the neighbour table.
+pub struct LinuxInterface {
+    name: String,
+    mac: [u8; 6],
+    sender: PacketSender,
+}
+
+impl LinuxInterface {
+    pub fn open(name: &str) -> Result<Self, DataPlaneError> {
+        let sys = |f: &str| {
+            std::fs::read_to_string(format!("/sys/class/net/{name}/{f}"))
+                .map(|s| s.trim().to_owned())
+                .map_err(|e| DataPlaneError(format!("cannot read {f} of interface {name}: {e}")))
+        };
+        let mac = super::neigh::parse_mac(&sys("address")?)
+            .ok_or_else(|| DataPlaneError(format!("interface {name} has no ethernet address")))?;
+        let ifindex: u32 = sys("ifindex")?
+            .parse()
+            .map_err(|_| DataPlaneError(format!("interface {name} has a bad ifindex")))?;
+        let sender = PacketSender::open(ifindex)
+            .map_err(|e| DataPlaneError(format!("cannot open a packet socket on {name}: {e}")))?;
+        Ok(Self {
+            name: name.to_owned(),
+            mac,
+            sender,
+        })
+    }
+
+    fn ip(&self, args: &[&str]) -> Result<String, DataPlaneError> {
+        let out = std::process::Command::new("ip")
+            .args(args)
+            .output()
+            .map_err(|e| DataPlaneError(format!("cannot run ip: {e}")))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(DataPlaneError(format!(
+                "ip {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )))
+        }
+    }
+}
+
+impl Interface for LinuxInterface {
+    fn mac(&self) -> [u8; 6] {
+        self.mac
+    }
+
+    fn add_address(&mut self, vip: Ipv4Addr) -> Result<(), DataPlaneError> {
+        // `replace` is idempotent: an address left by a previous daemon is not an error.
+        self.ip(&["addr", "replace", &format!("{vip}/32"), "dev", &self.name])
+            .map(drop)
+    }
+
+    fn remove_address(&mut self, vip: Ipv4Addr) -> Result<(), DataPlaneError> {
+        match self.ip(&["addr", "del", &format!("{vip}/32"), "dev", &self.name]) {
+            Ok(_) => Ok(()),
+            Err(e) if e.0.contains("Cannot assign") => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn addresses(&self) -> Result<Vec<Ipv4Addr>, DataPlaneError> {
+        let out = self.ip(&["-o", "-4", "addr", "show", "dev", &self.name])?;
+        Ok(out
+            .lines()
+            .filter_map(|l| {
+                let mut it = l.split_whitespace().skip_while(|w| *w != "inet").skip(1);
+                it.next()?.strip_suffix("/32")?.parse().ok()
+            })
+            .collect())
+    }
+
+    fn send_frame(&mut self, frame: &[u8]) -> Result<(), DataPlaneError> {
+        self.sender
+            .send(frame)
+            .map_err(|e| DataPlaneError(format!("cannot send on {}: {e}", self.name)))
+    }
+
+    fn resolve(&mut self, hosts: &[Ipv4Addr]) -> BTreeMap<Ipv4Addr, [u8; 6]> {
+        super::neigh::resolve(hosts, &self.name)
+    }
+}

@@ -1,0 +1,280 @@
+//! `#[repr(C)]` mirrors of the structs in `bpf/yard.h`.
+//!
+//! The header asserts every size and field offset with `_Static_assert`; the constants and the
+//! compile-time assertions here state the same numbers, so a change made on one side only fails
+//! the build (C) or this crate's build (Rust). Keep the two in step by hand: both are short.
+//!
+//! Byte order follows the header: IPv4 addresses are stored in network order (the bytes of
+//! `Ipv4Addr::octets()` read as a native `u32`), everything else in host order.
+
+// aya reads and writes map keys and values as raw bytes, which is what its `Pod` marker promises
+// is sound; implementing an `unsafe trait` needs `unsafe impl`.
+#![allow(unsafe_code)]
+
+use std::mem::{offset_of, size_of};
+use std::net::Ipv4Addr;
+
+/// `struct gw_config`: the single entry of `gw_config`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GwConfig {
+    /// MAC of the gateway interface: the source of every frame the program sends.
+    pub mac: [u8; 6],
+    /// Largest outer L3 size accepted; 0 = never configured (the program passes everything).
+    pub mtu: u16,
+    /// `bpf_ktime_get_ns()` value from which on the node serves no VIP.
+    pub lease_deadline_ns: u64,
+}
+
+/// `struct gw_vip`: value of `gw_vips` (key: VIP, network order).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GwVip {
+    /// [`VIP_OWNED`] or [`VIP_FORWARD_ONLY`].
+    pub mode: u32,
+}
+
+/// `struct gw_ep_key`: key of `gw_endpoints`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct GwEpKey {
+    /// VNI, host order, 24 bits.
+    pub vni: u32,
+    /// Tenant IPv4, network order.
+    pub ip: u32,
+}
+
+/// `struct gw_ep`: value of `gw_endpoints`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GwEp {
+    /// Tenant MAC.
+    pub mac: [u8; 6],
+    /// Always 0.
+    pub pad: u16,
+    /// Compute host's underlay IPv4, network order.
+    pub host: u32,
+}
+
+/// `struct gw_host`: value of `gw_hosts` (key: host IPv4, network order).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GwHost {
+    /// MAC of the compute host's underlay interface: the next hop.
+    pub mac: [u8; 6],
+    /// Always 0.
+    pub pad: u16,
+}
+
+/// `struct gw_counter`: value of `gw_counters` per CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GwCounter {
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+// SAFETY: each type is `#[repr(C)]`, made only of integers and integer arrays, has no padding
+// (asserted below: the sizes equal the sum of the fields) and every bit pattern is a valid value,
+// so reading it from and writing it to map bytes is sound.
+unsafe impl aya::Pod for GwConfig {}
+// SAFETY: as above.
+unsafe impl aya::Pod for GwVip {}
+// SAFETY: as above.
+unsafe impl aya::Pod for GwEpKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for GwEp {}
+// SAFETY: as above.
+unsafe impl aya::Pod for GwHost {}
+// SAFETY: as above.
+unsafe impl aya::Pod for GwCounter {}
+
+/// `GW_VIP_OWNED`.
+pub const VIP_OWNED: u32 = 1;
+/// `GW_VIP_FORWARD_ONLY`.
+pub const VIP_FORWARD_ONLY: u32 = 2;
+
+/// `GW_VIPS_MAX`.
+pub const VIPS_MAX: u32 = 4096;
+/// `GW_ENDPOINTS_MAX`.
+pub const ENDPOINTS_MAX: u32 = 262_144;
+/// `GW_HOSTS_MAX`.
+pub const HOSTS_MAX: u32 = 65_536;
+/// `GW_COUNTER_MAX`.
+pub const COUNTER_MAX: u32 = 18;
+
+/// The VXLAN UDP port the gateway listens on and sends to (`YARD_VXLAN_PORT`).
+pub const VXLAN_PORT: u16 = 4789;
+/// TTL of every outer IPv4 header the gateway emits (`YARD_OUTER_TTL`).
+pub const OUTER_TTL: u8 = 64;
+
+/// One struct's layout as `yard.h` asserts it: name, size, and (field, offset) pairs.
+#[derive(Debug)]
+pub struct Layout {
+    pub name: &'static str,
+    pub size: usize,
+    pub fields: &'static [(&'static str, usize)],
+}
+
+/// The numbers of every `YARD_ASSERT_SIZE` / `YARD_ASSERT_OFFSET` in `yard.h`.
+pub const C_LAYOUTS: &[Layout] = &[
+    Layout {
+        name: "gw_config",
+        size: 16,
+        fields: &[("mac", 0), ("mtu", 6), ("lease_deadline_ns", 8)],
+    },
+    Layout {
+        name: "gw_vip",
+        size: 4,
+        fields: &[("mode", 0)],
+    },
+    Layout {
+        name: "gw_ep_key",
+        size: 8,
+        fields: &[("vni", 0), ("ip", 4)],
+    },
+    Layout {
+        name: "gw_ep",
+        size: 12,
+        fields: &[("mac", 0), ("pad", 6), ("host", 8)],
+    },
+    Layout {
+        name: "gw_host",
+        size: 8,
+        fields: &[("mac", 0), ("pad", 6)],
+    },
+    Layout {
+        name: "gw_counter",
+        size: 16,
+        fields: &[("packets", 0), ("bytes", 8)],
+    },
+];
+
+/// The same structs measured on the Rust side, in the order of [`C_LAYOUTS`].
+pub fn rust_layouts() -> Vec<(&'static str, usize, Vec<(&'static str, usize)>)> {
+    vec![
+        (
+            "gw_config",
+            size_of::<GwConfig>(),
+            vec![
+                ("mac", offset_of!(GwConfig, mac)),
+                ("mtu", offset_of!(GwConfig, mtu)),
+                ("lease_deadline_ns", offset_of!(GwConfig, lease_deadline_ns)),
+            ],
+        ),
+        (
+            "gw_vip",
+            size_of::<GwVip>(),
+            vec![("mode", offset_of!(GwVip, mode))],
+        ),
+        (
+            "gw_ep_key",
+            size_of::<GwEpKey>(),
+            vec![
+                ("vni", offset_of!(GwEpKey, vni)),
+                ("ip", offset_of!(GwEpKey, ip)),
+            ],
+        ),
+        (
+            "gw_ep",
+            size_of::<GwEp>(),
+            vec![
+                ("mac", offset_of!(GwEp, mac)),
+                ("pad", offset_of!(GwEp, pad)),
+                ("host", offset_of!(GwEp, host)),
+            ],
+        ),
+        (
+            "gw_host",
+            size_of::<GwHost>(),
+            vec![
+                ("mac", offset_of!(GwHost, mac)),
+                ("pad", offset_of!(GwHost, pad)),
+            ],
+        ),
+        (
+            "gw_counter",
+            size_of::<GwCounter>(),
+            vec![
+                ("packets", offset_of!(GwCounter, packets)),
+                ("bytes", offset_of!(GwCounter, bytes)),
+            ],
+        ),
+    ]
+}
+
+// The padding-free claim behind the `Pod` impls, checked at compile time.
+const _: () = {
+    assert!(size_of::<GwConfig>() == 6 + 2 + 8);
+    assert!(size_of::<GwVip>() == 4);
+    assert!(size_of::<GwEpKey>() == 4 + 4);
+    assert!(size_of::<GwEp>() == 6 + 2 + 4);
+    assert!(size_of::<GwHost>() == 6 + 2);
+    assert!(size_of::<GwCounter>() == 8 + 8);
+};
+
+/// An IPv4 address as the maps store it: network order in memory.
+pub fn ip_to_map(ip: Ipv4Addr) -> u32 {
+    u32::from_ne_bytes(ip.octets())
+}
+
+/// The inverse of [`ip_to_map`].
+pub fn ip_from_map(raw: u32) -> Ipv4Addr {
+    Ipv4Addr::from(raw.to_ne_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rust_mirrors_match_the_static_asserts_in_yard_h() {
+        let rust = rust_layouts();
+        assert_eq!(rust.len(), C_LAYOUTS.len());
+        for (c, (name, size, fields)) in C_LAYOUTS.iter().zip(rust) {
+            assert_eq!(c.name, name);
+            assert_eq!(c.size, size, "size of {name}");
+            assert_eq!(c.fields, fields.as_slice(), "field offsets of {name}");
+        }
+    }
+
+    #[test]
+    fn layout_constants_appear_in_yard_h() {
+        // The C numbers above are copied from yard.h: make sure the copy is current.
+        let header = include_str!("../bpf/yard.h");
+        for layout in C_LAYOUTS {
+            let size = format!("YARD_ASSERT_SIZE(struct {}, {});", layout.name, layout.size);
+            assert!(header.contains(&size), "yard.h lacks `{size}`");
+            for (field, offset) in layout.fields {
+                let line = format!(
+                    "YARD_ASSERT_OFFSET(struct {}, {field}, {offset});",
+                    layout.name
+                );
+                assert!(header.contains(&line), "yard.h lacks `{line}`");
+            }
+        }
+        for (name, value) in [
+            ("GW_VIPS_MAX", VIPS_MAX),
+            ("GW_ENDPOINTS_MAX", ENDPOINTS_MAX),
+            ("GW_HOSTS_MAX", HOSTS_MAX),
+        ] {
+            assert!(
+                header.contains(&format!("#define {name} {value}")),
+                "yard.h lacks `#define {name} {value}`"
+            );
+        }
+        assert!(header.contains(&format!("GW_COUNTER_MAX == {COUNTER_MAX}")));
+        assert!(header.contains(&format!("GW_VIP_OWNED = {VIP_OWNED},")));
+        assert!(header.contains(&format!("GW_VIP_FORWARD_ONLY = {VIP_FORWARD_ONLY},")));
+        assert!(header.contains(&format!("#define YARD_VXLAN_PORT {VXLAN_PORT}")));
+        assert!(header.contains(&format!("#define YARD_OUTER_TTL {OUTER_TTL}")));
+    }
+
+    #[test]
+    fn addresses_are_stored_in_network_order() {
+        let ip = Ipv4Addr::new(198, 19, 0, 1);
+        let raw = ip_to_map(ip);
+        assert_eq!(raw.to_ne_bytes(), [198, 19, 0, 1]);
+        assert_eq!(ip_from_map(raw), ip);
+    }
+}

@@ -1,0 +1,104 @@
+//! BPF_PROG_TEST_RUN of an XDP program: unit tests and per-packet cost.
+//!
+//! aya 0.14's `TestRun` trait does the syscall. Two kernel facts shape the API: the input frame
+//! is copied into one buffer that all `repeat` runs share (a program that rewrites the frame sees
+//! its own output on the next run), and map writes persist. So [`Gateway::bench_run`]
+//! measures whatever path the frame takes after each rewrite: callers must choose frames whose
+//! rewritten form takes the same path again, or keep `repeat` small (see the xdp-paths bench).
+//!
+//! [`Gateway::bench_run`]: crate::Gateway::bench_run
+
+use aya::programs::{TestRun, TestRunOptions, Xdp};
+
+use crate::EbpfError;
+
+/// The program's verdict.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XdpAction {
+    Aborted,
+    Drop,
+    Pass,
+    Tx,
+    Redirect,
+    /// A value outside `enum xdp_action`.
+    Other(u32),
+}
+
+impl XdpAction {
+    /// Decodes the program's return value.
+    pub fn from_raw(raw: u32) -> Self {
+        match raw {
+            0 => XdpAction::Aborted,
+            1 => XdpAction::Drop,
+            2 => XdpAction::Pass,
+            3 => XdpAction::Tx,
+            4 => XdpAction::Redirect,
+            other => XdpAction::Other(other),
+        }
+    }
+}
+
+/// The result of one test run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TestOutcome {
+    pub action: XdpAction,
+    /// The frame as the program left it (what XDP_TX would send).
+    pub frame: Vec<u8>,
+}
+
+/// The kernel's minimum XDP test input.
+const ETH_HLEN: usize = 14;
+
+/// Room for programs that grow the frame (none of ours does today).
+const OUT_SLACK: usize = 256;
+
+pub(crate) fn run_once(
+    prog: &Xdp,
+    program: &'static str,
+    frame: &[u8],
+) -> Result<TestOutcome, EbpfError> {
+    if frame.len() < ETH_HLEN {
+        return Err(EbpfError::FrameTooShort(frame.len()));
+    }
+    let mut out = vec![0u8; frame.len() + OUT_SLACK];
+    let result = prog
+        .test_run(TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            repeat: 1,
+            ..TestRunOptions::default()
+        })
+        .map_err(|source| EbpfError::Program {
+            action: "test-run",
+            program,
+            source,
+        })?;
+    out.truncate(usize::try_from(result.data_size_out).unwrap_or(usize::MAX));
+    Ok(TestOutcome {
+        action: XdpAction::from_raw(result.return_value),
+        frame: out,
+    })
+}
+
+pub(crate) fn run_bench(
+    prog: &Xdp,
+    program: &'static str,
+    frame: &[u8],
+    repeat: u32,
+) -> Result<u64, EbpfError> {
+    if frame.len() < ETH_HLEN {
+        return Err(EbpfError::FrameTooShort(frame.len()));
+    }
+    let result = prog
+        .test_run(TestRunOptions {
+            data_in: Some(frame),
+            repeat: repeat.max(1),
+            ..TestRunOptions::default()
+        })
+        .map_err(|source| EbpfError::Program {
+            action: "benchmark",
+            program,
+            source,
+        })?;
+    Ok(u64::try_from(result.duration.as_nanos()).unwrap_or(u64::MAX))
+}

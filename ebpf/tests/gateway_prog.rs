@@ -1,0 +1,584 @@
+//! `yard_gateway` under BPF_PROG_TEST_RUN: one fixture per path of the packet walk, checking the
+//! verdict, the one counter that moved and, for XDP_TX, the whole rewritten frame; then every
+//! truncation and a seeded fuzz run against a reference model. Needs root.
+
+mod common;
+
+use std::net::Ipv4Addr;
+
+use common::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use yard_ebpf::frames::{self, offsets, Arp, Inner, VxlanFrame, IP_DF, IP_MF};
+use yard_ebpf::{
+    ktime_now_ns, Counter, EbpfError, Endpoint, Gateway, GatewayConfig, VipMode, XdpAction,
+};
+
+#[test]
+fn forwards_to_the_endpoints_host() {
+    let gw = fixture();
+    let input = tunnel(VIP, VNI_A, TENANT).build();
+    let (out, c) = run(&gw, &input);
+    assert_eq!(c, Counter::Forwarded);
+    assert_eq!(out.action, XdpAction::Tx);
+    assert_forwarded(&input, &out.frame, HOST_A, HOST_A_MAC, TENANT_A_MAC);
+    assert_eq!(&out.frame[offsets::INNER_PAYLOAD..], PAYLOAD);
+}
+
+#[test]
+fn vni_isolation_same_ip_two_vnis_two_hosts() {
+    let gw = fixture();
+    let a = tunnel(VIP, VNI_A, TENANT).build();
+    let b = tunnel(VIP, VNI_B, TENANT).build();
+    let (out_a, ca) = run(&gw, &a);
+    let (out_b, cb) = run(&gw, &b);
+    assert_eq!((ca, cb), (Counter::Forwarded, Counter::Forwarded));
+    assert_forwarded(&a, &out_a.frame, HOST_A, HOST_A_MAC, TENANT_A_MAC);
+    assert_forwarded(&b, &out_b.frame, HOST_B, HOST_B_MAC, TENANT_B_MAC);
+    assert_eq!(frames::vni_at(&out_b.frame, offsets::VXLAN), Some(VNI_B));
+    // The same address in a VNI with no such endpoint is unknown there.
+    let (_, c) = run(&gw, &tunnel(VIP, 7, TENANT).build());
+    assert_eq!(c, Counter::DropUnknownEndpoint);
+}
+
+fn check_inner_arp_reply(vip: Ipv4Addr) {
+    let gw = fixture();
+    let input = tunnel_arp(vip, VNI_A, TENANT).build();
+    let (out, c) = run(&gw, &input);
+    assert_eq!(c, Counter::ArpRepliedInner);
+    let o = &out.frame;
+    use frames::{ip_at, mac_at, u16_at};
+    // Outer: back to where it came from.
+    assert_eq!(mac_at(o, 0), Some(SENDER_MAC));
+    assert_eq!(mac_at(o, 6), Some(GW_MAC));
+    assert_eq!(ip_at(o, offsets::OUTER_IP + 12), Some(vip));
+    assert_eq!(ip_at(o, offsets::OUTER_IP + 16), Some(SENDER));
+    assert_eq!(o[offsets::OUTER_IP + 8], 64);
+    assert!(frames::ipv4_header_valid(&o[offsets::OUTER_IP..offsets::OUTER_UDP]));
+    assert_eq!(u16_at(o, offsets::OUTER_UDP), u16_at(&input, offsets::OUTER_UDP));
+    assert_eq!(u16_at(o, offsets::OUTER_UDP + 2), Some(4789));
+    assert_eq!(u16_at(o, offsets::OUTER_UDP + 6), Some(0));
+    assert_eq!(frames::vni_at(o, offsets::VXLAN), Some(VNI_A));
+    // Inner: the endpoint answers the requester.
+    assert_eq!(mac_at(o, offsets::INNER_ETH), Some(TENANT_SRC_MAC));
+    assert_eq!(mac_at(o, offsets::INNER_ETH + 6), Some(TENANT_A_MAC));
+    assert_eq!(u16_at(o, offsets::INNER_ETH + 12), Some(frames::ETHERTYPE_ARP));
+    let arp = Arp::parse(&o[offsets::INNER_L3..]).unwrap();
+    assert_eq!(
+        arp,
+        Arp {
+            op: 2,
+            sha: TENANT_A_MAC,
+            spa: TENANT,
+            tha: TENANT_SRC_MAC,
+            tpa: TENANT_SRC,
+            ..Arp::request(TENANT_SRC_MAC, TENANT_SRC, TENANT)
+        }
+    );
+}
+
+#[test]
+fn inner_arp_is_answered_through_the_tunnel() {
+    check_inner_arp_reply(VIP);
+}
+
+#[test]
+fn inner_arp_is_answered_for_a_forward_only_vip_too() {
+    check_inner_arp_reply(VIP_FWD);
+}
+
+#[test]
+fn inner_arp_for_unknown_endpoint_or_not_a_request_is_dropped() {
+    let gw = fixture();
+    let (_, c) = run(&gw, &tunnel_arp(VIP, VNI_A, TENANT_UNKNOWN).build());
+    assert_eq!(c, Counter::DropUnknownEndpoint);
+    let (_, c) = run(&gw, &tunnel_arp(VIP, VNI_B, TENANT_ON_UNKNOWN_HOST).build());
+    assert_eq!(c, Counter::DropUnknownEndpoint);
+    for mutate in [
+        (|a: &mut Arp| a.op = 2) as fn(&mut Arp),
+        |a| a.htype = 6,
+        |a| a.ptype = 0x86dd,
+        |a| a.hlen = 8,
+        |a| a.plen = 16,
+    ] {
+        let mut f = tunnel_arp(VIP, VNI_A, TENANT);
+        if let Inner::Arp { arp, .. } = &mut f.inner {
+            mutate(arp);
+        }
+        let (_, c) = run(&gw, &f.build());
+        assert_eq!(c, Counter::DropInnerOther);
+    }
+}
+
+#[test]
+fn outer_arp_for_an_owned_vip_is_answered() {
+    let gw = fixture();
+    let input = outer_arp(VIP);
+    let (out, c) = run(&gw, &input);
+    assert_eq!(c, Counter::ArpRepliedOuter);
+    let o = &out.frame;
+    assert_eq!(frames::mac_at(o, 0), Some(SENDER_MAC));
+    assert_eq!(frames::mac_at(o, 6), Some(GW_MAC));
+    assert_eq!(frames::u16_at(o, 12), Some(frames::ETHERTYPE_ARP));
+    let arp = Arp::parse(&o[14..]).unwrap();
+    assert_eq!(
+        arp,
+        Arp {
+            op: 2,
+            sha: GW_MAC,
+            spa: VIP,
+            tha: SENDER_MAC,
+            tpa: SENDER,
+            ..Arp::request(SENDER_MAC, SENDER, VIP)
+        }
+    );
+    assert_eq!(&o[42..], &input[42..], "padding unchanged");
+}
+
+#[test]
+fn outer_arp_the_gateway_does_not_answer_passes() {
+    let gw = fixture();
+    // Forward-only VIP: no ARP (another node owns it now), left to the kernel.
+    let (_, c) = run(&gw, &outer_arp(VIP_FWD));
+    assert_eq!(c, Counter::PassNotVip);
+    // Not a VIP: the node's own address.
+    let (_, c) = run(&gw, &outer_arp(NOT_VIP));
+    assert_eq!(c, Counter::PassNotVip);
+    // A reply, or a malformed/short ARP, is the kernel's business.
+    let mut reply = Arp::request(SENDER_MAC, SENDER, VIP);
+    reply.op = 2;
+    let (_, c) = run(&gw, &frames::arp_frame(GW_MAC, SENDER_MAC, &reply));
+    assert_eq!(c, Counter::PassNotVip);
+    let short = &outer_arp(VIP)[..30];
+    let (_, c) = run(&gw, short);
+    assert_eq!(c, Counter::PassNotVip);
+}
+
+#[test]
+fn forward_only_vip_still_forwards() {
+    let gw = fixture();
+    let input = tunnel(VIP_FWD, VNI_B, TENANT).build();
+    let (out, c) = run(&gw, &input);
+    assert_eq!(c, Counter::Forwarded);
+    assert_forwarded(&input, &out.frame, HOST_B, HOST_B_MAC, TENANT_B_MAC);
+    // The reply goes out from the VIP it was sent to.
+    assert_eq!(frames::ip_at(&out.frame, offsets::OUTER_IP + 12), Some(VIP_FWD));
+}
+
+#[test]
+fn lapsed_lease_fences_every_vip() {
+    let mut gw = fixture();
+    gw.set_lease_deadline(ktime_now_ns().saturating_sub(1)).unwrap();
+    for frame in [
+        tunnel(VIP, VNI_A, TENANT).build(),
+        tunnel(VIP_FWD, VNI_A, TENANT).build(),
+        tunnel_arp(VIP, VNI_A, TENANT).build(),
+        outer_arp(VIP),
+        outer_arp(VIP_FWD),
+    ] {
+        let (_, c) = run(&gw, &frame);
+        assert_eq!(c, Counter::DropLeaseExpired);
+    }
+    // The node's own traffic is not fenced.
+    let (_, c) = run(&gw, &tunnel(NOT_VIP, VNI_A, TENANT).build());
+    assert_eq!(c, Counter::PassNotVip);
+    // Deadline 0 (never renewed) fences too; renewing restores service; set_config keeps it.
+    gw.set_lease_deadline(0).unwrap();
+    let (_, c) = run(&gw, &tunnel(VIP, VNI_A, TENANT).build());
+    assert_eq!(c, Counter::DropLeaseExpired);
+    let deadline = ktime_now_ns() + HOUR_NS;
+    gw.set_lease_deadline(deadline).unwrap();
+    gw.set_config(&GatewayConfig {
+        mac: GW_MAC,
+        mtu: MTU,
+    })
+    .unwrap();
+    assert_eq!(gw.lease_deadline().unwrap(), deadline);
+    let (_, c) = run(&gw, &tunnel(VIP, VNI_A, TENANT).build());
+    assert_eq!(c, Counter::Forwarded);
+}
+
+#[test]
+fn traffic_not_for_a_vip_passes_untouched() {
+    let gw = fixture();
+    // A tunnel frame to the node's own address (run() checks the frame is unchanged).
+    let (_, c) = run(&gw, &tunnel(NOT_VIP, VNI_A, TENANT).build());
+    assert_eq!(c, Counter::PassNotVip);
+    // QUIC control plane to the node: UDP 7480.
+    let mut f = tunnel(NOT_VIP, VNI_A, TENANT);
+    f.udp_dst = 7480;
+    let (_, c) = run(&gw, &f.build());
+    assert_eq!(c, Counter::PassNotVip);
+}
+
+#[test]
+fn non_ipv4_outer_passes() {
+    let gw = fixture();
+    for ethertype in [frames::ETHERTYPE_IPV6, 0x8100, 0x88cc, 0x0000] {
+        let mut f = tunnel(VIP, VNI_A, TENANT);
+        f.ethertype = ethertype;
+        let (_, c) = run(&gw, &f.build());
+        assert_eq!(c, Counter::PassNonIpv4, "ethertype {ethertype:#06x}");
+    }
+}
+
+#[test]
+fn non_vxlan_to_a_vip_passes() {
+    let gw = fixture();
+    let mut f = tunnel(VIP, VNI_A, TENANT);
+    f.udp_dst = 4790;
+    let (_, c) = run(&gw, &f.build());
+    assert_eq!(c, Counter::PassNotVxlan);
+    let mut f = tunnel(VIP, VNI_A, TENANT);
+    f.ip.protocol = frames::PROTO_TCP;
+    let (_, c) = run(&gw, &f.build());
+    assert_eq!(c, Counter::PassNotVxlan);
+}
+
+#[test]
+fn bad_vxlan_flags_drop() {
+    let gw = fixture();
+    let mut f = tunnel(VIP, VNI_A, TENANT);
+    f.vxlan_flags = 0x00;
+    let (_, c) = run(&gw, &f.build());
+    assert_eq!(c, Counter::DropBadVxlan);
+    // Other flag bits beside I are tolerated.
+    f.vxlan_flags = 0x88;
+    let (_, c) = run(&gw, &f.build());
+    assert_eq!(c, Counter::Forwarded);
+}
+
+#[test]
+fn unknown_endpoint_and_unknown_host_drop() {
+    let gw = fixture();
+    let (_, c) = run(&gw, &tunnel(VIP, VNI_A, TENANT_UNKNOWN).build());
+    assert_eq!(c, Counter::DropUnknownEndpoint);
+    let (_, c) = run(&gw, &tunnel(VIP, VNI_A, TENANT_ON_UNKNOWN_HOST).build());
+    assert_eq!(c, Counter::DropUnknownHost);
+}
+
+#[test]
+fn inner_ttl_expiry() {
+    let gw = fixture();
+    for ttl in [0u8, 1] {
+        let mut f = tunnel(VIP, VNI_A, TENANT);
+        inner_ipv4(&mut f).ttl = ttl;
+        let (_, c) = run(&gw, &f.build());
+        assert_eq!(c, Counter::DropTtl, "ttl {ttl}");
+    }
+    for ttl in [2u8, 255] {
+        let mut f = tunnel(VIP, VNI_A, TENANT);
+        inner_ipv4(&mut f).ttl = ttl;
+        let input = f.build();
+        let (out, c) = run(&gw, &input);
+        assert_eq!(c, Counter::Forwarded, "ttl {ttl}");
+        assert_forwarded(&input, &out.frame, HOST_A, HOST_A_MAC, TENANT_A_MAC);
+    }
+}
+
+#[test]
+fn incremental_ttl_checksum_is_valid_for_many_headers() {
+    // RFC 1624 edge cases come from the checksum value: sweep ids so the checksum covers a
+    // wide range of values, including ones near 0x0000/0xffff.
+    let gw = fixture();
+    for id in (0u16..=0xffff).step_by(97).chain([0xfeff, 0xff00, 0xffff, 0x0100]) {
+        let mut f = tunnel(VIP, VNI_A, TENANT);
+        inner_ipv4(&mut f).id = id;
+        let input = f.build();
+        let (out, c) = run(&gw, &input);
+        assert_eq!(c, Counter::Forwarded);
+        assert_forwarded(&input, &out.frame, HOST_A, HOST_A_MAC, TENANT_A_MAC);
+    }
+}
+
+#[test]
+fn ip_options_drop_inner_and_outer() {
+    let gw = fixture();
+    let mut f = tunnel(VIP, VNI_A, TENANT);
+    f.ip.options = vec![1, 1, 1, 0]; // NOP NOP NOP EOL
+    let (_, c) = run(&gw, &f.build());
+    assert_eq!(c, Counter::DropIpOptions);
+    let mut f = tunnel(VIP, VNI_A, TENANT);
+    inner_ipv4(&mut f).options = vec![0x94, 0x04, 0, 0]; // router alert
+    let (_, c) = run(&gw, &f.build());
+    assert_eq!(c, Counter::DropIpOptions);
+}
+
+#[test]
+fn fragments_drop_inner_and_outer() {
+    let gw = fixture();
+    for frag in [IP_MF, 1, IP_MF | 10, IP_DF | 8] {
+        let mut f = tunnel(VIP, VNI_A, TENANT);
+        f.ip.frag = frag;
+        let (_, c) = run(&gw, &f.build());
+        assert_eq!(c, Counter::DropFragment, "outer frag {frag:#06x}");
+        let mut f = tunnel(VIP, VNI_A, TENANT);
+        inner_ipv4(&mut f).frag = frag;
+        let (_, c) = run(&gw, &f.build());
+        assert_eq!(c, Counter::DropFragment, "inner frag {frag:#06x}");
+    }
+    // DF alone (or nothing) is not a fragment.
+    for frag in [0, IP_DF] {
+        let mut f = tunnel(VIP, VNI_A, TENANT);
+        f.ip.frag = frag;
+        inner_ipv4(&mut f).frag = frag;
+        let (_, c) = run(&gw, &f.build());
+        assert_eq!(c, Counter::Forwarded);
+    }
+}
+
+fn frame_of_len(len: usize) -> Vec<u8> {
+    let payload = vec![0x5a; len - offsets::INNER_PAYLOAD];
+    let mut f = tunnel(VIP, VNI_A, TENANT);
+    if let Inner::Ipv4 { payload: p, .. } = &mut f.inner {
+        *p = payload;
+    }
+    let b = f.build();
+    assert_eq!(b.len(), len);
+    b
+}
+
+#[test]
+fn oversize_frames_drop() {
+    let gw = fixture();
+    let max = usize::from(MTU) + 14;
+    let (_, c) = run(&gw, &frame_of_len(max));
+    assert_eq!(c, Counter::Forwarded);
+    let (_, c) = run(&gw, &frame_of_len(max + 1));
+    assert_eq!(c, Counter::DropOversize);
+}
+
+#[test]
+fn inner_ipv6_and_other_ethertypes_drop() {
+    let gw = fixture();
+    let raw = |ethertype| {
+        VxlanFrame::new(
+            SENDER_MAC,
+            GW_MAC,
+            SENDER,
+            VIP,
+            VNI_A,
+            Inner::Raw {
+                dst_mac: TENANT_A_MAC,
+                src_mac: TENANT_SRC_MAC,
+                ethertype,
+                payload: vec![0x60; 60],
+            },
+        )
+        .build()
+    };
+    let (_, c) = run(&gw, &raw(frames::ETHERTYPE_IPV6));
+    assert_eq!(c, Counter::DropInnerIpv6);
+    for ethertype in [0x88cc, 0x8100, 0x0000] {
+        let (_, c) = run(&gw, &raw(ethertype));
+        assert_eq!(c, Counter::DropInnerOther);
+    }
+}
+
+#[test]
+fn malformed_ipv4_headers_drop_as_truncated() {
+    let gw = fixture();
+    for (version, ihl) in [(6u8, None), (4, Some(4u8)), (4, Some(0))] {
+        let mut f = tunnel(VIP, VNI_A, TENANT);
+        f.ip.version = version;
+        f.ip.ihl = ihl;
+        let (_, c) = run(&gw, &f.build());
+        assert_eq!(c, Counter::DropTruncated, "outer v{version} ihl {ihl:?}");
+        let mut f = tunnel(VIP, VNI_A, TENANT);
+        inner_ipv4(&mut f).version = version;
+        inner_ipv4(&mut f).ihl = ihl;
+        let (_, c) = run(&gw, &f.build());
+        assert_eq!(c, Counter::DropTruncated, "inner v{version} ihl {ihl:?}");
+    }
+}
+
+#[test]
+fn every_truncation_is_handled() {
+    let gw = fixture();
+    let cases = [
+        ("forward", tunnel(VIP, VNI_A, TENANT).build()),
+        ("inner arp", tunnel_arp(VIP, VNI_A, TENANT).build()),
+        ("outer arp", outer_arp(VIP)),
+    ];
+    for (name, full) in cases {
+        for len in 0..=full.len() {
+            let prefix = &full[..len];
+            if len < 14 {
+                assert!(
+                    matches!(gw.test_run(prefix), Err(EbpfError::FrameTooShort(n)) if n == len),
+                    "{name} {len}: the kernel cannot run frames below 14 bytes"
+                );
+                continue;
+            }
+            let (out, c) = run(&gw, prefix);
+            let complete = if name == "outer arp" {
+                len >= 14 + frames::ARP_LEN // the rest is Ethernet padding
+            } else {
+                len == full.len()
+            };
+            if out.action == XdpAction::Tx {
+                assert!(complete, "{name}: a {len}-byte prefix was sent ({c})");
+            } else {
+                assert!(!complete, "{name}: a complete {len}-byte frame was not sent ({c})");
+            }
+            let expected = model(&ModelState::fixture(), prefix);
+            assert_eq!(c, expected.0, "{name} prefix {len}");
+        }
+    }
+}
+
+#[test]
+fn unconfigured_gateway_passes_everything() {
+    require_root();
+    let mut gw = Gateway::load().unwrap();
+    gw.put_vip(VIP, VipMode::Owned).unwrap();
+    assert_eq!(gw.config().unwrap(), None);
+    for frame in [
+        tunnel(VIP, VNI_A, TENANT).build(),
+        outer_arp(VIP),
+        vec![0u8; 14],
+        vec![0xff; 200],
+    ] {
+        let (_, c) = run(&gw, &frame);
+        assert_eq!(c, Counter::PassNotConfigured);
+    }
+}
+
+/// Offsets of the bytes the program decides on (ethertypes, IPv4 version/IHL, lengths,
+/// fragment bits, TTL, protocol, addresses, UDP port, VXLAN flags and VNI, ARP fields).
+const HEADER_FIELDS: &[usize] = &[
+    12, 13, 14, 16, 17, 20, 21, 22, 23, 30, 33, 36, 37, 42, 46, 48, 62, 63, 64, 66, 67, 70, 71,
+    72, 80, 83, 14 + 1, 14 + 4, 14 + 7, 14 + 27, 64 + 1, 64 + 5, 64 + 7, 64 + 27,
+];
+
+/// Thousands of random frames and random mutations of valid ones: never ABORTED, exactly one
+/// counter each, and verdict, counter and output frame exactly as the reference model says
+/// (so XDP_TX only for valid, forwardable frames, rewritten consistently with the maps).
+#[test]
+fn fuzz_against_the_reference_model() {
+    let gw = fixture();
+    let state = ModelState::fixture();
+    let mut rng = StdRng::seed_from_u64(0x5717_c4a7d);
+    let mut ttl2 = tunnel(VIP, VNI_A, TENANT);
+    inner_ipv4(&mut ttl2).ttl = 2;
+    let seeds = [
+        tunnel(VIP, VNI_A, TENANT).build(),
+        ttl2.build(),
+        tunnel(VIP_FWD, VNI_B, TENANT).build(),
+        tunnel(VIP, VNI_A, TENANT_ON_UNKNOWN_HOST).build(),
+        tunnel_arp(VIP, VNI_A, TENANT).build(),
+        outer_arp(VIP),
+    ];
+    let mut seen = std::collections::BTreeMap::<Counter, u32>::new();
+    for i in 0..6000 {
+        let frame: Vec<u8> = if i % 6 == 0 {
+            let len = rng.gen_range(14..160);
+            (0..len).map(|_| rng.gen()).collect()
+        } else {
+            let mut f = seeds[rng.gen_range(0..seeds.len())].clone();
+            for _ in 0..rng.gen_range(1..4) {
+                // Half the time hit a header field the program reads.
+                let at = if rng.gen_bool(0.5) {
+                    HEADER_FIELDS[rng.gen_range(0..HEADER_FIELDS.len())].min(f.len() - 1)
+                } else {
+                    rng.gen_range(0..f.len())
+                };
+                // Small deltas hit boundaries (IHL, TTL, flags) more often than random bytes.
+                f[at] = match rng.gen_range(0..3) {
+                    0 => rng.gen(),
+                    1 => f[at].wrapping_add(1),
+                    _ => f[at].wrapping_sub(1),
+                };
+            }
+            if rng.gen_ratio(1, 8) {
+                let len = rng.gen_range(14..=f.len());
+                f.truncate(len);
+            }
+            f
+        };
+        let (out, c) = run(&gw, &frame);
+        let (expected, expected_frame) = model(&state, &frame);
+        assert_eq!(c, expected, "frame {i}: {frame:02x?}");
+        if let Some(expected_frame) = expected_frame {
+            assert_eq!(out.frame, expected_frame, "frame {i} output");
+        }
+        *seen.entry(c).or_default() += 1;
+    }
+    // The mutations must reach the deep paths, or the test proves little.
+    for c in [
+        Counter::Forwarded,
+        Counter::ArpRepliedInner,
+        Counter::ArpRepliedOuter,
+        Counter::DropTruncated,
+        Counter::DropTtl,
+        Counter::DropUnknownEndpoint,
+        Counter::PassNotVip,
+    ] {
+        assert!(seen.get(&c).copied().unwrap_or(0) > 0, "fuzz never reached {c}: {seen:?}");
+    }
+}
+
+#[test]
+fn map_api_round_trips() {
+    let mut gw = fixture();
+    assert_eq!(
+        gw.vips().unwrap(),
+        vec![(VIP, VipMode::Owned), (VIP_FWD, VipMode::ForwardOnly)]
+    );
+    gw.put_vip(VIP, VipMode::ForwardOnly).unwrap();
+    gw.remove_vip(VIP_FWD).unwrap();
+    gw.remove_vip(VIP_FWD).unwrap(); // absent: fine
+    assert_eq!(gw.vips().unwrap(), vec![(VIP, VipMode::ForwardOnly)]);
+
+    let mut eps = fixture_endpoints();
+    eps.sort_by_key(|e| (e.vni, e.ip));
+    assert_eq!(gw.endpoints().unwrap(), eps);
+    gw.remove_endpoint(VNI_B, TENANT).unwrap();
+    gw.remove_endpoint(VNI_B, TENANT).unwrap();
+    assert_eq!(gw.endpoints().unwrap().len(), 2);
+    let bad = Endpoint {
+        vni: 1 << 24,
+        ip: TENANT,
+        mac: TENANT_A_MAC,
+        host: HOST_A,
+    };
+    assert!(matches!(gw.put_endpoint(&bad), Err(EbpfError::InvalidVni(_))));
+
+    assert_eq!(
+        gw.hosts().unwrap(),
+        vec![(HOST_A, HOST_A_MAC), (HOST_B, HOST_B_MAC)]
+    );
+    gw.remove_host(HOST_B).unwrap();
+    gw.remove_host(HOST_B).unwrap();
+    assert_eq!(gw.hosts().unwrap(), vec![(HOST_A, HOST_A_MAC)]);
+
+    assert_eq!(
+        gw.config().unwrap(),
+        Some(GatewayConfig {
+            mac: GW_MAC,
+            mtu: MTU
+        })
+    );
+    let counters = gw.counters().unwrap();
+    assert_eq!(counters.len(), Counter::ALL.len());
+    assert!(counters.iter().all(|(_, v)| v.packets == 0));
+    let mem = gw.map_memory();
+    assert_eq!(mem.len(), 5);
+}
+
+#[test]
+fn bench_run_measures_in_the_kernel() {
+    let gw = fixture();
+    let frame = tunnel(NOT_VIP, VNI_A, TENANT).build();
+    let ns = gw.bench_run(&frame, 10_000).unwrap();
+    assert!(ns < 1_000_000, "{ns} ns per run is not a measurement");
+    let pass = counter_map(&gw)[&Counter::PassNotVip].packets;
+    assert_eq!(pass, 10_000, "every repeat ran the program");
+    let bounce = yard_ebpf::Bounce::load().unwrap();
+    let out = bounce.test_run(&frame).unwrap();
+    assert_eq!(out.action, XdpAction::Tx);
+    assert_eq!(&out.frame[0..6], &frame[6..12]);
+    assert_eq!(&out.frame[6..12], &frame[0..6]);
+    assert_eq!(&out.frame[12..], &frame[12..]);
+    assert!(bounce.bench_run(&frame, 10_000).unwrap() < 1_000_000);
+}
