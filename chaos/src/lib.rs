@@ -7,11 +7,15 @@
 //! - [`linearizability`]: decides whether a history of per-key register operations could have
 //!   come from one atomic register per key, and shrinks a violation to a small witness;
 //! - [`workload`]: drives any [`workload::KvClient`] with a seeded concurrent mix and records it;
-//! - [`schedule`]: a seeded, reproducible fault plan that never faults a majority of hosts.
+//! - [`schedule`]: a seeded, reproducible fault plan that never faults a majority of hosts;
+//! - [`gateway`]: the gateway's invariants under faults (one data-plane owner per VIP at any
+//!   instant, a live owner within a budget, probe loss windows per phase of the run).
 //!
-//! - [`inject`] and [`yard_client`] connect them to a real `yard` cluster in network
-//!   namespaces; the `chaos` binary runs a seeded schedule against one.
+//! - [`inject`], [`yard_client`] and [`gateway_monitor`] connect them to a real `yard` cluster
+//!   in network namespaces; the `chaos` binary runs a seeded schedule against one.
 
+pub mod gateway;
+pub mod gateway_monitor;
 pub mod history;
 pub mod inject;
 pub mod linearizability;

@@ -8,12 +8,17 @@
  * it came in on (XDP_TX). It also answers ARP: for an owned VIP on the underlay ("outer") and
  * for tenant addresses inside the tunnel ("inner"), so the kernel never has to.
  *
- * Fencing: the node's lease deadline lives in gw_config. Past it, no VIP is served at all: no
- * forwarding and no ARP (the program must stop on its own, because a pinned program keeps
- * running when its daemon is dead or hung).
+ * Fencing: the node's lease deadline lives in gw_config. Past it, no ARP is answered for any
+ * VIP (the program must stop on its own, because a pinned program keeps running when its daemon
+ * is dead or hung): owning a VIP means answering for it, and two nodes must never do that at
+ * once. Tunnel frames that still arrive (neighbour caches not yet moved, or a control plane that
+ * is down altogether) are forwarded with the last state: a frame goes to one gateway only, so
+ * forwarding it can never duplicate anything, and it keeps the overlay up through an outage.
  *
  * Rules kept throughout: every packet byte is bounds-checked before it is read, every exit
- * counts exactly one reason in gw_counters, and the program never returns XDP_ABORTED.
+ * counts exactly one reason in gw_counters, and the program never returns XDP_ABORTED. A frame
+ * shorter than the total length its outer or inner IPv4 header announces is never sent on
+ * (DROP_TRUNCATED); traffic not addressed to a VIP is passed before any such check, untouched.
  */
 #include <linux/if_ether.h>
 #include <linux/in.h>
@@ -214,7 +219,10 @@ int yard_gateway(struct xdp_md *ctx)
 		struct gw_vip *vip = bpf_map_lookup_elem(&gw_vips, &tip);
 		if (!vip_mode_known(vip))
 			OUT(GW_PASS_NOT_VIP, XDP_PASS);
-		/* the address is also configured on the interface: the kernel must not answer */
+		/*
+		 * Lease lapsed: drop ARP for every VIP, owned or forward-only. The address may still
+		 * be configured on the interface, and the kernel must not answer for it either.
+		 */
 		if (!lease_valid(cfg))
 			OUT(GW_DROP_LEASE_EXPIRED, XDP_DROP);
 		if (vip->mode != GW_VIP_OWNED)
@@ -237,8 +245,6 @@ int yard_gateway(struct xdp_md *ctx)
 	struct gw_vip *vip = bpf_map_lookup_elem(&gw_vips, &daddr);
 	if (!vip_mode_known(vip))
 		OUT(GW_PASS_NOT_VIP, XDP_PASS); /* the node's own traffic: untouched */
-	if (!lease_valid(cfg))
-		OUT(GW_DROP_LEASE_EXPIRED, XDP_DROP);
 	if (ip->ihl > 5)
 		OUT(GW_DROP_IP_OPTIONS, XDP_DROP);
 	if (ip->frag_off & IP_FRAG_MASK_BE)

@@ -21,7 +21,8 @@ pub enum Counter {
     PassNotVxlan,
     /// `gw_config` never written (mtu 0): everything passes.
     PassNotConfigured,
-    /// The node's lease lapsed: VIP traffic and ARP dropped (fencing).
+    /// ARP for a VIP while the node's lease has lapsed: dropped (fencing; tunnel frames are
+    /// still forwarded with the last state).
     DropLeaseExpired,
     /// A header was cut short, the frame is shorter than an IPv4 total length, or an IPv4
     /// header is malformed (version, IHL < 5, total length < 20).
@@ -143,7 +144,9 @@ mod tests {
     #[test]
     fn counters_match_the_c_enum_in_order() {
         let header = include_str!("../bpf/yard.h");
-        let start = header.find("enum gw_counter_idx {").expect("enum in yard.h");
+        let start = header
+            .find("enum gw_counter_idx {")
+            .expect("enum in yard.h");
         let body = &header[start..];
         let body = &body[..body.find("};").expect("end of enum")];
         let c_names: Vec<String> = body

@@ -76,7 +76,7 @@ impl Ipv4Header {
 
     fn padded_options(&self) -> Vec<u8> {
         let mut opts = self.options.clone();
-        while opts.len() % 4 != 0 {
+        while !opts.len().is_multiple_of(4) {
             opts.push(0);
         }
         opts
@@ -439,7 +439,11 @@ mod tests {
 
     #[test]
     fn arp_round_trips() {
-        let a = Arp::request(A, Ipv4Addr::new(198, 18, 0, 1), Ipv4Addr::new(198, 19, 0, 1));
+        let a = Arp::request(
+            A,
+            Ipv4Addr::new(198, 18, 0, 1),
+            Ipv4Addr::new(198, 19, 0, 1),
+        );
         assert_eq!(Arp::parse(&a.bytes()), Some(a));
         let f = arp_frame([0xff; 6], A, &a);
         assert_eq!(f.len(), 60);

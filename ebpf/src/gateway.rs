@@ -58,9 +58,12 @@ const MAP_ENDPOINTS: &str = "gw_endpoints";
 const MAP_HOSTS: &str = "gw_hosts";
 const MAP_COUNTERS: &str = "gw_counters";
 
+/// (name, type, key size, value size, max entries).
+type MapShape = (&'static str, MapType, u32, u32, u32);
+
 /// Every map of the object with the shape this build expects: (name, type, key size, value
 /// size, max entries). Used to vet pinned maps before adopting them.
-const MAPS: [(&'static str, MapType, u32, u32, u32); 5] = [
+const MAPS: [MapShape; 5] = [
     (MAP_CONFIG, MapType::Array, 4, 16, 1),
     (MAP_VIPS, MapType::Hash, 4, 4, VIPS_MAX),
     (MAP_ENDPOINTS, MapType::Hash, 8, 12, ENDPOINTS_MAX),
@@ -204,16 +207,28 @@ fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, EbpfError>
 where
     T: TryFrom<aya::maps::Map, Error = MapError>,
 {
-    let map = ebpf.take_map(name).ok_or(EbpfError::Missing { kind: "map", name })?;
+    let map = ebpf
+        .take_map(name)
+        .ok_or(EbpfError::Missing { kind: "map", name })?;
     T::try_from(map).map_err(map_err("open", name))
 }
 
 /// Checks that the map pinned at `path` has the shape this build defines.
-fn vet_pinned(path: &Path, expect: &(&'static str, MapType, u32, u32, u32)) -> Result<(), EbpfError> {
+fn vet_pinned(
+    path: &Path,
+    expect: &(&'static str, MapType, u32, u32, u32),
+) -> Result<(), EbpfError> {
     let (name, ty, key, value, max) = *expect;
     let info = MapInfo::from_pin(path).map_err(map_err("inspect the pinned", name))?;
-    let got_ty = info.map_type().map_err(map_err("inspect the pinned", name))?;
-    let got = (got_ty, info.key_size(), info.value_size(), info.max_entries());
+    let got_ty = info
+        .map_type()
+        .map_err(map_err("inspect the pinned", name))?;
+    let got = (
+        got_ty,
+        info.key_size(),
+        info.value_size(),
+        info.max_entries(),
+    );
     if got != (ty, key, value, max) {
         return Err(EbpfError::IncompatiblePin {
             path: path.to_path_buf(),
@@ -357,7 +372,9 @@ impl Gateway {
         let xdp = self.xdp_mut().map_err(AdoptError::Failed)?;
         match xdp.attach_to_link(link) {
             Ok(_) => Ok(()),
-            Err(ProgramError::SyscallError(s)) if s.io_error.raw_os_error() == Some(libc::ENOLINK) => {
+            Err(ProgramError::SyscallError(s))
+                if s.io_error.raw_os_error() == Some(libc::ENOLINK) =>
+            {
                 Err(AdoptError::Defunct)
             }
             Err(e) => Err(failed("update the program of")(Box::new(e))),
@@ -450,9 +467,7 @@ impl Gateway {
     }
 
     fn read_config(&self) -> Result<GwConfig, EbpfError> {
-        self.config
-            .get(&0, 0)
-            .map_err(map_err("read", MAP_CONFIG))
+        self.config.get(&0, 0).map_err(map_err("read", MAP_CONFIG))
     }
 
     fn write_config(&mut self, cfg: GwConfig) -> Result<(), EbpfError> {
@@ -499,7 +514,13 @@ impl Gateway {
     /// Adds a VIP or changes its mode.
     pub fn put_vip(&mut self, vip: Ipv4Addr, mode: VipMode) -> Result<(), EbpfError> {
         self.vips
-            .insert(ip_to_map(vip), GwVip { mode: mode.to_raw() }, 0)
+            .insert(
+                ip_to_map(vip),
+                GwVip {
+                    mode: mode.to_raw(),
+                },
+                0,
+            )
             .map_err(map_err("update", MAP_VIPS))
     }
 

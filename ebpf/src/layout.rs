@@ -150,8 +150,11 @@ pub const C_LAYOUTS: &[Layout] = &[
     },
 ];
 
+/// A struct's layout measured on the Rust side: name, size, (field, offset) pairs.
+pub type RustLayout = (&'static str, usize, Vec<(&'static str, usize)>);
+
 /// The same structs measured on the Rust side, in the order of [`C_LAYOUTS`].
-pub fn rust_layouts() -> Vec<(&'static str, usize, Vec<(&'static str, usize)>)> {
+pub fn rust_layouts() -> Vec<RustLayout> {
     vec![
         (
             "gw_config",

@@ -54,15 +54,23 @@ fn check_inner_arp_reply(vip: Ipv4Addr) {
     assert_eq!(ip_at(o, offsets::OUTER_IP + 12), Some(vip));
     assert_eq!(ip_at(o, offsets::OUTER_IP + 16), Some(SENDER));
     assert_eq!(o[offsets::OUTER_IP + 8], 64);
-    assert!(frames::ipv4_header_valid(&o[offsets::OUTER_IP..offsets::OUTER_UDP]));
-    assert_eq!(u16_at(o, offsets::OUTER_UDP), u16_at(&input, offsets::OUTER_UDP));
+    assert!(frames::ipv4_header_valid(
+        &o[offsets::OUTER_IP..offsets::OUTER_UDP]
+    ));
+    assert_eq!(
+        u16_at(o, offsets::OUTER_UDP),
+        u16_at(&input, offsets::OUTER_UDP)
+    );
     assert_eq!(u16_at(o, offsets::OUTER_UDP + 2), Some(4789));
     assert_eq!(u16_at(o, offsets::OUTER_UDP + 6), Some(0));
     assert_eq!(frames::vni_at(o, offsets::VXLAN), Some(VNI_A));
     // Inner: the endpoint answers the requester.
     assert_eq!(mac_at(o, offsets::INNER_ETH), Some(TENANT_SRC_MAC));
     assert_eq!(mac_at(o, offsets::INNER_ETH + 6), Some(TENANT_A_MAC));
-    assert_eq!(u16_at(o, offsets::INNER_ETH + 12), Some(frames::ETHERTYPE_ARP));
+    assert_eq!(
+        u16_at(o, offsets::INNER_ETH + 12),
+        Some(frames::ETHERTYPE_ARP)
+    );
     let arp = Arp::parse(&o[offsets::INNER_L3..]).unwrap();
     assert_eq!(
         arp,
@@ -162,29 +170,37 @@ fn forward_only_vip_still_forwards() {
     assert_eq!(c, Counter::Forwarded);
     assert_forwarded(&input, &out.frame, HOST_B, HOST_B_MAC, TENANT_B_MAC);
     // The reply goes out from the VIP it was sent to.
-    assert_eq!(frames::ip_at(&out.frame, offsets::OUTER_IP + 12), Some(VIP_FWD));
+    assert_eq!(
+        frames::ip_at(&out.frame, offsets::OUTER_IP + 12),
+        Some(VIP_FWD)
+    );
 }
 
 #[test]
-fn lapsed_lease_fences_every_vip() {
+fn lapsed_lease_stops_arp_for_every_vip_but_not_forwarding() {
     let mut gw = fixture();
-    gw.set_lease_deadline(ktime_now_ns().saturating_sub(1)).unwrap();
-    for frame in [
-        tunnel(VIP, VNI_A, TENANT).build(),
-        tunnel(VIP_FWD, VNI_A, TENANT).build(),
-        tunnel_arp(VIP, VNI_A, TENANT).build(),
-        outer_arp(VIP),
-        outer_arp(VIP_FWD),
-    ] {
+    gw.set_lease_deadline(ktime_now_ns().saturating_sub(1))
+        .unwrap();
+    // No ARP answered for any VIP: ownership ends with the lease.
+    for frame in [outer_arp(VIP), outer_arp(VIP_FWD)] {
         let (_, c) = run(&gw, &frame);
         assert_eq!(c, Counter::DropLeaseExpired);
+    }
+    // Tunnel frames still arriving are forwarded with the last state (control plane down).
+    for (frame, want) in [
+        (tunnel(VIP, VNI_A, TENANT).build(), Counter::Forwarded),
+        (tunnel(VIP_FWD, VNI_A, TENANT).build(), Counter::Forwarded),
+        (tunnel_arp(VIP, VNI_A, TENANT).build(), Counter::ArpRepliedInner),
+    ] {
+        let (_, c) = run(&gw, &frame);
+        assert_eq!(c, want);
     }
     // The node's own traffic is not fenced.
     let (_, c) = run(&gw, &tunnel(NOT_VIP, VNI_A, TENANT).build());
     assert_eq!(c, Counter::PassNotVip);
     // Deadline 0 (never renewed) fences too; renewing restores service; set_config keeps it.
     gw.set_lease_deadline(0).unwrap();
-    let (_, c) = run(&gw, &tunnel(VIP, VNI_A, TENANT).build());
+    let (_, c) = run(&gw, &outer_arp(VIP));
     assert_eq!(c, Counter::DropLeaseExpired);
     let deadline = ktime_now_ns() + HOUR_NS;
     gw.set_lease_deadline(deadline).unwrap();
@@ -194,8 +210,8 @@ fn lapsed_lease_fences_every_vip() {
     })
     .unwrap();
     assert_eq!(gw.lease_deadline().unwrap(), deadline);
-    let (_, c) = run(&gw, &tunnel(VIP, VNI_A, TENANT).build());
-    assert_eq!(c, Counter::Forwarded);
+    let (_, c) = run(&gw, &outer_arp(VIP));
+    assert_eq!(c, Counter::ArpRepliedOuter);
 }
 
 #[test]
@@ -281,7 +297,10 @@ fn incremental_ttl_checksum_is_valid_for_many_headers() {
     // RFC 1624 edge cases come from the checksum value: sweep ids so the checksum covers a
     // wide range of values, including ones near 0x0000/0xffff.
     let gw = fixture();
-    for id in (0u16..=0xffff).step_by(97).chain([0xfeff, 0xff00, 0xffff, 0x0100]) {
+    for id in (0u16..=0xffff)
+        .step_by(97)
+        .chain([0xfeff, 0xff00, 0xffff, 0x0100])
+    {
         let mut f = tunnel(VIP, VNI_A, TENANT);
         inner_ipv4(&mut f).id = id;
         let input = f.build();
@@ -419,7 +438,10 @@ fn every_truncation_is_handled() {
             if out.action == XdpAction::Tx {
                 assert!(complete, "{name}: a {len}-byte prefix was sent ({c})");
             } else {
-                assert!(!complete, "{name}: a complete {len}-byte frame was not sent ({c})");
+                assert!(
+                    !complete,
+                    "{name}: a complete {len}-byte frame was not sent ({c})"
+                );
             }
             let expected = model(&ModelState::fixture(), prefix);
             assert_eq!(c, expected.0, "{name} prefix {len}");
@@ -447,8 +469,40 @@ fn unconfigured_gateway_passes_everything() {
 /// Offsets of the bytes the program decides on (ethertypes, IPv4 version/IHL, lengths,
 /// fragment bits, TTL, protocol, addresses, UDP port, VXLAN flags and VNI, ARP fields).
 const HEADER_FIELDS: &[usize] = &[
-    12, 13, 14, 16, 17, 20, 21, 22, 23, 30, 33, 36, 37, 42, 46, 48, 62, 63, 64, 66, 67, 70, 71,
-    72, 80, 83, 14 + 1, 14 + 4, 14 + 7, 14 + 27, 64 + 1, 64 + 5, 64 + 7, 64 + 27,
+    12,
+    13,
+    14,
+    16,
+    17,
+    20,
+    21,
+    22,
+    23,
+    30,
+    33,
+    36,
+    37,
+    42,
+    46,
+    48,
+    62,
+    63,
+    64,
+    66,
+    67,
+    70,
+    71,
+    72,
+    80,
+    83,
+    14 + 1,
+    14 + 4,
+    14 + 7,
+    14 + 27,
+    64 + 1,
+    64 + 5,
+    64 + 7,
+    64 + 27,
 ];
 
 /// Thousands of random frames and random mutations of valid ones: never ABORTED, exactly one
@@ -514,7 +568,10 @@ fn fuzz_against_the_reference_model() {
         Counter::DropUnknownEndpoint,
         Counter::PassNotVip,
     ] {
-        assert!(seen.get(&c).copied().unwrap_or(0) > 0, "fuzz never reached {c}: {seen:?}");
+        assert!(
+            seen.get(&c).copied().unwrap_or(0) > 0,
+            "fuzz never reached {c}: {seen:?}"
+        );
     }
 }
 
@@ -542,7 +599,10 @@ fn map_api_round_trips() {
         mac: TENANT_A_MAC,
         host: HOST_A,
     };
-    assert!(matches!(gw.put_endpoint(&bad), Err(EbpfError::InvalidVni(_))));
+    assert!(matches!(
+        gw.put_endpoint(&bad),
+        Err(EbpfError::InvalidVni(_))
+    ));
 
     assert_eq!(
         gw.hosts().unwrap(),

@@ -84,13 +84,17 @@ impl GatewayControl {
             }
             {
                 let mut st = self.state();
-                if st.table.as_ref().is_none_or(|(term, _)| *term != m.current_term) {
+                if st
+                    .table
+                    .as_ref()
+                    .is_none_or(|(term, _)| *term != m.current_term)
+                {
                     tracing::info!(
                         term = m.current_term,
                         wait_ms = self.cfg.lease_ms + self.cfg.margin_ms,
                         "gateway leases: leading; predecessors' grants run out first"
                     );
-                    st.table = Some((m.current_term, LeaseTable::new(self.cfg.clone(), self.now_ms())));
+                    st.table = Some((m.current_term, LeaseTable::new(self.cfg, self.now_ms())));
                     st.lapsed.clear();
                 }
             }

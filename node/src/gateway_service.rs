@@ -18,7 +18,9 @@ pub fn check_vip(vip: Ipv4Addr) -> Result<(), String> {
         || vip.is_loopback()
         || vip.is_link_local()
     {
-        return Err(format!("{vip} is not a unicast address and cannot be a vip"));
+        return Err(format!(
+            "{vip} is not a unicast address and cannot be a vip"
+        ));
     }
     Ok(())
 }
@@ -125,6 +127,8 @@ impl Node {
                 lease_remaining_ms: 0,
                 fenced: true,
                 vips: Vec::new(),
+                owned_since: Vec::new(),
+                now_ms: 0,
                 endpoints: 0,
                 revision: 0,
                 counters: Vec::new(),
@@ -138,6 +142,8 @@ impl Node {
             lease_remaining_ms: s.lease_remaining_ms,
             fenced: s.fenced,
             vips: s.vips.iter().map(|(v, m)| (*v, serve_name(*m))).collect(),
+            owned_since: s.owned_since.clone(),
+            now_ms: s.now_ms,
             endpoints: s.endpoints,
             revision: s.revision,
             counters: s

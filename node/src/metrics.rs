@@ -159,7 +159,11 @@ pub fn render(gauges: &dyn GaugeSource) -> String {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
     }
     for f in gauges.families() {
-        let _ = writeln!(out, "# HELP {} {}\n# TYPE {} {}", f.name, f.help, f.name, f.kind);
+        let _ = writeln!(
+            out,
+            "# HELP {} {}\n# TYPE {} {}",
+            f.name, f.help, f.name, f.kind
+        );
         for (labels, v) in f.samples {
             let _ = writeln!(out, "{}{{{labels}}} {v}", f.name);
         }

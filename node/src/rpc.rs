@@ -82,7 +82,10 @@ pub enum GatewayRequest {
     RemoveVips(Vec<Ipv4Addr>),
     PutEndpoints(Vec<Endpoint>),
     RemoveEndpoints(Vec<EndpointKey>),
-    SetDrain { node: NodeId, draining: bool },
+    SetDrain {
+        node: NodeId,
+        draining: bool,
+    },
     ListVips,
     ListEndpoints,
     /// The contacted node's own data plane (never forwarded).
@@ -115,6 +118,10 @@ pub struct GatewayStats {
     pub fenced: bool,
     /// (vip, "owned" | "forward_only")
     pub vips: Vec<(Ipv4Addr, String)>,
+    /// Owned VIPs answered for and since when (the host's monotonic clock, ms).
+    pub owned_since: Vec<(Ipv4Addr, u64)>,
+    /// The host's monotonic clock when these stats were published (ms).
+    pub now_ms: u64,
     pub endpoints: usize,
     pub revision: u64,
     /// (counter, packets, bytes)
@@ -182,7 +189,10 @@ pub enum Reply {
     /// The leader's answer to a lease renewal: the lease, and the revision the leader had
     /// applied. A node whose lease had lapsed must apply that revision before serving again:
     /// its VIPs may have been given away meanwhile.
-    LeaseGranted { granted_ms: u64, revision: u64 },
+    LeaseGranted {
+        granted_ms: u64,
+        revision: u64,
+    },
 }
 
 /// A Raft RPC failed on the receiver (serialised openraft error text).

@@ -15,15 +15,15 @@ use yard_raft_store::{ChangeFeed, Command, JoinToken, NodeId, NodeInfo, NodeMeta
 
 use crate::admin_actor::ServeAdmin;
 use crate::batcher::{BatchError, WriteBatcher};
+use crate::gateway_control::GatewayControl;
 use crate::metrics::{GaugeSource, METRICS};
 use crate::rpc::{
     ActorHealth, AdminReply, AdminRequest, JoinRequest, KvEntry, MemberStatus, RaftFailure,
     RaftReply, RaftRequest, RedeemRequest, Reply, Request, Status,
 };
-use crate::gateway_control::GatewayControl;
 use crate::tls::{CertAuthority, PeerRole};
-use yard_actors::gateway::actor::GatewayView;
 use crate::transport::{BoxFut, Handler, Target, Transport, TransportError};
+use yard_actors::gateway::actor::GatewayView;
 
 /// Everything a node's request handling needs.
 pub struct NodeParts {
@@ -850,7 +850,7 @@ impl GaugeSource for RaftGauges {
             return Vec::new();
         };
         let s = view.snapshot();
-        let per_reason = |pick: fn(&(&'static str, u64, u64)) -> u64| {
+        let per_reason = |pick: fn(&yard_actors::gateway::actor::CounterRow) -> u64| {
             s.counters
                 .iter()
                 .map(|c| (format!("reason=\"{}\"", c.0), pick(c) as f64))

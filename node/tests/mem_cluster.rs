@@ -6,10 +6,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use yard::config::RaftSection;
-use yard::rpc::{AdminReply, AdminRequest, RedeemRequest, Reply, Request};
+use yard::gateway_control::GatewayControl;
+use yard::rpc::{AdminReply, AdminRequest, GatewayRequest, RedeemRequest, Reply, Request};
 use yard::service::{Node, NodeParts};
 use yard::tls::{CertAuthority, PeerRole};
 use yard::transport::{MemNetwork, Target};
+use yard_actors::gateway::lease::LeaseConfig;
 use yard_actors::health::HealthRegistry;
 use yard_actors::liveness::Reachability;
 use yard_raft_store::NodeId;
@@ -65,8 +67,23 @@ async fn start(
         leader_wait: Duration::from_secs(3),
         health: HealthRegistry::default(),
         reachability: Reachability::default(),
+        gateway: Arc::new(GatewayControl::new(
+            LeaseConfig {
+                lease_ms: 200,
+                margin_ms: 20,
+            },
+            Duration::from_millis(40),
+        )),
     });
     net.register(&addr(id), Arc::new(node.clone()));
+    {
+        let (ctl, raft, feed) = (
+            node.gateway().clone(),
+            node.raft().clone(),
+            node.feed().clone(),
+        );
+        tokio::spawn(async move { ctl.run(raft, feed).await });
+    }
     TestNode {
         node,
         addr: addr(id),
@@ -420,4 +437,157 @@ async fn a_token_created_through_a_follower_is_the_one_stored() {
         .await
         .unwrap();
     assert!(matches!(reply, Reply::Certificate { .. }), "{reply:?}");
+}
+
+/// Renews node `id`'s gateway lease with whoever leads, every 40 ms, while `on` is set,
+/// reporting the revision the node has applied (as a gateway node's actor does).
+fn renew_loop(
+    net: &MemNetwork,
+    nodes: &[TestNode],
+    id: NodeId,
+    on: Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<()> {
+    let transport = net.transport(&format!("{}-renew", addr(id)), PeerRole::Node(id));
+    let node = nodes[id as usize - 1].node.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(40)).await;
+            if !on.load(std::sync::atomic::Ordering::SeqCst) {
+                continue;
+            }
+            let leader = node.raft().metrics().borrow().current_leader;
+            let Some(leader) = leader else { continue };
+            let applied = node.feed().read(|d| d.revision);
+            let _ = transport
+                .call(
+                    Target::node(leader, addr(leader)),
+                    Request::GatewayRenew { applied },
+                    Duration::from_millis(200),
+                )
+                .await;
+        }
+    })
+}
+
+async fn vip_owners(
+    net: &MemNetwork,
+    to: &str,
+) -> Vec<(std::net::Ipv4Addr, Option<u64>, Option<u64>)> {
+    match admin(net, to, AdminRequest::Gateway(GatewayRequest::ListVips)).await {
+        Ok(AdminReply::Vips(rows)) => rows
+            .into_iter()
+            .map(|r| (r.vip, r.owner, r.handoff_to))
+            .collect(),
+        other => panic!("vip list: {other:?}"),
+    }
+}
+
+/// Waits until no handoff is in flight and `ok` holds of the per-node loads (index = id - 1).
+async fn wait_loads(
+    net: &MemNetwork,
+    to: &str,
+    ok: impl Fn(&[usize]) -> bool,
+) -> Vec<(std::net::Ipv4Addr, Option<u64>, Option<u64>)> {
+    let start = Instant::now();
+    loop {
+        let o = vip_owners(net, to).await;
+        let mut loads = vec![0usize; 3];
+        for (_, owner, _) in &o {
+            if let Some(n) = owner {
+                loads[*n as usize - 1] += 1;
+            }
+        }
+        if o.iter().all(|r| r.1.is_some() && r.2.is_none()) && ok(&loads) {
+            return o;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "placement did not settle: {o:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn moved(
+    a: &[(std::net::Ipv4Addr, Option<u64>, Option<u64>)],
+    b: &[(std::net::Ipv4Addr, Option<u64>, Option<u64>)],
+) -> Vec<(Option<u64>, Option<u64>)> {
+    a.iter()
+        .zip(b)
+        .filter(|(x, y)| x.1 != y.1)
+        .map(|(x, y)| (x.1, y.1))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_vips_are_placed_failed_over_rebalanced_and_drained_through_raft() {
+    let net = MemNetwork::default();
+    let nodes = cluster(&net, 3, &raft_section(10_000, 1_000)).await;
+    let flags: Vec<_> = (0..3)
+        .map(|_| Arc::new(std::sync::atomic::AtomicBool::new(true)))
+        .collect();
+    let _loops: Vec<_> = (1..=3)
+        .map(|id| renew_loop(&net, &nodes, id, flags[id as usize - 1].clone()))
+        .collect();
+    let vips: Vec<std::net::Ipv4Addr> = (1..=6)
+        .map(|n| std::net::Ipv4Addr::new(198, 19, 255, n))
+        .collect();
+    admin(
+        &net,
+        &nodes[1].addr,
+        AdminRequest::Gateway(GatewayRequest::AddVips(vips)),
+    )
+    .await
+    .unwrap();
+    let placed = wait_loads(&net, &nodes[0].addr, |l| l == [2, 2, 2]).await;
+
+    // Node 3 stops renewing (dead): its two VIPs go one to each survivor, nothing else moves.
+    flags[2].store(false, std::sync::atomic::Ordering::SeqCst);
+    let failed = wait_loads(&net, &nodes[0].addr, |l| l == [3, 3, 0]).await;
+    let m = moved(&placed, &failed);
+    assert_eq!(m.len(), 2, "{m:?}");
+    assert!(m.iter().all(|(from, _)| *from == Some(3)), "{m:?}");
+
+    // It comes back: exactly two VIPs move back to it (by handoff), one from each survivor.
+    flags[2].store(true, std::sync::atomic::Ordering::SeqCst);
+    let back = wait_loads(&net, &nodes[0].addr, |l| l == [2, 2, 2]).await;
+    let m = moved(&failed, &back);
+    assert_eq!(m.len(), 2, "{m:?}");
+    assert!(m.iter().all(|(_, to)| *to == Some(3)), "{m:?}");
+
+    // Draining node 1 moves its VIPs away; undraining brings its share back.
+    admin(
+        &net,
+        &nodes[2].addr,
+        AdminRequest::Gateway(GatewayRequest::SetDrain {
+            node: 1,
+            draining: true,
+        }),
+    )
+    .await
+    .unwrap();
+    wait_loads(&net, &nodes[0].addr, |l| l == [0, 3, 3]).await;
+    admin(
+        &net,
+        &nodes[2].addr,
+        AdminRequest::Gateway(GatewayRequest::SetDrain {
+            node: 1,
+            draining: false,
+        }),
+    )
+    .await
+    .unwrap();
+    wait_loads(&net, &nodes[0].addr, |l| l == [2, 2, 2]).await;
+    // Bad input is refused in one sentence and changes nothing.
+    let err = admin(
+        &net,
+        &nodes[0].addr,
+        AdminRequest::Gateway(GatewayRequest::AddVips(vec![std::net::Ipv4Addr::new(
+            224, 0, 0, 9,
+        )])),
+    )
+    .await
+    .unwrap_err();
+    assert!(err.contains("224.0.0.9"), "{err}");
+    assert_eq!(vip_owners(&net, &nodes[0].addr).await.len(), 6);
 }

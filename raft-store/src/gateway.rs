@@ -175,9 +175,7 @@ impl GatewayTables {
                     let mut set = ch.set;
                     set.handoff_revision = match set.handoff_to {
                         None => 0,
-                        Some(_) if set.handoff_to == current.handoff_to => {
-                            current.handoff_revision
-                        }
+                        Some(_) if set.handoff_to == current.handoff_to => current.handoff_revision,
                         Some(_) => revision,
                     };
                     if set != *current {
@@ -224,7 +222,9 @@ mod tests {
         };
         assert_eq!(t.apply(&GatewayCommand::Assign(vec![take(1)]), 2).len(), 1);
         // A second decision made from the same stale view is skipped: one owner stays.
-        assert!(t.apply(&GatewayCommand::Assign(vec![take(2)]), 3).is_empty());
+        assert!(t
+            .apply(&GatewayCommand::Assign(vec![take(2)]), 3)
+            .is_empty());
         assert_eq!(t.vips[&vip(1)].owner, Some(1));
     }
 
@@ -273,7 +273,9 @@ mod tests {
             },
         };
         assert_eq!(t.apply(&GatewayCommand::PutEndpoints(vec![ep]), 1).len(), 1);
-        assert!(t.apply(&GatewayCommand::PutEndpoints(vec![ep]), 2).is_empty());
+        assert!(t
+            .apply(&GatewayCommand::PutEndpoints(vec![ep]), 2)
+            .is_empty());
         assert!(t.apply(&GatewayCommand::AddVips(vec![]), 3).is_empty());
     }
 }

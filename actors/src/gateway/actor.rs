@@ -19,6 +19,9 @@ use super::announce::{garp_frame, PacketSender};
 use super::core::{CoreConfig, Effect, Event, NodeCore, Serve};
 use crate::health::HealthRegistry;
 
+/// One XDP counter: (name, packets, bytes), summed over CPUs.
+pub type CounterRow = (&'static str, u64, u64);
+
 /// A failed data-plane or interface operation.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -35,10 +38,9 @@ pub trait DataPlane: Send + 'static {
     fn remove_endpoint(&mut self, key: &EndpointKey) -> Result<(), DataPlaneError>;
     fn put_host(&mut self, host: Ipv4Addr, mac: [u8; 6]) -> Result<(), DataPlaneError>;
     fn remove_host(&mut self, host: Ipv4Addr) -> Result<(), DataPlaneError>;
-    /// (counter name, packets, bytes), summed over CPUs.
-    fn counters(&self) -> Result<Vec<(&'static str, u64, u64)>, DataPlaneError>;
-    /// What a previous daemon left programmed: VIPs and the lease deadline (ms).
-    fn adopted(&self) -> Result<(Vec<(Ipv4Addr, Serve)>, u64), DataPlaneError>;
+    fn counters(&self) -> Result<Vec<CounterRow>, DataPlaneError>;
+    /// What a previous daemon left programmed: VIPs, the lease deadline (ms) and endpoints.
+    fn adopted(&self) -> Result<Adopted, DataPlaneError>;
 }
 
 /// The interface the VIPs live on.
@@ -52,11 +54,25 @@ pub trait Interface: Send + 'static {
     fn resolve(&mut self, hosts: &[Ipv4Addr]) -> BTreeMap<Ipv4Addr, [u8; 6]>;
 }
 
+/// What a restarted daemon finds in the pinned maps.
+#[derive(Debug, Clone, Default)]
+pub struct Adopted {
+    pub vips: Vec<(Ipv4Addr, Serve)>,
+    pub deadline_ms: u64,
+    pub endpoints: Vec<Endpoint>,
+}
+
+/// A lease grant: (granted ms, the leader's applied revision).
+pub type Grant = (u64, u64);
+
+/// A renewal in flight.
+pub type RenewFuture = Pin<Box<dyn Future<Output = Option<Grant>> + Send>>;
+
 /// Sends lease renewals to the leader on the node's runtime, reporting the applied revision.
 pub trait Renewer: Send + Sync + 'static {
     /// The granted milliseconds and the leader's applied revision, or `None` (no leader,
     /// refused, or no answer in time).
-    fn renew(&self, applied: u64) -> Pin<Box<dyn Future<Output = Option<(u64, u64)>> + Send>>;
+    fn renew(&self, applied: u64) -> RenewFuture;
 }
 
 /// What `yard gateway stats` and the metrics show, published by the shell.
@@ -66,8 +82,12 @@ pub struct GatewaySnapshot {
     pub lease_remaining_ms: u64,
     pub fenced: bool,
     pub vips: Vec<(Ipv4Addr, Serve)>,
+    /// Owned VIPs answered for and since when (data-plane clock, ms).
+    pub owned_since: Vec<(Ipv4Addr, u64)>,
+    /// The data-plane clock when this snapshot was taken.
+    pub now_ms: u64,
     pub endpoints: usize,
-    pub counters: Vec<(&'static str, u64, u64)>,
+    pub counters: Vec<CounterRow>,
     pub revision: u64,
     pub errors: u64,
 }
@@ -107,6 +127,10 @@ pub struct GatewayActor {
     view: GatewayView,
     health: HealthRegistry,
     renewing: bool,
+    /// Whether the tables are followed yet: only once they are as new as the leader's (first
+    /// grant), so a restarted daemon never acts on a store still replaying its log — until
+    /// then the pinned maps keep forwarding with what they hold.
+    synced: bool,
     ticks: u64,
     errors: u64,
 }
@@ -123,9 +147,18 @@ impl GatewayActor {
     ) -> Self {
         let mut core = NodeCore::new(settings.node, settings.core.clone());
         match (dataplane.adopted(), iface.addresses()) {
-            (Ok((vips, deadline)), Ok(addrs)) => {
-                if !vips.is_empty() {
-                    tracing::info!(vips = vips.len(), "gateway adopting pinned state");
+            (Ok(adopted), Ok(addrs)) => {
+                let Adopted {
+                    vips,
+                    deadline_ms: deadline,
+                    endpoints,
+                } = adopted;
+                if !vips.is_empty() || !endpoints.is_empty() {
+                    tracing::info!(
+                        vips = vips.len(),
+                        endpoints = endpoints.len(),
+                        "gateway adopting pinned state"
+                    );
                 }
                 // Only addresses of VIPs the maps hold are ours: another /32 on the interface
                 // belongs to someone else and is never touched.
@@ -133,7 +166,7 @@ impl GatewayActor {
                     .into_iter()
                     .filter(|a| vips.iter().any(|(v, _)| v == a))
                     .collect();
-                core.adopt(vips, addrs, deadline);
+                core.adopt(vips, addrs, deadline, endpoints);
             }
             (Err(e), _) | (_, Err(e)) => {
                 tracing::warn!(error = %e, "gateway cannot read the pinned state; starting clean")
@@ -149,6 +182,7 @@ impl GatewayActor {
             view,
             health,
             renewing: false,
+            synced: false,
             ticks: 0,
             errors: 0,
         }
@@ -198,7 +232,8 @@ impl GatewayActor {
                 Ok(())
             }
             Effect::Taken { vip, revision } => {
-                tracing::info!(%vip, revision, "gateway vip taken");
+                let now_ms = self.dataplane.now_ms();
+                tracing::info!(%vip, revision, now_ms, "gateway vip taken");
                 Ok(())
             }
             Effect::PutEndpoint(ep) => self.dataplane.put_endpoint(&ep),
@@ -212,7 +247,12 @@ impl GatewayActor {
             Effect::PutHost { host, mac } => self.dataplane.put_host(host, mac),
             Effect::RemoveHost { host } => self.dataplane.remove_host(host),
             Effect::Fenced(true) => {
-                tracing::warn!("gateway lease lapsed; withdrawing every vip");
+                let (deadline_ms, now_ms) = (self.core.deadline_ms(), self.dataplane.now_ms());
+                tracing::warn!(
+                    deadline_ms,
+                    now_ms,
+                    "gateway fenced: the lease lapsed, no vip is answered for"
+                );
                 Ok(())
             }
             Effect::Fenced(false) => {
@@ -232,6 +272,14 @@ impl GatewayActor {
             ctx.spawn(fut.into_actor(self).map(move |granted, act, ctx| {
                 act.renewing = false;
                 if let Some((granted_ms, leader_revision)) = granted {
+                    if !act.synced {
+                        if act.feed.read(|d| d.revision) < leader_revision {
+                            return;
+                        }
+                        act.synced = true;
+                        tracing::info!(revision = leader_revision, "gateway following the tables");
+                        act.subscribe(ctx);
+                    }
                     let now_ms = act.dataplane.now_ms();
                     act.run(
                         Event::Granted {
@@ -245,7 +293,9 @@ impl GatewayActor {
                 }
             }));
         }
-        self.run(Event::Tick { now_ms }, ctx);
+        if self.synced {
+            self.run(Event::Tick { now_ms }, ctx);
+        }
         self.publish(now_ms);
     }
 
@@ -258,6 +308,12 @@ impl GatewayActor {
         let deadline = self.core.deadline_ms();
         let serving: Vec<(Ipv4Addr, Serve)> =
             self.core.serving().iter().map(|(v, s)| (*v, *s)).collect();
+        let owned_since: Vec<(Ipv4Addr, u64)> = self
+            .core
+            .owned_since()
+            .iter()
+            .map(|(v, t)| (*v, *t))
+            .collect();
         let (endpoints, revision, errors, node) = (
             self.core.endpoint_count(),
             self.core.revision(),
@@ -269,6 +325,8 @@ impl GatewayActor {
             s.lease_remaining_ms = deadline.saturating_sub(now_ms);
             s.fenced = now_ms >= deadline;
             s.vips = serving;
+            s.owned_since = owned_since;
+            s.now_ms = now_ms;
             s.endpoints = endpoints;
             s.revision = revision;
             s.errors = errors;
@@ -323,7 +381,6 @@ impl Actor for GatewayActor {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         self.health.report("gateway", false, "starting");
-        self.subscribe(ctx);
         ctx.run_interval(self.settings.renew_every, |act, ctx| act.tick(ctx));
     }
 

@@ -73,7 +73,9 @@ mod sys {
 
     pub fn send(s: &PacketSender, frame: &[u8]) -> std::io::Result<()> {
         if frame.len() < 14 {
-            return Err(std::io::Error::other("frame shorter than an ethernet header"));
+            return Err(std::io::Error::other(
+                "frame shorter than an ethernet header",
+            ));
         }
         // SAFETY: sockaddr_ll is plain old data; all-zero is a valid value.
         let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };

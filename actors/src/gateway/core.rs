@@ -75,28 +75,55 @@ pub enum Event {
         now_ms: u64,
     },
     /// A compute host's MAC as the kernel's neighbour table has it.
-    HostResolved { host: Ipv4Addr, mac: [u8; 6] },
-    Tick { now_ms: u64 },
+    HostResolved {
+        host: Ipv4Addr,
+        mac: [u8; 6],
+    },
+    Tick {
+        now_ms: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {
     /// Write the data plane's lease deadline (monotonic ms).
-    SetLease { deadline_ms: u64 },
-    PutVip { vip: Ipv4Addr, serve: Serve },
-    RemoveVip { vip: Ipv4Addr },
-    AddAddress { vip: Ipv4Addr },
-    RemoveAddress { vip: Ipv4Addr },
+    SetLease {
+        deadline_ms: u64,
+    },
+    PutVip {
+        vip: Ipv4Addr,
+        serve: Serve,
+    },
+    RemoveVip {
+        vip: Ipv4Addr,
+    },
+    AddAddress {
+        vip: Ipv4Addr,
+    },
+    RemoveAddress {
+        vip: Ipv4Addr,
+    },
     /// Send a gratuitous ARP for `vip` (`repeat` counts from 0).
-    Announce { vip: Ipv4Addr, repeat: u32 },
+    Announce {
+        vip: Ipv4Addr,
+        repeat: u32,
+    },
     /// Log: this node now owns `vip` as of `revision`.
-    Taken { vip: Ipv4Addr, revision: u64 },
+    Taken {
+        vip: Ipv4Addr,
+        revision: u64,
+    },
     PutEndpoint(Endpoint),
     RemoveEndpoint(EndpointKey),
     /// Look these hosts up in the neighbour table (and make the kernel resolve missing ones).
     Resolve(Vec<Ipv4Addr>),
-    PutHost { host: Ipv4Addr, mac: [u8; 6] },
-    RemoveHost { host: Ipv4Addr },
+    PutHost {
+        host: Ipv4Addr,
+        mac: [u8; 6],
+    },
+    RemoveHost {
+        host: Ipv4Addr,
+    },
     /// The lease lapsed (`true`) or was regained (`false`).
     Fenced(bool),
 }
@@ -122,6 +149,9 @@ pub struct NodeCore {
     lingering: BTreeMap<Ipv4Addr, u64>,
     /// Pending announcements: vip → (next repeat, when).
     announcing: BTreeMap<Ipv4Addr, (u32, u64)>,
+    /// Owned VIPs answered for (lease valid) → since when, without a break: what an observer
+    /// needs to check that no two nodes ever answered for one VIP at the same time.
+    owned_since: BTreeMap<Ipv4Addr, u64>,
 }
 
 impl NodeCore {
@@ -141,7 +171,13 @@ impl NodeCore {
             addresses: BTreeSet::new(),
             lingering: BTreeMap::new(),
             announcing: BTreeMap::new(),
+            owned_since: BTreeMap::new(),
         }
+    }
+
+    /// Owned VIPs this node answers for, each with the time it started doing so.
+    pub fn owned_since(&self) -> &BTreeMap<Ipv4Addr, u64> {
+        &self.owned_since
     }
 
     /// The revision whose effects have been produced: renewals report it so the leader knows
@@ -171,7 +207,11 @@ impl NodeCore {
         vips: impl IntoIterator<Item = (Ipv4Addr, Serve)>,
         addresses: impl IntoIterator<Item = Ipv4Addr>,
         deadline_ms: u64,
+        endpoints: impl IntoIterator<Item = Endpoint>,
     ) {
+        // Known endpoints are diffed against the tables at the first reset, so one removed
+        // while no daemon ran is removed from the map too.
+        self.endpoints = endpoints.into_iter().map(|e| (e.key, e.record)).collect();
         self.programmed = vips.into_iter().collect();
         self.addresses = addresses.into_iter().collect();
         self.deadline_ms = deadline_ms;
@@ -365,11 +405,7 @@ impl NodeCore {
         }
         let me = self.me;
         self.lingering.retain(|vip, until| {
-            *until > now_ms
-                && self
-                    .vips
-                    .get(vip)
-                    .is_some_and(|r| r.owner != Some(me))
+            *until > now_ms && self.vips.get(vip).is_some_and(|r| r.owner != Some(me))
         });
         let want = self.desired(now_ms);
         let old = std::mem::take(&mut self.programmed);
@@ -423,6 +459,16 @@ impl NodeCore {
             }
         }
         self.addresses = addrs;
+        let programmed = &self.programmed;
+        self.owned_since
+            .retain(|vip, _| valid && programmed.get(vip) == Some(&Serve::Owned));
+        if valid {
+            for (vip, serve) in &self.programmed {
+                if *serve == Serve::Owned {
+                    self.owned_since.entry(*vip).or_insert(now_ms);
+                }
+            }
+        }
         if !valid {
             self.announcing.clear();
             self.lingering.clear();
@@ -494,7 +540,10 @@ mod tests {
             leader_revision: 9,
             now_ms: 300,
         });
-        assert!(!fx.iter().any(|e| matches!(e, Effect::AddAddress { .. })), "{fx:?}");
+        assert!(
+            !fx.iter().any(|e| matches!(e, Effect::AddAddress { .. })),
+            "{fx:?}"
+        );
         // Once the reassignment is applied, the grant is taken and nothing of the VIP returns.
         c.handle(changed(9, vip(1), Some(owned(2)), 310));
         let fx = c.handle(Event::Granted {
@@ -504,7 +553,11 @@ mod tests {
             now_ms: 320,
         });
         assert!(fx.contains(&Effect::Fenced(false)));
-        assert!(!fx.iter().any(|e| matches!(e, Effect::AddAddress { .. } | Effect::Announce { .. })), "{fx:?}");
+        assert!(
+            !fx.iter()
+                .any(|e| matches!(e, Effect::AddAddress { .. } | Effect::Announce { .. })),
+            "{fx:?}"
+        );
     }
 
     #[test]
@@ -630,7 +683,7 @@ mod tests {
     #[test]
     fn a_restart_adopting_the_same_state_changes_nothing() {
         let mut c = core();
-        c.adopt([(vip(1), Serve::Owned)], [vip(1)], 500);
+        c.adopt([(vip(1), Serve::Owned)], [vip(1)], 500, []);
         let mut t = GatewayTables::default();
         t.apply(&GatewayCommand::AddVips(vec![vip(1)]), 1);
         t.vips.insert(vip(1), owned(1));

@@ -4,9 +4,9 @@ use std::net::Ipv4Addr;
 use std::path::Path;
 
 use yard_ebpf::{Gateway, GatewayConfig, VipMode, XdpMode};
-use yard_raft_store::gateway::{Endpoint, EndpointKey};
+use yard_raft_store::gateway::{Endpoint, EndpointKey, EndpointRecord};
 
-use super::actor::{DataPlane, DataPlaneError};
+use super::actor::{Adopted, CounterRow, DataPlane, DataPlaneError};
 use super::core::Serve;
 
 fn err(e: impl std::fmt::Display) -> DataPlaneError {
@@ -83,7 +83,7 @@ impl DataPlane for XdpDataPlane {
         self.gw.remove_host(host).map_err(err)
     }
 
-    fn counters(&self) -> Result<Vec<(&'static str, u64, u64)>, DataPlaneError> {
+    fn counters(&self) -> Result<Vec<CounterRow>, DataPlaneError> {
         Ok(self
             .gw
             .counters()
@@ -93,7 +93,7 @@ impl DataPlane for XdpDataPlane {
             .collect())
     }
 
-    fn adopted(&self) -> Result<(Vec<(Ipv4Addr, Serve)>, u64), DataPlaneError> {
+    fn adopted(&self) -> Result<Adopted, DataPlaneError> {
         let vips = self
             .gw
             .vips()
@@ -107,7 +107,27 @@ impl DataPlane for XdpDataPlane {
                 (v, serve)
             })
             .collect();
-        let deadline = self.gw.lease_deadline().map_err(err)? / NS_PER_MS;
-        Ok((vips, deadline))
+        let deadline_ms = self.gw.lease_deadline().map_err(err)? / NS_PER_MS;
+        let endpoints = self
+            .gw
+            .endpoints()
+            .map_err(err)?
+            .into_iter()
+            .map(|e| Endpoint {
+                key: EndpointKey {
+                    vni: e.vni,
+                    ip: e.ip,
+                },
+                record: EndpointRecord {
+                    mac: e.mac,
+                    host: e.host,
+                },
+            })
+            .collect();
+        Ok(Adopted {
+            vips,
+            deadline_ms,
+            endpoints,
+        })
     }
 }

@@ -13,8 +13,8 @@ pub fn parse_proc_arp(text: &str, iface: &str) -> BTreeMap<Ipv4Addr, [u8; 6]> {
         let [ip, _hw, flags, mac, _mask, dev] = cols[..] else {
             continue;
         };
-        let complete = u32::from_str_radix(flags.trim_start_matches("0x"), 16)
-            .is_ok_and(|f| f & 0x2 != 0);
+        let complete =
+            u32::from_str_radix(flags.trim_start_matches("0x"), 16).is_ok_and(|f| f & 0x2 != 0);
         if dev != iface || !complete {
             continue;
         }
@@ -64,7 +64,8 @@ mod tests {
 
     #[test]
     fn only_complete_entries_on_the_interface() {
-        let text = "IP address       HW type     Flags       HW address            Mask     Device\n\
+        let text =
+            "IP address       HW type     Flags       HW address            Mask     Device\n\
 198.18.0.5       0x1         0x2         02:00:00:00:00:05     *        eth0\n\
 198.18.0.6       0x1         0x0         00:00:00:00:00:00     *        eth0\n\
 198.18.0.7       0x1         0x2         02:00:00:00:00:07     *        eth1\n\

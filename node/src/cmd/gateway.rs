@@ -230,11 +230,14 @@ fn render(reply: AdminReply, out: Out) {
             let vips: Vec<_> = s
                 .vips
                 .iter()
-                .map(|(v, m)| json!({"vip": v, "mode": m}))
+                .map(|(v, m)| {
+                    let since = s.owned_since.iter().find(|o| o.0 == *v).map(|o| o.1);
+                    json!({"vip": v, "mode": m, "answering_since_ms": since})
+                })
                 .collect();
             out.line(
                 json!({"node": s.node, "enabled": s.enabled, "lease_remaining_ms": s.lease_remaining_ms,
-                       "fenced": s.fenced, "vips": vips, "endpoints": s.endpoints,
+                       "fenced": s.fenced, "now_ms": s.now_ms, "vips": vips, "endpoints": s.endpoints,
                        "revision": s.revision, "counters": counters, "errors": s.errors}),
                 || {
                     if !s.enabled {
@@ -261,9 +264,9 @@ fn render(reply: AdminReply, out: Out) {
                 },
             );
         }
-        AdminReply::Written { revision } => {
-            out.line(json!({"revision": revision}), || format!("revision {revision}"))
-        }
+        AdminReply::Written { revision } => out.line(json!({"revision": revision}), || {
+            format!("revision {revision}")
+        }),
         other => out.line(json!({"reply": format!("{other:?}")}), || {
             format!("{other:?}")
         }),
@@ -276,8 +279,9 @@ mod tests {
 
     #[test]
     fn import_names_the_bad_line() {
-        let eps = parse_endpoints("# vni ip mac host\n100 198.19.1.1 02:00:00:00:00:01 198.18.0.4\n\n")
-            .unwrap();
+        let eps =
+            parse_endpoints("# vni ip mac host\n100 198.19.1.1 02:00:00:00:00:01 198.18.0.4\n\n")
+                .unwrap();
         assert_eq!(eps.len(), 1);
         let err = parse_endpoints("100 198.19.1.1 02:00:00:00:00:01 198.18.0.4\n7 nope\n")
             .unwrap_err()
