@@ -29,10 +29,11 @@ pub enum Change {
     },
     /// The whole state was replaced (snapshot installed): subscribers must resync.
     Reset { revision: u64 },
-    /// A gateway table changed.
+    /// Gateway tables changed: everything one command changed, as one message (an import of
+    /// thousands of endpoints must not overrun subscribers' queues).
     Gateway {
         revision: u64,
-        change: GatewayChange,
+        changes: std::sync::Arc<Vec<GatewayChange>>,
     },
 }
 
@@ -174,10 +175,10 @@ impl StateMachineData {
                 self.revision = revision;
                 (
                     Response::Written { revision },
-                    changes
-                        .into_iter()
-                        .map(|change| Change::Gateway { revision, change })
-                        .collect(),
+                    vec![Change::Gateway {
+                        revision,
+                        changes: std::sync::Arc::new(changes),
+                    }],
                 )
             }
             Command::Batch(cmds) => {

@@ -357,14 +357,18 @@ impl StreamHandler<Result<Change, RecvError>> for GatewayActor {
     fn handle(&mut self, item: Result<Change, RecvError>, ctx: &mut Context<Self>) {
         let now_ms = self.dataplane.now_ms();
         match item {
-            Ok(Change::Gateway { revision, change }) => self.run(
-                Event::Changed {
-                    revision,
-                    change,
-                    now_ms,
-                },
-                ctx,
-            ),
+            Ok(Change::Gateway { revision, changes }) => {
+                for change in changes.iter() {
+                    self.run(
+                        Event::Changed {
+                            revision,
+                            change: change.clone(),
+                            now_ms,
+                        },
+                        ctx,
+                    );
+                }
+            }
             Ok(Change::Reset { .. }) | Err(RecvError::Lagged(_)) => {
                 tracing::info!("gateway resyncing from the tables");
                 self.subscribe(ctx);
