@@ -31,7 +31,11 @@ fn vip(n: u8) -> Ipv4Addr {
 }
 
 /// A gateway cluster on hosts `1..=gateways` of `topo`, with `vips` VIPs in its pool.
-fn gateway_cluster<'t>(topo: &'t Topology, gateways: usize, extra: &str) -> YardCluster<&'t Topology> {
+fn gateway_cluster<'t>(
+    topo: &'t Topology,
+    gateways: usize,
+    extra: &str,
+) -> YardCluster<&'t Topology> {
     for i in 1..=gateways {
         topo.bpffs(i).unwrap();
     }
@@ -92,7 +96,10 @@ fn wait_owners(
         if o.iter().all(|(_, owner, h)| owner.is_some() && h.is_none()) && ok(&o) {
             return o;
         }
-        assert!(start.elapsed() < timeout, "vip placement did not settle: {o:?}");
+        assert!(
+            start.elapsed() < timeout,
+            "vip placement did not settle: {o:?}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -117,7 +124,11 @@ fn add_endpoints(c: &YardCluster<&Topology>, tenants: &[&Tenant]) {
                 ],
             )
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
 
@@ -150,10 +161,18 @@ fn forwards_between_tenants_answers_their_arp_and_isolates_vnis() {
     let mut ov = Overlay::new(&topo);
     let a = Ipv4Addr::new(198, 19, 1, 1);
     let b = Ipv4Addr::new(198, 19, 1, 2);
-    let a100 = ov.add_tenant(4, 100, a, tenant_mac(100, 1), vip(1)).unwrap();
-    let b100 = ov.add_tenant(5, 100, b, tenant_mac(100, 2), vip(1)).unwrap();
-    let a200 = ov.add_tenant(5, 200, a, tenant_mac(200, 1), vip(2)).unwrap();
-    let b200 = ov.add_tenant(4, 200, b, tenant_mac(200, 2), vip(2)).unwrap();
+    let a100 = ov
+        .add_tenant(4, 100, a, tenant_mac(100, 1), vip(1))
+        .unwrap();
+    let b100 = ov
+        .add_tenant(5, 100, b, tenant_mac(100, 2), vip(1))
+        .unwrap();
+    let a200 = ov
+        .add_tenant(5, 200, a, tenant_mac(200, 1), vip(2))
+        .unwrap();
+    let b200 = ov
+        .add_tenant(4, 200, b, tenant_mac(200, 2), vip(2))
+        .unwrap();
     add_endpoints(&c, &[&a100, &b100, &a200, &b200]);
 
     a100.wait_reachable(b, Duration::from_secs(10)).unwrap();
@@ -171,12 +190,24 @@ fn forwards_between_tenants_answers_their_arp_and_isolates_vnis() {
         );
     }
     // UDP both ways in both VNIs, none lost, each datagram to its own VNI's tenant.
-    for (from, to) in [(&a100, &b100), (&b100, &a100), (&a200, &b200), (&b200, &a200)] {
+    for (from, to) in [
+        (&a100, &b100),
+        (&b100, &a100),
+        (&a200, &b200),
+        (&b200, &a200),
+    ] {
         let s = ProbeStream::start(from, to, 9000, 500).unwrap();
         std::thread::sleep(Duration::from_millis(600));
         let r = s.stop();
         assert!(r.sent >= 200, "{r:?}");
-        assert_eq!(r.lost, 0, "{} -> {} in vni {}: {r:?}", from.ip(), to.ip(), from.vni());
+        assert_eq!(
+            r.lost,
+            0,
+            "{} -> {} in vni {}: {r:?}",
+            from.ip(),
+            to.ip(),
+            from.vni()
+        );
     }
     // The owners of VIPs 1 and 2 counted what they forwarded and answered.
     let owner_of = |v: Ipv4Addr| placed.iter().find(|p| p.0 == v).unwrap().1.unwrap() as usize;
@@ -213,10 +244,22 @@ fn rig(topo: &Topology) -> Rig<'_> {
     wait_owners(&c, 1, Duration::from_secs(10), |o| balanced(o, &[1, 2, 3]));
     let mut ov = Overlay::new(topo);
     let a = ov
-        .add_tenant(4, 100, Ipv4Addr::new(198, 19, 1, 1), tenant_mac(100, 1), vip(1))
+        .add_tenant(
+            4,
+            100,
+            Ipv4Addr::new(198, 19, 1, 1),
+            tenant_mac(100, 1),
+            vip(1),
+        )
         .unwrap();
     let b = ov
-        .add_tenant(5, 100, Ipv4Addr::new(198, 19, 1, 2), tenant_mac(100, 2), vip(1))
+        .add_tenant(
+            5,
+            100,
+            Ipv4Addr::new(198, 19, 1, 2),
+            tenant_mac(100, 2),
+            vip(1),
+        )
         .unwrap();
     add_endpoints(&c, &[&a, &b]);
     a.wait_reachable(b.ip(), Duration::from_secs(10)).unwrap();
@@ -282,18 +325,32 @@ fn owner_kill9_spreads_its_vips_over_the_survivors_and_a_rejoin_moves_only_what_
     let report = probe.stop();
     eprintln!("kill -9 of the owner: {}", report.to_json(3));
     // Its two VIPs went one to each survivor; nothing else moved.
-    let moved: Vec<_> = before.iter().zip(&after).filter(|(b, a)| b.1 != a.1).collect();
+    let moved: Vec<_> = before
+        .iter()
+        .zip(&after)
+        .filter(|(b, a)| b.1 != a.1)
+        .collect();
     assert_eq!(moved.len(), 2, "{before:?} -> {after:?}");
     assert!(balanced(&after, &survivors), "{after:?}");
     assert!(moved.iter().all(|(b, _)| b.1 == Some(x)));
     // The probe stream recovered, well inside a second.
-    assert!(report.received > 0 && report.max_gap_ms < 1000.0, "{}", report.to_json(3));
+    assert!(
+        report.received > 0 && report.max_gap_ms < 1000.0,
+        "{}",
+        report.to_json(3)
+    );
     assert_eq!(report.duplicates, 0);
 
     // Rejoin: the restarted node gets back exactly what balance needs, from the two survivors.
     r.c.restart(x as usize).unwrap();
-    let rejoined = wait_owners(&r.c, ask, Duration::from_secs(20), |o| balanced(o, &[1, 2, 3]));
-    let moved: Vec<_> = after.iter().zip(&rejoined).filter(|(b, a)| b.1 != a.1).collect();
+    let rejoined = wait_owners(&r.c, ask, Duration::from_secs(20), |o| {
+        balanced(o, &[1, 2, 3])
+    });
+    let moved: Vec<_> = after
+        .iter()
+        .zip(&rejoined)
+        .filter(|(b, a)| b.1 != a.1)
+        .collect();
     assert_eq!(moved.len(), 2, "{after:?} -> {rejoined:?}");
     assert!(moved.iter().all(|(_, a)| a.1 == Some(x)), "{moved:?}");
     assert!(r.a.ping(r.b.ip(), 3).unwrap());
@@ -322,7 +379,9 @@ fn drain_moves_vips_away_without_losing_a_packet() {
     assert!(s["vips"].as_array().unwrap().is_empty(), "{s}");
     // The drained node could now stop; undrained, it takes its share back.
     cli_json(&r.c, 1, &["gateway", "undrain", &x.to_string()]);
-    wait_owners(&r.c, 1, Duration::from_secs(10), |o| balanced(o, &[1, 2, 3]));
+    wait_owners(&r.c, 1, Duration::from_secs(10), |o| {
+        balanced(o, &[1, 2, 3])
+    });
 }
 
 #[test]
@@ -339,7 +398,11 @@ fn a_partitioned_owner_fences_itself_before_anyone_takes_its_vips() {
     });
     // The isolated node's data plane stopped answering (its lease deadline) before any new
     // owner took one of its VIPs (both in the hosts' shared monotonic clock).
-    let fenced = log_events(&r.c, x as usize, "gateway fenced: the lease lapsed, no vip is answered for");
+    let fenced = log_events(
+        &r.c,
+        x as usize,
+        "gateway fenced: the lease lapsed, no vip is answered for",
+    );
     assert!(!fenced.is_empty(), "node {x} never fenced itself");
     let deadline = fenced.last().unwrap()["deadline_ms"].as_u64().unwrap();
     let mut taken = 0;
@@ -348,17 +411,25 @@ fn a_partitioned_owner_fences_itself_before_anyone_takes_its_vips() {
             let v: Ipv4Addr = ev["vip"].as_str().unwrap().parse().unwrap();
             if owner_of(&before, v) == x {
                 let at = ev["now_ms"].as_u64().unwrap();
-                assert!(at > deadline, "node {n} took {v} at {at} ms, node {x} served until {deadline} ms");
+                assert!(
+                    at > deadline,
+                    "node {n} took {v} at {at} ms, node {x} served until {deadline} ms"
+                );
                 taken += 1;
             }
         }
     }
     assert_eq!(taken, 2, "{after:?}");
-    assert!(r.a.ping(r.b.ip(), 3).unwrap(), "traffic resumed through the new owner");
+    assert!(
+        r.a.ping(r.b.ip(), 3).unwrap(),
+        "traffic resumed through the new owner"
+    );
 
     // Healed: one owner per VIP, the old owner serves none of what it lost, balance returns.
     topo.heal().unwrap();
-    let healed = wait_owners(&r.c, ask, Duration::from_secs(20), |o| balanced(o, &[1, 2, 3]));
+    let healed = wait_owners(&r.c, ask, Duration::from_secs(20), |o| {
+        balanced(o, &[1, 2, 3])
+    });
     // The old owner catches up (it may lag the leader by a few entries) to answer for exactly
     // the VIPs the table gives it.
     let start = Instant::now();
@@ -371,11 +442,18 @@ fn a_partitioned_owner_fences_itself_before_anyone_takes_its_vips() {
             .filter(|row| row["mode"] == "owned")
             .map(|row| row["vip"].as_str().unwrap().parse().unwrap())
             .collect();
-        let want: Vec<Ipv4Addr> = healed.iter().filter(|r| r.1 == Some(x)).map(|r| r.0).collect();
+        let want: Vec<Ipv4Addr> = healed
+            .iter()
+            .filter(|r| r.1 == Some(x))
+            .map(|r| r.0)
+            .collect();
         if answering == want {
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(5), "node {x} answers for {answering:?}, owns {want:?}: {s}");
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "node {x} answers for {answering:?}, owns {want:?}: {s}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(r.a.ping(r.b.ip(), 3).unwrap());
@@ -406,7 +484,13 @@ fn forwarding_goes_on_through_a_control_plane_outage_and_restarts_readopt_the_pi
     }
     for i in 1..=3 {
         let start = Instant::now();
-        while !r.c.process(i).unwrap().log().contains("gateway adopting pinned state") {
+        while !r
+            .c
+            .process(i)
+            .unwrap()
+            .log()
+            .contains("gateway adopting pinned state")
+        {
             assert!(
                 start.elapsed() < Duration::from_secs(20),
                 "node {i} did not adopt its pinned state: {}",
@@ -415,13 +499,17 @@ fn forwarding_goes_on_through_a_control_plane_outage_and_restarts_readopt_the_pi
             std::thread::sleep(Duration::from_millis(100));
         }
     }
-    wait_owners(&r.c, 1, Duration::from_secs(20), |o| balanced(o, &[1, 2, 3]));
+    wait_owners(&r.c, 1, Duration::from_secs(20), |o| {
+        balanced(o, &[1, 2, 3])
+    });
     // A planned restart of the owner (SIGTERM, start again) loses nothing either.
     let x = owner_of(&owners(&r.c, 1), vip(1)) as usize;
     r.c.process(x).unwrap().terminate().unwrap();
     let _ = r.c.process(x).unwrap().wait_exit(Duration::from_secs(10));
     r.c.restart(x).unwrap();
-    wait_owners(&r.c, 1, Duration::from_secs(20), |o| balanced(o, &[1, 2, 3]));
+    wait_owners(&r.c, 1, Duration::from_secs(20), |o| {
+        balanced(o, &[1, 2, 3])
+    });
     std::thread::sleep(Duration::from_secs(1));
     let restarts = probe.stop();
     assert_eq!(restarts.lost, 0, "restarts: {}", restarts.to_json(5));

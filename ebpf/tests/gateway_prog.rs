@@ -190,7 +190,10 @@ fn lapsed_lease_stops_arp_for_every_vip_but_not_forwarding() {
     for (frame, want) in [
         (tunnel(VIP, VNI_A, TENANT).build(), Counter::Forwarded),
         (tunnel(VIP_FWD, VNI_A, TENANT).build(), Counter::Forwarded),
-        (tunnel_arp(VIP, VNI_A, TENANT).build(), Counter::ArpRepliedInner),
+        (
+            tunnel_arp(VIP, VNI_A, TENANT).build(),
+            Counter::ArpRepliedInner,
+        ),
     ] {
         let (_, c) = run(&gw, &frame);
         assert_eq!(c, want);
