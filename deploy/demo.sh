@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The main job: a local 3-node cluster in network namespaces doing real work — replicated
 # writes, compare-and-swap, a leader killed with -9 and replaced, the benchmark — then torn down
-# (KEEP=1 leaves it running; `deploy/local-cluster.sh down` stops it).
+# (KEEP=1 leaves it running; `deploy/local-cluster.sh down` stops it); then the gateway: three
+# XDP gateway nodes owning six VIPs, tenants on two compute hosts talking over VXLAN through
+# them, an owner's link cut under a probe stream (the loss window is printed) and a drain.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./deploy/install-deps.sh
-cargo build --release -p yard
+cargo build --release -p yard -p yard-cluster-tests --bin yard --bin gateway-demo
 export YARD_BIN=$PWD/target/release/yard STATE=${STATE:-/tmp/yard-local-cluster}
 ./deploy/local-cluster.sh up 3
 yard() { ip netns exec ydlc-1 "$YARD_BIN" --endpoint 198.18.0.1:7480,198.18.0.2:7480,198.18.0.3:7480 --tls-dir "$STATE/tls" "$@"; }
@@ -23,3 +25,4 @@ yard kv get demo/greeting
 yard bench kv --clients 8 --ops 4000 --value-size 256
 yard status
 [[ ${KEEP:-0} == 1 ]] || ./deploy/local-cluster.sh down
+./target/release/gateway-demo "$YARD_BIN"
