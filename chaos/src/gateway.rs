@@ -141,6 +141,36 @@ impl AnsweringLog {
     }
 }
 
+/// Stretches longer than `budget` within `[from, to]` during which no node was seen answering
+/// for a VIP of `vips`: (vip, start, end). A VIP owned by a node that has fenced itself but still
+/// renews, so that the leader never moves it, shows up here and nowhere else.
+pub fn unanswered(
+    log: &AnsweringLog,
+    vips: &[Ipv4Addr],
+    from: Ms,
+    to: Ms,
+    budget: Ms,
+) -> Vec<(Ipv4Addr, Ms, Ms)> {
+    let all = log.intervals();
+    let mut out = Vec::new();
+    for &vip in vips {
+        let mut list: Vec<&Interval> = all.iter().filter(|i| i.vip == vip).collect();
+        list.sort_by_key(|i| i.since);
+        let mut covered = from;
+        for i in list {
+            if i.since > covered && i.since.min(to) - covered > budget {
+                out.push((vip, covered, i.since.min(to)));
+            }
+            covered = covered.max(i.until);
+        }
+        if to - covered > budget {
+            out.push((vip, covered, to));
+        }
+    }
+    out.sort_by_key(|u| (u.1, u.0));
+    out
+}
+
 /// One row of `yard gateway vip list`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VipRow {
@@ -756,5 +786,27 @@ mod tests {
             answering_mismatches(&two, &[(1, vec![vip(1), vip(9)]), (2, vec![vip(2)])]).len(),
             1
         );
+    }
+
+    #[test]
+    fn a_vip_nobody_answers_for_past_the_budget_is_found() {
+        let mut log = AnsweringLog::new();
+        // vip 1: node 1 until 1000, node 2 from 1500 to the end: a 500 ms hole, fine.
+        log.observe(1, vip(1), 0, 1_000);
+        log.observe(2, vip(1), 1_500, 20_000);
+        // vip 2: node 3 until 5000, then nobody until node 1 at 12000, then nobody from 15000.
+        log.observe(3, vip(2), 0, 5_000);
+        log.observe(1, vip(2), 12_000, 15_000);
+        // vip 3: never answered.
+        let u = unanswered(&log, &[vip(1), vip(2), vip(3)], 0, 20_000, 3_000);
+        assert_eq!(
+            u,
+            vec![
+                (vip(3), 0, 20_000),
+                (vip(2), 5_000, 12_000),
+                (vip(2), 15_000, 20_000)
+            ]
+        );
+        assert!(unanswered(&log, &[vip(1)], 0, 20_000, 3_000).is_empty());
     }
 }

@@ -273,6 +273,8 @@ pub struct Observed {
     pub list_failed: u64,
     /// The most any poller fell behind its schedule, ms (a stall of the test machine).
     pub max_poll_lateness_ms: u64,
+    /// When the last stats poll was answered.
+    pub last_stats: Ms,
 }
 
 /// The pollers: one thread in each node's host asking its own node for `gateway stats` (which
@@ -513,6 +515,17 @@ impl Monitor {
             .collect()
     }
 
+    /// Each node's forwarded-packet counter in its latest stats (refreshed every few ticks).
+    pub fn forwarded(&self) -> Vec<Option<u64>> {
+        lock(&self.latest)
+            .iter()
+            .map(|l| {
+                l.as_ref()
+                    .and_then(|(_, s)| s.counters.iter().find(|c| c.0 == "forwarded").map(|c| c.1))
+            })
+            .collect()
+    }
+
     /// Stops the pollers and returns what they saw.
     pub fn finish(self) -> anyhow::Result<Observed> {
         self.stop.store(true, Ordering::SeqCst);
@@ -521,6 +534,12 @@ impl Monitor {
                 .map_err(|_| anyhow::anyhow!("a gateway poller panicked"))?
                 .context("a gateway poller failed")?;
         }
+        let last_stats = lock(&self.latest)
+            .iter()
+            .flatten()
+            .map(|(at, _)| *at)
+            .max()
+            .unwrap_or(0);
         let answering = std::mem::take(&mut *lock(&self.answering));
         let samples = std::mem::take(&mut *lock(&self.samples));
         Ok(Observed {
@@ -538,6 +557,29 @@ impl Monitor {
                 .collect(),
             list_failed: self.list_failed.load(Ordering::Relaxed),
             max_poll_lateness_ms: self.max_lateness_ms.load(Ordering::Relaxed),
+            last_stats,
         })
     }
+}
+
+/// Host `host`'s neighbour entries for the VIPs, each with the yard node whose MAC it holds:
+/// where that compute host actually sends tunnel traffic.
+pub fn vip_neighbours(c: &YardCluster, host: usize, nodes: usize) -> Vec<String> {
+    let out = match c
+        .topo
+        .exec(host, "ip", &["-4", "neigh", "show", "dev", "eth0"])
+    {
+        Ok(o) => String::from_utf8_lossy(&o.stdout).into_owned(),
+        Err(e) => return vec![format!("host {host}: ip neigh failed: {e}")],
+    };
+    out.lines()
+        .filter(|l| l.starts_with("198.19."))
+        .map(|l| {
+            let node = (1..=nodes).find(|i| l.contains(&c.topo.mac(*i)));
+            format!(
+                "host {host}: {l}{}",
+                node.map_or(String::new(), |n| format!(" (node {n})"))
+            )
+        })
+        .collect()
 }

@@ -99,8 +99,11 @@ impl GatewayControl {
                 }
             }
             let started = self.now_ms();
+            // A quorum heartbeat round only (`get_read_log_id`), not `ensure_linearizable`:
+            // leadership is what a grant needs, and waiting for the state machine to apply the
+            // read index would let a slow apply (a snapshot being built) fence every node.
             let confirmed = matches!(
-                tokio::time::timeout(self.interval * 4, raft.ensure_linearizable()).await,
+                tokio::time::timeout(self.interval * 4, raft.get_read_log_id()).await,
                 Ok(Ok(_))
             );
             let (vips, draining) =

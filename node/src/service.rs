@@ -794,7 +794,7 @@ impl Handler for Node {
                 (PeerRole::Node(_), Request::Raft(r)) => this.handle_raft(r).await,
                 (PeerRole::Node(_), Request::Probe) => Reply::Pong { id: this.inner.id },
                 (PeerRole::Node(id), Request::GatewayRenew { applied }) => {
-                    let revision = this.inner.feed.read(|d| d.revision);
+                    let revision = this.inner.feed.read(|d| d.gateway.revision);
                     match this.inner.gateway.renew(id, applied) {
                         Ok(granted_ms) => Reply::LeaseGranted {
                             granted_ms,

@@ -457,7 +457,7 @@ fn renew_loop(
             }
             let leader = node.raft().metrics().borrow().current_leader;
             let Some(leader) = leader else { continue };
-            let applied = node.feed().read(|d| d.revision);
+            let applied = node.feed().read(|d| d.gateway.revision);
             let _ = transport
                 .call(
                     Target::node(leader, addr(leader)),

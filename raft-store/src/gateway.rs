@@ -102,6 +102,10 @@ pub struct GatewayTables {
     pub vips: BTreeMap<Ipv4Addr, VipRecord>,
     pub endpoints: BTreeMap<EndpointKey, EndpointRecord>,
     pub draining: BTreeSet<NodeId>,
+    /// The revision of the last command that changed these tables. Gateway nodes compare it,
+    /// not the cluster-wide revision (which every KV write moves), to know whether the tables
+    /// they act on are as new as the leader's.
+    pub revision: u64,
 }
 
 impl GatewayTables {
@@ -187,6 +191,9 @@ impl GatewayTables {
                     }
                 }
             }
+        }
+        if !out.is_empty() {
+            self.revision = revision;
         }
         out
     }

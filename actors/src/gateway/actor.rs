@@ -191,10 +191,11 @@ impl GatewayActor {
     fn subscribe(&mut self, ctx: &mut Context<Self>) {
         let (data, rx) = self.feed.subscribe();
         let now_ms = self.dataplane.now_ms();
+        let revision = data.gateway.revision;
         self.run(
             Event::Reset {
                 tables: Box::new(data.gateway),
-                revision: data.revision,
+                revision,
                 now_ms,
             },
             ctx,
@@ -273,7 +274,7 @@ impl GatewayActor {
                 act.renewing = false;
                 if let Some((granted_ms, leader_revision)) = granted {
                     if !act.synced {
-                        if act.feed.read(|d| d.revision) < leader_revision {
+                        if act.feed.read(|d| d.gateway.revision) < leader_revision {
                             return;
                         }
                         act.synced = true;

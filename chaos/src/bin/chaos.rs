@@ -19,12 +19,12 @@ use clap::Parser;
 use yard::client::AdminClient;
 use yard_chaos::gateway::{
     answering_mismatches, balanced, check_ownership, gaps_in, largest_gap, lost_within,
-    owned_before, owned_by_any, phase_of, reassignment, LossGap, Ms, NodeId, Outage, Overlap,
-    OwnershipViolation,
+    owned_before, owned_by_any, phase_of, reassignment, unanswered, LossGap, Ms, NodeId, Outage,
+    Overlap, OwnershipViolation,
 };
 use yard_chaos::gateway_monitor::{
-    add_tenants, cli_json, gateway_config, pool, wait_vips, Health, Monitor, Observed, ProbePair,
-    RunClock,
+    add_tenants, cli_json, gateway_config, pool, vip_neighbours, wait_vips, Health, Monitor,
+    Observed, ProbePair, RunClock,
 };
 use yard_chaos::yard_client::YardKv;
 use yard_chaos::{
@@ -494,6 +494,16 @@ impl Judge<'_> {
             for d in monitor.describe_latest(&self.clock) {
                 println!("chaos: final data plane: {d}");
             }
+            println!(
+                "chaos: final data plane: forwarded counters per node {:?}",
+                monitor.forwarded()
+            );
+            let n = self.nodes.len();
+            for host in [n + 2, n + 3] {
+                for line in vip_neighbours(cluster, host, n) {
+                    println!("chaos: final data plane: {line}");
+                }
+            }
         }
         checks.add(
             "gateway final: each vip answered by exactly its owner",
@@ -550,7 +560,7 @@ impl Judge<'_> {
             );
         }
 
-        self.judge_run(&observed, &streams, final_start, checks);
+        self.judge_run(&observed, &vips, &streams, final_start, checks);
         Ok(())
     }
 
@@ -559,6 +569,7 @@ impl Judge<'_> {
     fn judge_run(
         &self,
         observed: &Observed,
+        vips: &[Ipv4Addr],
         streams: &[Stream],
         final_start: Ms,
         checks: &mut Checks,
@@ -608,6 +619,14 @@ impl Judge<'_> {
                 .entry(phase_of(&starts, v.at()))
                 .or_default()
                 .push(v);
+        }
+
+        // (b') ...and some node actually answering for it: a VIP whose owner fenced itself but
+        // keeps renewing is owned in the table and answered by nobody.
+        let silent = unanswered(&observed.answering, vips, 0, observed.last_stats, budget);
+        let mut silent_by: BTreeMap<usize, Vec<&(Ipv4Addr, Ms, Ms)>> = BTreeMap::new();
+        for u in &silent {
+            silent_by.entry(phase_of(&starts, u.1)).or_default().push(u);
         }
 
         println!(
@@ -690,6 +709,28 @@ impl Judge<'_> {
             checks.add(
                 format!("gateway [{p}] every vip has a live owner"),
                 w.is_empty(),
+            );
+
+            let u = silent_by.get(&p).map_or(&[][..], Vec::as_slice);
+            println!(
+                "chaos:     answered by some node within {budget} ms: {}",
+                if u.is_empty() {
+                    "ok".to_owned()
+                } else {
+                    format!("{} VIOLATIONS", u.len())
+                }
+            );
+            for (vip, a, b) in u.iter().take(10) {
+                println!(
+                    "chaos:       nobody answered ARP for {vip} over t={:.3}s..{:.3}s ({} ms)",
+                    secs(*a),
+                    secs(*b),
+                    b - a
+                );
+            }
+            checks.add(
+                format!("gateway [{p}] every vip answered in the data plane"),
+                u.is_empty(),
             );
 
             // (c) Probe loss windows close within the budget.

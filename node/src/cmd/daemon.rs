@@ -348,7 +348,7 @@ impl Renewer for LeaseRenewer {
         let task = self.rt.spawn(async move {
             let leader = node.raft().metrics().borrow().current_leader?;
             if leader == node.id() {
-                let revision = node.feed().read(|d| d.revision);
+                let revision = node.feed().read(|d| d.gateway.revision);
                 return node
                     .gateway()
                     .renew(leader, applied)
