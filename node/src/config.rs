@@ -139,6 +139,9 @@ pub struct GatewaySection {
     pub garp_interval_ms: u64,
     /// How long a released VIP is still forwarded while caches move to the new owner.
     pub linger_ms: u64,
+    /// On SIGTERM, ask the leader to keep this node's VIPs this long without renewals, so a
+    /// planned restart moves nothing (0: no grace; the VIPs move after one lease).
+    pub restart_grace_ms: u64,
 }
 
 impl Default for NodeSection {
@@ -219,6 +222,7 @@ impl Default for GatewaySection {
             garp_repeats: 3,
             garp_interval_ms: 1_100,
             linger_ms: 3_000,
+            restart_grace_ms: 10_000,
         }
     }
 }

@@ -7,7 +7,7 @@
 //! decisions as one Raft command. Decisions and arithmetic live in the pure cores; this is the
 //! clock, the loop and the I/O.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -33,6 +33,13 @@ struct ControlState {
     table: Option<(u64, LeaseTable)>,
     /// Nodes already reported as lapsed (log once per lapse).
     lapsed: BTreeSet<NodeId>,
+    /// A placement write is being committed: a lapsed node is not granted a lease meanwhile,
+    /// so it cannot re-arm from tables older than a reassignment of its VIPs.
+    in_flight: bool,
+    /// Nodes on a restart grace → when it was granted (or this leader took over).
+    graced: BTreeMap<NodeId, u64>,
+    /// Graced nodes whose new daemon has renewed: their grace can be cleared.
+    back: BTreeSet<NodeId>,
 }
 
 impl GatewayControl {
@@ -54,12 +61,32 @@ impl GatewayControl {
     }
 
     /// A renewal from `node`: the granted milliseconds, or why none was granted.
-    pub fn renew(&self, node: NodeId, applied: u64) -> Result<u64, String> {
+    pub fn renew(&self, node: NodeId, applied: u64, lease_left_ms: u64) -> Result<u64, String> {
         let now = self.now_ms();
         let mut st = self.state();
-        let Some((_, table)) = st.table.as_mut() else {
+        let ControlState {
+            table,
+            in_flight,
+            graced,
+            back,
+            ..
+        } = &mut *st;
+        let Some((_, table)) = table.as_mut() else {
             return Err("this node is not the leader".into());
         };
+        if *in_flight && table.is_expired(node, now) {
+            return Err("a placement is being committed; try again".into());
+        }
+        // Renewals still in flight from the daemon that asked for the grace arrive within one
+        // lease; later ones come from its successor, which is back once its data plane runs on
+        // an ordinary lease again (a later leader would not know to wait out the grace).
+        if lease_left_ms <= self.cfg.lease_ms
+            && graced
+                .get(&node)
+                .is_some_and(|at| now > at + self.cfg.lease_ms)
+        {
+            back.insert(node);
+        }
         match table.renew(node, applied, now) {
             Some(granted) => {
                 METRICS.gateway_renewals.inc();
@@ -67,6 +94,47 @@ impl GatewayControl {
             }
             None => Err("leadership is not confirmed; try again".into()),
         }
+    }
+
+    /// A planned restart of `node`: commits a grace of `grace_ms` through Raft (so any later
+    /// leader holds the node too), then holds it here; the node's data plane keeps answering
+    /// for its VIPs that long with no daemon behind it.
+    pub async fn grace(
+        &self,
+        raft: &Raft,
+        node: NodeId,
+        applied: u64,
+        grace_ms: u64,
+    ) -> Result<u64, String> {
+        {
+            // Held at once, before the commit (which may take a while): the node stops renewing
+            // now, and this leader must not give its VIPs away meanwhile.
+            let mut st = self.state();
+            let now = self.now_ms();
+            let Some((_, table)) = st.table.as_mut() else {
+                return Err("this node is not the leader".into());
+            };
+            if table.renew(node, applied, now).is_none() {
+                return Err("leadership is not confirmed; try again".into());
+            }
+            table.hold(node, now + grace_ms);
+        }
+        raft.client_write(Command::Gateway(GatewayCommand::Grace {
+            node,
+            ms: grace_ms,
+        }))
+        .await
+        .map_err(|e| format!("the grace was not committed: {e}"))?;
+        let now = self.now_ms();
+        let mut st = self.state();
+        let Some((_, table)) = st.table.as_mut() else {
+            return Err("this node lost the leadership".into());
+        };
+        table.hold(node, now + grace_ms);
+        st.graced.insert(node, now);
+        st.back.remove(&node);
+        tracing::info!(node, grace_ms, "gateway restart grace granted");
+        Ok(grace_ms)
     }
 
     /// The leader loop; returns when the task is aborted.
@@ -82,19 +150,38 @@ impl GatewayControl {
                 st.lapsed.clear();
                 continue;
             }
-            {
+            let fresh = self
+                .state()
+                .table
+                .as_ref()
+                .is_none_or(|(term, _)| *term != m.current_term);
+            if fresh {
+                // The takeover wait starts now (after the election, so never too early). The
+                // predecessor's restart graces must be read from tables that include everything
+                // it committed: wait until this term's first entry is applied.
+                let now = self.now_ms();
+                if !matches!(
+                    tokio::time::timeout(self.interval * 10, raft.ensure_linearizable()).await,
+                    Ok(Ok(_))
+                ) {
+                    continue;
+                }
                 let mut st = self.state();
-                if st
-                    .table
-                    .as_ref()
-                    .is_none_or(|(term, _)| *term != m.current_term)
                 {
                     tracing::info!(
                         term = m.current_term,
                         wait_ms = self.cfg.lease_ms + self.cfg.margin_ms,
                         "gateway leases: leading; predecessors' grants run out first"
                     );
-                    st.table = Some((m.current_term, LeaseTable::new(self.cfg, self.now_ms())));
+                    let mut table = LeaseTable::new(self.cfg, now);
+                    // Graces a predecessor granted run at most this long from now.
+                    let graces = feed.read(|d| d.gateway.graces.clone());
+                    for (node, ms) in &graces {
+                        table.hold(*node, now + ms);
+                    }
+                    st.graced = graces.keys().map(|n| (*n, now)).collect();
+                    st.back.clear();
+                    st.table = Some((m.current_term, table));
                     st.lapsed.clear();
                 }
             }
@@ -106,12 +193,24 @@ impl GatewayControl {
                 tokio::time::timeout(self.interval * 4, raft.get_read_log_id()).await,
                 Ok(Ok(_))
             );
-            let (vips, draining) =
-                feed.read(|d| (d.gateway.vips.clone(), d.gateway.draining.clone()));
+            let (vips, draining, graces) = feed.read(|d| {
+                (
+                    d.gateway.vips.clone(),
+                    d.gateway.draining.clone(),
+                    d.gateway.graces.clone(),
+                )
+            });
             let now = self.now_ms();
+            let mut ended = Vec::new();
             let changes = {
                 let mut st = self.state();
-                let ControlState { table, lapsed } = &mut *st;
+                let ControlState {
+                    table,
+                    lapsed,
+                    graced,
+                    back,
+                    ..
+                } = &mut *st;
                 let Some((_, table)) = table.as_mut() else {
                     continue;
                 };
@@ -125,6 +224,14 @@ impl GatewayControl {
                 known.extend(table.applied().keys().copied());
                 let live = table.live(now);
                 let expired = table.expired(&known, now);
+                // A grace ends when the restarted daemon renews, or when it ran out.
+                for node in graces.keys() {
+                    if back.contains(node) || expired.contains(node) {
+                        ended.push(*node);
+                        graced.remove(node);
+                        back.remove(node);
+                    }
+                }
                 for node in expired.difference(lapsed) {
                     let owned = vips.values().filter(|r| r.owner == Some(*node)).count();
                     if owned > 0 {
@@ -145,14 +252,22 @@ impl GatewayControl {
                     applied: table.applied(),
                 })
             };
+            for node in ended {
+                let cleared = raft
+                    .client_write(Command::Gateway(GatewayCommand::Grace { node, ms: 0 }))
+                    .await;
+                tracing::info!(node, ok = cleared.is_ok(), "gateway restart grace ended");
+            }
             if changes.is_empty() {
                 continue;
             }
             let moves = changes.len();
-            match raft
+            self.state().in_flight = true;
+            let written = raft
                 .client_write(Command::Gateway(GatewayCommand::Assign(changes)))
-                .await
-            {
+                .await;
+            self.state().in_flight = false;
+            match written {
                 Ok(resp) => {
                     METRICS.gateway_placements.inc();
                     let revision = match resp.data {

@@ -28,7 +28,9 @@ pub enum Request {
     Probe,
     /// A gateway node renews its lease with the leader, reporting the revision it has applied
     /// (and executed on its data plane). The node is the one named by the caller's certificate.
-    GatewayRenew { applied: u64 },
+    GatewayRenew { applied: u64, lease_left_ms: u64 },
+    /// A gateway node about to restart asks to keep its VIPs for `grace_ms` without renewing.
+    GatewayGrace { applied: u64, grace_ms: u64 },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

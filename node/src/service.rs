@@ -793,9 +793,29 @@ impl Handler for Node {
             match (role, req) {
                 (PeerRole::Node(_), Request::Raft(r)) => this.handle_raft(r).await,
                 (PeerRole::Node(_), Request::Probe) => Reply::Pong { id: this.inner.id },
-                (PeerRole::Node(id), Request::GatewayRenew { applied }) => {
+                (PeerRole::Node(id), Request::GatewayGrace { applied, grace_ms }) => {
+                    match this
+                        .inner
+                        .gateway
+                        .grace(&this.inner.raft, id, applied, grace_ms)
+                        .await
+                    {
+                        Ok(granted_ms) => Reply::LeaseGranted {
+                            granted_ms,
+                            revision: this.inner.feed.read(|d| d.gateway.revision),
+                        },
+                        Err(e) => Reply::Error(e),
+                    }
+                }
+                (
+                    PeerRole::Node(id),
+                    Request::GatewayRenew {
+                        applied,
+                        lease_left_ms,
+                    },
+                ) => {
                     let revision = this.inner.feed.read(|d| d.gateway.revision);
-                    match this.inner.gateway.renew(id, applied) {
+                    match this.inner.gateway.renew(id, applied, lease_left_ms) {
                         Ok(granted_ms) => Reply::LeaseGranted {
                             granted_ms,
                             revision,
@@ -822,7 +842,9 @@ impl Handler for Node {
                         Request::Raft(_) => "raft traffic",
                         Request::Admin(_) => "admin requests",
                         Request::Probe => "liveness probes",
-                        Request::GatewayRenew { .. } => "gateway lease renewals",
+                        Request::GatewayRenew { .. } | Request::GatewayGrace { .. } => {
+                            "gateway lease renewals"
+                        }
                         Request::Join(_) | Request::RedeemToken(_) => "joins",
                     };
                     tracing::warn!(?role, what, "refused request for the peer's role");

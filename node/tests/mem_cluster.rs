@@ -461,7 +461,10 @@ fn renew_loop(
             let _ = transport
                 .call(
                     Target::node(leader, addr(leader)),
-                    Request::GatewayRenew { applied },
+                    Request::GatewayRenew {
+                        applied,
+                        lease_left_ms: 0,
+                    },
                     Duration::from_millis(200),
                 )
                 .await;

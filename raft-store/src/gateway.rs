@@ -77,6 +77,9 @@ pub enum GatewayCommand {
     SetDrain { node: NodeId, draining: bool },
     /// Placement decisions of the leader, each a compare-and-set; all in one Raft entry.
     Assign(Vec<VipChange>),
+    /// A planned restart of `node`: it keeps its VIPs for `ms` without renewing (`0` clears
+    /// the grace). Replicated before it is granted, so every later leader holds the node too.
+    Grace { node: NodeId, ms: u64 },
 }
 
 /// One change to the gateway tables, as actors see it on the change feed.
@@ -94,6 +97,10 @@ pub enum GatewayChange {
         node: NodeId,
         draining: bool,
     },
+    Grace {
+        node: NodeId,
+        ms: u64,
+    },
 }
 
 /// The gateway's part of the replicated state.
@@ -102,6 +109,8 @@ pub struct GatewayTables {
     pub vips: BTreeMap<Ipv4Addr, VipRecord>,
     pub endpoints: BTreeMap<EndpointKey, EndpointRecord>,
     pub draining: BTreeSet<NodeId>,
+    /// Restart graces in force: node → ms.
+    pub graces: BTreeMap<NodeId, u64>,
     /// The revision of the last command that changed these tables. Gateway nodes compare it,
     /// not the cluster-wide revision (which every KV write moves), to know whether the tables
     /// they act on are as new as the leader's.
@@ -165,6 +174,19 @@ impl GatewayTables {
                     out.push(GatewayChange::Drain {
                         node: *node,
                         draining: *draining,
+                    });
+                }
+            }
+            GatewayCommand::Grace { node, ms } => {
+                let changed = if *ms == 0 {
+                    self.graces.remove(node).is_some()
+                } else {
+                    self.graces.insert(*node, *ms) != Some(*ms)
+                };
+                if changed {
+                    out.push(GatewayChange::Grace {
+                        node: *node,
+                        ms: *ms,
                     });
                 }
             }

@@ -72,7 +72,20 @@ pub type RenewFuture = Pin<Box<dyn Future<Output = Option<Grant>> + Send>>;
 pub trait Renewer: Send + Sync + 'static {
     /// The granted milliseconds and the leader's applied revision, or `None` (no leader,
     /// refused, or no answer in time).
-    fn renew(&self, applied: u64) -> RenewFuture;
+    /// `lease_left_ms`: how long the data plane still serves on its current deadline (the
+    /// leader ends a restart grace only once that is back to an ordinary lease).
+    fn renew(&self, applied: u64, lease_left_ms: u64) -> RenewFuture;
+    /// Asks for a restart grace of `grace_ms` (the leader commits it before granting).
+    fn grace(&self, applied: u64, grace_ms: u64) -> RenewFuture;
+}
+
+/// Sent by the daemon before a planned stop: ask the leader for a restart grace and write it
+/// into the data plane, so the VIPs stay answered (and unmoved) while no daemon runs. Answers
+/// whether the grace was granted.
+#[derive(Debug, Message)]
+#[rtype(result = "bool")]
+pub struct PrepareRestart {
+    pub grace_ms: u64,
 }
 
 /// What `yard gateway stats` and the metrics show, published by the shell.
@@ -131,6 +144,8 @@ pub struct GatewayActor {
     /// grant), so a restarted daemon never acts on a store still replaying its log — until
     /// then the pinned maps keep forwarding with what they hold.
     synced: bool,
+    /// A planned stop asked for a restart grace: no more ordinary renewals.
+    restarting: bool,
     ticks: u64,
     errors: u64,
 }
@@ -183,6 +198,7 @@ impl GatewayActor {
             health,
             renewing: false,
             synced: false,
+            restarting: false,
             ticks: 0,
             errors: 0,
         }
@@ -266,12 +282,16 @@ impl GatewayActor {
     fn tick(&mut self, ctx: &mut Context<Self>) {
         self.ticks += 1;
         let now_ms = self.dataplane.now_ms();
-        if !self.renewing {
+        if !self.renewing && !self.restarting {
             self.renewing = true;
             let sent_ms = now_ms;
-            let fut = self.renewer.renew(self.core.revision());
+            let left = self.core.deadline_ms().saturating_sub(now_ms);
+            let fut = self.renewer.renew(self.core.revision(), left);
             ctx.spawn(fut.into_actor(self).map(move |granted, act, ctx| {
                 act.renewing = false;
+                if act.restarting {
+                    return;
+                }
                 if let Some((granted_ms, leader_revision)) = granted {
                     if !act.synced {
                         if act.feed.read(|d| d.gateway.revision) < leader_revision {
@@ -351,6 +371,35 @@ impl GatewayActor {
                 "lease lapsed: serving nothing".to_owned()
             },
         );
+    }
+}
+
+impl Handler<PrepareRestart> for GatewayActor {
+    type Result = ResponseActFuture<Self, bool>;
+
+    fn handle(&mut self, msg: PrepareRestart, _: &mut Context<Self>) -> Self::Result {
+        // No ordinary renewal from now on: a late one must not cut the grace short.
+        self.restarting = true;
+        let sent_ms = self.dataplane.now_ms();
+        let fut = self.renewer.grace(self.core.revision(), msg.grace_ms);
+        Box::pin(fut.into_actor(self).map(move |granted, act, ctx| {
+            let Some((granted_ms, leader_revision)) = granted else {
+                tracing::warn!("gateway restart grace refused; the vips will move if the restart outlasts the lease");
+                return false;
+            };
+            let now_ms = act.dataplane.now_ms();
+            act.run(
+                Event::Granted {
+                    sent_ms,
+                    granted_ms,
+                    leader_revision,
+                    now_ms,
+                },
+                ctx,
+            );
+            tracing::info!(granted_ms, "gateway keeps its vips through the restart");
+            true
+        }))
     }
 }
 

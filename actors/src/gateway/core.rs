@@ -281,7 +281,7 @@ impl NodeCore {
                             }
                         }
                     }
-                    GatewayChange::Drain { .. } => {}
+                    GatewayChange::Drain { .. } | GatewayChange::Grace { .. } => {}
                 }
                 now_ms
             }
@@ -295,9 +295,11 @@ impl NodeCore {
                 // After a lapse the leader may have given our VIPs away: serve again only once
                 // the tables we act on are at least as new as the leader's at the grant.
                 let stale = now_ms >= self.deadline_ms && self.revision < leader_revision;
+                // The latest grant sets the deadline, shortening it too: after a restart grace
+                // the first ordinary grant brings the data plane back to an ordinary lease.
                 if stale {
                     // Not taken; the next renewal (after the feed caught up) will be.
-                } else if deadline > self.deadline_ms {
+                } else if deadline != self.deadline_ms {
                     self.deadline_ms = deadline;
                     out.push(Effect::SetLease {
                         deadline_ms: deadline,

@@ -104,6 +104,20 @@ impl LeaseTable {
         Some(granted)
     }
 
+    /// Records that `node` may serve until `until_ms` without renewing: a restart grace that was
+    /// committed through Raft before it was granted (so every later leader knows of it and
+    /// holds the node the same way, from its own election on).
+    pub fn hold(&mut self, node: NodeId, until_ms: u64) {
+        let e = self.ends.entry(node).or_insert(until_ms);
+        *e = (*e).max(until_ms);
+    }
+
+    /// Whether `node` is certain to have fenced itself at `now_ms` (see [`expired`](Self::expired)).
+    pub fn is_expired(&self, node: NodeId, now_ms: u64) -> bool {
+        self.expired(&BTreeSet::from([node]), now_ms)
+            .contains(&node)
+    }
+
     /// Nodes whose recorded lease end is after `now_ms`.
     pub fn live(&self, now_ms: u64) -> BTreeSet<NodeId> {
         self.ends
@@ -294,6 +308,19 @@ mod tests {
         assert!(t.live(1499).contains(&1) && t.live(1500).is_empty());
         assert!(t.expired(&set(&[1]), 1600).is_empty());
         assert_eq!(t.expired(&set(&[1]), 1601), set(&[1]));
+    }
+
+    #[test]
+    fn a_held_node_stays_live_through_its_grace_and_expires_after_it() {
+        let mut t = LeaseTable::new(CFG, 0);
+        t.confirm_leadership(0);
+        t.hold(7, 5_000);
+        assert!(t.live(4_999).contains(&7));
+        assert!(!t.is_expired(7, 5_000 + 100));
+        assert!(t.is_expired(7, 5_000 + 101));
+        // A renewal never shortens a hold.
+        t.renew(7, 0, 1_000);
+        assert!(t.live(4_999).contains(&7));
     }
 
     #[test]

@@ -29,8 +29,11 @@ fn show(c: &YardCluster<&Topology>, i: usize, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
-/// (vip, owner, handoff target) from `yard gateway vip list --json`.
-fn owners(c: &YardCluster<&Topology>, i: usize) -> Result<Vec<(String, Option<u64>, Option<u64>)>> {
+/// One row of `yard gateway vip list --json`: (vip, owner, handoff target).
+type VipRow = (String, Option<u64>, Option<u64>);
+
+/// The VIP table through node `i`.
+fn owners(c: &YardCluster<&Topology>, i: usize) -> Result<Vec<VipRow>> {
     let text = show(c, i, &["gateway", "vip", "list", "--json"])?;
     let v: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| Error::Yard(format!("vip list: {e}")))?;
@@ -53,7 +56,7 @@ fn wait(
     c: &YardCluster<&Topology>,
     i: usize,
     what: &str,
-    ok: impl Fn(&[(String, Option<u64>, Option<u64>)]) -> bool,
+    ok: impl Fn(&[VipRow]) -> bool,
 ) -> Result<()> {
     let start = Instant::now();
     loop {

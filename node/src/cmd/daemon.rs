@@ -14,10 +14,12 @@ use yard::config::{Config, LogFormat, XdpMode};
 use yard::gateway_control::GatewayControl;
 use yard::rpc::{RedeemRequest, Reply, Request};
 use yard::service::{Node, NodeParts, RaftGauges};
+use yard::tls::PeerRole;
 use yard::tls::{self, CertAuthority, Identity, Trust};
-use yard::transport::{self, Quic, QuicTransport, Target, Transport};
+use yard::transport::{self, Handler as _, Quic, QuicTransport, Target, Transport};
 use yard_actors::gateway::actor::{
-    GatewayActor, GatewaySettings, GatewayView, Interface, LinuxInterface, RenewFuture, Renewer,
+    GatewayActor, GatewaySettings, GatewayView, Interface, LinuxInterface, PrepareRestart,
+    RenewFuture, Renewer,
 };
 use yard_actors::gateway::core::CoreConfig;
 use yard_actors::gateway::dataplane::XdpDataPlane;
@@ -273,8 +275,9 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
     );
     let admin_limit = cfg.admin.max_in_flight;
     let (gateway_feed, gateway_health) = (node.feed().clone(), health.clone());
-    let (actors, admin) = ActorSystem::start(move || {
-        if let Some((settings, dataplane, iface, renewer, view)) = gateway {
+    let restart_grace_ms = cfg.gateway.restart_grace_ms;
+    let (actors, (admin, gateway_actor)) = ActorSystem::start(move || {
+        let gateway_actor = gateway.map(|(settings, dataplane, iface, renewer, view)| {
             GatewayActor::new(
                 settings,
                 Box::new(dataplane),
@@ -284,15 +287,16 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
                 view,
                 gateway_health,
             )
-            .start();
-        }
+            .start()
+        });
         actix::Supervisor::start(move |_| {
             LivenessActor::new(interval, misses, prober, reachability, health)
         });
-        actix::Supervisor::start(move |_| {
+        let admin = actix::Supervisor::start(move |_| {
             AdminActor::new(admin_node, admin_limit, rt, admin_health)
         })
-        .recipient()
+        .recipient();
+        (admin, gateway_actor)
     })?;
     node.attach_admin(admin);
 
@@ -323,6 +327,19 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
         _ = term.recv() => tracing::info!("SIGTERM: stopping"),
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupt: stopping"),
     }
+    // A planned stop: the pinned program keeps forwarding; with a grace it also keeps answering
+    // for this node's VIPs, so a restart moves none of them.
+    if let (Some(gw), true) = (&gateway_actor, restart_grace_ms > 0) {
+        let asked = gw.send(PrepareRestart {
+            grace_ms: restart_grace_ms,
+        });
+        match tokio::time::timeout(Duration::from_secs(2), asked).await {
+            Ok(Ok(true)) => {}
+            _ => {
+                tracing::warn!("no restart grace: this node's vips move to others after one lease")
+            }
+        }
+    }
     actors.stop();
     control.abort();
     if let Err(e) = raft.shutdown().await {
@@ -342,43 +359,50 @@ struct LeaseRenewer {
     rt: tokio::runtime::Handle,
 }
 
-impl Renewer for LeaseRenewer {
-    fn renew(&self, applied: u64) -> RenewFuture {
+impl LeaseRenewer {
+    /// Sends `req` to the leader this node knows of (straight to its own handler when it
+    /// leads) and returns the grant, if any.
+    fn ask(&self, req: Request) -> RenewFuture {
         let (node, transport, timeout) = (self.node.clone(), self.transport.clone(), self.timeout);
         let task = self.rt.spawn(async move {
             let leader = node.raft().metrics().borrow().current_leader?;
-            if leader == node.id() {
-                let revision = node.feed().read(|d| d.gateway.revision);
-                return node
-                    .gateway()
-                    .renew(leader, applied)
-                    .ok()
-                    .map(|g| (g, revision));
-            }
-            let addr = node.member(leader)?.addr;
-            match transport
-                .call(
-                    Target::node(leader, addr),
-                    Request::GatewayRenew { applied },
-                    timeout,
-                )
-                .await
-            {
+            let reply = if leader == node.id() {
+                Ok(node.handle(PeerRole::Node(leader), req).await)
+            } else {
+                let addr = node.member(leader)?.addr;
+                transport
+                    .call(Target::node(leader, addr), req, timeout)
+                    .await
+            };
+            match reply {
                 Ok(Reply::LeaseGranted {
                     granted_ms,
                     revision,
                 }) => Some((granted_ms, revision)),
                 Ok(other) => {
-                    tracing::debug!(?other, "gateway lease not renewed");
+                    tracing::debug!(?other, "gateway lease not granted");
                     None
                 }
                 Err(e) => {
-                    tracing::debug!(error = %e, "gateway lease renewal failed");
+                    tracing::debug!(error = %e, "gateway lease request failed");
                     None
                 }
             }
         });
         Box::pin(async move { task.await.ok().flatten() })
+    }
+}
+
+impl Renewer for LeaseRenewer {
+    fn renew(&self, applied: u64, lease_left_ms: u64) -> RenewFuture {
+        self.ask(Request::GatewayRenew {
+            applied,
+            lease_left_ms,
+        })
+    }
+
+    fn grace(&self, applied: u64, grace_ms: u64) -> RenewFuture {
+        self.ask(Request::GatewayGrace { applied, grace_ms })
     }
 }
 
