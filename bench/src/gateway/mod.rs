@@ -349,6 +349,283 @@ impl CpuShare {
     }
 }
 
+/// One CPU's times from /proc/stat, in USER_HZ ticks (1/100 s as /proc/stat reports them).
+///
+/// On this kernel (no IRQ_TIME_ACCOUNTING, NO_HZ_IDLE) idle and iowait come from the nohz idle
+/// clock and are exact to the reporting unit, while user, system, irq and softirq are sampled
+/// at each scheduler tick: busy time is therefore taken as wall time minus idle, iowait and
+/// steal, and the softirq figure is a tick sample (good to a few percent over seconds).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CpuTicks {
+    pub user: u64,
+    pub system: u64,
+    pub idle: u64,
+    pub iowait: u64,
+    pub irq: u64,
+    pub softirq: u64,
+    pub steal: u64,
+}
+
+/// Per-CPU /proc/stat and /proc/softirqs readings at one instant.
+#[derive(Debug, Clone)]
+pub struct PerCpuSnapshot {
+    at: Instant,
+    cpus: Vec<CpuTicks>,
+    net_rx: Vec<u64>,
+    call_ipis: Vec<u64>,
+}
+
+/// What one CPU did over an interval.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CpuWork {
+    pub cpu: usize,
+    /// Wall time minus idle, iowait and steal, seconds (exact to 10 ms).
+    pub busy_s: f64,
+    /// Tick-sampled softirq plus hardirq time, seconds.
+    pub softirq_s: f64,
+    /// Tick-sampled user and system time, seconds.
+    pub user_s: f64,
+    pub system_s: f64,
+    pub steal_s: f64,
+    /// Busy minus tick-sampled user and system time: interrupt and softirq work, including the
+    /// softirqs run from idle that the tick never samples (it is stopped while idle), seconds.
+    pub kernel_s: f64,
+    /// NET_RX softirq runs (from /proc/softirqs): where the receive processing happened.
+    pub net_rx_softirqs: u64,
+    /// Function-call IPIs received (/proc/interrupts CAL): RPS hands packets over with these.
+    pub call_ipis: u64,
+}
+
+impl CpuWork {
+    pub fn to_json(self, secs: f64) -> Value {
+        serde_json::json!({
+            "cpu": self.cpu,
+            "busy_s": round3(self.busy_s),
+            "busy_pct": round1(self.busy_s * 100.0 / secs.max(1e-9)),
+            "softirq_s": round3(self.softirq_s),
+            "user_s": round3(self.user_s),
+            "system_s": round3(self.system_s),
+            "steal_s": round3(self.steal_s),
+            "irq_softirq_s": round3(self.kernel_s),
+            "net_rx_softirqs": self.net_rx_softirqs,
+            "call_ipis": self.call_ipis,
+        })
+    }
+}
+
+/// USER_HZ: /proc/stat's unit. 100 on every Linux architecture that matters here.
+const USER_HZ: f64 = 100.0;
+
+impl PerCpuSnapshot {
+    pub fn now() -> Self {
+        let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        let mut cpus = Vec::new();
+        for line in text.lines() {
+            // "cpuN ..." lines only, not the aggregate "cpu  ..." line.
+            let Some(rest) = line
+                .strip_prefix("cpu")
+                .filter(|r| r.starts_with(|c: char| c.is_ascii_digit()))
+            else {
+                continue;
+            };
+            let mut it = rest.split_whitespace();
+            let Some(Ok(idx)) = it.next().map(str::parse::<usize>) else {
+                continue; // the aggregate "cpu " line
+            };
+            let v: Vec<u64> = it.filter_map(|x| x.parse().ok()).collect();
+            let get = |i: usize| v.get(i).copied().unwrap_or(0);
+            if cpus.len() <= idx {
+                cpus.resize(idx + 1, CpuTicks::default());
+            }
+            cpus[idx] = CpuTicks {
+                user: get(0) + get(1),
+                system: get(2),
+                idle: get(3),
+                iowait: get(4),
+                irq: get(5),
+                softirq: get(6),
+                steal: get(7),
+            };
+        }
+        let softirqs = std::fs::read_to_string("/proc/softirqs").unwrap_or_default();
+        let net_rx = softirqs
+            .lines()
+            .find(|l| l.trim_start().starts_with("NET_RX:"))
+            .map(|l| {
+                l.split_whitespace()
+                    .skip(1)
+                    .filter_map(|x| x.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let interrupts = std::fs::read_to_string("/proc/interrupts").unwrap_or_default();
+        let ncpu = cpus.len();
+        let call_ipis = interrupts
+            .lines()
+            .find(|l| l.trim_start().starts_with("CAL:"))
+            .map(|l| {
+                l.split_whitespace()
+                    .skip(1)
+                    .take(ncpu)
+                    .filter_map(|x| x.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        Self {
+            at: Instant::now(),
+            cpus,
+            net_rx,
+            call_ipis,
+        }
+    }
+
+    /// Each CPU's work since `earlier`.
+    pub fn since(&self, earlier: &Self) -> Vec<CpuWork> {
+        let wall = self.at.duration_since(earlier.at).as_secs_f64();
+        let s = |a: u64, b: u64| a.saturating_sub(b) as f64 / USER_HZ;
+        self.cpus
+            .iter()
+            .zip(earlier.cpus.iter())
+            .enumerate()
+            .map(|(cpu, (n, e))| {
+                let idle = s(n.idle, e.idle) + s(n.iowait, e.iowait);
+                let steal = s(n.steal, e.steal);
+                let busy = (wall - idle - steal).max(0.0);
+                let tasks = s(n.user, e.user) + s(n.system, e.system);
+                CpuWork {
+                    cpu,
+                    busy_s: busy,
+                    kernel_s: (busy - tasks).max(0.0),
+                    softirq_s: s(n.softirq, e.softirq) + s(n.irq, e.irq),
+                    user_s: s(n.user, e.user),
+                    system_s: s(n.system, e.system),
+                    steal_s: steal,
+                    net_rx_softirqs: self
+                        .net_rx
+                        .get(cpu)
+                        .zip(earlier.net_rx.get(cpu))
+                        .map_or(0, |(a, b)| a.saturating_sub(*b)),
+                    call_ipis: self
+                        .call_ipis
+                        .get(cpu)
+                        .zip(earlier.call_ipis.get(cpu))
+                        .map_or(0, |(a, b)| a.saturating_sub(*b)),
+                }
+            })
+            .collect()
+    }
+}
+
+/// This process's user plus system CPU time so far (all its threads, finished ones too),
+/// seconds; tick-sampled like /proc/stat.
+pub fn self_cpu_s() -> f64 {
+    let text = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the ")" that closes the command name: state is field 3, utime 14, stime 15.
+    let Some(rest) = text.rsplit_once(')').map(|(_, r)| r) else {
+        return 0.0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let get = |i: usize| f.get(i).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+    (get(11) + get(12)) as f64 / USER_HZ
+}
+
+/// Pins the calling thread to one CPU with `taskset -p` (the bench crate has no libc binding;
+/// `taskset` takes a thread id as well as a process id).
+pub fn pin_this_thread(cpu: usize) -> Result<()> {
+    let link = std::fs::read_link("/proc/thread-self").context("cannot read /proc/thread-self")?;
+    let tid = link
+        .file_name()
+        .and_then(|t| t.to_str())
+        .context("/proc/thread-self has no thread id")?
+        .to_owned();
+    let out = std::process::Command::new("taskset")
+        .args(["-p", "-c", &cpu.to_string(), &tid])
+        .stdout(std::process::Stdio::null())
+        .output()
+        .context("cannot run taskset")?;
+    if !out.status.success() {
+        bail!(
+            "taskset -p -c {cpu} {tid} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// RPS settings made inside test namespaces, put back when dropped (the namespaces vanish with
+/// the topology anyway).
+#[derive(Debug, Default)]
+pub struct RpsSteering {
+    /// (namespace, device, previous mask, new mask)
+    changed: Vec<(String, String, String, String)>,
+}
+
+fn rps_path(dev: &str) -> String {
+    format!("/sys/class/net/{dev}/queues/rx-0/rps_cpus")
+}
+
+fn ns_sh(ns: &str, script: &str) -> Result<String> {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "sh", "-c", script])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .with_context(|| format!("cannot run `{script}` in {ns}"))?;
+    if !out.status.success() {
+        bail!(
+            "`{script}` in {ns} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+impl RpsSteering {
+    /// Steers receive processing of `dev` in namespace `ns` to the CPUs of `mask` (hex).
+    /// `ip netns exec` mounts the namespace's own /sys, so the path names its device.
+    pub fn set(&mut self, ns: &str, dev: &str, mask: &str) -> Result<()> {
+        let path = rps_path(dev);
+        let old = ns_sh(ns, &format!("cat {path}"))?;
+        ns_sh(ns, &format!("echo {mask} > {path}"))?;
+        let now = ns_sh(ns, &format!("cat {path}"))?;
+        self.changed
+            .push((ns.to_owned(), dev.to_owned(), old, now.clone()));
+        Ok(())
+    }
+
+    pub fn to_json(&self) -> Value {
+        Value::Array(
+            self.changed
+                .iter()
+                .map(|(ns, dev, old, new)| {
+                    serde_json::json!({"ns": ns, "dev": dev, "rps_cpus_before": old, "rps_cpus": new})
+                })
+                .collect(),
+        )
+    }
+
+    /// Puts every mask back, newest first; best effort.
+    pub fn restore(&mut self) {
+        while let Some((ns, dev, old, _)) = self.changed.pop() {
+            let old = if old.trim_matches(|c| c == '0' || c == ',').is_empty() {
+                "0".to_owned()
+            } else {
+                old
+            };
+            let _ = ns_sh(&ns, &format!("echo {old} > {}", rps_path(&dev)));
+        }
+    }
+}
+
+impl Drop for RpsSteering {
+    fn drop(&mut self) {
+        self.restore();
+    }
+}
+
+pub fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
 /// Nearest-rank quantile `q` in 0..=1; `None` when empty.
 pub fn quantile(values: &[f64], q: f64) -> Option<f64> {
     let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
