@@ -142,6 +142,10 @@ pub struct GatewaySection {
     /// On SIGTERM, ask the leader to keep this node's VIPs this long without renewals, so a
     /// planned restart moves nothing (0: no grace; the VIPs move after one lease).
     pub restart_grace_ms: u64,
+    /// Whether the Raft leader owns VIPs too. By default it hands them to the other gateway
+    /// nodes while any is live, so that losing the leader strands none (they would wait for
+    /// an election and the new leader's takeover wait).
+    pub leader_holds_vips: bool,
 }
 
 impl Default for NodeSection {
@@ -223,6 +227,7 @@ impl Default for GatewaySection {
             garp_interval_ms: 1_100,
             linger_ms: 3_000,
             restart_grace_ms: 10_000,
+            leader_holds_vips: false,
         }
     }
 }

@@ -22,6 +22,8 @@ use crate::metrics::METRICS;
 /// The leader-side lease and placement state of this node (empty unless it leads).
 pub struct GatewayControl {
     cfg: LeaseConfig,
+    /// Whether the Raft leader may own VIPs while other gateway nodes are live.
+    leader_holds_vips: bool,
     interval: Duration,
     epoch: Instant,
     state: Mutex<ControlState>,
@@ -43,9 +45,10 @@ struct ControlState {
 }
 
 impl GatewayControl {
-    pub fn new(cfg: LeaseConfig, interval: Duration) -> Self {
+    pub fn new(cfg: LeaseConfig, interval: Duration, leader_holds_vips: bool) -> Self {
         Self {
             cfg,
+            leader_holds_vips,
             interval,
             epoch: Instant::now(),
             state: Mutex::default(),
@@ -243,6 +246,18 @@ impl GatewayControl {
                     // (`next_expiry` already includes the margin.)
                     let wait = next.saturating_sub(now);
                     sleep_for = sleep_for.min(Duration::from_millis(wait.max(1)));
+                }
+                // The leader holds no VIP while another gateway node can: its failure then
+                // costs an election but strands no VIP (a stranded VIP would wait for the
+                // election and the new leader's takeover wait). Its VIPs leave by handoff.
+                let mut draining = draining.clone();
+                let me = m.id;
+                if !self.leader_holds_vips
+                    && live
+                        .iter()
+                        .any(|n| *n != me && !draining.contains(n) && !expired.contains(n))
+                {
+                    draining.insert(me);
                 }
                 plan(&PlacementInput {
                     vips: &vips,

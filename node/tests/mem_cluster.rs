@@ -73,6 +73,7 @@ async fn start(
                 margin_ms: 20,
             },
             Duration::from_millis(40),
+            true,
         )),
     });
     net.register(&addr(id), Arc::new(node.clone()));

@@ -21,6 +21,9 @@ use yard_raft_store::gateway::{
 };
 use yard_raft_store::NodeId;
 
+/// How soon a host whose MAC is still unknown is looked up again.
+const UNRESOLVED_RETRY_MS: u64 = 50;
+
 /// What the data plane does for a VIP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Serve {
@@ -140,6 +143,8 @@ pub struct NodeCore {
     hosts: BTreeMap<Ipv4Addr, usize>,
     resolved: BTreeMap<Ipv4Addr, [u8; 6]>,
     next_resolve_ms: u64,
+    /// When hosts still without a MAC are looked up again.
+    next_unresolved_ms: u64,
     deadline_ms: u64,
     fenced: bool,
     /// What the maps hold.
@@ -165,6 +170,7 @@ impl NodeCore {
             hosts: BTreeMap::new(),
             resolved: BTreeMap::new(),
             next_resolve_ms: 0,
+            next_unresolved_ms: 0,
             deadline_ms: 0,
             fenced: true,
             programmed: BTreeMap::new(),
@@ -317,7 +323,21 @@ impl NodeCore {
             Event::Tick { now_ms } => {
                 if now_ms >= self.next_resolve_ms && !self.hosts.is_empty() {
                     self.next_resolve_ms = now_ms + self.cfg.resolve_every_ms;
+                    self.next_unresolved_ms = now_ms + UNRESOLVED_RETRY_MS;
                     out.push(Effect::Resolve(self.hosts.keys().copied().collect()));
+                } else if now_ms >= self.next_unresolved_ms {
+                    // Frames to a host with no MAC yet are dropped: look again soon, not in a
+                    // second (the kernel answers the first lookup's nudge within milliseconds).
+                    let missing: Vec<Ipv4Addr> = self
+                        .hosts
+                        .keys()
+                        .filter(|h| !self.resolved.contains_key(h))
+                        .copied()
+                        .collect();
+                    if !missing.is_empty() {
+                        self.next_unresolved_ms = now_ms + UNRESOLVED_RETRY_MS;
+                        out.push(Effect::Resolve(missing));
+                    }
                 }
                 now_ms
             }

@@ -55,6 +55,7 @@ const PORT: u16 = 9300;
 enum Setting {
     YardDefault,
     YardTight,
+    YardFastest,
     KeepalivedDefault,
     KeepalivedFastest,
 }
@@ -64,12 +65,16 @@ impl Setting {
         match self {
             Setting::YardDefault => "yard-default",
             Setting::YardTight => "yard-tight",
+            Setting::YardFastest => "yard-fastest",
             Setting::KeepalivedDefault => "keepalived-default",
             Setting::KeepalivedFastest => "keepalived-fastest",
         }
     }
     fn is_yard(self) -> bool {
-        matches!(self, Setting::YardDefault | Setting::YardTight)
+        matches!(
+            self,
+            Setting::YardDefault | Setting::YardTight | Setting::YardFastest
+        )
     }
 }
 
@@ -94,7 +99,7 @@ struct Args {
     #[arg(long, default_value_t = 1000)]
     rate: u32,
     /// Settings to run, in order.
-    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Setting::YardDefault, Setting::YardTight, Setting::KeepalivedDefault, Setting::KeepalivedFastest])]
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Setting::YardDefault, Setting::YardTight, Setting::YardFastest, Setting::KeepalivedDefault, Setting::KeepalivedFastest])]
     settings: Vec<Setting>,
     /// How the owner fails.
     #[arg(long, value_enum, default_value_t = Fault::Link)]
@@ -372,11 +377,11 @@ fn run_setting_inner(
     let mut ov = Overlay::new(&topo);
     let (a, b) = gateway::tenant_pair(&mut ov, (host_a, host_b), VNI, VIP)?;
     let mut sys = match setting {
-        Setting::YardDefault | Setting::YardTight => {
-            let t = if setting == Setting::YardDefault {
-                YardTimings::DEFAULT
-            } else {
-                YardTimings::TIGHT
+        Setting::YardDefault | Setting::YardTight | Setting::YardFastest => {
+            let t = match setting {
+                Setting::YardDefault => YardTimings::DEFAULT,
+                Setting::YardTight => YardTimings::TIGHT,
+                _ => YardTimings::FASTEST,
             };
             result.config = t.to_json();
             let bin = yard_bin.context("no yard binary")?;

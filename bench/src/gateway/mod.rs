@@ -57,6 +57,15 @@ impl YardTimings {
         lease_margin_ms: 5,
     };
 
+    /// The fastest setting, to set beside keepalived's fastest (VRRPv3 at 10 ms adverts, down
+    /// after 3): renewals every 5 ms, a 20 ms lease.
+    pub const FASTEST: Self = Self {
+        name: "yard-fastest",
+        interval_ms: 5,
+        lease_ms: 20,
+        lease_margin_ms: 3,
+    };
+
     pub fn to_json(self) -> Value {
         serde_json::json!({
             "name": self.name,

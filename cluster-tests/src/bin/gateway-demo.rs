@@ -175,8 +175,9 @@ fn run(bin: PathBuf) -> Result<()> {
     println!("{}", show(&c, ask, &["gateway", "vip", "list"])?);
 
     topo.link_up(owner)?;
+    // Six VIPs over the two nodes that do not lead (the leader hands its VIPs away).
     wait(&c, ask, "rebalance", |o| {
-        o.iter().filter(|r| r.1 == Some(owner as u64)).count() == 2
+        o.iter().filter(|r| r.1 == Some(owner as u64)).count() == 3
     })?;
     let drained = (1..=3)
         .find(|n| *n != owner && *n != leader as usize)

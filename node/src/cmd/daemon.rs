@@ -177,6 +177,7 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
             margin_ms: cfg.liveness.lease_margin_ms,
         },
         renew_every,
+        cfg.gateway.leader_holds_vips,
     ));
     let node = Node::new(NodeParts {
         id: cfg.node.id,
