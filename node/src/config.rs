@@ -309,6 +309,12 @@ impl Config {
         if self.gateway.mtu < 576 {
             return bad("gateway.mtu", "must be at least 576");
         }
+        if self.gateway.restart_grace_ms > crate::gateway_control::MAX_GRACE_MS {
+            return bad(
+                "gateway.restart_grace_ms",
+                "must be at most 600000 (ten minutes)",
+            );
+        }
         if self.gateway.garp_repeats == 0 {
             return bad("gateway.garp_repeats", "must be at least 1");
         }

@@ -19,6 +19,9 @@ use yard_raft_store::{Command, NodeId, Raft};
 
 use crate::metrics::METRICS;
 
+/// The longest restart grace granted: a node gone longer than this should lose its VIPs.
+pub const MAX_GRACE_MS: u64 = 600_000;
+
 /// The leader-side lease and placement state of this node (empty unless it leads).
 pub struct GatewayControl {
     cfg: LeaseConfig,
@@ -109,6 +112,11 @@ impl GatewayControl {
         applied: u64,
         grace_ms: u64,
     ) -> Result<u64, String> {
+        if grace_ms == 0 || grace_ms > MAX_GRACE_MS {
+            return Err(format!(
+                "a restart grace must be 1 to {MAX_GRACE_MS} ms, not {grace_ms}"
+            ));
+        }
         {
             // Held at once, before the commit (which may take a while): the node stops renewing
             // now, and this leader must not give its VIPs away meanwhile.

@@ -594,4 +594,22 @@ async fn gateway_vips_are_placed_failed_over_rebalanced_and_drained_through_raft
     .unwrap_err();
     assert!(err.contains("224.0.0.9"), "{err}");
     assert_eq!(vip_owners(&net, &nodes[0].addr).await.len(), 6);
+    // An unbounded restart grace is refused in one sentence.
+    let leader = wait_leader(&nodes.iter().collect::<Vec<_>>(), None).await;
+    let reply = net
+        .transport("198.18.0.2:7481", PeerRole::Node(2))
+        .call(
+            Target::node(leader, addr(leader)),
+            Request::GatewayGrace {
+                applied: 0,
+                grace_ms: u64::MAX,
+            },
+            Duration::from_secs(2),
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(&reply, Reply::Error(e) if e.contains("restart grace must be")),
+        "{reply:?}"
+    );
 }
