@@ -174,19 +174,10 @@ pub fn add_tenants(
         cli_json(
             c,
             1,
-            &[
-                "gateway",
-                "endpoint",
-                "add",
-                "--vni",
-                &t.vni().to_string(),
-                "--ip",
-                &t.ip().to_string(),
-                "--mac",
-                &t.mac_string(),
-                "--host",
-                &t.host_addr().to_string(),
-            ],
+            &t.endpoint_add_args()
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
         )?;
     }
     for (x, y) in [(&a100, &b100), (&a200, &b200)] {

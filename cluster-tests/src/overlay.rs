@@ -320,6 +320,25 @@ impl Tenant {
         )
     }
 
+    /// The arguments of `yard gateway endpoint add` that register this tenant.
+    pub fn endpoint_add_args(&self) -> Vec<String> {
+        [
+            "gateway",
+            "endpoint",
+            "add",
+            "--vni",
+            &self.vni.to_string(),
+            "--ip",
+            &self.ip.to_string(),
+            "--mac",
+            &self.mac_string(),
+            "--host",
+            &self.host_addr.to_string(),
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    }
+
     /// Runs a short command inside the tenant and returns its output whatever its exit status;
     /// killed after [`crate::EXEC_TIMEOUT`].
     pub fn exec<S: AsRef<OsStr>>(&self, program: impl AsRef<OsStr>, args: &[S]) -> Result<Output> {

@@ -9,6 +9,24 @@ use std::time::{Duration, Instant};
 
 use crate::{Error, Process, Result, Topology};
 
+/// The `yard` binary the tests run: `$YARD_BIN`, or the workspace's debug build.
+///
+/// # Panics
+/// When it does not exist, naming how to build it.
+pub fn test_yard_bin() -> PathBuf {
+    let bin = std::env::var_os("YARD_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/debug/yard"))
+        });
+    assert!(
+        bin.exists(),
+        "yard binary {} not found; build it with `cargo build -p yard` or set YARD_BIN",
+        bin.display()
+    );
+    bin
+}
+
 /// QUIC port every node listens on.
 pub const PORT: u16 = 7480;
 /// Metrics port every node listens on.

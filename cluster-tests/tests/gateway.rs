@@ -13,17 +13,7 @@ use yard_cluster_tests::yard::{ClusterOptions, YardCluster};
 use yard_cluster_tests::{require_root, Topology};
 
 fn yard_bin() -> PathBuf {
-    let bin = std::env::var_os("YARD_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/debug/yard"))
-        });
-    assert!(
-        bin.exists(),
-        "yard binary {} not found; build it with `cargo build -p yard` or set YARD_BIN",
-        bin.display()
-    );
-    bin
+    yard_cluster_tests::yard::test_yard_bin()
 }
 
 fn vip(n: u8) -> Ipv4Addr {
@@ -112,19 +102,10 @@ fn add_endpoints(c: &YardCluster<&Topology>, tenants: &[&Tenant]) {
         let out = c
             .cli(
                 1,
-                &[
-                    "gateway",
-                    "endpoint",
-                    "add",
-                    "--vni",
-                    &t.vni().to_string(),
-                    "--ip",
-                    &t.ip().to_string(),
-                    "--mac",
-                    &t.mac_string(),
-                    "--host",
-                    &t.host_addr().to_string(),
-                ],
+                &t.endpoint_add_args()
+                    .iter()
+                    .map(String::as_str)
+                    .collect::<Vec<_>>(),
             )
             .unwrap();
         assert!(

@@ -8,17 +8,7 @@ use yard_cluster_tests::require_root;
 use yard_cluster_tests::yard::{ClusterOptions, YardCluster};
 
 fn yard_bin() -> PathBuf {
-    let bin = std::env::var_os("YARD_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/debug/yard"))
-        });
-    assert!(
-        bin.exists(),
-        "yard binary {} not found; build it with `cargo build -p yard` or set YARD_BIN",
-        bin.display()
-    );
-    bin
+    yard_cluster_tests::yard::test_yard_bin()
 }
 
 fn ok(out: std::process::Output) -> String {

@@ -279,6 +279,25 @@ impl GatewayActor {
         }
     }
 
+    /// A lease grant for a request sent at `sent_ms` reaches the core.
+    fn take_grant(
+        &mut self,
+        sent_ms: u64,
+        (granted_ms, leader_revision): Grant,
+        ctx: &mut Context<Self>,
+    ) {
+        let now_ms = self.dataplane.now_ms();
+        self.run(
+            Event::Granted {
+                sent_ms,
+                granted_ms,
+                leader_revision,
+                now_ms,
+            },
+            ctx,
+        );
+    }
+
     fn tick(&mut self, ctx: &mut Context<Self>) {
         self.ticks += 1;
         let now_ms = self.dataplane.now_ms();
@@ -301,16 +320,7 @@ impl GatewayActor {
                         tracing::info!(revision = leader_revision, "gateway following the tables");
                         act.subscribe(ctx);
                     }
-                    let now_ms = act.dataplane.now_ms();
-                    act.run(
-                        Event::Granted {
-                            sent_ms,
-                            granted_ms,
-                            leader_revision,
-                            now_ms,
-                        },
-                        ctx,
-                    );
+                    act.take_grant(sent_ms, (granted_ms, leader_revision), ctx);
                 }
             }));
         }
@@ -387,16 +397,7 @@ impl Handler<PrepareRestart> for GatewayActor {
                 tracing::warn!("gateway restart grace refused; the vips will move if the restart outlasts the lease");
                 return false;
             };
-            let now_ms = act.dataplane.now_ms();
-            act.run(
-                Event::Granted {
-                    sent_ms,
-                    granted_ms,
-                    leader_revision,
-                    now_ms,
-                },
-                ctx,
-            );
+            act.take_grant(sent_ms, (granted_ms, leader_revision), ctx);
             tracing::info!(granted_ms, "gateway keeps its vips through the restart");
             true
         }))

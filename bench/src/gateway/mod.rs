@@ -205,19 +205,10 @@ pub fn configure_yard_gateway(
             c,
             from,
             None,
-            &[
-                "gateway",
-                "endpoint",
-                "add",
-                "--vni",
-                &t.vni().to_string(),
-                "--ip",
-                &t.ip().to_string(),
-                "--mac",
-                &t.mac_string(),
-                "--host",
-                &t.host_addr().to_string(),
-            ],
+            &t.endpoint_add_args()
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
         )?;
     }
     Ok(())

@@ -123,19 +123,10 @@ fn run(bin: PathBuf) -> Result<()> {
         show(
             &c,
             1,
-            &[
-                "gateway",
-                "endpoint",
-                "add",
-                "--vni",
-                "100",
-                "--ip",
-                &t.ip().to_string(),
-                "--mac",
-                &t.mac_string(),
-                "--host",
-                &t.host_addr().to_string(),
-            ],
+            &t.endpoint_add_args()
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
         )?;
     }
     let first = a.wait_reachable(b.ip(), Duration::from_secs(10))?;
