@@ -72,6 +72,18 @@ pub fn pool(count: u8) -> Vec<Ipv4Addr> {
         .collect()
 }
 
+/// Sleeps until the next poll, `period` after the last one, recording in `lateness` how far
+/// behind the schedule a poller fell (it then restarts from now rather than bursting).
+async fn pace(next: &mut tokio::time::Instant, period: Duration, lateness: &AtomicU64) {
+    *next += period;
+    let now = tokio::time::Instant::now();
+    if *next < now {
+        lateness.fetch_max((now - *next).as_millis() as u64, Ordering::Relaxed);
+        *next = now;
+    }
+    tokio::time::sleep_until(*next).await;
+}
+
 /// The `[gateway]` section for nodes `1..=nodes` (XDP generic mode on eth0, pins on each host's
 /// private bpffs, mounted here before any node starts), for [`ClusterOptions::extra_config`].
 ///
@@ -355,14 +367,7 @@ impl Monitor {
                                 }
                             }
                         }
-                        next += period;
-                        let now = tokio::time::Instant::now();
-                        if next < now {
-                            let late = (now - next).as_millis() as u64;
-                            lateness.fetch_max(late, Ordering::Relaxed);
-                            next = now;
-                        }
-                        tokio::time::sleep_until(next).await;
+                        pace(&mut next, period, &lateness).await;
                     }
                     Ok(())
                 })
@@ -425,14 +430,7 @@ impl Monitor {
                                 }
                             }
                         }
-                        next += period;
-                        let now = tokio::time::Instant::now();
-                        if next < now {
-                            let late = (now - next).as_millis() as u64;
-                            lateness.fetch_max(late, Ordering::Relaxed);
-                            next = now;
-                        }
-                        tokio::time::sleep_until(next).await;
+                        pace(&mut next, period, &lateness).await;
                     }
                     Ok(())
                 })

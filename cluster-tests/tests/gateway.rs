@@ -120,6 +120,14 @@ fn stats(c: &YardCluster<&Topology>, i: usize) -> Value {
     cli_json(c, i, &["gateway", "stats"])
 }
 
+/// Adds the pool every test uses: VIPs 198.19.255.1 to .6.
+fn add_pool(c: &YardCluster<&Topology>) {
+    let pool: Vec<String> = (1..=6).map(|n| vip(n).to_string()).collect();
+    let mut args = vec!["gateway", "vip", "add"];
+    args.extend(pool.iter().map(String::as_str));
+    cli_json(c, 1, &args);
+}
+
 fn counter(stats: &Value, name: &str) -> u64 {
     stats["counters"][name]["packets"].as_u64().unwrap_or(0)
 }
@@ -130,10 +138,7 @@ fn forwards_between_tenants_answers_their_arp_and_isolates_vnis() {
     // Hosts 1-3: gateway nodes; 4 and 5: compute hosts.
     let topo = Topology::new(5).unwrap();
     let c = gateway_cluster(&topo, 3, true, "");
-    let pool: Vec<String> = (1..=6).map(|n| vip(n).to_string()).collect();
-    let mut args = vec!["gateway", "vip", "add"];
-    args.extend(pool.iter().map(String::as_str));
-    cli_json(&c, 1, &args);
+    add_pool(&c);
     let placed = wait_owners(&c, 1, Duration::from_secs(10), |_| true);
     let mut per_node = [0usize; 3];
     for (_, owner, _) in &placed {
@@ -222,10 +227,7 @@ fn rig(topo: &Topology) -> Rig<'_> {
         true,
         "[liveness]\ninterval_ms = 25\nlease_ms = 250\n[log]\nformat = \"json\"\n",
     );
-    let pool: Vec<String> = (1..=6).map(|n| vip(n).to_string()).collect();
-    let mut args = vec!["gateway", "vip", "add"];
-    args.extend(pool.iter().map(String::as_str));
-    cli_json(&c, 1, &args);
+    add_pool(&c);
     wait_owners(&c, 1, Duration::from_secs(10), |o| balanced(o, &[1, 2, 3]));
     let mut ov = Overlay::new(topo);
     let a = ov
@@ -516,10 +518,7 @@ fn by_default_the_leader_holds_no_vip_so_losing_it_loses_no_packet() {
     require_root();
     let topo = Topology::new(5).unwrap();
     let c = gateway_cluster(&topo, 3, false, "");
-    let pool: Vec<String> = (1..=6).map(|n| vip(n).to_string()).collect();
-    let mut args = vec!["gateway", "vip", "add"];
-    args.extend(pool.iter().map(String::as_str));
-    cli_json(&c, 1, &args);
+    add_pool(&c);
     let leader = c.wait_leader(1).unwrap() as u64;
     let others: Vec<u64> = [1, 2, 3].into_iter().filter(|n| *n != leader).collect();
     let placed = wait_owners(&c, 1, Duration::from_secs(10), |o| balanced(o, &others));

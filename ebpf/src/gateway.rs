@@ -673,13 +673,7 @@ impl Gateway {
     }
 
     fn xdp(&self) -> Result<&Xdp, EbpfError> {
-        self.ebpf
-            .program(PROGRAM)
-            .and_then(|p| <&Xdp>::try_from(p).ok())
-            .ok_or(EbpfError::Missing {
-                kind: "XDP program",
-                name: PROGRAM,
-            })
+        crate::program::xdp(&self.ebpf, PROGRAM)
     }
 
     fn xdp_mut(&mut self) -> Result<&mut Xdp, EbpfError> {
@@ -694,12 +688,7 @@ enum AdoptError {
 }
 
 fn xdp_mut(ebpf: &mut Ebpf) -> Result<&mut Xdp, EbpfError> {
-    ebpf.program_mut(PROGRAM)
-        .and_then(|p| <&mut Xdp>::try_from(p).ok())
-        .ok_or(EbpfError::Missing {
-            kind: "XDP program",
-            name: PROGRAM,
-        })
+    crate::program::xdp_mut(ebpf, PROGRAM)
 }
 
 fn fdinfo_memlock(fd: i32) -> Option<u64> {

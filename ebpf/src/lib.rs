@@ -18,6 +18,7 @@ mod counters;
 pub mod frames;
 mod gateway;
 pub mod layout;
+mod program;
 mod sys;
 mod test_run;
 

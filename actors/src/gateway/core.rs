@@ -297,7 +297,7 @@ impl NodeCore {
                 leader_revision,
                 now_ms,
             } => {
-                let deadline = sent_ms.saturating_add(granted_ms);
+                let deadline = super::lease::node_deadline(sent_ms, granted_ms);
                 // After a lapse the leader may have given our VIPs away: serve again only once
                 // the tables we act on are at least as new as the leader's at the grant.
                 let stale = now_ms >= self.deadline_ms && self.revision < leader_revision;

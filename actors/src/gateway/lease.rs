@@ -28,10 +28,11 @@
 //!
 //! A renewal from an expired node is granted like any other, but by then the leader may have
 //! given its VIPs away in a revision the node has not applied, so the node must not re-arm its
-//! data plane from its stale table. Rule for the node's shell: if its previous deadline had
-//! already passed when a grant arrives ([`must_catch_up`]), it re-arms only after applying at
-//! least the leader's last log position sent with the grant (the last *proposed* entry, not the
-//! commit index, so a reassignment still in flight is included).
+//! data plane from its stale table. Two rules close this: a grant carries the revision of the
+//! gateway tables the leader had applied, and a node whose deadline had passed takes the grant
+//! only once its own tables are at least that new (`super::core`); and the leader grants no
+//! lease to an expired node while a placement write is still committing, so that revision
+//! includes any reassignment in flight (`node/src/gateway_control.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -186,13 +187,6 @@ pub fn node_deadline(t_send_ms: u64, granted_ms: u64) -> u64 {
     t_send_ms.saturating_add(granted_ms)
 }
 
-/// Whether a node receiving a grant at `t_recv_ms` had already fenced itself (its previous
-/// deadline, if any, had passed), so that it must catch up with the leader's log before
-/// re-arming its data plane (see "Rejoining after a lapse").
-pub fn must_catch_up(previous_deadline_ms: Option<u64>, t_recv_ms: u64) -> bool {
-    previous_deadline_ms.is_none_or(|d| d <= t_recv_ms)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -326,9 +320,6 @@ mod tests {
     #[test]
     fn node_side_helpers() {
         assert_eq!(node_deadline(100, 900), 1000);
-        assert!(must_catch_up(None, 5));
-        assert!(must_catch_up(Some(5), 5));
-        assert!(!must_catch_up(Some(6), 5));
     }
 
     // ----- safety across a change of leader -----

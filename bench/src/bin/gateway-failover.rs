@@ -131,17 +131,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
-    match run(&args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("gateway-failover: {e:#}");
-            if std::env::var_os("YARD_KEEP_LOGS").is_none() {
-                eprintln!("gateway-failover: run with YARD_KEEP_LOGS=1 to keep the hosts' logs");
-            }
-            ExitCode::FAILURE
-        }
-    }
+    gateway::exit_code("gateway-failover", run(&Args::parse()))
 }
 
 fn progress(msg: &str) {

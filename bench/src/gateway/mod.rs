@@ -32,6 +32,20 @@ pub fn yard_bin(arg: Option<PathBuf>) -> Result<PathBuf> {
     Ok(std::fs::canonicalize(&bin)?)
 }
 
+/// A benchmark's exit: success, or its error in one line (and how to keep the hosts' logs).
+pub fn exit_code(program: &str, result: Result<()>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{program}: {e:#}");
+            if std::env::var_os("YARD_KEEP_LOGS").is_none() {
+                eprintln!("{program}: run with YARD_KEEP_LOGS=1 to keep the hosts' logs");
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// The gateway's liveness timings of one setting.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct YardTimings {
