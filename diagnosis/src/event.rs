@@ -381,6 +381,10 @@ pub struct Trace {
     pub missing: Vec<Rank>,
     /// When the record was taken (latest dump time); the "now" of offline analysis.
     pub taken_ns: u64,
+    /// The record was taken because the job timed out (a Flight Recorder dump on timeout, a
+    /// RAS query of a stuck job): an op still in flight in it is stuck, whatever its age.
+    #[serde(default)]
+    pub stuck: bool,
 }
 
 #[cfg(test)]
