@@ -5,3 +5,4 @@ pub mod admission;
 pub mod gateway;
 pub mod health;
 pub mod liveness;
+pub mod probe;

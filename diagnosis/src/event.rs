@@ -342,8 +342,11 @@ pub struct LinkCounters {
 }
 
 /// Everything a source can say about a job.
+///
+/// Externally tagged (`{"heartbeat": {...}}` in JSON) rather than internally tagged, because
+/// the node ships events to the analyzer with bincode, which cannot decode internal tags.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum Event {
     Member(Member),
     Group(Group),
@@ -419,10 +422,10 @@ mod tests {
     }
 
     #[test]
-    fn events_serialize_with_a_kind_tag() {
+    fn events_serialize_externally_tagged() {
         let ev = Event::Heartbeat { rank: 3, t_ns: 7 };
         let json = serde_json::to_string(&ev).unwrap();
-        assert_eq!(json, r#"{"kind":"heartbeat","rank":3,"t_ns":7}"#);
+        assert_eq!(json, r#"{"heartbeat":{"rank":3,"t_ns":7}}"#);
         assert_eq!(serde_json::from_str::<Event>(&json).unwrap(), ev);
     }
 }

@@ -21,6 +21,8 @@ pub struct Config {
     pub admin: AdminSection,
     pub log: LogSection,
     pub gateway: GatewaySection,
+    pub probe: ProbeSection,
+    pub analyzer: AnalyzerSection,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -146,6 +148,89 @@ pub struct GatewaySection {
     /// nodes while any is live, so that losing the leader strands none (they would wait for
     /// an election and the new leader's takeover wait).
     pub leader_holds_vips: bool,
+}
+
+/// The probe: local ranks' events in, summaries out to the analyzer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProbeSection {
+    pub enabled: bool,
+    /// The Unix socket ranks report to (clients read `YARD_PROBE_SOCKET`); defaults to
+    /// `<data_dir>/probe.sock`.
+    pub socket: Option<PathBuf>,
+    /// How often a summary goes to the analyzer.
+    pub report_ms: u64,
+    /// Events held between summaries; beyond this new ones are dropped and counted.
+    pub buffer_events: usize,
+    /// Interface whose traffic the eBPF per-peer counters watch ("" turns them off).
+    pub interface: String,
+    /// Ports of training traffic counted per peer, beside those ranks announce.
+    pub ports: Vec<u16>,
+}
+
+impl Default for ProbeSection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            socket: None,
+            report_ms: 100,
+            buffer_events: 262_144,
+            interface: String::new(),
+            ports: Vec::new(),
+        }
+    }
+}
+
+/// The analyzer on the leader.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AnalyzerSection {
+    /// How often verdicts are re-evaluated.
+    pub evaluate_ms: u64,
+    /// A collective with no progress for this long is a hang whatever its history.
+    pub hang_floor_ms: u64,
+    /// ... or for this many times the op's usual duration, if longer.
+    pub hang_factor: f64,
+    /// A rank silent this long is dead.
+    pub heartbeat_timeout_ms: u64,
+    /// An op this many times slower than its own baseline is slow.
+    pub slow_factor: f64,
+    /// A job with no event for this long is forgotten by the analyzer (its verdicts stay).
+    pub job_idle_ms: u64,
+    /// Run on each new verdict: `sh -c COMMAND` with the verdict JSON on stdin and in
+    /// `YARD_VERDICT`.
+    pub alert_command: Option<String>,
+    /// POST each new verdict's JSON to this `http://host:port/path`.
+    pub alert_webhook: Option<String>,
+}
+
+impl Default for AnalyzerSection {
+    fn default() -> Self {
+        let d = yard_diagnosis::analyzer::Config::default();
+        Self {
+            evaluate_ms: 100,
+            hang_floor_ms: d.hang_floor_ns / 1_000_000,
+            hang_factor: d.hang_factor,
+            heartbeat_timeout_ms: d.heartbeat_timeout_ns / 1_000_000,
+            slow_factor: d.slow_factor,
+            job_idle_ms: 600_000,
+            alert_command: None,
+            alert_webhook: None,
+        }
+    }
+}
+
+impl AnalyzerSection {
+    /// The analyzer core's thresholds.
+    pub fn to_core(&self) -> yard_diagnosis::analyzer::Config {
+        yard_diagnosis::analyzer::Config {
+            hang_floor_ns: self.hang_floor_ms * 1_000_000,
+            hang_factor: self.hang_factor,
+            heartbeat_timeout_ns: self.heartbeat_timeout_ms * 1_000_000,
+            slow_factor: self.slow_factor,
+            ..yard_diagnosis::analyzer::Config::default()
+        }
+    }
 }
 
 impl Default for NodeSection {
@@ -318,6 +403,30 @@ impl Config {
         if self.gateway.garp_repeats == 0 {
             return bad("gateway.garp_repeats", "must be at least 1");
         }
+        if self.probe.report_ms == 0 || self.probe.report_ms > 10_000 {
+            return bad("probe.report_ms", "must be between 1 and 10000");
+        }
+        if self.probe.buffer_events == 0 {
+            return bad("probe.buffer_events", "must be at least 1");
+        }
+        let a = &self.analyzer;
+        if a.evaluate_ms == 0 || a.hang_floor_ms == 0 || a.heartbeat_timeout_ms == 0 {
+            return bad(
+                "analyzer.evaluate_ms",
+                "evaluate_ms, hang_floor_ms and heartbeat_timeout_ms must be at least 1",
+            );
+        }
+        if !(a.hang_factor >= 1.0 && a.slow_factor > 1.0) {
+            return bad(
+                "analyzer.slow_factor",
+                "hang_factor must be at least 1 and slow_factor above 1",
+            );
+        }
+        if let Some(url) = &a.alert_webhook {
+            if crate::alert::parse_webhook(url).is_none() {
+                return bad("analyzer.alert_webhook", "must look like http://host:port/path");
+            }
+        }
         if self.admin.max_in_flight == 0 {
             return bad("admin.max_in_flight", "must be at least 1");
         }
@@ -333,6 +442,25 @@ impl Config {
             .advertise
             .clone()
             .unwrap_or_else(|| self.node.listen.to_string())
+    }
+
+    /// The IP other nodes reach this one at (the advertised address without its port).
+    pub fn advertise_ip(&self) -> String {
+        let adv = self.advertise();
+        match adv.parse::<SocketAddr>() {
+            Ok(a) => a.ip().to_string(),
+            Err(_) => adv
+                .rsplit_once(':')
+                .map_or(adv.clone(), |(host, _)| host.to_owned()),
+        }
+    }
+
+    /// The probe socket in force.
+    pub fn probe_socket(&self) -> PathBuf {
+        self.probe
+            .socket
+            .clone()
+            .unwrap_or_else(|| self.node.data_dir.join("probe.sock"))
     }
 
     /// The TLS directory in force.

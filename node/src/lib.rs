@@ -3,9 +3,12 @@
 //! handler and the admin client.
 
 pub mod admin_actor;
+pub mod alert;
 pub mod batcher;
 pub mod client;
 pub mod config;
+pub mod diagnosis_control;
+pub mod diagnosis_service;
 pub mod frame;
 pub mod gateway_control;
 pub mod gateway_service;

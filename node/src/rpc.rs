@@ -31,6 +31,10 @@ pub enum Request {
     GatewayRenew { applied: u64, lease_left_ms: u64 },
     /// A gateway node about to restart asks to keep its VIPs for `grace_ms` without renewing.
     GatewayGrace { applied: u64, grace_ms: u64 },
+    /// A node's probe summary for the analyzer on the leader.
+    ProbeReport {
+        batches: Vec<yard_actors::probe::core::JobBatch>,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -75,6 +79,12 @@ pub enum AdminRequest {
         ttl_secs: u64,
     },
     Gateway(GatewayRequest),
+    /// Current verdicts of one job (or every job), optionally with the collective records
+    /// around the top verdict for a timeline picture.
+    Diagnose {
+        job: Option<String>,
+        timeline: bool,
+    },
 }
 
 /// Operator requests about the gateway.
@@ -148,7 +158,10 @@ impl AdminRequest {
     pub fn is_read_only(&self) -> bool {
         matches!(
             self,
-            AdminRequest::Status | AdminRequest::KvGet { .. } | AdminRequest::KvList { .. }
+            AdminRequest::Status
+                | AdminRequest::KvGet { .. }
+                | AdminRequest::KvList { .. }
+                | AdminRequest::Diagnose { .. }
         ) || matches!(self, AdminRequest::Gateway(g) if g.is_read_only())
     }
 }
@@ -195,6 +208,8 @@ pub enum Reply {
         granted_ms: u64,
         revision: u64,
     },
+    /// The leader took a probe summary.
+    ProbeAccepted,
 }
 
 /// A Raft RPC failed on the receiver (serialised openraft error text).
@@ -261,4 +276,28 @@ pub enum AdminReply {
     Vips(Vec<VipRow>),
     Endpoints(Vec<Endpoint>),
     GatewayStats(GatewayStats),
+    Diagnosis(DiagnosisView),
+}
+
+/// One job's diagnosis as replicated.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct JobView {
+    pub job: String,
+    /// Current verdicts, root cause first.
+    pub verdicts: Vec<yard_diagnosis::verdict::Verdict>,
+    /// Verdicts raised since the job was first seen (newest last, bounded).
+    pub history: Vec<yard_diagnosis::verdict::Verdict>,
+    pub updated_unix_ms: u64,
+}
+
+/// `yard diagnose`: jobs' verdicts, and the timeline records when asked for.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DiagnosisView {
+    pub jobs: Vec<JobView>,
+    /// Collective records and members around the top verdict of the (single) job asked for,
+    /// from the leader's analyzer; `None` if it no longer watches the job.
+    pub timeline: Option<(
+        Vec<yard_diagnosis::event::Coll>,
+        Vec<yard_diagnosis::event::Member>,
+    )>,
 }

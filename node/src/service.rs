@@ -44,6 +44,8 @@ pub struct NodeParts {
     pub reachability: Reachability,
     /// Gateway leases and placement (acts only while this node leads).
     pub gateway: Arc<GatewayControl>,
+    /// The analyzer (acts only while this node leads).
+    pub diagnosis: Arc<crate::diagnosis_control::DiagnosisControl>,
 }
 
 /// A running node's request handler. Cheap to clone.
@@ -55,6 +57,8 @@ pub struct Node {
     admin: Arc<std::sync::OnceLock<actix::Recipient<ServeAdmin>>>,
     /// This node's gateway data plane, when the gateway is enabled here.
     gateway_view: Arc<std::sync::OnceLock<GatewayView>>,
+    /// This node's probe, when it runs.
+    probe_view: Arc<std::sync::OnceLock<yard_actors::probe::socket::SharedProbe>>,
 }
 
 enum Attempt<T> {
@@ -86,6 +90,7 @@ impl Node {
             writes,
             admin: Arc::default(),
             gateway_view: Arc::default(),
+            probe_view: Arc::default(),
         }
     }
 
@@ -97,6 +102,20 @@ impl Node {
     /// The leader-side gateway control.
     pub fn gateway(&self) -> &Arc<GatewayControl> {
         &self.inner.gateway
+    }
+
+    /// Shows this node's probe in metrics from now on.
+    pub fn attach_probe(&self, probe: yard_actors::probe::socket::SharedProbe) {
+        let _ = self.probe_view.set(probe);
+    }
+
+    pub(crate) fn probe_view(&self) -> Option<&yard_actors::probe::socket::SharedProbe> {
+        self.probe_view.get()
+    }
+
+    /// The leader-side analyzer.
+    pub fn diagnosis(&self) -> &Arc<crate::diagnosis_control::DiagnosisControl> {
+        &self.inner.diagnosis
     }
 
     pub(crate) fn gateway_view(&self) -> Option<&GatewayView> {
@@ -403,6 +422,10 @@ impl Node {
                 self.create_token(forwarded, &req, *ttl_secs).await
             }
             AdminRequest::Gateway(g) => self.handle_gateway(forwarded, &req, g).await,
+            AdminRequest::Diagnose { job, timeline } => {
+                self.handle_diagnose(forwarded, &req, job.as_deref(), *timeline)
+                    .await
+            }
         }
     }
 
@@ -793,6 +816,9 @@ impl Handler for Node {
             match (role, req) {
                 (PeerRole::Node(_), Request::Raft(r)) => this.handle_raft(r).await,
                 (PeerRole::Node(_), Request::Probe) => Reply::Pong { id: this.inner.id },
+                (PeerRole::Node(_), Request::ProbeReport { batches }) => {
+                    this.handle_probe_report(batches)
+                }
                 (PeerRole::Node(id), Request::GatewayGrace { applied, grace_ms }) => {
                     match this
                         .inner
@@ -845,6 +871,7 @@ impl Handler for Node {
                         Request::GatewayRenew { .. } | Request::GatewayGrace { .. } => {
                             "gateway lease renewals"
                         }
+                        Request::ProbeReport { .. } => "probe reports",
                         Request::Join(_) | Request::RedeemToken(_) => "joins",
                     };
                     tracing::warn!(?role, what, "refused request for the peer's role");
@@ -868,8 +895,34 @@ pub struct RaftGauges(pub Node);
 impl GaugeSource for RaftGauges {
     fn families(&self) -> Vec<crate::metrics::Family> {
         use crate::metrics::Family;
+        let mut families = self.0.diagnosis().families(self.0.feed());
+        if let Some(probe) = self.0.probe_view() {
+            let p = probe.snapshot();
+            families.push(Family {
+                name: "yard_probe_events_total",
+                help: "events from local ranks: accepted, dropped (buffer full), coalesced, reported",
+                kind: "counter",
+                samples: vec![
+                    ("what=\"accepted\"".into(), p.stats.accepted as f64),
+                    ("what=\"dropped\"".into(), p.stats.dropped as f64),
+                    ("what=\"coalesced\"".into(), p.stats.coalesced as f64),
+                    ("what=\"reported\"".into(), p.stats.reported as f64),
+                ],
+            });
+            families.push(Family {
+                name: "yard_probe_state",
+                help: "the probe now: connected clients, jobs, pending events, refused connections",
+                kind: "gauge",
+                samples: vec![
+                    ("what=\"connections\"".into(), p.connections as f64),
+                    ("what=\"jobs\"".into(), p.jobs as f64),
+                    ("what=\"pending\"".into(), p.stats.pending as f64),
+                    ("what=\"protocol_errors\"".into(), p.protocol_errors as f64),
+                ],
+            });
+        }
         let Some(view) = self.0.gateway_view() else {
-            return Vec::new();
+            return families;
         };
         let s = view.snapshot();
         let per_reason = |pick: fn(&yard_actors::gateway::actor::CounterRow) -> u64| {
@@ -883,7 +936,7 @@ impl GaugeSource for RaftGauges {
             .iter()
             .filter(|(_, m)| *m == yard_actors::gateway::core::Serve::Owned)
             .count();
-        vec![
+        families.extend([
             Family {
                 name: "yard_gateway_xdp_packets_total",
                 help: "packets the gateway XDP program handled, by outcome",
@@ -908,7 +961,8 @@ impl GaugeSource for RaftGauges {
                     ("what=\"errors\"".into(), s.errors as f64),
                 ],
             },
-        ]
+        ]);
+        families
     }
 
     fn gauges(&self) -> Vec<(&'static str, &'static str, f64)> {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use yard::config::RaftSection;
+use yard::diagnosis_control::{DiagnosisControl, DiagnosisSettings};
 use yard::gateway_control::GatewayControl;
 use yard::rpc::{AdminReply, AdminRequest, GatewayRequest, RedeemRequest, Reply, Request};
 use yard::service::{Node, NodeParts};
@@ -75,6 +76,16 @@ async fn start(
             Duration::from_millis(40),
             true,
         )),
+        diagnosis: Arc::new(DiagnosisControl::new(DiagnosisSettings {
+            analyzer: yard_diagnosis::analyzer::Config {
+                hang_floor_ns: 300_000_000,
+                heartbeat_timeout_ns: 300_000_000,
+                ..Default::default()
+            },
+            evaluate_every: Duration::from_millis(50),
+            job_idle: Duration::from_secs(60),
+            hook: Default::default(),
+        })),
     });
     net.register(&addr(id), Arc::new(node.clone()));
     {
@@ -84,6 +95,12 @@ async fn start(
             node.feed().clone(),
         );
         tokio::spawn(async move { ctl.run(raft, feed).await });
+        let (ctl, raft, feed) = (
+            node.diagnosis().clone(),
+            node.raft().clone(),
+            node.feed().clone(),
+        );
+        tokio::spawn(ctl.run(raft, feed));
     }
     TestNode {
         node,

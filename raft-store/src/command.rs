@@ -49,7 +49,7 @@ pub struct Versioned {
 }
 
 /// A replicated command. Never reorder: the variant index is the wire tag.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Command {
     /// Set `key` to `value`.
     Put { key: String, value: String },
@@ -74,6 +74,8 @@ pub enum Command {
     Batch(Vec<Command>),
     /// A change to the gateway tables (VIP pool and owners, endpoints, drains).
     Gateway(crate::gateway::GatewayCommand),
+    /// A change to the diagnosis verdicts (committed by the analyzer on the leader).
+    Diagnosis(crate::diagnosis::DiagnosisCommand),
 }
 
 /// What applying a command produced.

@@ -13,6 +13,7 @@ use std::io::Cursor;
 
 pub mod codec;
 pub mod command;
+pub mod diagnosis;
 pub mod gateway;
 pub mod log_store;
 pub mod state;

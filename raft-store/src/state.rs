@@ -9,6 +9,7 @@ use openraft::{EntryPayload, LogId, StoredMembership};
 use serde::{Deserialize, Serialize};
 
 use crate::command::{Command, JoinToken, NodeInfo, NodeMeta, Response, Versioned};
+use crate::diagnosis::DiagnosisTables;
 use crate::gateway::{GatewayChange, GatewayTables};
 use crate::{NodeId, TypeConfig};
 
@@ -38,7 +39,7 @@ pub enum Change {
 }
 
 /// Every replicated table plus the bookkeeping openraft needs.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StateMachineData {
     pub last_applied: Option<LogId<NodeId>>,
     pub last_membership: StoredMembership<NodeId, NodeInfo>,
@@ -48,6 +49,9 @@ pub struct StateMachineData {
     pub nodes: BTreeMap<u64, NodeMeta>,
     pub tokens: BTreeMap<String, JoinToken>,
     pub gateway: GatewayTables,
+    /// Appended last so older snapshots decode (bincode is positional).
+    #[serde(default)]
+    pub diagnosis: DiagnosisTables,
 }
 
 impl StateMachineData {
@@ -179,6 +183,18 @@ impl StateMachineData {
                         revision,
                         changes: std::sync::Arc::new(changes),
                     }],
+                )
+            }
+            Command::Diagnosis(cmd) => {
+                let revision = self.revision + 1;
+                if self.diagnosis.apply(cmd, revision) {
+                    self.revision = revision;
+                }
+                (
+                    Response::Written {
+                        revision: self.revision,
+                    },
+                    Vec::new(),
                 )
             }
             Command::Batch(cmds) => {

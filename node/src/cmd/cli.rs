@@ -88,6 +88,9 @@ enum Command {
         #[command(subcommand)]
         cmd: super::gateway::GatewayCmd,
     },
+    /// Slow or hung collectives: a live job's verdicts, or Flight Recorder dumps / a RAS
+    /// report analyzed offline.
+    Diagnose(super::diagnose::DiagnoseArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -263,6 +266,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             });
             Ok(ExitCode::SUCCESS)
         }
+        Command::Diagnose(d) if d.is_offline() => super::diagnose::offline(d, out),
         _ => runtime()?.block_on(client_command(&args, out)),
     }
 }
@@ -286,6 +290,9 @@ async fn client_command(args: &Args, out: Out) -> anyhow::Result<ExitCode> {
     let client = args.client()?;
     if let Command::Gateway { cmd } = &args.command {
         return super::gateway::run(&client, cmd, out).await;
+    }
+    if let Command::Diagnose(d) = &args.command {
+        return super::diagnose::live(&client, d, out).await;
     }
     let req = match &args.command {
         Command::Status => AdminRequest::Status,
@@ -318,7 +325,8 @@ async fn client_command(args: &Args, out: Out) -> anyhow::Result<ExitCode> {
         Command::Node { .. }
         | Command::Ca { .. }
         | Command::Bench { .. }
-        | Command::Gateway { .. } => {
+        | Command::Gateway { .. }
+        | Command::Diagnose(_) => {
             unreachable!("handled above")
         }
     };
@@ -401,6 +409,8 @@ fn render(req: &AdminRequest, reply: AdminReply, out: Out) -> ExitCode {
         (_, AdminReply::Value(None)) => {}
         // Gateway replies are rendered by `yard gateway`.
         (_, AdminReply::Vips(_) | AdminReply::Endpoints(_) | AdminReply::GatewayStats(_)) => {}
+        // Diagnoses are rendered by `yard diagnose`.
+        (_, AdminReply::Diagnosis(_)) => {}
     }
     ExitCode::SUCCESS
 }

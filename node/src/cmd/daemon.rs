@@ -11,6 +11,8 @@ use anyhow::{bail, Context};
 use yard::admin_actor::AdminActor;
 use yard::client::AdminClient;
 use yard::config::{Config, LogFormat, XdpMode};
+use yard::alert::AlertHook;
+use yard::diagnosis_control::{DiagnosisControl, DiagnosisSettings};
 use yard::gateway_control::GatewayControl;
 use yard::rpc::{RedeemRequest, Reply, Request};
 use yard::service::{Node, NodeParts, RaftGauges};
@@ -25,6 +27,11 @@ use yard_actors::gateway::core::CoreConfig;
 use yard_actors::gateway::dataplane::XdpDataPlane;
 use yard_actors::gateway::lease::LeaseConfig;
 use yard_actors::health::HealthRegistry;
+use yard_actors::probe::actor::{
+    PeerCounterSource, PeerSample, ProbeActor, ReportFuture, Reporter,
+};
+use yard_actors::probe::core::JobBatch;
+use yard_actors::probe::socket::{NodeIdentity, SharedProbe};
 use yard_actors::liveness::{LivenessActor, ProbeTarget, Prober, Reachability};
 use yard_raft_store::NodeId;
 
@@ -179,6 +186,19 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
         renew_every,
         cfg.gateway.leader_holds_vips,
     ));
+    let diagnosis_control = Arc::new(DiagnosisControl::new(DiagnosisSettings {
+        analyzer: cfg.analyzer.to_core(),
+        evaluate_every: Duration::from_millis(cfg.analyzer.evaluate_ms),
+        job_idle: Duration::from_millis(cfg.analyzer.job_idle_ms),
+        hook: AlertHook {
+            command: cfg.analyzer.alert_command.clone(),
+            webhook: cfg
+                .analyzer
+                .alert_webhook
+                .as_deref()
+                .and_then(yard::alert::parse_webhook),
+        },
+    }));
     let node = Node::new(NodeParts {
         id: cfg.node.id,
         name: cfg.node.name.clone(),
@@ -196,7 +216,12 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
         health: health.clone(),
         reachability: reachability.clone(),
         gateway: gateway_control.clone(),
+        diagnosis: diagnosis_control.clone(),
     });
+    {
+        let (raft, feed) = (raft.clone(), node.feed().clone());
+        tokio::spawn(diagnosis_control.run(raft, feed));
+    }
     let control = {
         let (raft, feed) = (raft.clone(), node.feed().clone());
         tokio::spawn(async move { gateway_control.run(raft, feed).await })
@@ -242,6 +267,51 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
     } else {
         None
     };
+    let probe = if cfg.probe.enabled {
+        let path = cfg.probe_socket();
+        let listener = yard_actors::probe::socket::bind(&path)
+            .with_context(|| format!("cannot listen on probe.socket {}", path.display()))?;
+        let shared = SharedProbe::new(cfg.probe.buffer_events);
+        shared.lock().ports.extend(cfg.probe.ports.iter().copied());
+        let identity = NodeIdentity {
+            name: cfg.node.name.clone(),
+            addr: cfg.advertise_ip(),
+        };
+        tokio::spawn(yard_actors::probe::socket::serve(
+            listener,
+            shared.clone(),
+            identity,
+        ));
+        node.attach_probe(shared.clone());
+        let counters: Option<Box<dyn PeerCounterSource>> = if cfg.probe.interface.is_empty() {
+            None
+        } else {
+            Some(Box::new(
+                EbpfPeerCounters::attach(&cfg.probe.interface).with_context(|| {
+                    format!(
+                        "cannot attach the probe's per-peer counters to probe.interface {}",
+                        cfg.probe.interface
+                    )
+                })?,
+            ))
+        };
+        let reporter: Arc<dyn Reporter> = Arc::new(ProbeReporter {
+            node: node.clone(),
+            transport: transport.clone(),
+            timeout: rpc_timeout,
+            rt: tokio::runtime::Handle::current(),
+        });
+        tracing::info!(socket = %path.display(), ebpf = counters.is_some(), "probe ready");
+        Some((
+            shared,
+            reporter,
+            counters,
+            Duration::from_millis(cfg.probe.report_ms),
+        ))
+    } else {
+        None
+    };
+    let probe_addr = cfg.advertise_ip();
     let server = tokio::spawn(transport::serve(
         endpoint.clone(),
         Arc::new(node.clone()),
@@ -277,7 +347,11 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
     let admin_limit = cfg.admin.max_in_flight;
     let (gateway_feed, gateway_health) = (node.feed().clone(), health.clone());
     let restart_grace_ms = cfg.gateway.restart_grace_ms;
+    let probe_health = health.clone();
     let (actors, (admin, gateway_actor)) = ActorSystem::start(move || {
+        if let Some((shared, reporter, counters, every)) = probe {
+            ProbeActor::new(shared, reporter, counters, probe_addr, every, probe_health).start();
+        }
         let gateway_actor = gateway.map(|(settings, dataplane, iface, renewer, view)| {
             GatewayActor::new(
                 settings,
@@ -404,6 +478,95 @@ impl Renewer for LeaseRenewer {
 
     fn grace(&self, applied: u64, grace_ms: u64) -> RenewFuture {
         self.ask(Request::GatewayGrace { applied, grace_ms })
+    }
+}
+
+/// Sends probe summaries to the leader (straight to this node's own handler when it leads).
+struct ProbeReporter {
+    node: Node,
+    transport: Arc<dyn Transport>,
+    timeout: Duration,
+    rt: tokio::runtime::Handle,
+}
+
+impl Reporter for ProbeReporter {
+    fn report(&self, batches: Vec<JobBatch>) -> ReportFuture {
+        let (node, transport, timeout) = (self.node.clone(), self.transport.clone(), self.timeout);
+        let task = self.rt.spawn(async move {
+            let leader = node
+                .raft()
+                .metrics()
+                .borrow()
+                .current_leader
+                .ok_or_else(|| "no leader is known".to_owned())?;
+            let req = Request::ProbeReport { batches };
+            let reply = if leader == node.id() {
+                node.handle(PeerRole::Node(leader), req).await
+            } else {
+                let addr = node
+                    .member(leader)
+                    .ok_or_else(|| format!("leader {leader} is not in the membership"))?
+                    .addr;
+                transport
+                    .call(Target::node(leader, addr), req, timeout)
+                    .await
+                    .map_err(|e| e.to_string())?
+            };
+            match reply {
+                Reply::ProbeAccepted => Ok(leader),
+                Reply::Error(e) => Err(e),
+                other => Err(format!("unexpected reply to a probe report: {other:?}")),
+            }
+        });
+        Box::pin(async move {
+            task.await
+                .unwrap_or_else(|e| Err(format!("probe report task failed: {e}")))
+        })
+    }
+}
+
+/// The eBPF per-peer counters on the probe's interface.
+struct EbpfPeerCounters(yard_ebpf::peers::PeerCounters);
+
+impl EbpfPeerCounters {
+    fn attach(interface: &str) -> anyhow::Result<Self> {
+        let mut counters = yard_ebpf::peers::PeerCounters::load()?;
+        counters.attach(interface)?;
+        Ok(Self(counters))
+    }
+}
+
+impl PeerCounterSource for EbpfPeerCounters {
+    fn set_ports(&mut self, ports: &[u16]) -> Result<(), String> {
+        self.0.set_ports(ports).map_err(|e| e.to_string())
+    }
+
+    fn read(&mut self) -> Result<Vec<PeerSample>, String> {
+        let stats = self.0.read().map_err(|e| e.to_string())?;
+        let mut per_peer: std::collections::BTreeMap<std::net::Ipv4Addr, PeerSample> =
+            Default::default();
+        for st in stats {
+            let e = per_peer.entry(st.peer).or_insert(PeerSample {
+                peer: st.peer,
+                tx_bytes: 0,
+                rx_bytes: 0,
+                tx_packets: 0,
+                rx_packets: 0,
+                last_rx_ns: 0,
+            });
+            match st.dir {
+                yard_ebpf::peers::Direction::Egress => {
+                    e.tx_bytes += st.bytes;
+                    e.tx_packets += st.packets;
+                }
+                yard_ebpf::peers::Direction::Ingress => {
+                    e.rx_bytes += st.bytes;
+                    e.rx_packets += st.packets;
+                    e.last_rx_ns = e.last_rx_ns.max(st.last_ns);
+                }
+            }
+        }
+        Ok(per_peer.into_values().collect())
     }
 }
 

@@ -4,6 +4,7 @@
 mod bench;
 mod cli;
 mod daemon;
+mod diagnose;
 mod gateway;
 mod output;
 

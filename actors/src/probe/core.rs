@@ -1,0 +1,385 @@
+//! The probe's pure core: what local ranks reported since the last summary, held in bounded
+//! memory and coalesced, then handed out as one compact batch per job for the analyzer.
+//!
+//! Bounded: at most `capacity` events wait. Heartbeats and per-peer progress are cumulative
+//! ("alive at t", "moved b bytes so far"), so only the newest of each is kept and they never
+//! count against the bound twice. Collective phases are the signal itself and are kept in order;
+//! when the bound is hit the newest are dropped and counted (the reporting client is never
+//! blocked: a training loop must not stall on its observer).
+
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, HashMap};
+
+use yard_diagnosis::event::{Dir, Event, PgName, Rank};
+
+/// One job's events for the analyzer.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct JobBatch {
+    pub job: String,
+    pub events: Vec<Event>,
+}
+
+/// Counters the shell publishes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProbeStats {
+    /// Events accepted from clients.
+    pub accepted: u64,
+    /// Events dropped because the buffer was full.
+    pub dropped: u64,
+    /// Events replaced by a newer cumulative one (heartbeats, peer progress).
+    pub coalesced: u64,
+    /// Events handed out in batches.
+    pub reported: u64,
+    /// Events waiting now.
+    pub pending: usize,
+}
+
+type PeerKey = (Rank, PgName, u64, Rank, Dir);
+
+#[derive(Debug, Default)]
+struct JobBuffer {
+    /// Membership, groups and collective phases, in arrival order.
+    ordered: Vec<Event>,
+    /// Newest heartbeat per rank.
+    heartbeats: BTreeMap<Rank, Event>,
+    /// Newest progress per (rank, pg, seq, peer, dir).
+    peers: HashMap<PeerKey, Event>,
+}
+
+impl JobBuffer {
+    fn len(&self) -> usize {
+        self.ordered.len() + self.heartbeats.len() + self.peers.len()
+    }
+}
+
+/// What a new analyzer needs to pick up a job mid-flight: who the local ranks are, their
+/// groups, and each rank's latest collective phase per group (so an op already stuck when the
+/// leader changed is still seen in flight). One entry per (rank, group): bounded by the job's
+/// shape, not its length.
+#[derive(Debug, Default)]
+struct Sticky {
+    members: BTreeMap<(String, Rank), Event>,
+    groups: BTreeMap<(String, PgName), Event>,
+    /// Per job (looked up by `&str`, so the hot path allocates nothing).
+    latest: HashMap<String, HashMap<(Rank, PgName), Event>>,
+}
+
+/// The buffer of every local job.
+#[derive(Debug)]
+pub struct ProbeCore {
+    capacity: usize,
+    jobs: BTreeMap<String, JobBuffer>,
+    pending: usize,
+    stats: ProbeStats,
+    sticky: Sticky,
+}
+
+impl ProbeCore {
+    /// A core holding at most `capacity` events between summaries.
+    pub fn new(capacity: usize) -> Self {
+        ProbeCore {
+            capacity: capacity.max(1),
+            jobs: BTreeMap::new(),
+            pending: 0,
+            stats: ProbeStats::default(),
+            sticky: Sticky::default(),
+        }
+    }
+
+    /// Queues again what a new analyzer needs to know about every local job (members,
+    /// groups, each rank's latest phase per group): call it when the leader changed.
+    pub fn replay(&mut self) {
+        let mut events: Vec<(String, Event)> = Vec::new();
+        events.extend(self.sticky.members.iter().map(|((j, _), e)| (j.clone(), e.clone())));
+        events.extend(self.sticky.groups.iter().map(|((j, _), e)| (j.clone(), e.clone())));
+        let mut latest: Vec<_> = self
+            .sticky
+            .latest
+            .iter()
+            .flat_map(|(j, per)| per.iter().map(move |(k, e)| ((j, k), e)))
+            .collect();
+        latest.sort_by(|(a, _), (b, _)| a.cmp(b));
+        events.extend(latest.into_iter().map(|((j, _), e)| (j.clone(), e.clone())));
+        for (job, ev) in events {
+            self.push(&job, ev);
+        }
+    }
+
+    /// Forgets a job's replay state (its ranks all exited).
+    pub fn forget(&mut self, job: &str) {
+        self.sticky.members.retain(|(j, _), _| j != job);
+        self.sticky.groups.retain(|(j, _), _| j != job);
+        self.sticky.latest.remove(job);
+    }
+
+    /// Takes one event of `job`; returns false if it was dropped for lack of room.
+    pub fn push(&mut self, job: &str, event: Event) -> bool {
+        self.remember(job, &event);
+        let buf = match self.jobs.get_mut(job) {
+            Some(buf) => buf,
+            None => self.jobs.entry(job.to_owned()).or_default(),
+        };
+        let grew = match event {
+            Event::Heartbeat { rank, .. } => {
+                if self.pending >= self.capacity && !buf.heartbeats.contains_key(&rank) {
+                    self.stats.dropped += 1;
+                    return false;
+                }
+                match buf.heartbeats.insert(rank, event) {
+                    Some(_) => {
+                        self.stats.coalesced += 1;
+                        false
+                    }
+                    None => true,
+                }
+            }
+            Event::Peer(ref p) => {
+                let key = (p.rank, p.pg.clone(), p.seq, p.peer, p.dir);
+                match buf.peers.entry(key) {
+                    Entry::Occupied(mut e) => {
+                        e.insert(event);
+                        self.stats.coalesced += 1;
+                        false
+                    }
+                    Entry::Vacant(e) => {
+                        if self.pending >= self.capacity {
+                            self.stats.dropped += 1;
+                            return false;
+                        }
+                        e.insert(event);
+                        true
+                    }
+                }
+            }
+            _ => {
+                if self.pending >= self.capacity {
+                    self.stats.dropped += 1;
+                    return false;
+                }
+                buf.ordered.push(event);
+                true
+            }
+        };
+        self.stats.accepted += 1;
+        if grew {
+            self.pending += 1;
+        }
+        true
+    }
+
+    fn remember(&mut self, job: &str, event: &Event) {
+        match event {
+            Event::Member(m) => {
+                self.sticky
+                    .members
+                    .insert((job.to_owned(), m.rank), event.clone());
+            }
+            Event::Group(g) => {
+                self.sticky
+                    .groups
+                    .insert((job.to_owned(), g.name.clone()), event.clone());
+            }
+            Event::Coll(c) => {
+                let per = match self.sticky.latest.get_mut(job) {
+                    Some(per) => per,
+                    None => self.sticky.latest.entry(job.to_owned()).or_default(),
+                };
+                per.insert((c.rank, c.pg.clone()), event.clone());
+            }
+            _ => {}
+        }
+    }
+
+    /// Hands out everything waiting, one batch per job, at most `max_events` in all (the rest
+    /// waits for the next summary). Within a job: ordered events first, then peer progress,
+    /// then heartbeats, so a heartbeat never arrives before the collective it follows.
+    pub fn drain(&mut self, max_events: usize) -> Vec<JobBatch> {
+        let mut out = Vec::new();
+        let mut budget = max_events;
+        for (job, buf) in self.jobs.iter_mut() {
+            if budget == 0 {
+                break;
+            }
+            let mut events = Vec::new();
+            let take = buf.ordered.len().min(budget);
+            events.extend(buf.ordered.drain(..take));
+            budget -= take;
+            if buf.ordered.is_empty() && budget > 0 {
+                let take = buf.peers.len().min(budget);
+                let keys: Vec<PeerKey> = buf.peers.keys().take(take).cloned().collect();
+                let mut peers: Vec<Event> =
+                    keys.iter().filter_map(|k| buf.peers.remove(k)).collect();
+                peers.sort_by_key(|e| match e {
+                    Event::Peer(p) => (p.t_ns, p.rank),
+                    _ => (0, 0),
+                });
+                budget -= peers.len();
+                events.extend(peers);
+            }
+            if buf.ordered.is_empty() && buf.peers.is_empty() && budget > 0 {
+                while budget > 0 {
+                    let Some((_, hb)) = buf.heartbeats.pop_first() else {
+                        break;
+                    };
+                    events.push(hb);
+                    budget -= 1;
+                }
+            }
+            if !events.is_empty() {
+                out.push(JobBatch {
+                    job: job.clone(),
+                    events,
+                });
+            }
+        }
+        let handed: usize = out.iter().map(|b| b.events.len()).sum();
+        self.pending -= handed;
+        self.stats.reported += handed as u64;
+        self.jobs.retain(|_, b| b.len() > 0);
+        out
+    }
+
+    pub fn stats(&self) -> ProbeStats {
+        ProbeStats {
+            pending: self.pending,
+            ..self.stats
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use yard_diagnosis::event::{Coll, Dtype, Op, PeerProgress, Phase};
+
+    fn coll(rank: Rank, seq: u64) -> Event {
+        Event::Coll(Coll {
+            rank,
+            pg: "0".into(),
+            seq,
+            op: Op::AllReduce,
+            dtype: Dtype::Float32,
+            count: 1,
+            bytes: 4,
+            peer: None,
+            phase: Phase::Enqueue,
+            t_ns: seq,
+        })
+    }
+
+    fn peer(rank: Rank, bytes: u64) -> Event {
+        Event::Peer(PeerProgress {
+            rank,
+            pg: "0".into(),
+            seq: 1,
+            peer: rank + 1,
+            dir: Dir::Send,
+            bytes,
+            busy_ns: bytes,
+            t_ns: bytes,
+        })
+    }
+
+    #[test]
+    fn cumulative_events_coalesce_to_the_newest() {
+        let mut core = ProbeCore::new(100);
+        for t in 0..10 {
+            core.push("j", Event::Heartbeat { rank: 0, t_ns: t });
+            core.push("j", peer(0, t));
+        }
+        core.push("j", coll(0, 1));
+        let batches = core.drain(usize::MAX);
+        assert_eq!(batches.len(), 1);
+        let ev = &batches[0].events;
+        assert_eq!(
+            ev,
+            &vec![coll(0, 1), peer(0, 9), Event::Heartbeat { rank: 0, t_ns: 9 }]
+        );
+        assert_eq!(core.stats().coalesced, 18);
+        assert_eq!(core.stats().pending, 0);
+    }
+
+    #[test]
+    fn a_full_buffer_drops_and_counts_but_keeps_coalescing() {
+        let mut core = ProbeCore::new(3);
+        assert!(core.push("j", coll(0, 1)));
+        assert!(core.push("j", Event::Heartbeat { rank: 0, t_ns: 1 }));
+        assert!(core.push("j", coll(0, 2)));
+        assert!(!core.push("j", coll(0, 3)), "full");
+        assert!(
+            core.push("j", Event::Heartbeat { rank: 0, t_ns: 2 }),
+            "a newer heartbeat replaces the old one and needs no room"
+        );
+        assert!(!core.push("k", Event::Heartbeat { rank: 1, t_ns: 2 }));
+        assert_eq!(core.stats().dropped, 2);
+        assert_eq!(core.stats().pending, 3);
+    }
+
+    #[test]
+    fn drain_respects_the_batch_limit_and_keeps_order() {
+        let mut core = ProbeCore::new(100);
+        for s in 0..10 {
+            core.push("a", coll(0, s));
+        }
+        core.push("b", coll(1, 0));
+        let first = core.drain(4);
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].events, (0..4).map(|s| coll(0, s)).collect::<Vec<_>>());
+        let rest = core.drain(100);
+        assert_eq!(rest[0].events, (4..10).map(|s| coll(0, s)).collect::<Vec<_>>());
+        assert_eq!(rest[1].job, "b");
+        assert_eq!(core.stats().reported, 11);
+    }
+
+    #[test]
+    fn replay_requeues_members_groups_and_each_ranks_latest_phase() {
+        let mut core = ProbeCore::new(100);
+        let group = Event::Group(yard_diagnosis::event::Group {
+            name: "0".into(),
+            desc: String::new(),
+            ranks: vec![0, 1],
+        });
+        core.push("j", group.clone());
+        for s in 0..5 {
+            core.push("j", coll(0, s));
+            core.push("j", coll(1, s));
+        }
+        core.drain(usize::MAX);
+        core.replay();
+        let again = core.drain(usize::MAX);
+        assert_eq!(again[0].events, vec![group, coll(0, 4), coll(1, 4)]);
+        core.forget("j");
+        core.replay();
+        assert!(core.drain(usize::MAX).is_empty());
+    }
+
+    proptest! {
+        #[test]
+        fn pending_never_exceeds_capacity_and_accounts_for_every_event(
+            ops in proptest::collection::vec((0u8..3, 0u32..4, 0u64..50), 0..400),
+            cap in 1usize..40,
+            drain_every in 1usize..50,
+        ) {
+            let mut core = ProbeCore::new(cap);
+            let mut out = 0u64;
+            for (i, (kind, rank, v)) in ops.iter().enumerate() {
+                let ev = match kind {
+                    0 => coll(*rank, *v),
+                    1 => Event::Heartbeat { rank: *rank, t_ns: *v },
+                    _ => peer(*rank, *v),
+                };
+                core.push("j", ev);
+                prop_assert!(core.stats().pending <= cap);
+                if i % drain_every == 0 {
+                    out += core.drain(usize::MAX).iter().map(|b| b.events.len() as u64).sum::<u64>();
+                }
+            }
+            out += core.drain(usize::MAX).iter().map(|b| b.events.len() as u64).sum::<u64>();
+            let s = core.stats();
+            prop_assert_eq!(s.accepted + s.dropped, ops.len() as u64);
+            prop_assert_eq!(s.accepted, out + s.coalesced);
+            prop_assert_eq!(s.pending, 0);
+        }
+    }
+}
