@@ -5,5 +5,11 @@
 //! importers' and simulator's callers.
 
 pub mod analyzer;
+pub mod client;
 pub mod event;
+pub mod import;
+pub mod score;
+pub mod sim;
+pub mod timeline;
 pub mod verdict;
+pub mod wire;

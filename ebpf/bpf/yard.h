@@ -121,4 +121,62 @@ _Static_assert(GW_COUNTER_MAX == 18, "Rust Counter::ALL has 18 entries");
 #define GW_ENDPOINTS_MAX 262144
 #define GW_HOSTS_MAX 65536
 
+/* ================================ probe: yard_peers ================================ */
+/*
+ * The per-peer traffic counters of a training job (bpf/peers.bpf.c, mirrored in
+ * ebpf/src/layout.rs and ebpf/src/peers.rs). The job registers its ports in peers_ports; every
+ * TCP/UDP packet to or from one of them is added to its remote host's entry in `peers`.
+ */
+
+/* peers_ports: key __be16 port (network order, as in the packet) -> __u8 (1 = registered). */
+#define PEERS_PORTS_MAX 1024
+/* peers: at most this many (peer, direction) entries; a new peer beyond it is not counted. */
+#define PEERS_MAX 4096
+
+/* Direction of a packet as seen from this host. */
+enum peers_dir {
+	PEERS_DIR_INGRESS = 0, /* received from the peer */
+	PEERS_DIR_EGRESS = 1,  /* sent to the peer */
+};
+
+/* peers key. */
+struct peers_key {
+	__u32 peer;  /* the remote host's IPv4, network order */
+	__u8 dir;    /* enum peers_dir */
+	__u8 pad[3]; /* always 0: part of the hashed key */
+};
+YARD_ASSERT_SIZE(struct peers_key, 8);
+YARD_ASSERT_OFFSET(struct peers_key, peer, 0);
+YARD_ASSERT_OFFSET(struct peers_key, dir, 4);
+YARD_ASSERT_OFFSET(struct peers_key, pad, 5);
+
+/* peers value, one per CPU: user space sums bytes/packets and takes the largest last_ns. */
+struct peers_value {
+	__u64 bytes;   /* Ethernet frame bytes as TC sees them (header included, no FCS) */
+	__u64 packets; /* wire packets: a GSO packet counts its segments */
+	__u64 last_ns; /* bpf_ktime_get_ns() of the latest packet counted on this CPU */
+};
+YARD_ASSERT_SIZE(struct peers_value, 24);
+YARD_ASSERT_OFFSET(struct peers_value, bytes, 0);
+YARD_ASSERT_OFFSET(struct peers_value, packets, 8);
+YARD_ASSERT_OFFSET(struct peers_value, last_ns, 16);
+
+/*
+ * What yard_peers made of a packet: every packet counts exactly one of these (value type
+ * struct gw_counter: packets and bytes). The Rust enum `PeerCounter` has the same order.
+ * Whatever the reason, the packet itself goes on unchanged.
+ */
+enum peers_counter_idx {
+	PEERS_COUNTED = 0,   /* added to its peer's entry */
+	PEERS_NOT_JOB,       /* TCP/UDP, but neither port is registered */
+	PEERS_NON_IPV4,      /* not IPv4 (IPv6, ARP, two VLAN tags, ...) */
+	PEERS_NOT_TCP_UDP,   /* IPv4 of another protocol (ICMP, ...) */
+	PEERS_FRAGMENT,      /* an IPv4 fragment: the later ones carry no ports */
+	PEERS_TRUNCATED,     /* the frame ends before the headers, or before the IPv4 length */
+	PEERS_MALFORMED,     /* IPv4 version not 4, IHL < 5, or total length < the headers */
+	PEERS_PEERS_FULL,    /* a new peer found `peers` full: not counted */
+	PEERS_COUNTER_MAX,   /* number of counters: peers_counters' max_entries */
+};
+_Static_assert(PEERS_COUNTER_MAX == 8, "Rust PeerCounter::ALL has 8 entries");
+
 #endif /* YARD_H */

@@ -137,29 +137,34 @@ pub struct CounterValue {
     pub bytes: u64,
 }
 
+/// The member names of the C enum `enum_name` in `yard.h`, lowercased, without `prefix` and
+/// without the trailing `<prefix>COUNTER_MAX`: what a counter enum's `name()`s must equal.
+#[cfg(test)]
+pub(crate) fn c_enum_names(enum_name: &str, prefix: &str) -> Vec<String> {
+    let header = include_str!("../bpf/yard.h");
+    let decl = format!("enum {enum_name} {{");
+    let start = header.find(&decl).expect("enum in yard.h");
+    let body = &header[start + decl.len()..];
+    let body = &body[..body.find("};").expect("end of enum")];
+    body.lines()
+        .filter_map(|l| l.trim().strip_prefix(prefix))
+        .map(|l| {
+            l.split([' ', ',', '='])
+                .next()
+                .unwrap_or_default()
+                .to_ascii_lowercase()
+        })
+        .filter(|n| n != "counter_max")
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn counters_match_the_c_enum_in_order() {
-        let header = include_str!("../bpf/yard.h");
-        let start = header
-            .find("enum gw_counter_idx {")
-            .expect("enum in yard.h");
-        let body = &header[start..];
-        let body = &body[..body.find("};").expect("end of enum")];
-        let c_names: Vec<String> = body
-            .lines()
-            .filter_map(|l| l.trim().strip_prefix("GW_"))
-            .map(|l| {
-                l.split([' ', ',', '='])
-                    .next()
-                    .unwrap_or_default()
-                    .to_ascii_lowercase()
-            })
-            .filter(|n| n != "counter_max")
-            .collect();
+        let c_names = c_enum_names("gw_counter_idx", "GW_");
         let rust: Vec<&str> = Counter::ALL.iter().map(|c| c.name()).collect();
         assert_eq!(c_names, rust);
         for (i, c) in Counter::ALL.iter().enumerate() {

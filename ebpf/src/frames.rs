@@ -1,21 +1,27 @@
 //! Frame builders for tests and benchmarks: outer Ethernet/IPv4/UDP/VXLAN around an inner
-//! Ethernet frame (IPv4/UDP, ARP or anything else), and plain ARP. Pure: no I/O, no kernel.
+//! Ethernet frame (IPv4/UDP, ARP or anything else), plain ARP, and a host's own TCP or UDP
+//! traffic ([`HostFrame`]). Pure: no I/O, no kernel.
 //!
 //! Every field a test may want to break is a plain public field (IPv4 options, fragment bits,
-//! version/IHL, VXLAN flags, ARP header fields, ...); [`VxlanFrame::build`] computes lengths and
-//! the IPv4 header checksums from them.
+//! version/IHL, VXLAN flags, ARP header fields, ...); [`VxlanFrame::build`] and
+//! [`HostFrame::build`] compute lengths and the IPv4 header checksums from them.
 
 use std::net::Ipv4Addr;
 
 pub const ETH_LEN: usize = 14;
 pub const IPV4_LEN: usize = 20;
 pub const UDP_LEN: usize = 8;
+/// A TCP header without options.
+pub const TCP_LEN: usize = 20;
+/// An 802.1Q tag (TPID + TCI).
+pub const VLAN_LEN: usize = 4;
 pub const VXLAN_LEN: usize = 8;
 pub const ARP_LEN: usize = 28;
 
 pub const ETHERTYPE_IPV4: u16 = 0x0800;
 pub const ETHERTYPE_ARP: u16 = 0x0806;
 pub const ETHERTYPE_IPV6: u16 = 0x86dd;
+pub const ETHERTYPE_VLAN: u16 = 0x8100;
 pub const PROTO_UDP: u8 = 17;
 pub const PROTO_TCP: u8 = 6;
 
@@ -138,6 +144,96 @@ pub fn write_eth(dst: [u8; 6], src: [u8; 6], ethertype: u16, out: &mut Vec<u8>) 
     out.extend_from_slice(&dst);
     out.extend_from_slice(&src);
     out.extend_from_slice(&ethertype.to_be_bytes());
+}
+
+/// Appends a UDP header (checksum 0, legal for IPv4) and `payload`.
+pub fn write_udp(src_port: u16, dst_port: u16, payload: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(&src_port.to_be_bytes());
+    out.extend_from_slice(&dst_port.to_be_bytes());
+    out.extend_from_slice(&((UDP_LEN + payload.len()) as u16).to_be_bytes());
+    out.extend_from_slice(&[0, 0]);
+    out.extend_from_slice(payload);
+}
+
+/// Appends an option-less TCP header (ACK|PSH, checksum 0: no program here checks it) and
+/// `payload`.
+pub fn write_tcp(src_port: u16, dst_port: u16, payload: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(&src_port.to_be_bytes());
+    out.extend_from_slice(&dst_port.to_be_bytes());
+    out.extend_from_slice(&1u32.to_be_bytes()); // sequence number
+    out.extend_from_slice(&1u32.to_be_bytes()); // acknowledgement number
+    out.push(((TCP_LEN / 4) as u8) << 4); // data offset
+    out.push(0x18); // ACK | PSH
+    out.extend_from_slice(&65535u16.to_be_bytes()); // window
+    out.extend_from_slice(&[0, 0, 0, 0]); // checksum, urgent pointer
+    out.extend_from_slice(payload);
+}
+
+/// A host's own IPv4 traffic as a NIC carries it: Ethernet (optionally one 802.1Q tag), IPv4,
+/// and a TCP or UDP header (chosen by `ip.protocol`; any other protocol gets no L4 header) with
+/// a payload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostFrame {
+    pub eth_dst: [u8; 6],
+    pub eth_src: [u8; 6],
+    /// Ethertype after the addresses (or after the tag): IPv4 unless a test breaks it.
+    pub ethertype: u16,
+    /// 802.1Q tag control information, if the frame carries a tag.
+    pub vlan: Option<u16>,
+    pub ip: Ipv4Header,
+    pub src_port: u16,
+    pub dst_port: u16,
+    pub payload: Vec<u8>,
+}
+
+impl HostFrame {
+    /// A UDP datagram `src:src_port` -> `dst:dst_port` between two made-up MACs.
+    pub fn udp(src: Ipv4Addr, src_port: u16, dst: Ipv4Addr, dst_port: u16, payload: &[u8]) -> Self {
+        Self {
+            eth_dst: [0x02, 0, 0, 0, 0, 0xd1],
+            eth_src: [0x02, 0, 0, 0, 0, 0x51],
+            ethertype: ETHERTYPE_IPV4,
+            vlan: None,
+            ip: Ipv4Header::new(src, dst, PROTO_UDP),
+            src_port,
+            dst_port,
+            payload: payload.to_vec(),
+        }
+    }
+
+    /// The same as [`HostFrame::udp`] for a TCP segment.
+    pub fn tcp(src: Ipv4Addr, src_port: u16, dst: Ipv4Addr, dst_port: u16, payload: &[u8]) -> Self {
+        let mut f = Self::udp(src, src_port, dst, dst_port, payload);
+        f.ip.protocol = PROTO_TCP;
+        f
+    }
+
+    /// Offset of the IPv4 header.
+    pub fn l3_offset(&self) -> usize {
+        ETH_LEN + if self.vlan.is_some() { VLAN_LEN } else { 0 }
+    }
+
+    /// The frame's bytes, IPv4 length and checksum filled in.
+    pub fn build(&self) -> Vec<u8> {
+        let mut l4 = Vec::with_capacity(TCP_LEN + self.payload.len());
+        match self.ip.protocol {
+            PROTO_UDP => write_udp(self.src_port, self.dst_port, &self.payload, &mut l4),
+            PROTO_TCP => write_tcp(self.src_port, self.dst_port, &self.payload, &mut l4),
+            _ => l4.extend_from_slice(&self.payload),
+        }
+        let mut out = Vec::with_capacity(self.l3_offset() + IPV4_LEN + l4.len());
+        match self.vlan {
+            Some(tci) => {
+                write_eth(self.eth_dst, self.eth_src, ETHERTYPE_VLAN, &mut out);
+                out.extend_from_slice(&tci.to_be_bytes());
+                out.extend_from_slice(&self.ethertype.to_be_bytes());
+            }
+            None => write_eth(self.eth_dst, self.eth_src, self.ethertype, &mut out),
+        }
+        self.ip.write(l4.len(), &mut out);
+        out.extend_from_slice(&l4);
+        out
+    }
 }
 
 /// An ARP body (IPv4 over Ethernet unless fields are changed).
@@ -281,11 +377,7 @@ impl Inner {
             } => {
                 write_eth(*dst_mac, *src_mac, ETHERTYPE_IPV4, out);
                 ip.write(UDP_LEN + payload.len(), out);
-                out.extend_from_slice(&src_port.to_be_bytes());
-                out.extend_from_slice(&dst_port.to_be_bytes());
-                out.extend_from_slice(&((UDP_LEN + payload.len()) as u16).to_be_bytes());
-                out.extend_from_slice(&[0, 0]);
-                out.extend_from_slice(payload);
+                write_udp(*src_port, *dst_port, payload, out);
             }
             Inner::Arp {
                 dst_mac,
@@ -435,6 +527,32 @@ mod tests {
         ];
         assert_eq!(ipv4_checksum(&h), 0xb861);
         assert!(ipv4_header_valid(&h));
+    }
+
+    #[test]
+    fn host_frames_layout() {
+        let (src, dst) = (Ipv4Addr::new(198, 18, 0, 1), Ipv4Addr::new(198, 18, 0, 2));
+        let udp = HostFrame::udp(src, 40000, dst, 29500, b"abc").build();
+        assert_eq!(udp.len(), ETH_LEN + IPV4_LEN + UDP_LEN + 3);
+        assert!(ipv4_header_valid(&udp[ETH_LEN..ETH_LEN + IPV4_LEN]));
+        assert_eq!(u16_at(&udp, 16), Some((IPV4_LEN + UDP_LEN + 3) as u16));
+        assert_eq!(udp[23], PROTO_UDP);
+        assert_eq!(u16_at(&udp, 34), Some(40000));
+        assert_eq!(u16_at(&udp, 36), Some(29500));
+        assert_eq!(u16_at(&udp, 38), Some((UDP_LEN + 3) as u16));
+
+        let mut tagged = HostFrame::tcp(src, 40000, dst, 29500, b"abc");
+        tagged.vlan = Some(100);
+        let tcp = tagged.build();
+        assert_eq!(tcp.len(), ETH_LEN + VLAN_LEN + IPV4_LEN + TCP_LEN + 3);
+        assert_eq!(u16_at(&tcp, 12), Some(ETHERTYPE_VLAN));
+        assert_eq!(u16_at(&tcp, 16), Some(ETHERTYPE_IPV4));
+        let l3 = tagged.l3_offset();
+        assert!(ipv4_header_valid(&tcp[l3..l3 + IPV4_LEN]));
+        assert_eq!(tcp[l3 + 9], PROTO_TCP);
+        assert_eq!(u16_at(&tcp, l3 + IPV4_LEN + 2), Some(29500));
+        assert_eq!(tcp[l3 + IPV4_LEN + 12] >> 4, 5, "TCP data offset");
+        assert_eq!(&tcp[tcp.len() - 3..], b"abc");
     }
 
     #[test]

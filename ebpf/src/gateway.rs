@@ -34,7 +34,7 @@ use std::net::Ipv4Addr;
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
 
-use aya::maps::{Array, HashMap, IterableMap, MapData, MapError, MapInfo, MapType, PerCpuArray};
+use aya::maps::{Array, HashMap, IterableMap, MapData, MapInfo, MapType, PerCpuArray};
 use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::xdp::XdpLink;
 use aya::programs::{ProgramError, Xdp};
@@ -44,6 +44,7 @@ use crate::layout::{
     ip_from_map, ip_to_map, GwConfig, GwCounter, GwEp, GwEpKey, GwHost, GwVip, COUNTER_MAX,
     ENDPOINTS_MAX, HOSTS_MAX, VIPS_MAX, VIP_FORWARD_ONLY, VIP_OWNED,
 };
+use crate::maps::{is_enoent, map_err, read_counter, take};
 use crate::test_run::{run_bench, run_once};
 use crate::{sys, Counter, CounterValue, EbpfError, TestOutcome};
 
@@ -173,14 +174,6 @@ impl std::fmt::Debug for Gateway {
     }
 }
 
-fn map_err(action: &'static str, map: &'static str) -> impl FnOnce(MapError) -> EbpfError {
-    move |source| EbpfError::Map {
-        action,
-        map,
-        source,
-    }
-}
-
 fn prog_err(action: &'static str) -> impl FnOnce(ProgramError) -> EbpfError {
     move |source| EbpfError::Program {
         action,
@@ -195,22 +188,6 @@ fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) ->
         path: path.to_path_buf(),
         source,
     }
-}
-
-/// Whether `e` is the kernel saying "no such entry" (a delete of an absent key).
-fn is_enoent(e: &MapError) -> bool {
-    matches!(e, MapError::KeyNotFound | MapError::ElementNotFound)
-        || matches!(e, MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::ENOENT))
-}
-
-fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, EbpfError>
-where
-    T: TryFrom<aya::maps::Map, Error = MapError>,
-{
-    let map = ebpf
-        .take_map(name)
-        .ok_or(EbpfError::Missing { kind: "map", name })?;
-    T::try_from(map).map_err(map_err("open", name))
 }
 
 /// Checks that the map pinned at `path` has the shape this build defines.
@@ -628,15 +605,7 @@ impl Gateway {
     pub fn counters(&self) -> Result<Vec<(Counter, CounterValue)>, EbpfError> {
         let mut out = Vec::with_capacity(Counter::ALL.len());
         for counter in Counter::ALL {
-            let per_cpu = self
-                .counters
-                .get(&counter.index(), 0)
-                .map_err(map_err("read", MAP_COUNTERS))?;
-            let mut sum = CounterValue::default();
-            for v in per_cpu.iter() {
-                sum.packets = sum.packets.wrapping_add(v.packets);
-                sum.bytes = sum.bytes.wrapping_add(v.bytes);
-            }
+            let sum = read_counter(&self.counters, MAP_COUNTERS, counter.index())?;
             out.push((counter, sum));
         }
         Ok(out)

@@ -1,4 +1,4 @@
-//! `#[repr(C)]` mirrors of the structs in `bpf/yard.h`.
+//! `#[repr(C)]` mirrors of the structs in `bpf/yard.h` (gateway and probe sections).
 //!
 //! The header asserts every size and field offset with `_Static_assert`; the constants and the
 //! compile-time assertions here state the same numbers, so a change made on one side only fails
@@ -74,6 +74,30 @@ pub struct GwCounter {
     pub bytes: u64,
 }
 
+/// `struct peers_key`: key of `peers`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PeersKey {
+    /// The remote host's IPv4, network order.
+    pub peer: u32,
+    /// [`PEERS_DIR_INGRESS`] or [`PEERS_DIR_EGRESS`].
+    pub dir: u8,
+    /// Always 0 (hashed as part of the key).
+    pub pad: [u8; 3],
+}
+
+/// `struct peers_value`: value of `peers` per CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeersValue {
+    /// Ethernet frame bytes as TC sees them.
+    pub bytes: u64,
+    /// Wire packets (a GSO packet counts its segments).
+    pub packets: u64,
+    /// `bpf_ktime_get_ns()` of the latest packet counted on this CPU.
+    pub last_ns: u64,
+}
+
 // SAFETY: each type is `#[repr(C)]`, made only of integers and integer arrays, has no padding
 // (asserted below: the sizes equal the sum of the fields) and every bit pattern is a valid value,
 // so reading it from and writing it to map bytes is sound.
@@ -88,6 +112,10 @@ unsafe impl aya::Pod for GwEp {}
 unsafe impl aya::Pod for GwHost {}
 // SAFETY: as above.
 unsafe impl aya::Pod for GwCounter {}
+// SAFETY: as above.
+unsafe impl aya::Pod for PeersKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for PeersValue {}
 
 /// `GW_VIP_OWNED`.
 pub const VIP_OWNED: u32 = 1;
@@ -102,6 +130,17 @@ pub const ENDPOINTS_MAX: u32 = 262_144;
 pub const HOSTS_MAX: u32 = 65_536;
 /// `GW_COUNTER_MAX`.
 pub const COUNTER_MAX: u32 = 18;
+
+/// `PEERS_DIR_INGRESS`.
+pub const PEERS_DIR_INGRESS: u8 = 0;
+/// `PEERS_DIR_EGRESS`.
+pub const PEERS_DIR_EGRESS: u8 = 1;
+/// `PEERS_MAX`.
+pub const PEERS_MAX: u32 = 4096;
+/// `PEERS_PORTS_MAX`.
+pub const PEERS_PORTS_MAX: u32 = 1024;
+/// `PEERS_COUNTER_MAX`.
+pub const PEERS_COUNTER_MAX: u32 = 8;
 
 /// The VXLAN UDP port the gateway listens on and sends to (`YARD_VXLAN_PORT`).
 pub const VXLAN_PORT: u16 = 4789;
@@ -147,6 +186,16 @@ pub const C_LAYOUTS: &[Layout] = &[
         name: "gw_counter",
         size: 16,
         fields: &[("packets", 0), ("bytes", 8)],
+    },
+    Layout {
+        name: "peers_key",
+        size: 8,
+        fields: &[("peer", 0), ("dir", 4), ("pad", 5)],
+    },
+    Layout {
+        name: "peers_value",
+        size: 24,
+        fields: &[("bytes", 0), ("packets", 8), ("last_ns", 16)],
     },
 ];
 
@@ -203,6 +252,24 @@ pub fn rust_layouts() -> Vec<RustLayout> {
                 ("bytes", offset_of!(GwCounter, bytes)),
             ],
         ),
+        (
+            "peers_key",
+            size_of::<PeersKey>(),
+            vec![
+                ("peer", offset_of!(PeersKey, peer)),
+                ("dir", offset_of!(PeersKey, dir)),
+                ("pad", offset_of!(PeersKey, pad)),
+            ],
+        ),
+        (
+            "peers_value",
+            size_of::<PeersValue>(),
+            vec![
+                ("bytes", offset_of!(PeersValue, bytes)),
+                ("packets", offset_of!(PeersValue, packets)),
+                ("last_ns", offset_of!(PeersValue, last_ns)),
+            ],
+        ),
     ]
 }
 
@@ -214,6 +281,8 @@ const _: () = {
     assert!(size_of::<GwEp>() == 6 + 2 + 4);
     assert!(size_of::<GwHost>() == 6 + 2);
     assert!(size_of::<GwCounter>() == 8 + 8);
+    assert!(size_of::<PeersKey>() == 4 + 1 + 3);
+    assert!(size_of::<PeersValue>() == 8 + 8 + 8);
 };
 
 /// An IPv4 address as the maps store it: network order in memory.
@@ -260,6 +329,8 @@ mod tests {
             ("GW_VIPS_MAX", VIPS_MAX),
             ("GW_ENDPOINTS_MAX", ENDPOINTS_MAX),
             ("GW_HOSTS_MAX", HOSTS_MAX),
+            ("PEERS_MAX", PEERS_MAX),
+            ("PEERS_PORTS_MAX", PEERS_PORTS_MAX),
         ] {
             assert!(
                 header.contains(&format!("#define {name} {value}")),
@@ -267,6 +338,9 @@ mod tests {
             );
         }
         assert!(header.contains(&format!("GW_COUNTER_MAX == {COUNTER_MAX}")));
+        assert!(header.contains(&format!("PEERS_COUNTER_MAX == {PEERS_COUNTER_MAX}")));
+        assert!(header.contains(&format!("PEERS_DIR_INGRESS = {PEERS_DIR_INGRESS},")));
+        assert!(header.contains(&format!("PEERS_DIR_EGRESS = {PEERS_DIR_EGRESS},")));
         assert!(header.contains(&format!("GW_VIP_OWNED = {VIP_OWNED},")));
         assert!(header.contains(&format!("GW_VIP_FORWARD_ONLY = {VIP_FORWARD_ONLY},")));
         assert!(header.contains(&format!("#define YARD_VXLAN_PORT {VXLAN_PORT}")));

@@ -1,4 +1,4 @@
-//! Switchyard's XDP programs and their typed Rust loaders.
+//! Switchyard's XDP and TC programs and their typed Rust loaders.
 //!
 //! The programs are C in `ebpf/bpf/*.bpf.c`, compiled by `build.rs` with `clang -target bpf`
 //! and embedded in this crate, so nothing needs a compiler at run time:
@@ -8,6 +8,8 @@
 //!   the node's lease (see DESIGN.md, "Failure detection and fencing").
 //! - [`Bounce`] (`yard_bounce`): swaps MACs and bounces; the per-packet cost floor benchmarks
 //!   report every program against.
+//! - [`PeerCounters`] (`yard_peers_ingress`/`yard_peers_egress`, TC): a training job's traffic
+//!   per peer host and direction, which the probe reads to corroborate a slow link.
 //!
 //! The structs shared with C are mirrored in [`layout`]; [`frames`] builds test and benchmark
 //! frames; [`ktime_now_ns`] reads the clock the program compares lease deadlines with.
@@ -18,6 +20,8 @@ mod counters;
 pub mod frames;
 mod gateway;
 pub mod layout;
+mod maps;
+pub mod peers;
 mod program;
 mod sys;
 mod test_run;
@@ -29,9 +33,10 @@ pub use bounce::Bounce;
 pub use clock::ktime_now_ns;
 pub use counters::{Counter, CounterValue};
 pub use gateway::{Endpoint, Gateway, GatewayConfig, VipMode, XdpMode};
+pub use peers::{Direction, PeerCounter, PeerCounters, PeerStat, TcAction};
 pub use test_run::{TestOutcome, XdpAction};
 
-/// Why an operation on an XDP program or its maps failed.
+/// Why an operation on an eBPF program or its maps failed.
 ///
 /// Every variant names what was being done; the underlying aya or OS error is its `source()`.
 #[derive(Debug, thiserror::Error)]
@@ -50,7 +55,7 @@ pub enum EbpfError {
         name: &'static str,
     },
     /// The kernel refused the program (verifier, permissions) or an attach/test-run call.
-    #[error("could not {action} the XDP program {program}")]
+    #[error("could not {action} the eBPF program {program}")]
     Program {
         action: &'static str,
         program: &'static str,
@@ -85,7 +90,7 @@ pub enum EbpfError {
         #[source]
         source: io::Error,
     },
-    /// BPF_PROG_TEST_RUN refuses XDP input shorter than an Ethernet header.
+    /// BPF_PROG_TEST_RUN refuses packet input shorter than an Ethernet header.
     #[error("a test frame must be at least 14 bytes long, got {0}")]
     FrameTooShort(usize),
     /// The VNI does not fit the 24 bits VXLAN carries.
@@ -94,4 +99,14 @@ pub enum EbpfError {
     /// The interface name cannot be used (empty, too long or containing '/' or NUL).
     #[error("invalid interface name {0:?}")]
     InvalidInterface(String),
+    /// Adding the clsact qdisc that legacy (pre-tcx) TC attachment needs failed.
+    #[error("could not add the clsact qdisc to {iface}")]
+    Qdisc {
+        iface: String,
+        #[source]
+        source: aya::programs::tc::TcError,
+    },
+    /// More ports than the program's port map holds.
+    #[error("{count} ports do not fit the port map, which holds {max}")]
+    TooManyPorts { count: usize, max: u32 },
 }

@@ -1,28 +1,59 @@
-//! Finding a loaded object's XDP program by name: one place for both objects.
+//! Finding a loaded object's program by name and type: one place for every object.
 
-use aya::programs::Xdp;
+use aya::programs::{Program, SchedClassifier, Xdp};
 use aya::Ebpf;
 
 use crate::EbpfError;
 
-fn missing(name: &'static str) -> EbpfError {
+/// A program type this crate loads, with the name its errors use.
+pub(crate) trait Kind {
+    const KIND: &'static str;
+}
+
+impl Kind for Xdp {
+    const KIND: &'static str = "XDP program";
+}
+
+impl Kind for SchedClassifier {
+    const KIND: &'static str = "TC program";
+}
+
+fn missing<T: Kind>(name: &'static str) -> EbpfError {
     EbpfError::Missing {
-        kind: "XDP program",
+        kind: T::KIND,
         name,
     }
 }
 
-pub(crate) fn xdp<'a>(ebpf: &'a Ebpf, name: &'static str) -> Result<&'a Xdp, EbpfError> {
+/// The program `name` of `ebpf` as a `T`.
+pub(crate) fn get<'a, T>(ebpf: &'a Ebpf, name: &'static str) -> Result<&'a T, EbpfError>
+where
+    T: Kind + 'a,
+    &'a T: TryFrom<&'a Program>,
+{
     ebpf.program(name)
-        .and_then(|p| <&Xdp>::try_from(p).ok())
-        .ok_or(missing(name))
+        .and_then(|p| <&T>::try_from(p).ok())
+        .ok_or_else(|| missing::<T>(name))
+}
+
+/// The program `name` of `ebpf` as a mutable `T`.
+pub(crate) fn get_mut<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, EbpfError>
+where
+    T: Kind + 'a,
+    &'a mut T: TryFrom<&'a mut Program>,
+{
+    ebpf.program_mut(name)
+        .and_then(|p| <&mut T>::try_from(p).ok())
+        .ok_or_else(|| missing::<T>(name))
+}
+
+pub(crate) fn xdp<'a>(ebpf: &'a Ebpf, name: &'static str) -> Result<&'a Xdp, EbpfError> {
+    get(ebpf, name)
 }
 
 pub(crate) fn xdp_mut<'a>(
     ebpf: &'a mut Ebpf,
     name: &'static str,
 ) -> Result<&'a mut Xdp, EbpfError> {
-    ebpf.program_mut(name)
-        .and_then(|p| <&mut Xdp>::try_from(p).ok())
-        .ok_or(missing(name))
+    get_mut(ebpf, name)
 }

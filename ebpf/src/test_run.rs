@@ -1,4 +1,4 @@
-//! BPF_PROG_TEST_RUN of an XDP program: unit tests and per-packet cost.
+//! BPF_PROG_TEST_RUN of a packet program (XDP or TC): unit tests and per-packet cost.
 //!
 //! aya 0.14's `TestRun` trait does the syscall. Two kernel facts shape the API: the input frame
 //! is copied into one buffer that all `repeat` runs share (a program that rewrites the frame sees
@@ -9,6 +9,7 @@
 //! [`Gateway::bench_run`]: crate::Gateway::bench_run
 
 use aya::programs::{TestRun, TestRunOptions, Xdp};
+use aya::TestRunResult;
 
 use crate::EbpfError;
 
@@ -46,17 +47,29 @@ pub struct TestOutcome {
     pub frame: Vec<u8>,
 }
 
-/// The kernel's minimum XDP test input.
+/// The kernel's minimum test input (XDP and skb programs alike).
 const ETH_HLEN: usize = 14;
 
 /// Room for programs that grow the frame (none of ours does today).
 const OUT_SLACK: usize = 256;
 
-pub(crate) fn run_once(
-    prog: &Xdp,
+/// A program BPF_PROG_TEST_RUN can run on a frame (XDP, TC).
+pub(crate) trait PacketProgram:
+    for<'a> TestRun<Opts<'a> = TestRunOptions<'a>, Result = TestRunResult>
+{
+}
+
+impl<P> PacketProgram for P where
+    P: for<'a> TestRun<Opts<'a> = TestRunOptions<'a>, Result = TestRunResult>
+{
+}
+
+/// One run of `prog` on `frame`: the program's raw return value and the frame as it left it.
+pub(crate) fn run_raw<P: PacketProgram>(
+    prog: &P,
     program: &'static str,
     frame: &[u8],
-) -> Result<TestOutcome, EbpfError> {
+) -> Result<(u32, Vec<u8>), EbpfError> {
     if frame.len() < ETH_HLEN {
         return Err(EbpfError::FrameTooShort(frame.len()));
     }
@@ -74,14 +87,24 @@ pub(crate) fn run_once(
             source,
         })?;
     out.truncate(usize::try_from(result.data_size_out).unwrap_or(usize::MAX));
+    Ok((result.return_value, out))
+}
+
+pub(crate) fn run_once(
+    prog: &Xdp,
+    program: &'static str,
+    frame: &[u8],
+) -> Result<TestOutcome, EbpfError> {
+    let (action, frame) = run_raw(prog, program, frame)?;
     Ok(TestOutcome {
-        action: XdpAction::from_raw(result.return_value),
-        frame: out,
+        action: XdpAction::from_raw(action),
+        frame,
     })
 }
 
-pub(crate) fn run_bench(
-    prog: &Xdp,
+/// `repeat` runs of `prog` on `frame` in the kernel: the kernel-measured mean ns per run.
+pub(crate) fn run_bench<P: PacketProgram>(
+    prog: &P,
     program: &'static str,
     frame: &[u8],
     repeat: u32,

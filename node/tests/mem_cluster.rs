@@ -630,3 +630,128 @@ async fn gateway_vips_are_placed_failed_over_rebalanced_and_drained_through_raft
         "{reply:?}"
     );
 }
+
+/// Probe summaries reach the leader's analyzer; a rank that stops heartbeating is named in a
+/// verdict committed through Raft, which a follower serves; the job then heals to no verdicts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_rank_is_diagnosed_through_raft_and_served_by_a_follower() {
+    use yard_actors::probe::core::JobBatch;
+    use yard_diagnosis::event::{Event, Group, Member};
+
+    let net = MemNetwork::default();
+    let nodes = cluster(&net, 3, &RaftSection::default()).await;
+    let leader = wait_leader(&nodes.iter().collect::<Vec<_>>(), None).await;
+    let follower = nodes.iter().find(|n| n.node.id() != leader).unwrap();
+    let leader_node = nodes.iter().find(|n| n.node.id() == leader).unwrap();
+    let world = 4u32;
+    let report = |events: Vec<Event>, to: &TestNode| {
+        let t = net.transport(&addr(99), PeerRole::Node(99));
+        let target = Target::node(to.node.id(), to.addr.clone());
+        async move {
+            t.call(
+                target,
+                Request::ProbeReport {
+                    batches: vec![JobBatch {
+                        job: "train".into(),
+                        events,
+                    }],
+                },
+                Duration::from_secs(2),
+            )
+            .await
+        }
+    };
+    let refused = report(vec![], follower).await.unwrap();
+    assert!(
+        matches!(&refused, Reply::Error(e) if e.contains("not the leader")),
+        "{refused:?}"
+    );
+    let mut intro: Vec<Event> = (0..world)
+        .map(|rank| {
+            Event::Member(Member {
+                rank,
+                world_size: world,
+                host: format!("h{rank}"),
+                addr: String::new(),
+                nic: String::new(),
+                switch: String::new(),
+                pid: 1,
+            })
+        })
+        .collect();
+    intro.push(Event::Group(Group {
+        name: "0".into(),
+        desc: "default_pg".into(),
+        ranks: (0..world).collect(),
+    }));
+    assert!(matches!(
+        report(intro, leader_node).await.unwrap(),
+        Reply::ProbeAccepted
+    ));
+    // Ranks 0..3 keep heartbeating; rank 3 falls silent after its introduction.
+    let started = Instant::now();
+    let verdict = loop {
+        let beats = (0..world - 1)
+            .map(|rank| Event::Heartbeat { rank, t_ns: 0 })
+            .collect();
+        report(beats, leader_node).await.unwrap();
+        let view = admin(
+            &net,
+            &follower.addr,
+            AdminRequest::Diagnose {
+                job: Some("train".into()),
+                timeline: false,
+            },
+        )
+        .await
+        .unwrap();
+        let AdminReply::Diagnosis(view) = view else {
+            panic!("unexpected reply {view:?}")
+        };
+        if let Some(v) = view.jobs.first().and_then(|j| j.verdicts.first()) {
+            break v.clone();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no verdict within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(verdict.class, yard_diagnosis::verdict::Class::Hang);
+    assert_eq!(verdict.subtype, yard_diagnosis::verdict::Subtype::DeadProcess);
+    assert_eq!(verdict.culprits, vec![3]);
+    // The rank says goodbye: the job is healthy again and the follower serves that too.
+    report(vec![Event::Exit { rank: 3, t_ns: 0 }], leader_node)
+        .await
+        .unwrap();
+    let healed = Instant::now();
+    loop {
+        report(
+            (0..world - 1)
+                .map(|rank| Event::Heartbeat { rank, t_ns: 0 })
+                .collect(),
+            leader_node,
+        )
+        .await
+        .unwrap();
+        let AdminReply::Diagnosis(view) = admin(
+            &net,
+            &follower.addr,
+            AdminRequest::Diagnose {
+                job: Some("train".into()),
+                timeline: false,
+            },
+        )
+        .await
+        .unwrap() else {
+            panic!("unexpected reply")
+        };
+        let j = &view.jobs[0];
+        if j.verdicts.is_empty() {
+            assert_eq!(j.history.len(), 1, "the verdict stays in the history");
+            break;
+        }
+        assert!(healed.elapsed() < Duration::from_secs(10), "never healed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

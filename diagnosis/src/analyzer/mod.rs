@@ -1,8 +1,27 @@
 //! The analyzer: a pure core (events and the caller's clock in, verdicts out) that runs on the
 //! Raft leader for live jobs and in `yard diagnose --fr-dumps` for offline ones.
+//!
+//! - [`state`] keeps a bounded picture of the job, updated per event;
+//! - [`hang`] finds stuck group streams and says why (mismatch, dead process, missing or extra
+//!   participant, data-plane stall);
+//! - [`slow`] compares ops with the job's own baselines (compute straggler, slow link,
+//!   congestion);
+//! - this module adds dead processes, orders verdicts root cause first and keeps a verdict's
+//!   first detection time while it holds.
+//!
+//! Two clocks: "how long since anything happened" is measured on the analyzer's receive clock
+//! (`now_ns`), and every timing comparison is between one rank's own timestamps (durations),
+//! so hosts' clock skew changes nothing.
 
-use crate::event::{Coll, Event, Trace};
-use crate::verdict::Verdict;
+mod baseline;
+mod hang;
+mod slow;
+mod state;
+mod text;
+
+use crate::event::{Coll, Event, Op, Phase, Rank, Trace};
+use crate::verdict::{Class, Subtype, Verdict};
+use state::State;
 
 /// Thresholds. Every time is nanoseconds on the analyzer's own clock.
 #[derive(Clone, Debug, PartialEq)]
@@ -15,6 +34,12 @@ pub struct Config {
     pub heartbeat_timeout_ns: u64,
     /// An op this many times slower than its own baseline is slow.
     pub slow_factor: f64,
+    /// Slow conditions are judged over this many recent ops of a kind (at most 32): they must
+    /// hold in three quarters of them to raise a verdict and in none to clear it.
+    pub slow_window: u32,
+    /// A time must also exceed its baseline by this much to count as slow, so that jitter on a
+    /// near-zero baseline (back-to-back collectives) is not read as a large ratio.
+    pub slow_min_delta_ns: u64,
 }
 
 impl Default for Config {
@@ -24,8 +49,19 @@ impl Default for Config {
             hang_factor: 10.0,
             heartbeat_timeout_ns: 2_000_000_000,
             slow_factor: 1.5,
+            slow_window: 8,
+            slow_min_delta_ns: 1_000_000,
         }
     }
+}
+
+/// What only an offline record knows.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Offline {
+    /// Ranks that left no record, sorted.
+    missing: Vec<Rank>,
+    /// The record was taken at a timeout: whatever is in flight is stuck.
+    pub(crate) stuck: bool,
 }
 
 /// One job's analyzer.
@@ -33,6 +69,8 @@ impl Default for Config {
 pub struct JobAnalyzer {
     job: String,
     cfg: Config,
+    state: State,
+    offline: Option<Offline>,
     verdicts: Vec<Verdict>,
 }
 
@@ -41,6 +79,8 @@ impl JobAnalyzer {
         JobAnalyzer {
             job: job.into(),
             cfg,
+            state: State::default(),
+            offline: None,
             verdicts: Vec::new(),
         }
     }
@@ -54,24 +94,263 @@ impl JobAnalyzer {
     }
 
     /// Takes one event, received at `now_ns` on the analyzer's clock.
-    pub fn ingest(&mut self, _ev: &Event, _now_ns: u64) {}
+    pub fn ingest(&mut self, ev: &Event, now_ns: u64) {
+        self.state.ingest(ev, now_ns, &self.cfg);
+    }
 
-    /// Re-evaluates at `now_ns` and returns the current verdicts, root cause first.
-    pub fn evaluate(&mut self, _now_ns: u64) -> &[Verdict] {
+    /// Re-evaluates at `now_ns` and returns the current verdicts, root cause first. A verdict
+    /// that keeps holding keeps the `detected_ns` of its first evaluation.
+    pub fn evaluate(&mut self, now_ns: u64) -> &[Verdict] {
+        let dead = self.dead(now_ns);
+        let dead_ranks: Vec<Rank> = dead.iter().map(|d| d.0).collect();
+        let hang = hang::evaluate(
+            &self.state,
+            &self.cfg,
+            now_ns,
+            self.offline.as_ref(),
+            &dead_ranks,
+        );
+        let mut verdicts = Vec::new();
+        if !dead.is_empty() {
+            verdicts.push(self.dead_verdict(&dead, hang.dead_notes));
+        }
+        verdicts.extend(hang.verdicts);
+        verdicts.extend(slow::evaluate(&self.state, &self.cfg, &hang.stuck));
+        verdicts.sort_by_key(order);
+        for v in &mut verdicts {
+            let key = v.key();
+            v.detected_ns = self
+                .verdicts
+                .iter()
+                .find(|old| old.key() == key)
+                .map_or(now_ns, |old| old.detected_ns);
+        }
+        self.verdicts = verdicts;
         &self.verdicts
     }
 
-    /// The collective records around a verdict's op, for the timeline picture.
-    pub fn window(&self, _verdict: &Verdict) -> Vec<Coll> {
-        Vec::new()
+    /// The collective records around a verdict's op, for the timeline picture: the culprits
+    /// and link ends plus a few neighbours in group order (at most 16 ranks), for the seqs
+    /// from three before to two after the verdict's seq in its group.
+    pub fn window(&self, verdict: &Verdict) -> Vec<Coll> {
+        const MAX_RANKS: usize = 16;
+        const NEIGHBOURS: usize = 4;
+        let mut focus: Vec<Rank> = verdict.culprits.clone();
+        for l in &verdict.links {
+            focus.extend(l.from.into_iter().chain(l.to));
+        }
+        dedup_keep_order(&mut focus);
+        let p2p = verdict.op.is_some_and(Op::is_p2p);
+        let pgi = match &verdict.pg {
+            Some(p) => self.state.find_pg(&p.name, p2p),
+            None => focus.iter().find_map(|&r| {
+                let pgs = &self.state.ranks.get(r as usize)?.pgs;
+                let busy = pgs
+                    .iter()
+                    .find(|(p, m)| self.state.pgs[*p as usize].state[*m as usize].in_flight);
+                busy.or(pgs.first()).map(|(p, _)| *p as usize)
+            }),
+        };
+        let Some(pg) = pgi.and_then(|i| self.state.pgs.get(i)) else {
+            return Vec::new();
+        };
+        let order = pg.ranks();
+        focus.retain(|r| order.contains(r));
+        focus.truncate(MAX_RANKS);
+        let want = if focus.is_empty() {
+            8
+        } else {
+            (focus.len() + NEIGHBOURS).min(MAX_RANKS)
+        };
+        let positions: Vec<usize> = focus
+            .iter()
+            .filter_map(|r| order.iter().position(|o| o == r))
+            .collect();
+        let mut picks = focus.clone();
+        let mut d = 1;
+        while picks.len() < want.min(order.len()) && d <= order.len() {
+            for &p in &positions {
+                for q in [p + d, p + order.len() - d] {
+                    let r = order[q % order.len()];
+                    if picks.len() < want && !picks.contains(&r) {
+                        picks.push(r);
+                    }
+                }
+            }
+            if positions.is_empty() {
+                picks.extend(order.iter().take(want));
+                break;
+            }
+            d += 1;
+        }
+        picks.sort_unstable();
+        let center = verdict.seq.unwrap_or_else(|| {
+            pg.state
+                .iter()
+                .filter_map(|m| m.last_enq)
+                .max()
+                .unwrap_or(0)
+        });
+        let mut out = Vec::new();
+        for rank in picks {
+            let Some(m) = pg.member_of(rank) else {
+                continue;
+            };
+            for seq in center.saturating_sub(3)..=center.saturating_add(2) {
+                let Some(rec) = pg.rec(m, seq) else {
+                    continue;
+                };
+                let phases = [
+                    (rec.has_enq(), Phase::Enqueue, rec.enq),
+                    (rec.has_start(), Phase::Start, rec.start),
+                    (rec.has_end(), Phase::End, rec.end),
+                ];
+                for (_, phase, t_ns) in phases.into_iter().filter(|p| p.0) {
+                    out.push(Coll {
+                        rank,
+                        pg: pg.name.clone(),
+                        seq,
+                        op: rec.sig.op,
+                        dtype: rec.sig.dtype,
+                        count: rec.sig.bytes / rec.sig.dtype.size(),
+                        bytes: rec.sig.bytes,
+                        peer: rec.peer,
+                        phase,
+                        t_ns,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// How many records the analyzer retains (per-member slots, pairs, baselines, ranks): a
+    /// figure for metrics and for tests that memory stays bounded over long runs.
+    pub fn retained_records(&self) -> usize {
+        self.state.retained()
+    }
+
+    /// Dead ranks with why: silent past the heartbeat timeout (live) or without a record
+    /// (offline); a rank that said goodbye is never dead.
+    fn dead(&self, now: u64) -> Vec<(Rank, String)> {
+        let exited = |r: Rank| {
+            self.state
+                .ranks
+                .get(r as usize)
+                .is_some_and(|s| s.exited)
+        };
+        match &self.offline {
+            Some(o) => o
+                .missing
+                .iter()
+                .filter(|&&r| !exited(r))
+                .map(|&r| (r, format!("no flight recorder dump from rank {r}")))
+                .collect(),
+            None => self
+                .state
+                .ranks
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.known && !s.exited)
+                .filter(|(_, s)| now.saturating_sub(s.last_seen) > self.cfg.heartbeat_timeout_ns)
+                .map(|(r, s)| {
+                    let r = r as Rank;
+                    let silent = now.saturating_sub(s.last_seen) as f64;
+                    (
+                        r,
+                        format!(
+                            "{} silent for {}: no heartbeat or event (timeout {})",
+                            text::rank_at(&self.state, r),
+                            text::dur(silent),
+                            text::dur(self.cfg.heartbeat_timeout_ns as f64)
+                        ),
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    fn dead_verdict(&self, dead: &[(Rank, String)], notes: Vec<String>) -> Verdict {
+        const SHOWN: usize = 8;
+        let mut evidence: Vec<String> = dead.iter().take(SHOWN).map(|d| d.1.clone()).collect();
+        if dead.len() > SHOWN {
+            evidence.push(format!("{} more ranks are silent", dead.len() - SHOWN));
+        }
+        let blocking = !notes.is_empty();
+        evidence.extend(notes);
+        let confidence = match (&self.offline, blocking) {
+            (None, true) => 0.95,
+            (None, false) => 0.8,
+            (Some(_), true) => 0.8,
+            (Some(_), false) => 0.5,
+        };
+        Verdict {
+            class: Class::Hang,
+            subtype: Subtype::DeadProcess,
+            culprits: dead.iter().map(|d| d.0).collect(),
+            links: Vec::new(),
+            pg: None,
+            seq: None,
+            op: None,
+            evidence,
+            confidence,
+            detected_ns: 0,
+        }
     }
 }
 
-/// Offline analysis of a finished record.
+/// Root cause first: dead processes, mismatches, missing/extra participants, data-plane
+/// stalls, undecided hangs, then slow verdicts.
+fn order(v: &Verdict) -> u8 {
+    match (v.class, v.subtype) {
+        (Class::Hang, Subtype::DeadProcess) => 0,
+        (Class::Mismatch, _) => 1,
+        (_, Subtype::MissingParticipant) => 2,
+        (_, Subtype::ExtraParticipant) => 3,
+        (Class::Hang, Subtype::DataplaneStall) => 4,
+        (Class::Hang, _) => 5,
+        (Class::Slow, Subtype::ComputeStraggler) => 6,
+        (Class::Slow, Subtype::SlowLink) => 7,
+        (Class::Slow, Subtype::Congestion) => 8,
+        (Class::Slow, _) => 9,
+    }
+}
+
+fn dedup_keep_order(v: &mut Vec<Rank>) {
+    let mut seen = std::collections::BTreeSet::new();
+    v.retain(|r| seen.insert(*r));
+}
+
+/// The time an event carries, if any (offline analysis replays events on their own clocks).
+fn event_time(ev: &Event) -> Option<u64> {
+    match ev {
+        Event::Coll(c) => Some(c.t_ns),
+        Event::Peer(p) => Some(p.t_ns),
+        Event::Heartbeat { t_ns, .. } | Event::Exit { t_ns, .. } => Some(*t_ns),
+        Event::Counters(c) => Some(c.t_ns),
+        Event::Member(_) | Event::Group(_) => None,
+    }
+}
+
+/// Offline analysis of a finished record. Events are replayed on their own timestamps (there
+/// is no receive clock), heartbeat silence is not judged (a dump has no heartbeats; a missing
+/// dump is what marks a dead rank), and with `stuck` anything in flight is stuck.
 pub fn analyze_trace(trace: &Trace, cfg: &Config) -> Vec<Verdict> {
     let mut a = JobAnalyzer::new(trace.job.clone(), cfg.clone());
+    let mut missing = trace.missing.clone();
+    missing.sort_unstable();
+    missing.dedup();
+    a.offline = Some(Offline {
+        missing,
+        stuck: trace.stuck,
+    });
     for ev in &trace.events {
-        a.ingest(ev, trace.taken_ns);
+        let now = event_time(ev).map_or(0, |t| t.min(trace.taken_ns));
+        a.ingest(ev, now);
     }
-    a.evaluate(trace.taken_ns).to_vec()
+    let mut verdicts = a.evaluate(trace.taken_ns).to_vec();
+    for v in &mut verdicts {
+        v.detected_ns = 0;
+    }
+    verdicts
 }

@@ -1,6 +1,6 @@
 //! Shared by the integration tests: root check, the standard gateway fixture, counter deltas,
 //! a reference model of `yard_gateway` for the fuzz test, and clean-up guards for bpffs pin
-//! directories and network namespaces.
+//! directories and network namespaces (one with a veth pair inside, or two joined by one).
 #![allow(dead_code)]
 
 use std::collections::HashMap;
@@ -553,23 +553,9 @@ impl NetnsVeth {
         guard
     }
 
-    /// Runs `f` on a short-lived thread that has entered the namespace (setns affects only the
-    /// calling thread, so the test's own thread stays in the root namespace).
+    /// Runs `f` inside the namespace (see [`run_in_netns`]).
     pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
-        let path = format!("/var/run/netns/{}", self.name);
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                let ns = std::fs::File::open(&path).expect("open the netns");
-                rustix::thread::move_into_link_name_space(
-                    std::os::fd::AsFd::as_fd(&ns),
-                    Some(rustix::thread::LinkNameSpaceType::Network),
-                )
-                .expect("setns into the test namespace");
-                f()
-            })
-            .join()
-            .unwrap_or_else(|e| std::panic::resume_unwind(e))
-        })
+        run_in_netns(&self.name, f)
     }
 
     /// `ip -n <ns> link show dev` output, to see the attached program.
@@ -587,5 +573,94 @@ impl Drop for NetnsVeth {
         let _ = Command::new("ip")
             .args(["netns", "del", &self.name])
             .output();
+    }
+}
+
+/// Runs `f` on a short-lived thread that has entered the named network namespace (setns
+/// affects only the calling thread, so the test's own thread stays in the root namespace).
+/// Sockets and attachments made in `f` stay in that namespace after it returns.
+pub fn run_in_netns<T: Send>(name: &str, f: impl FnOnce() -> T + Send) -> T {
+    let path = format!("/var/run/netns/{name}");
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let ns = std::fs::File::open(&path).expect("open the netns");
+            rustix::thread::move_into_link_name_space(
+                std::os::fd::AsFd::as_fd(&ns),
+                Some(rustix::thread::LinkNameSpaceType::Network),
+            )
+            .expect("setns into the test namespace");
+            f()
+        })
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e))
+    })
+}
+
+/// Two network namespaces `<prefix><pid>-<tag>-a` and `-b`, joined by a veth pair (`ydp0` in
+/// a, `ydp1` in b, both up) with one address each; both deleted on drop, also on panic.
+/// Nothing is created in the root namespace.
+pub struct NetnsPair {
+    pub a: String,
+    pub b: String,
+}
+
+impl NetnsPair {
+    pub const IF_A: &'static str = "ydp0";
+    pub const IF_B: &'static str = "ydp1";
+
+    /// `addr_a`/`addr_b` must be in one /24 of 198.18.0.0/16 (the benchmarking range).
+    pub fn new(prefix: &str, tag: &str, addr_a: Ipv4Addr, addr_b: Ipv4Addr) -> Self {
+        let base = format!("{prefix}{}-{tag}", std::process::id());
+        let (a, b) = (format!("{base}-a"), format!("{base}-b"));
+        for name in [&a, &b] {
+            let _ = Command::new("ip").args(["netns", "del", name]).output();
+        }
+        ip(&["netns", "add", &a]);
+        // From here on the guard removes whatever was made, also if a later step panics.
+        let mut guard = Self {
+            a,
+            b: String::new(),
+        };
+        ip(&["netns", "add", &b]);
+        guard.b = b;
+        let (a, b) = (guard.a.as_str(), guard.b.as_str());
+        ip(&[
+            "-n",
+            a,
+            "link",
+            "add",
+            Self::IF_A,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            Self::IF_B,
+            "netns",
+            b,
+        ]);
+        for (ns, dev, addr) in [(a, Self::IF_A, addr_a), (b, Self::IF_B, addr_b)] {
+            ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", dev]);
+            ip(&["-n", ns, "link", "set", dev, "up"]);
+            ip(&["-n", ns, "link", "set", "lo", "up"]);
+        }
+        guard
+    }
+
+    pub fn run_a<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        run_in_netns(&self.a, f)
+    }
+
+    pub fn run_b<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        run_in_netns(&self.b, f)
+    }
+}
+
+impl Drop for NetnsPair {
+    fn drop(&mut self) {
+        for name in [&self.a, &self.b] {
+            if !name.is_empty() {
+                let _ = Command::new("ip").args(["netns", "del", name]).output();
+            }
+        }
     }
 }

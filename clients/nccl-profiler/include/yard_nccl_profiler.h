@@ -1,0 +1,153 @@
+/*
+ * The parts of NCCL's profiler plugin ABI (interface version 5, NCCL >= 2.26) this plugin
+ * needs, declared from the public documentation (NCCL's plugins/profiler/README.md). Layouts
+ * must match NCCL's exactly: NCCL fills these structs and calls through the function table.
+ * Only what the plugin reads is named; the unions keep every member that precedes or sizes a
+ * member we read.
+ */
+#ifndef YARD_NCCL_PROFILER_H
+#define YARD_NCCL_PROFILER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/* ncclResult_t: only success matters to a plugin that never fails NCCL. */
+typedef enum { yardNcclSuccess = 0 } yard_nccl_result_t;
+
+/* NCCL's logger callback (level, subsystem flags, file, line, printf format). */
+typedef void (*yard_nccl_logger_t)(int level, unsigned long flags, const char *file, int line,
+                                   const char *fmt, ...);
+
+/* Event type bits (ncclProfile*), used in the descriptor's `type` and the activation mask. */
+enum {
+  YARD_PROFILE_GROUP = 1 << 0,
+  YARD_PROFILE_COLL = 1 << 1,
+  YARD_PROFILE_P2P = 1 << 2,
+  YARD_PROFILE_PROXY_OP = 1 << 3,
+  YARD_PROFILE_PROXY_STEP = 1 << 4,
+  YARD_PROFILE_PROXY_CTRL = 1 << 5,
+  YARD_PROFILE_KERNEL_CH = 1 << 6,
+  YARD_PROFILE_NET_PLUGIN = 1 << 7,
+  YARD_PROFILE_GROUP_API = 1 << 8,
+  YARD_PROFILE_COLL_API = 1 << 9,
+  YARD_PROFILE_P2P_API = 1 << 10,
+  YARD_PROFILE_KERNEL_LAUNCH = 1 << 11,
+};
+
+/* Event states (ncclProfilerEventState_t values) the plugin distinguishes. */
+typedef enum {
+  YARD_STATE_PROXY_STEP_SEND_GPU_WAIT = 8,
+  YARD_STATE_PROXY_STEP_SEND_WAIT = 9,
+  YARD_STATE_PROXY_STEP_RECV_WAIT = 10,
+  YARD_STATE_PROXY_STEP_RECV_FLUSH_WAIT = 11,
+  YARD_STATE_PROXY_STEP_RECV_GPU_WAIT = 12,
+  YARD_STATE_PROXY_STEP_SEND_PEER_WAIT = 20,
+  YARD_STATE_KERNEL_CH_STOP = 22,
+} yard_nccl_event_state_t;
+
+/* ncclProfilerEventDescr_v5_t */
+typedef struct {
+  uint64_t type;
+  void *parentObj;
+  int rank;
+  union {
+    struct {
+      bool graphCaptured;
+      int groupDepth;
+    } groupApi;
+    struct {
+      const char *func;
+      size_t count;
+      const char *datatype;
+      int root;
+      void *stream;
+      bool graphCaptured;
+    } collApi;
+    struct {
+      const char *func;
+      size_t count;
+      const char *datatype;
+      void *stream;
+      bool graphCaptured;
+    } p2pApi;
+    struct {
+      void *stream;
+    } kernelLaunch;
+    struct {
+      uint64_t seqNumber;
+      const char *func;
+      const void *sendBuff;
+      void *recvBuff;
+      size_t count;
+      int root;
+      const char *datatype;
+      uint8_t nChannels;
+      uint8_t nWarps;
+      const char *algo;
+      const char *proto;
+      void *parentGroup;
+    } coll;
+    struct {
+      const char *func;
+      void *buff;
+      const char *datatype;
+      size_t count;
+      int peer;
+      uint8_t nChannels;
+      void *parentGroup;
+    } p2p;
+    struct {
+      pid_t pid;
+      uint8_t channelId;
+      int peer;
+      int nSteps;
+      int chunkSize;
+      int isSend;
+    } proxyOp;
+    struct {
+      int step;
+    } proxyStep;
+    struct {
+      uint8_t channelId;
+      uint64_t pTimer;
+    } kernelCh;
+    struct {
+      int64_t id;
+      void *data;
+    } netPlugin;
+  };
+} yard_nccl_event_descr_v5_t;
+
+/* ncclProfilerEventStateArgs_v5_t */
+typedef union {
+  struct {
+    size_t transSize;
+  } proxyStep;
+  struct {
+    int appendedProxyOps;
+  } proxyCtrl;
+  struct {
+    void *data;
+  } netPlugin;
+  struct {
+    uint64_t pTimer;
+  } kernelCh;
+} yard_nccl_event_state_args_v5_t;
+
+/* ncclProfiler_v5_t: the table exported as the symbol `ncclProfiler_v5`. */
+typedef struct {
+  const char *name;
+  yard_nccl_result_t (*init)(void **context, uint64_t commId, int *eActivationMask,
+                             const char *commName, int nNodes, int nranks, int rank,
+                             yard_nccl_logger_t logfn);
+  yard_nccl_result_t (*startEvent)(void *context, void **eHandle,
+                                   yard_nccl_event_descr_v5_t *eDescr);
+  yard_nccl_result_t (*stopEvent)(void *eHandle);
+  yard_nccl_result_t (*recordEventState)(void *eHandle, yard_nccl_event_state_t eState,
+                                         yard_nccl_event_state_args_v5_t *eStateArgs);
+  yard_nccl_result_t (*finalize)(void *context);
+} yard_nccl_profiler_v5_t;
+
+#endif

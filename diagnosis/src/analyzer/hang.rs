@@ -1,0 +1,590 @@
+//! Hang rules: find group streams whose in-flight op stopped progressing, then name why, in
+//! this precedence: mismatch, dead process, missing (or extra) participant, data-plane stall.
+//!
+//! Everything is decided from the members' positions (last enqueued / ended seq) and their
+//! records of the stuck seq, never from the order events arrived in, and by majority: the
+//! minority that disagrees is blamed, not "the other rank" of a pairwise comparison.
+
+use super::state::{Pg, Sig, State};
+use super::{text, Config, Offline};
+use crate::event::{Op, Rank};
+use crate::verdict::{Class, Link, LinkKind, PgRef, Subtype, Verdict};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A group stream stuck at one sequence number.
+#[derive(Debug)]
+struct Stuck {
+    pg: usize,
+    seq: u64,
+    /// Expected participants that enqueued `seq` (or later).
+    entered: Vec<Rank>,
+    /// Their member indices in the stream.
+    entered_m: Vec<usize>,
+    /// Expected participants that did not, with their last enqueued seq in the stream.
+    behind: Vec<(Rank, Option<u64>)>,
+    /// Entered ranks still inside the op: they wait here.
+    waiting: Vec<Rank>,
+    /// The op as the majority of entered ranks enqueued it.
+    sig: Option<Sig>,
+    idle_ns: u64,
+}
+
+/// What the hang rules concluded.
+#[derive(Debug, Default)]
+pub(crate) struct HangOutcome {
+    /// Verdicts of stuck streams (victims left out), in stream order.
+    pub verdicts: Vec<Verdict>,
+    /// Per stream: stuck (no slow verdict is computed for it then).
+    pub stuck: Vec<bool>,
+    /// Sentences for the dead-process verdict: what each dead rank blocks.
+    pub dead_notes: Vec<String>,
+}
+
+/// Runs the hang rules at `now`. `dead` is sorted.
+pub(crate) fn evaluate(
+    state: &State,
+    cfg: &Config,
+    now: u64,
+    offline: Option<&Offline>,
+    dead: &[Rank],
+) -> HangOutcome {
+    let forced = offline.is_some_and(|o| o.stuck);
+    let mut out = HangOutcome {
+        stuck: vec![false; state.pgs.len()],
+        ..HangOutcome::default()
+    };
+    let mut stuck = Vec::new();
+    for (i, pg) in state.pgs.iter().enumerate() {
+        if pg.in_flight == 0 {
+            continue;
+        }
+        let idle_ns = now.saturating_sub(pg.last_progress);
+        if !forced && idle_ns <= cfg.hang_floor_ns {
+            continue;
+        }
+        let Some(st) = stuck_at(state, i, idle_ns) else {
+            continue;
+        };
+        if !forced && idle_ns <= threshold(pg, &st, cfg) {
+            continue;
+        }
+        out.stuck[i] = true;
+        stuck.push(st);
+    }
+    if stuck.is_empty() {
+        return out;
+    }
+
+    // Where each rank waits, to tell a missing participant from a victim blocked elsewhere.
+    let mut waits_in: BTreeMap<Rank, Vec<usize>> = BTreeMap::new();
+    for st in &stuck {
+        for &r in &st.waiting {
+            waits_in.entry(r).or_default().push(st.pg);
+        }
+    }
+
+    let mut rooted: BTreeSet<usize> = BTreeSet::new();
+    let mut suppressed: Vec<(usize, Vec<usize>, Vec<Rank>, Verdict)> = Vec::new();
+    let mut by_pg: BTreeMap<usize, usize> = BTreeMap::new();
+    for st in &stuck {
+        let pg = &state.pgs[st.pg];
+        let mismatches = mismatch(state, st);
+        if !mismatches.is_empty() {
+            by_pg.insert(st.pg, out.verdicts.len());
+            out.verdicts.extend(mismatches);
+            rooted.insert(st.pg);
+            continue;
+        }
+        let expected_dead: Vec<Rank> = st
+            .entered
+            .iter()
+            .copied()
+            .chain(st.behind.iter().map(|b| b.0))
+            .filter(|r| dead.binary_search(r).is_ok())
+            .collect();
+        if !expected_dead.is_empty() {
+            out.dead_notes.push(format!(
+                "{} is stuck in {} waiting for {} (idle {})",
+                text::pg(pg),
+                op_at(st),
+                text::ranks(&sorted(expected_dead)),
+                text::dur(st.idle_ns as f64)
+            ));
+            rooted.insert(st.pg);
+            continue;
+        }
+        if !st.behind.is_empty() {
+            let (v, victims) = participants(state, st, &waits_in);
+            if v.culprits.is_empty() && !victims.is_empty() {
+                let blockers: Vec<usize> = victims
+                    .iter()
+                    .flat_map(|r| waits_in.get(r).into_iter().flatten().copied())
+                    .filter(|&p| p != st.pg)
+                    .collect();
+                suppressed.push((st.pg, blockers, victims, v));
+            } else {
+                by_pg.insert(st.pg, out.verdicts.len());
+                out.verdicts.push(v);
+                rooted.insert(st.pg);
+            }
+            continue;
+        }
+        by_pg.insert(st.pg, out.verdicts.len());
+        out.verdicts.push(dataplane(state, st));
+        rooted.insert(st.pg);
+    }
+
+    // A victim's stream is explained when every stream its ranks wait in is a root cause or
+    // itself explained; chains resolve over repeated passes. A cycle with no root (two groups
+    // each waiting for the other) is reported as it is rather than hidden.
+    let mut explained = rooted.clone();
+    loop {
+        let before = explained.len();
+        for (pg, blockers, _, _) in &suppressed {
+            if !blockers.is_empty() && blockers.iter().all(|b| explained.contains(b)) {
+                explained.insert(*pg);
+            }
+        }
+        if explained.len() == before {
+            break;
+        }
+    }
+    for (pg, blockers, victims, mut v) in suppressed {
+        if explained.contains(&pg) && !rooted.contains(&pg) {
+            let note = format!(
+                "{} is also stuck because {} {} blocked here",
+                text::pg(&state.pgs[pg]),
+                text::ranks(&victims),
+                if victims.len() == 1 { "is" } else { "are" }
+            );
+            let root = blockers.iter().find_map(|b| by_pg.get(b).copied());
+            match root {
+                Some(i) => out.verdicts[i].evidence.push(note),
+                None => out.dead_notes.push(note),
+            }
+        } else {
+            // No root found: keep the verdict, naming the waiting ranks after all.
+            v.culprits = victims;
+            v.confidence = (v.confidence * 0.5).min(0.4);
+            out.verdicts.push(v);
+        }
+    }
+    out
+}
+
+/// The hang threshold of a stream: the floor, or `hang_factor` times its op's usual transfer
+/// time if that is longer.
+fn threshold(pg: &Pg, st: &Stuck, cfg: &Config) -> u64 {
+    let typical = st
+        .sig
+        .and_then(|s| pg.key_of(s))
+        .and_then(|k| pg.keys[k].recent.median())
+        .unwrap_or(0.0);
+    cfg.hang_floor_ns
+        .max((f64::from(typical) * cfg.hang_factor) as u64)
+}
+
+/// Where a stream with an op in flight is stuck: the lowest seq some in-flight member has not
+/// ended, and who entered it.
+fn stuck_at(state: &State, pgi: usize, idle_ns: u64) -> Option<Stuck> {
+    let pg = &state.pgs[pgi];
+    let first = pg.first_seq.unwrap_or(0);
+    let seq = pg
+        .state
+        .iter()
+        .filter(|ms| ms.in_flight)
+        .map(|ms| ms.last_end.map_or(first, |e| e + 1))
+        .min()?;
+    let mut entered = Vec::new();
+    let mut entered_m = Vec::new();
+    let mut waiting = Vec::new();
+    let mut behind = Vec::new();
+    for (m, ms) in pg.state.iter().enumerate() {
+        let rank = pg.members[m];
+        if ms.last_enq >= Some(seq) {
+            entered.push(rank);
+            entered_m.push(m);
+            let ended = pg.rec(m, seq).map_or(ms.last_end >= Some(seq), |r| r.has_end());
+            if !ended {
+                waiting.push(rank);
+            }
+        } else if !pg.p2p {
+            behind.push((rank, ms.last_enq));
+        }
+    }
+    let sig = majority(pg, &entered_m, seq).map(|(sig, _, _)| sig);
+    // Point-to-point ops involve only their two ends (the peers of those who entered);
+    // collectives involve every member.
+    if pg.p2p {
+        let peers: BTreeSet<Rank> = entered_m
+            .iter()
+            .filter_map(|&m| pg.rec(m, seq).and_then(|x| x.peer))
+            .filter(|p| !entered.contains(p))
+            .collect();
+        behind = peers
+            .into_iter()
+            .map(|r| (r, pg.member_of(r).and_then(|m| pg.state[m].last_enq)))
+            .collect();
+    }
+    Some(Stuck {
+        pg: pgi,
+        seq,
+        entered: sorted(entered),
+        entered_m,
+        behind,
+        waiting: sorted(waiting),
+        sig,
+        idle_ns,
+    })
+}
+
+/// The fields collectives must agree on, for comparison: send and recv pair up, and ops whose
+/// per-rank sizes legitimately differ are compared without size.
+fn normalized(sig: Sig) -> Sig {
+    let mut s = sig;
+    if s.op.is_p2p() {
+        s.op = Op::Send;
+    }
+    if matches!(s.op, Op::AllToAll | Op::Scatter | Op::Coalesced | Op::Other) {
+        s.bytes = 0;
+    }
+    s
+}
+
+/// Camps of the `members` (indices) by normalized signature at `seq`, and the majority camp: the largest, ties
+/// broken towards the camp with the lowest rank so the answer never depends on arrival order.
+/// Returns (majority's original signature, camps, tie).
+#[allow(clippy::type_complexity)]
+fn majority(
+    pg: &Pg,
+    members: &[usize],
+    seq: u64,
+) -> Option<(Sig, BTreeMap<Sig, Vec<Rank>>, bool)> {
+    let mut camps: BTreeMap<Sig, Vec<Rank>> = BTreeMap::new();
+    let mut original: BTreeMap<Sig, Sig> = BTreeMap::new();
+    for &m in members {
+        let Some(rec) = pg.rec(m, seq) else {
+            continue;
+        };
+        let r = pg.members[m];
+        let n = normalized(rec.sig);
+        camps.entry(n).or_default().push(r);
+        original.entry(n).or_insert(rec.sig);
+    }
+    for v in camps.values_mut() {
+        v.sort_unstable();
+    }
+    let best = camps
+        .iter()
+        .max_by(|a, b| {
+            a.1.len()
+                .cmp(&b.1.len())
+                .then_with(|| b.1.first().cmp(&a.1.first()))
+        })
+        .map(|(s, v)| (*s, v.len()))?;
+    let tie = camps
+        .iter()
+        .filter(|(s, v)| **s != best.0 && v.len() == best.1)
+        .count()
+        > 0;
+    let sig = original.get(&best.0).copied().unwrap_or(best.0);
+    Some((sig, camps, tie))
+}
+
+fn op_at(st: &Stuck) -> String {
+    match st.sig {
+        Some(s) => format!("{} #{}", s.op, st.seq),
+        None => format!("#{}", st.seq),
+    }
+}
+
+fn base_verdict(state: &State, st: &Stuck, class: Class, subtype: Subtype) -> Verdict {
+    let pg = &state.pgs[st.pg];
+    Verdict {
+        class,
+        subtype,
+        culprits: Vec::new(),
+        links: Vec::new(),
+        pg: Some(PgRef {
+            name: pg.name.to_string(),
+            ranks: pg.ranks(),
+        }),
+        seq: Some(st.seq),
+        op: st.sig.map(|s| s.op),
+        evidence: Vec::new(),
+        confidence: 0.0,
+        detected_ns: 0,
+    }
+}
+
+/// Rule a: entered ranks disagree about the op at the stuck seq.
+fn mismatch(state: &State, st: &Stuck) -> Vec<Verdict> {
+    let pg = &state.pgs[st.pg];
+    let Some((maj, camps, tie)) = majority(pg, &st.entered_m, st.seq) else {
+        return Vec::new();
+    };
+    if camps.len() < 2 {
+        return Vec::new();
+    }
+    let maj_n = normalized(maj);
+    let maj_ranks = camps.get(&maj_n).cloned().unwrap_or_default();
+    let total: usize = camps.values().map(Vec::len).sum();
+    let mut by_subtype: BTreeMap<Subtype, (Vec<Rank>, Vec<String>)> = BTreeMap::new();
+    for (sig, ranks) in &camps {
+        if *sig == maj_n {
+            continue;
+        }
+        let (subtype, what) = if sig.op != maj_n.op {
+            (
+                Subtype::TypeMismatch,
+                format!("{} instead of {}", sig.op, maj.op),
+            )
+        } else if sig.dtype != maj_n.dtype {
+            (
+                Subtype::DtypeMismatch,
+                format!("{} {} instead of {}", maj.op, sig.dtype, maj.dtype),
+            )
+        } else {
+            (
+                Subtype::SizeMismatch,
+                format!(
+                    "{} of {} instead of {}",
+                    maj.op,
+                    text::bytes(sig.bytes),
+                    text::bytes(maj.bytes)
+                ),
+            )
+        };
+        let e = by_subtype.entry(subtype).or_default();
+        e.0.extend(ranks);
+        e.1.push(format!(
+            "{} enqueued {what} at #{} while {} of {total} ranks enqueued {} {} {}",
+            text::ranks(ranks),
+            st.seq,
+            maj_ranks.len(),
+            maj.op,
+            maj.dtype,
+            text::bytes(maj.bytes)
+        ));
+    }
+    by_subtype
+        .into_iter()
+        .map(|(subtype, (culprits, mut evidence))| {
+            let mut v = base_verdict(state, st, Class::Mismatch, subtype);
+            v.op = Some(maj.op);
+            let minority = culprits.len();
+            v.culprits = sorted(culprits);
+            if tie {
+                evidence.push(format!(
+                    "no majority: {} and {} each form a camp of {}; the camp with the lowest rank is taken as the majority",
+                    text::ranks(&maj_ranks),
+                    text::ranks(&v.culprits),
+                    maj_ranks.len()
+                ));
+                v.confidence = 0.35;
+            } else {
+                v.confidence = confidence(maj_ranks.len(), minority);
+            }
+            v.evidence = evidence;
+            v
+        })
+        .collect()
+}
+
+/// Confidence of a majority vote of `maj` against `min`.
+fn confidence(maj: usize, min: usize) -> f64 {
+    let n = (maj + min).max(1) as f64;
+    (0.55 + 0.4 * (maj as f64 - min as f64) / n).clamp(0.3, 0.95)
+}
+
+/// Rule c: some expected participants did not enter the stuck op. Returns the verdict (victims
+/// removed from its culprits) and the victims: ranks that are behind only because they wait
+/// in another stuck stream.
+fn participants(
+    state: &State,
+    st: &Stuck,
+    waits_in: &BTreeMap<Rank, Vec<usize>>,
+) -> (Verdict, Vec<Rank>) {
+    let pg = &state.pgs[st.pg];
+    let n = st.entered.len() + st.behind.len();
+    let op = op_at(st);
+    if st.entered.len() >= st.behind.len() {
+        let mut v = base_verdict(state, st, Class::Hang, Subtype::MissingParticipant);
+        let mut victims = Vec::new();
+        for &(r, last) in &st.behind {
+            let elsewhere: Vec<usize> = waits_in
+                .get(&r)
+                .map(|p| p.iter().copied().filter(|&p| p != st.pg).collect())
+                .unwrap_or_default();
+            if let Some(&other) = elsewhere.first() {
+                victims.push(r);
+                v.evidence.push(format!(
+                    "rank {r} is behind only because it waits in {}",
+                    text::pg(&state.pgs[other])
+                ));
+                continue;
+            }
+            v.culprits.push(r);
+            v.evidence.push(match last {
+                Some(l) => format!(
+                    "rank {r} is behind: last enqueued #{l} while {} of {n} ranks are in {op}",
+                    st.entered.len()
+                ),
+                None => format!(
+                    "rank {r} is behind: never enqueued in {} while {} of {n} ranks are in {op}",
+                    text::pg(pg),
+                    st.entered.len()
+                ),
+            });
+        }
+        v.culprits.sort_unstable();
+        if st.entered.len() == st.behind.len() {
+            v.evidence.push(format!(
+                "no majority: {} entered {op}, {} did not",
+                text::ranks(&st.entered),
+                text::ranks(&sorted(st.behind.iter().map(|b| b.0).collect()))
+            ));
+            v.confidence = 0.35;
+        } else {
+            v.confidence = confidence(st.entered.len(), st.behind.len());
+        }
+        v.evidence.push(format!(
+            "no progress in {} for {}",
+            text::pg(pg),
+            text::dur(st.idle_ns as f64)
+        ));
+        (v, victims)
+    } else {
+        let mut v = base_verdict(state, st, Class::Hang, Subtype::ExtraParticipant);
+        // The majority's position: the most common last enqueued seq among those behind.
+        let mut counts: BTreeMap<Option<u64>, usize> = BTreeMap::new();
+        for &(_, l) in &st.behind {
+            *counts.entry(l).or_default() += 1;
+        }
+        let (pos, count) = counts
+            .iter()
+            .max_by_key(|(l, c)| (**c, std::cmp::Reverse(**l)))
+            .map(|(l, c)| (*l, *c))
+            .unwrap_or((None, 0));
+        let pos = pos.map_or_else(|| "nothing".to_string(), |p| format!("#{p}"));
+        v.culprits = st.entered.clone();
+        for &r in &st.entered {
+            v.evidence.push(format!(
+                "rank {r} is ahead: enqueued {op} while {count} of {n} ranks last enqueued {pos}"
+            ));
+        }
+        v.confidence = confidence(st.behind.len(), st.entered.len());
+        (v, Vec::new())
+    }
+}
+
+/// A pair of ranks as a link, named with their hosts.
+pub(crate) fn pair_link(state: &State, from: Rank, to: Rank) -> Link {
+    Link {
+        kind: LinkKind::Pair,
+        name: format!(
+            "{} -> {}",
+            text::rank_at(state, from),
+            text::rank_at(state, to)
+        ),
+        from: Some(from),
+        to: Some(to),
+    }
+}
+
+/// Rule d: every expected member entered; look at who finished and at per-peer bytes.
+fn dataplane(state: &State, st: &Stuck) -> Verdict {
+    let pg = &state.pgs[st.pg];
+    let op = op_at(st);
+    let n = st.entered.len();
+    let mut v = base_verdict(state, st, Class::Hang, Subtype::DataplaneStall);
+
+    // Some members finished the op and a minority did not: their kernel is stuck.
+    let finished = n - st.waiting.len();
+    if finished > 0 && st.waiting.len() < finished {
+        v.culprits = st.waiting.clone();
+        v.evidence.push(format!(
+            "{} did not finish {op} while {finished} of {n} ranks did",
+            text::ranks(&st.waiting)
+        ));
+        v.confidence = confidence(finished, st.waiting.len());
+        return v;
+    }
+
+    // Per-peer bytes of the stuck op, per (from, to) pair.
+    let mut pairs: Vec<((Rank, Rank), Option<u64>)> = pg
+        .pairs
+        .iter()
+        .map(|(&k, p)| (k, p.bytes_at(st.seq)))
+        .collect();
+    pairs.sort_unstable_by_key(|p| p.0);
+    let moved = |b: Option<u64>| b.is_none_or(|b| b > 0);
+    let any_moved = pairs.iter().any(|p| moved(p.1));
+    let mut out: BTreeMap<Rank, (usize, usize)> = BTreeMap::new(); // rank -> (pairs, moved)
+    for &((from, _), b) in &pairs {
+        let e = out.entry(from).or_default();
+        e.0 += 1;
+        e.1 += usize::from(moved(b));
+    }
+    let silent: Vec<Rank> = out
+        .iter()
+        .filter(|(_, (_, m))| *m == 0)
+        .map(|(&r, _)| r)
+        .collect();
+    if any_moved && !silent.is_empty() && silent.len() * 2 < out.len() {
+        let sent: u64 = pairs.iter().filter_map(|p| p.1).sum();
+        v.culprits = silent.clone();
+        v.evidence.push(format!(
+            "{} sent 0 bytes to all peers in {op} while {} other ranks sent {} in total",
+            text::ranks(&silent),
+            out.len() - silent.len(),
+            text::bytes(sent)
+        ));
+        v.evidence.push(format!(
+            "all {n} ranks entered {op}; no progress for {}",
+            text::dur(st.idle_ns as f64)
+        ));
+        v.confidence = confidence(out.len() - silent.len(), silent.len());
+        return v;
+    }
+    let zero: Vec<(Rank, Rank)> = pairs
+        .iter()
+        .filter(|p| !moved(p.1))
+        .map(|p| p.0)
+        .collect();
+    if any_moved && !zero.is_empty() && zero.len() * 2 < pairs.len() {
+        for &(from, to) in &zero {
+            let link = pair_link(state, from, to);
+            v.evidence.push(format!(
+                "{} moved 0 bytes in {op} while {} other pairs moved data",
+                link.name,
+                pairs.len() - zero.len()
+            ));
+            v.links.push(link);
+        }
+        v.confidence = if zero.len() == 1 { 0.8 } else { 0.6 };
+        return v;
+    }
+    v.subtype = Subtype::Undecided;
+    v.evidence.push(format!(
+        "all {n} ranks entered {op} and none finished; no progress for {}",
+        text::dur(st.idle_ns as f64)
+    ));
+    v.evidence.push(if pairs.is_empty() {
+        "no per-peer progress was reported, so no rank or link can be named".to_string()
+    } else {
+        format!(
+            "per-peer progress does not single out a rank or link ({} of {} pairs moved data)",
+            pairs.iter().filter(|p| moved(p.1)).count(),
+            pairs.len()
+        )
+    });
+    v.confidence = 0.3;
+    v
+}
+
+fn sorted(mut v: Vec<Rank>) -> Vec<Rank> {
+    v.sort_unstable();
+    v.dedup();
+    v
+}

@@ -1,0 +1,642 @@
+//! What the analyzer remembers about a job, updated one event at a time.
+//!
+//! Everything is bounded: per process group a ring of the last [`SEQ_WINDOW`] sequence numbers
+//! per member, per (group, op, size) a fixed-size baseline, per pair of ranks one record for the
+//! op in progress plus a baseline. Lookups on the hot path are Vec indexes (ranks, members,
+//! slots); the only hashing is the group name and, for per-peer progress, the pair.
+//!
+//! Statistics for slow detection are computed when a sequence number completes on every member
+//! (its last `End` arrives), which spreads their cost evenly over the events.
+
+use super::baseline::{Baseline, Hits, Recent};
+use super::Config;
+use crate::event::{Coll, Dtype, Event, LinkCounters, Member, Op, PeerProgress, PgName, Phase};
+use crate::event::{Dir, Rank};
+use std::collections::HashMap;
+
+/// How many recent sequence numbers of each group are kept per member. The slow rules look at
+/// the last 8 to 32 ops and the hang rules at one, so 32 leaves room for members drifting apart
+/// while keeping a 16k-rank group at ~30 MB.
+pub(crate) const SEQ_WINDOW: usize = 32;
+
+/// The highest rank accepted: rank state is Vec-indexed, so a corrupt rank number must not
+/// allocate gigabytes.
+pub(crate) const MAX_RANK: Rank = (1 << 20) - 1;
+
+/// How many of a rank's latest `End` times are kept to find the end of its previous op in any
+/// group (its compute gap).
+const END_RING: usize = 8;
+
+/// What a rank said it was doing at a sequence number: the fields collectives must agree on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct Sig {
+    pub op: Op,
+    pub dtype: Dtype,
+    pub bytes: u64,
+}
+
+const HAS_ENQ: u8 = 1;
+const HAS_START: u8 = 2;
+const HAS_END: u8 = 4;
+
+/// One member's record of one sequence number (times on the member's own clock).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Rec {
+    pub seq: u64,
+    pub enq: u64,
+    pub start: u64,
+    pub end: u64,
+    pub sig: Sig,
+    pub peer: Option<Rank>,
+    flags: u8,
+}
+
+impl Rec {
+    const EMPTY: Rec = Rec {
+        seq: 0,
+        enq: 0,
+        start: 0,
+        end: 0,
+        sig: Sig {
+            op: Op::Other,
+            dtype: Dtype::Other,
+            bytes: 0,
+        },
+        peer: None,
+        flags: 0,
+    };
+
+    pub(crate) fn used(&self) -> bool {
+        self.flags != 0
+    }
+    pub(crate) fn has_enq(&self) -> bool {
+        self.flags & HAS_ENQ != 0
+    }
+    pub(crate) fn has_start(&self) -> bool {
+        self.flags & HAS_START != 0
+    }
+    pub(crate) fn has_end(&self) -> bool {
+        self.flags & HAS_END != 0
+    }
+
+    /// Local end − enqueue: how long this member spent in the op, waiting included.
+    pub(crate) fn duration(&self) -> Option<u64> {
+        (self.has_enq() && self.has_end() && self.end >= self.enq).then(|| self.end - self.enq)
+    }
+}
+
+/// A member's position in its group's sequence.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct MemberState {
+    pub last_enq: Option<u64>,
+    pub last_end: Option<u64>,
+    pub in_flight: bool,
+}
+
+/// Completion bookkeeping of one slot of the ring.
+#[derive(Clone, Copy, Debug, Default)]
+struct SlotMeta {
+    seq: u64,
+    ended: u32,
+    used: bool,
+    done: bool,
+}
+
+/// One member's compute gap before ops of one key.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct GapStats {
+    pub base: Baseline,
+    pub hits: Hits,
+    pub last_gap: f32,
+}
+
+/// Statistics of one (group, op, size bucket).
+#[derive(Clone, Debug)]
+pub(crate) struct KeyStats {
+    pub op: Op,
+    pub bucket: u8,
+    /// Transfer time: the last-arriving member's local duration (min over members).
+    pub transfer: Baseline,
+    pub transfer_hits: Hits,
+    pub last_transfer: f32,
+    /// Recent transfer times, for the hang threshold.
+    pub recent: Recent,
+    pub gaps: Vec<GapStats>,
+    /// Members whose gap condition is active.
+    pub fired: u32,
+    pub completed: u64,
+    pub last_seq: u64,
+}
+
+/// Bytes and blocked time one side reported for the pair's current op.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Side {
+    pub bytes: u64,
+    pub busy: u64,
+    pub seen: bool,
+}
+
+/// Per-peer progress of one (from → to) pair in one group.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct PairState {
+    pub cur_seq: u64,
+    pub send: Side,
+    pub recv: Side,
+    /// Throughput (bytes per ns) of completed ops.
+    pub base: Baseline,
+    pub hits: Hits,
+    pub last_thr: f32,
+}
+
+impl PairState {
+    /// Bytes moved in `seq`: `None` if the pair already reports a later op.
+    pub(crate) fn bytes_at(&self, seq: u64) -> Option<u64> {
+        match self.cur_seq.cmp(&seq) {
+            std::cmp::Ordering::Equal => Some(self.send.bytes.max(self.recv.bytes)),
+            std::cmp::Ordering::Less => Some(0),
+            std::cmp::Ordering::Greater => None,
+        }
+    }
+}
+
+/// One process group's stream: collectives and point-to-point ops are separate streams because
+/// Flight Recorder numbers them separately (`collective_seq_id` and `p2p_seq_id`).
+#[derive(Clone, Debug)]
+pub(crate) struct Pg {
+    pub name: PgName,
+    pub p2p: bool,
+    /// Membership in group-rank order, once a `Group` event declared it.
+    pub declared: Option<Vec<Rank>>,
+    pub members: Vec<Rank>,
+    pub state: Vec<MemberState>,
+    recs: Vec<Rec>,
+    slots: Vec<SlotMeta>,
+    pub first_seq: Option<u64>,
+    /// Receive time of the last progress by any member.
+    pub last_progress: u64,
+    /// Members with an op enqueued and not ended.
+    pub in_flight: u32,
+    pub keys: Vec<KeyStats>,
+    pub pairs: HashMap<(Rank, Rank), PairState>,
+}
+
+impl Pg {
+    fn new(name: PgName, p2p: bool, now: u64) -> Pg {
+        Pg {
+            name,
+            p2p,
+            declared: None,
+            members: Vec::new(),
+            state: Vec::new(),
+            recs: Vec::new(),
+            slots: vec![SlotMeta::default(); SEQ_WINDOW],
+            first_seq: None,
+            last_progress: now,
+            in_flight: 0,
+            keys: Vec::new(),
+            pairs: HashMap::new(),
+        }
+    }
+
+    /// Member `m`'s record of `seq`, if still in the window.
+    pub(crate) fn rec(&self, m: usize, seq: u64) -> Option<&Rec> {
+        let r = self.recs.get(m * SEQ_WINDOW + slot(seq))?;
+        (r.used() && r.seq == seq).then_some(r)
+    }
+
+    /// The member index of a global rank (linear: used off the hot path only).
+    pub(crate) fn member_of(&self, rank: Rank) -> Option<usize> {
+        self.members.iter().position(|&r| r == rank)
+    }
+
+    /// Members in group-rank order when declared, else sorted.
+    pub(crate) fn ranks(&self) -> Vec<Rank> {
+        match &self.declared {
+            Some(d) => d.clone(),
+            None => {
+                let mut r = self.members.clone();
+                r.sort_unstable();
+                r
+            }
+        }
+    }
+
+    /// The key index for an op, if one has completed.
+    pub(crate) fn key_of(&self, sig: Sig) -> Option<usize> {
+        let b = bucket(sig.bytes);
+        self.keys
+            .iter()
+            .position(|k| k.op == sig.op && k.bucket == b)
+    }
+
+    /// How many records the stream retains (for the boundedness tests).
+    pub(crate) fn retained(&self) -> usize {
+        self.recs.len() + self.slots.len() + self.pairs.len() + self.keys.len()
+    }
+
+    fn add_member(&mut self, rank: Rank) -> usize {
+        self.members.push(rank);
+        self.state.push(MemberState::default());
+        self.recs.extend(std::iter::repeat_n(Rec::EMPTY, SEQ_WINDOW));
+        for k in &mut self.keys {
+            k.gaps.push(GapStats::default());
+        }
+        self.members.len() - 1
+    }
+
+    fn key_index(&mut self, sig: Sig) -> usize {
+        if let Some(k) = self.key_of(sig) {
+            return k;
+        }
+        self.keys.push(KeyStats {
+            op: sig.op,
+            bucket: bucket(sig.bytes),
+            transfer: Baseline::default(),
+            transfer_hits: Hits::default(),
+            last_transfer: 0.0,
+            recent: Recent::default(),
+            gaps: vec![GapStats::default(); self.members.len()],
+            fired: 0,
+            completed: 0,
+            last_seq: 0,
+        });
+        self.keys.len() - 1
+    }
+}
+
+fn slot(seq: u64) -> usize {
+    (seq % SEQ_WINDOW as u64) as usize
+}
+
+/// Size bucket: powers of two, so 1 MiB and 1.2 MiB share a baseline but 1 KiB does not.
+pub(crate) fn bucket(bytes: u64) -> u8 {
+    (64 - bytes.leading_zeros()) as u8
+}
+
+/// One rank's process.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RankState {
+    /// Known: it sent something or a group lists it.
+    pub known: bool,
+    /// Receive time of its last event (any event is a heartbeat).
+    pub last_seen: u64,
+    pub exited: bool,
+    pub info: Option<Box<Member>>,
+    ends: [u64; END_RING],
+    ends_n: u8,
+    /// (group stream, member index) of every stream the rank is in.
+    pub pgs: Vec<(u32, u32)>,
+}
+
+impl RankState {
+    fn push_end(&mut self, t: u64) {
+        self.ends[usize::from(self.ends_n) % END_RING] = t;
+        self.ends_n = self.ends_n.wrapping_add(1);
+    }
+
+    /// The latest end of any of this rank's ops at or before `t` (its own clock).
+    fn end_before(&self, t: u64) -> Option<u64> {
+        let n = usize::from(self.ends_n).min(END_RING);
+        self.ends[..n].iter().copied().filter(|&e| e <= t).max()
+    }
+
+    pub(crate) fn host(&self) -> &str {
+        self.info.as_deref().map_or("", |m| m.host.as_str())
+    }
+}
+
+/// Cumulative eBPF counters of one host pair, reduced to a tx rate and its baseline.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct CounterState {
+    last_t: u64,
+    last_tx: u64,
+    pub rate: f32,
+    pub base: Baseline,
+}
+
+/// The whole job.
+#[derive(Debug, Default)]
+pub(crate) struct State {
+    pub pgs: Vec<Pg>,
+    coll_index: HashMap<PgName, u32>,
+    p2p_index: HashMap<PgName, u32>,
+    pub ranks: Vec<RankState>,
+    /// (host addr, peer addr) → counters.
+    pub counters: HashMap<(String, String), CounterState>,
+}
+
+impl State {
+    /// Takes one event received at `now`.
+    pub(crate) fn ingest(&mut self, ev: &Event, now: u64, cfg: &Config) {
+        if let Some(rank) = ev.rank() {
+            if rank > MAX_RANK {
+                return;
+            }
+            self.heartbeat(rank, now);
+        }
+        match ev {
+            Event::Member(m) => {
+                let r = &mut self.ranks[m.rank as usize];
+                r.info = Some(Box::new(m.clone()));
+            }
+            Event::Group(g) => {
+                let pg = self.intern(&g.name, false, now);
+                for &rank in g.ranks.iter().filter(|&&r| r <= MAX_RANK) {
+                    self.member(pg, rank, now);
+                }
+                self.pgs[pg].declared = Some(g.ranks.clone());
+            }
+            Event::Coll(c) => self.coll(c, now, cfg),
+            Event::Peer(p) => self.peer(p, now, cfg),
+            Event::Heartbeat { .. } => {}
+            Event::Exit { rank, .. } => self.ranks[*rank as usize].exited = true,
+            Event::Counters(c) => self.counters(c, cfg),
+        }
+    }
+
+    /// How many records are retained in total (for the boundedness tests).
+    pub(crate) fn retained(&self) -> usize {
+        self.pgs.iter().map(Pg::retained).sum::<usize>() + self.ranks.len() + self.counters.len()
+    }
+
+    fn rank_mut(&mut self, rank: Rank, now: u64) -> &mut RankState {
+        let i = rank as usize;
+        if i >= self.ranks.len() {
+            self.ranks.resize_with(i + 1, RankState::default);
+        }
+        let r = &mut self.ranks[i];
+        if !r.known {
+            r.known = true;
+            r.last_seen = now;
+        }
+        r
+    }
+
+    fn heartbeat(&mut self, rank: Rank, now: u64) {
+        let r = self.rank_mut(rank, now);
+        r.last_seen = r.last_seen.max(now);
+        r.exited = false;
+    }
+
+    fn intern(&mut self, name: &PgName, p2p: bool, now: u64) -> usize {
+        let index = if p2p {
+            &mut self.p2p_index
+        } else {
+            &mut self.coll_index
+        };
+        if let Some(&i) = index.get(&**name) {
+            return i as usize;
+        }
+        let i = self.pgs.len();
+        index.insert(name.clone(), i as u32);
+        self.pgs.push(Pg::new(name.clone(), p2p, now));
+        i
+    }
+
+    /// The member index of `rank` in stream `pg`, adding it if new.
+    fn member(&mut self, pg: usize, rank: Rank, now: u64) -> usize {
+        let r = self.rank_mut(rank, now);
+        if let Some(&(_, m)) = r.pgs.iter().find(|(p, _)| *p as usize == pg) {
+            return m as usize;
+        }
+        let m = self.pgs[pg].add_member(rank);
+        self.ranks[rank as usize].pgs.push((pg as u32, m as u32));
+        m
+    }
+
+    /// The stream a global rank's op belongs to, if known.
+    pub(crate) fn find_pg(&self, name: &str, p2p: bool) -> Option<usize> {
+        let index = if p2p {
+            &self.p2p_index
+        } else {
+            &self.coll_index
+        };
+        index.get(name).map(|&i| i as usize)
+    }
+
+    fn coll(&mut self, c: &Coll, now: u64, cfg: &Config) {
+        let pgi = self.intern(&c.pg, c.op.is_p2p(), now);
+        let m = self.member(pgi, c.rank, now);
+        let pg = &mut self.pgs[pgi];
+        let idx = m * SEQ_WINDOW + slot(c.seq);
+        let rec = &mut pg.recs[idx];
+        if rec.used() && rec.seq != c.seq {
+            if c.seq < rec.seq {
+                return; // older than the window: nothing left to compare it with
+            }
+            *rec = Rec::EMPTY;
+        }
+        rec.seq = c.seq;
+        rec.sig = Sig {
+            op: c.op,
+            dtype: c.dtype,
+            bytes: c.bytes,
+        };
+        rec.peer = c.peer;
+        let flag = match c.phase {
+            Phase::Enqueue => HAS_ENQ,
+            Phase::Start => HAS_START,
+            Phase::End => HAS_END,
+        };
+        let fresh = rec.flags & flag == 0;
+        rec.flags |= flag;
+        match c.phase {
+            Phase::Enqueue => rec.enq = c.t_ns,
+            Phase::Start => rec.start = c.t_ns,
+            Phase::End => rec.end = c.t_ns,
+        }
+        pg.first_seq = Some(pg.first_seq.map_or(c.seq, |f| f.min(c.seq)));
+
+        // Any phase implies the op was enqueued on this member.
+        let ms = &mut pg.state[m];
+        if ms.last_enq < Some(c.seq) {
+            ms.last_enq = Some(c.seq);
+        }
+        if c.phase == Phase::End && ms.last_end < Some(c.seq) {
+            ms.last_end = Some(c.seq);
+        }
+        let in_flight = ms.last_enq > ms.last_end;
+        if in_flight != ms.in_flight {
+            ms.in_flight = in_flight;
+            if in_flight {
+                pg.in_flight += 1;
+            } else {
+                pg.in_flight = pg.in_flight.saturating_sub(1);
+            }
+        }
+        if !fresh {
+            return;
+        }
+        pg.last_progress = pg.last_progress.max(now);
+        if c.phase != Phase::End {
+            return;
+        }
+        let sm = &mut pg.slots[slot(c.seq)];
+        if !sm.used || sm.seq != c.seq {
+            if sm.used && c.seq < sm.seq {
+                return;
+            }
+            *sm = SlotMeta {
+                seq: c.seq,
+                ended: 0,
+                used: true,
+                done: false,
+            };
+        }
+        sm.ended += 1;
+        let complete = !pg.p2p && !sm.done && sm.ended as usize >= pg.members.len();
+        if complete {
+            sm.done = true;
+        }
+        self.ranks[c.rank as usize].push_end(c.t_ns);
+        if complete {
+            complete_seq(&mut self.pgs[pgi], &self.ranks, c.seq, cfg);
+        }
+    }
+
+    fn peer(&mut self, p: &PeerProgress, now: u64, cfg: &Config) {
+        if p.peer > MAX_RANK {
+            return;
+        }
+        let pgi = self.intern(&p.pg, false, now);
+        self.member(pgi, p.rank, now);
+        let pg = &mut self.pgs[pgi];
+        let key = match p.dir {
+            Dir::Send => (p.rank, p.peer),
+            Dir::Recv => (p.peer, p.rank),
+        };
+        let pair = pg.pairs.entry(key).or_default();
+        let any = pair.send.seen || pair.recv.seen;
+        if !any || p.seq > pair.cur_seq {
+            if any {
+                finish_pair(pair, cfg);
+            }
+            pair.cur_seq = p.seq;
+            pair.send = Side::default();
+            pair.recv = Side::default();
+        } else if p.seq < pair.cur_seq {
+            return;
+        }
+        let side = match p.dir {
+            Dir::Send => &mut pair.send,
+            Dir::Recv => &mut pair.recv,
+        };
+        let grew = p.bytes > side.bytes || !side.seen;
+        side.seen = true;
+        side.bytes = side.bytes.max(p.bytes);
+        side.busy = side.busy.max(p.busy_ns);
+        if grew && p.bytes > 0 {
+            pg.last_progress = pg.last_progress.max(now);
+        }
+    }
+
+    fn counters(&mut self, c: &LinkCounters, cfg: &Config) {
+        let key = (c.addr.clone(), c.peer_addr.clone());
+        let s = self.counters.entry(key).or_default();
+        if s.last_t != 0 && c.t_ns > s.last_t && c.tx_bytes >= s.last_tx {
+            let rate = (c.tx_bytes - s.last_tx) as f32 / (c.t_ns - s.last_t) as f32;
+            let normal = s
+                .base
+                .value()
+                .is_none_or(|b| rate * cfg.slow_factor as f32 > b);
+            s.base.observe(rate, normal);
+            s.rate = rate;
+        }
+        if c.t_ns > s.last_t {
+            s.last_t = c.t_ns;
+            s.last_tx = c.tx_bytes;
+        }
+    }
+}
+
+/// A slow time: a ratio over the baseline and an absolute excess, so near-zero baselines do
+/// not turn jitter into ratios.
+pub(crate) fn slow_time(x: f32, base: f32, cfg: &Config) -> bool {
+    x >= base * cfg.slow_factor as f32 && x - base >= cfg.slow_min_delta_ns as f32
+}
+
+/// Closes a pair's record of one op: its throughput against the pair's own baseline.
+fn finish_pair(pair: &mut PairState, cfg: &Config) {
+    let bytes = pair.send.bytes.max(pair.recv.bytes);
+    let busy = pair.send.busy.max(pair.recv.busy);
+    if bytes == 0 || busy == 0 {
+        return;
+    }
+    let thr = bytes as f32 / busy as f32;
+    let base = pair.base.value();
+    let hit = base.is_some_and(|b| thr * (cfg.slow_factor as f32) <= b);
+    pair.base.observe(thr, !hit);
+    pair.last_thr = thr;
+    if base.is_some() {
+        pair.hits.push(hit, cfg.slow_window);
+    }
+}
+
+/// A sequence number ended on every member: update transfer time and compute gaps.
+fn complete_seq(pg: &mut Pg, ranks: &[RankState], seq: u64, cfg: &Config) {
+    let mut transfer: Option<u64> = None;
+    let mut sig = None;
+    for m in 0..pg.members.len() {
+        if let Some(rec) = pg.rec(m, seq) {
+            sig.get_or_insert(rec.sig);
+            if let Some(d) = rec.duration() {
+                transfer = Some(transfer.map_or(d, |t| t.min(d)));
+            }
+        }
+    }
+    let (Some(t), Some(sig)) = (transfer, sig) else {
+        return;
+    };
+    let k = pg.key_index(sig);
+    let t = t as f32;
+    {
+        let ks = &mut pg.keys[k];
+        ks.recent.push(t);
+        let base = ks.transfer.value();
+        let hit = base.is_some_and(|b| slow_time(t, b, cfg));
+        ks.transfer.observe(t, !hit);
+        ks.last_transfer = t;
+        if base.is_some() {
+            ks.transfer_hits.push(hit, cfg.slow_window);
+        }
+        ks.completed += 1;
+        ks.last_seq = seq;
+    }
+    for m in 0..pg.members.len() {
+        let Some(rec) = pg.rec(m, seq).copied() else {
+            continue;
+        };
+        if !rec.has_enq() {
+            continue;
+        }
+        // The end of the member's previous op in this group or, if later, in any group: time
+        // spent waiting in another group's collective is not compute.
+        let prev_here = seq
+            .checked_sub(1)
+            .and_then(|p| pg.rec(m, p))
+            .filter(|r| r.has_end() && r.end <= rec.enq)
+            .map(|r| r.end);
+        let prev_any = ranks
+            .get(pg.members[m] as usize)
+            .and_then(|r| r.end_before(rec.enq));
+        let Some(prev) = prev_here.max(prev_any) else {
+            continue;
+        };
+        let gap = (rec.enq - prev) as f32;
+        let ks = &mut pg.keys[k];
+        let gs = &mut ks.gaps[m];
+        let base = gs.base.value();
+        let hit = base.is_some_and(|b| slow_time(gap, b, cfg));
+        gs.base.observe(gap, !hit);
+        gs.last_gap = gap;
+        if base.is_some() {
+            let was = gs.hits.active();
+            let now = gs.hits.push(hit, cfg.slow_window);
+            match (was, now) {
+                (false, true) => ks.fired += 1,
+                (true, false) => ks.fired = ks.fired.saturating_sub(1),
+                _ => {}
+            }
+        }
+    }
+}

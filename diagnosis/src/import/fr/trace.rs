@@ -1,0 +1,285 @@
+//! Turning a job's dumps into one [`Trace`] for the analyzer.
+
+use super::read::rank_from_file_name;
+use super::{read_dump, FrDump, FrEntry, STATE_COMPLETED};
+use crate::event::{Coll, Dtype, Event, Group, Member, Op, PgName, Phase, Rank, Trace};
+use crate::import::ImportError;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Reads every dump in `dir` (not recursing) into one trace whose job is named after the
+/// directory. Hidden files, subdirectories and files that are clearly something else (no rank
+/// digits at the end of the name and no `.json`/`.pkl`/`.pickle` extension, like a README) are
+/// skipped; any other file must be a good dump, and a bad one is an error naming it.
+pub fn read_dir(dir: &Path) -> Result<Trace, ImportError> {
+    let read_err = |source| ImportError::Read {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let mut paths = Vec::new();
+    for item in std::fs::read_dir(dir).map_err(read_err)? {
+        let path = item.map_err(read_err)?.path();
+        if looks_like_dump(&path) {
+            paths.push(path);
+        }
+    }
+    paths.sort();
+    let mut seen: BTreeMap<Rank, PathBuf> = BTreeMap::new();
+    let mut dumps = Vec::with_capacity(paths.len());
+    for path in paths {
+        let dump = read_dump(&path)?;
+        if let Some(first) = seen.get(&dump.rank) {
+            return Err(ImportError::DuplicateRank {
+                rank: dump.rank,
+                first: first.clone(),
+                second: path,
+            });
+        }
+        seen.insert(dump.rank, path);
+        dumps.push(dump);
+    }
+    if dumps.is_empty() {
+        return Err(ImportError::EmptyDir {
+            path: dir.to_path_buf(),
+        });
+    }
+    let mut trace = to_trace(&dumps);
+    if let Some(name) = dir.file_name().and_then(|n| n.to_str()) {
+        trace.job = name.to_string();
+    }
+    Ok(trace)
+}
+
+fn looks_like_dump(path: &Path) -> bool {
+    let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+        return false;
+    };
+    if name.starts_with('.') || !path.is_file() {
+        return false;
+    }
+    let dump_ext = [".json", ".pkl", ".pickle"]
+        .iter()
+        .any(|ext| name.ends_with(ext));
+    dump_ext || rank_from_file_name(path).is_some()
+}
+
+/// Reduces dumps to events: a `Member` per dumped rank, a `Group` per process group, and per
+/// entry a `Coll` `Enqueue` (at `time_created_ns`), `Start` (at `time_discovered_started_ns`, if
+/// discovered) and `End` (if `completed`).
+///
+/// Ring-buffer wrap: each rank's buffer holds only its latest entries, and busy ranks lose
+/// older ones sooner. So per process group (and separately for its point-to-point sequence) the
+/// entries below the highest "oldest retained seq" of any rank are dropped: what remains is the
+/// window every rank still remembers, and a rank is never judged missing an op it merely
+/// forgot. This is FR's `align_trace_from_beginning`, on seq numbers instead of record ids
+/// because record ids count every group's ops and do not line up across ranks.
+///
+/// `world` is every rank of every group plus the dumped ranks; `missing` the world's ranks
+/// without a dump; `taken_ns` the latest time in any dump; `stuck` is set when any entry is not
+/// completed, as FR dumps are taken on a timeout.
+pub fn to_trace(dumps: &[FrDump]) -> Trace {
+    // The first dump to describe a group wins; ranks agree on membership in a sane job.
+    let mut groups: BTreeMap<&str, Group> = BTreeMap::new();
+    for pg in dumps.iter().flat_map(|d| d.pg_config.values()) {
+        groups.entry(pg.name.as_str()).or_insert_with(|| Group {
+            name: Arc::from(pg.name.as_str()),
+            desc: pg.desc.clone(),
+            ranks: pg.ranks.clone(),
+        });
+    }
+    let dumped: BTreeSet<Rank> = dumps.iter().map(|d| d.rank).collect();
+    let world: BTreeSet<Rank> = groups
+        .values()
+        .flat_map(|g| g.ranks.iter().copied())
+        .chain(dumped.iter().copied())
+        .collect();
+    let world_size = u32::try_from(world.len()).unwrap_or(u32::MAX);
+
+    let mut events: Vec<Event> = Vec::new();
+    let mut by_rank: Vec<&FrDump> = dumps.iter().collect();
+    by_rank.sort_by_key(|d| d.rank);
+    events.extend(by_rank.iter().map(|d| {
+        Event::Member(Member {
+            rank: d.rank,
+            world_size,
+            host: String::new(),
+            addr: String::new(),
+            nic: String::new(),
+            switch: String::new(),
+            pid: 0,
+        })
+    }));
+    events.extend(groups.values().cloned().map(Event::Group));
+
+    let floors = retained_floors(dumps);
+    let mut names: HashMap<&str, PgName> = HashMap::new();
+    let mut taken_ns = 0;
+    let mut stuck = false;
+    for dump in by_rank {
+        for e in &dump.entries {
+            taken_ns = taken_ns
+                .max(e.time_created_ns)
+                .max(e.time_discovered_started_ns.unwrap_or(0))
+                .max(e.time_discovered_completed_ns.unwrap_or(0));
+            stuck |= e.state != STATE_COMPLETED;
+            let key = seq_key(e);
+            if floors
+                .get(&(key.0, key.1))
+                .is_some_and(|&floor| key.2 < floor)
+            {
+                continue;
+            }
+            let pg = names
+                .entry(e.process_group.0.as_str())
+                .or_insert_with(|| Arc::from(e.process_group.0.as_str()))
+                .clone();
+            let group_ranks = groups.get(e.process_group.0.as_str()).map(|g| &g.ranks[..]);
+            push_entry(&mut events, dump.rank, pg, group_ranks, e);
+        }
+    }
+
+    Trace {
+        job: "fr".to_string(),
+        events,
+        missing: world.difference(&dumped).copied().collect(),
+        world: world.into_iter().collect(),
+        taken_ns,
+        stuck,
+    }
+}
+
+/// (group, is point-to-point, seq): the sequence an entry belongs to and its place in it.
+fn seq_key(e: &FrEntry) -> (&str, bool, u64) {
+    let p2p = is_p2p(e);
+    let seq = if p2p {
+        e.p2p_seq_id
+    } else {
+        e.collective_seq_id
+    };
+    (e.process_group.0.as_str(), p2p, seq)
+}
+
+fn is_p2p(e: &FrEntry) -> bool {
+    e.is_p2p || Op::parse(&e.profiling_name).is_p2p()
+}
+
+/// Per (group, p2p): the highest over ranks of each rank's lowest retained seq.
+fn retained_floors(dumps: &[FrDump]) -> HashMap<(&str, bool), u64> {
+    let mut floors: HashMap<(&str, bool), u64> = HashMap::new();
+    for dump in dumps {
+        let mut lowest: HashMap<(&str, bool), u64> = HashMap::new();
+        for e in &dump.entries {
+            let (pg, p2p, seq) = seq_key(e);
+            let low = lowest.entry((pg, p2p)).or_insert(seq);
+            *low = (*low).min(seq);
+        }
+        for (key, low) in lowest {
+            let floor = floors.entry(key).or_insert(low);
+            *floor = (*floor).max(low);
+        }
+    }
+    floors
+}
+
+fn push_entry(
+    events: &mut Vec<Event>,
+    rank: Rank,
+    pg: PgName,
+    group: Option<&[Rank]>,
+    e: &FrEntry,
+) {
+    let op = Op::parse(&e.profiling_name);
+    let (_, p2p, seq) = seq_key(e);
+    let peer = if p2p {
+        p2p_peer(&e.profiling_name).and_then(|g| to_global(group, g))
+    } else {
+        None
+    };
+    let dtype = e
+        .input_dtypes
+        .first()
+        .map_or(Dtype::Other, |d| Dtype::parse(d));
+    let count = numel(&e.input_sizes);
+    let coll = |phase, t_ns| {
+        Event::Coll(Coll {
+            rank,
+            pg: pg.clone(),
+            seq,
+            op,
+            dtype,
+            count,
+            bytes: count.saturating_mul(dtype.size()),
+            peer,
+            phase,
+            t_ns,
+        })
+    };
+    events.push(coll(Phase::Enqueue, e.time_created_ns));
+    if let Some(t) = e.time_discovered_started_ns {
+        events.push(coll(Phase::Start, t));
+    }
+    if e.state == STATE_COMPLETED {
+        let t = e
+            .time_discovered_completed_ns
+            .or(e.time_discovered_started_ns)
+            .unwrap_or(e.time_created_ns);
+        events.push(coll(Phase::End, t));
+    }
+}
+
+/// Elements over all input tensors (a shape with no dims is a scalar: one element).
+fn numel(sizes: &[Vec<i64>]) -> u64 {
+    sizes
+        .iter()
+        .map(|dims| {
+            dims.iter()
+                .map(|&d| u64::try_from(d).unwrap_or(0))
+                .fold(1u64, u64::saturating_mul)
+        })
+        .fold(0u64, u64::saturating_add)
+}
+
+/// The peer's group rank in `nccl:send 1->2` (self 1, peer 2) or `nccl:recv 3<-0` (self 3,
+/// peer 0), as `ProcessGroupNCCL` names point-to-point ops.
+pub(crate) fn p2p_peer(profiling_name: &str) -> Option<Rank> {
+    let pair = profiling_name.split_whitespace().next_back()?;
+    let (_, peer) = pair.split_once("->").or_else(|| pair.split_once("<-"))?;
+    peer.trim().parse().ok()
+}
+
+/// A group rank's global rank; a group whose members are unknown is taken as the world.
+fn to_global(group: Option<&[Rank]>, group_rank: Rank) -> Option<Rank> {
+    match group {
+        Some(ranks) if !ranks.is_empty() => ranks.get(usize::try_from(group_rank).ok()?).copied(),
+        _ => Some(group_rank),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peer_is_the_second_rank_of_the_profiling_name() {
+        assert_eq!(p2p_peer("nccl:send 1->2"), Some(2));
+        assert_eq!(p2p_peer("nccl:recv 3<-0"), Some(0));
+        assert_eq!(p2p_peer("nccl:all_reduce"), None);
+        assert_eq!(p2p_peer("nccl:send x->y"), None);
+    }
+
+    #[test]
+    fn numel_multiplies_dims_and_sums_tensors() {
+        assert_eq!(numel(&[vec![2, 3], vec![4]]), 10);
+        assert_eq!(numel(&[vec![]]), 1);
+        assert_eq!(numel(&[]), 0);
+        assert_eq!(numel(&[vec![-1, 5]]), 0);
+    }
+
+    #[test]
+    fn group_ranks_map_to_global_ranks() {
+        assert_eq!(to_global(Some(&[4, 5, 6]), 2), Some(6));
+        assert_eq!(to_global(Some(&[4, 5, 6]), 3), None);
+        assert_eq!(to_global(None, 3), Some(3));
+    }
+}
