@@ -15,6 +15,7 @@ mod loss;
 pub mod overlay;
 pub mod probe;
 mod process;
+pub mod ring;
 mod topology;
 pub mod yard;
 

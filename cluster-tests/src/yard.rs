@@ -172,6 +172,12 @@ impl<T: Borrow<Topology>> YardCluster<T> {
         self.topology().dir().join(format!("n{i}"))
     }
 
+    /// Node `i`'s probe socket, where ranks on its host report: `<data_dir>/probe.sock`, the
+    /// node's default (unless `extra_config` sets `[probe] socket`).
+    pub fn probe_socket(&self, i: usize) -> PathBuf {
+        self.node_dir(i).join("data").join("probe.sock")
+    }
+
     fn config_path(&self, i: usize) -> PathBuf {
         self.node_dir(i).join("yard.toml")
     }
