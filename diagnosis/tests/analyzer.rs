@@ -34,11 +34,20 @@ fn a_rank_that_never_enqueues_is_the_missing_participant() {
         .fault(Fault::Missing { rank: 5, seq: 12 })
         .verdicts(&cfg());
     let v = only(&vs);
-    assert_eq!((v.class, v.subtype), (Class::Hang, Subtype::MissingParticipant));
+    assert_eq!(
+        (v.class, v.subtype),
+        (Class::Hang, Subtype::MissingParticipant)
+    );
     assert_eq!(v.culprits, vec![5]);
     assert_eq!(v.seq, Some(12));
     assert_eq!(v.op, Some(Op::AllReduce));
-    assert!(v.evidence.iter().any(|e| e.contains("rank 5 is behind: last enqueued #11 while 7 of 8 ranks are in all_reduce #12")), "{:?}", v.evidence);
+    assert!(
+        v.evidence.iter().any(|e| e.contains(
+            "rank 5 is behind: last enqueued #11 while 7 of 8 ranks are in all_reduce #12"
+        )),
+        "{:?}",
+        v.evidence
+    );
     assert!(v.confidence > 0.8);
 }
 
@@ -63,7 +72,11 @@ fn a_rank_ahead_of_the_majority_is_an_extra_participant() {
     let v = only(&vs);
     assert_eq!(v.subtype, Subtype::ExtraParticipant);
     assert_eq!(v.culprits, vec![6]);
-    assert!(v.evidence[0].contains("rank 6 is ahead"), "{:?}", v.evidence);
+    assert!(
+        v.evidence[0].contains("rank 6 is ahead"),
+        "{:?}",
+        v.evidence
+    );
 }
 
 #[test]
@@ -74,7 +87,11 @@ fn mismatches_name_the_minority() {
         (Kind::Size, Subtype::SizeMismatch),
     ] {
         let vs = Sim::ring(8, 30)
-            .fault(Fault::Mismatch { rank: 2, seq: 9, kind })
+            .fault(Fault::Mismatch {
+                rank: 2,
+                seq: 9,
+                kind,
+            })
             .verdicts(&cfg());
         let v = only(&vs);
         assert_eq!((v.class, v.subtype), (Class::Mismatch, subtype));
@@ -87,17 +104,28 @@ fn mismatches_name_the_minority() {
 /// others when the first is the culprit; a majority vote does not.
 #[test]
 fn a_culprit_read_first_is_still_the_culprit() {
-    let sim = Sim::ring(4, 10).fault(Fault::Mismatch { rank: 0, seq: 5, kind: Kind::Type });
+    let sim = Sim::ring(4, 10).fault(Fault::Mismatch {
+        rank: 0,
+        seq: 5,
+        kind: Kind::Type,
+    });
     let mut events = sim.events();
     events.sort_by_key(|(_, e)| e.rank() != Some(0));
     let v = analyze(&events, &cfg());
-    assert_eq!(summary(&v), vec![("mismatch".into(), "type_mismatch".into(), vec![0])]);
+    assert_eq!(
+        summary(&v),
+        vec![("mismatch".into(), "type_mismatch".into(), vec![0])]
+    );
 }
 
 #[test]
 fn a_tie_is_reported_with_low_confidence_and_both_camps() {
     let mut sim = Sim::ring(2, 10);
-    sim.faults.push(Fault::Mismatch { rank: 1, seq: 4, kind: Kind::Size });
+    sim.faults.push(Fault::Mismatch {
+        rank: 1,
+        seq: 4,
+        kind: Kind::Size,
+    });
     let v = sim.verdicts(&cfg());
     let v = only(&v);
     assert_eq!(v.subtype, Subtype::SizeMismatch);
@@ -114,7 +142,10 @@ fn a_silent_rank_is_dead_and_explains_the_hang() {
     assert_eq!((v.class, v.subtype), (Class::Hang, Subtype::DeadProcess));
     assert_eq!(v.culprits, vec![4]);
     assert!(v.evidence[0].starts_with("rank 4 (h4) silent for"));
-    assert!(v.evidence.iter().any(|e| e.contains("pg 0 is stuck in all_reduce #10")));
+    assert!(v
+        .evidence
+        .iter()
+        .any(|e| e.contains("pg 0 is stuck in all_reduce #10")));
 }
 
 #[test]
@@ -131,9 +162,15 @@ fn a_dead_rank_is_reported_before_any_group_is_stuck() {
     }
     let end = sim.end(&events);
     let first = a.evaluate(end - 2 * S).to_vec();
-    assert_eq!(summary(&first), vec![("hang".into(), "dead_process".into(), vec![1])]);
+    assert_eq!(
+        summary(&first),
+        vec![("hang".into(), "dead_process".into(), vec![1])]
+    );
     let again = a.evaluate(end).to_vec();
-    assert_eq!(again[0].detected_ns, first[0].detected_ns, "a holding verdict keeps its time");
+    assert_eq!(
+        again[0].detected_ns, first[0].detected_ns,
+        "a holding verdict keeps its time"
+    );
 }
 
 #[test]
@@ -186,7 +223,13 @@ fn a_victim_blocked_in_another_group_is_not_blamed() {
     }
     for k in 0..50 {
         for r in 0..5 {
-            a.ingest(&Event::Heartbeat { rank: r, t_ns: t + k * 100 * MS }, t + k * 100 * MS);
+            a.ingest(
+                &Event::Heartbeat {
+                    rank: r,
+                    t_ns: t + k * 100 * MS,
+                },
+                t + k * 100 * MS,
+            );
         }
     }
     let vs = a.evaluate(t + 5 * S).to_vec();
@@ -194,7 +237,13 @@ fn a_victim_blocked_in_another_group_is_not_blamed() {
     assert_eq!(v.subtype, Subtype::MissingParticipant);
     assert_eq!(v.culprits, vec![3]);
     assert_eq!(v.pg.as_ref().map(|p| p.name.as_str()), Some("tp"));
-    assert!(v.evidence.iter().any(|e| e.contains("pg dp is also stuck because rank 2 is blocked here")), "{:?}", v.evidence);
+    assert!(
+        v.evidence
+            .iter()
+            .any(|e| e.contains("pg dp is also stuck because rank 2 is blocked here")),
+        "{:?}",
+        v.evidence
+    );
 }
 
 #[test]
@@ -225,18 +274,34 @@ fn every_rank_stuck_without_peer_data_is_undecided() {
 #[test]
 fn a_rank_computing_slower_is_a_compute_straggler() {
     let vs = Sim::ring(8, 60)
-        .fault(Fault::SlowCompute { rank: 2, factor: 2.0, from: 30 })
+        .fault(Fault::SlowCompute {
+            rank: 2,
+            factor: 2.0,
+            from: 30,
+        })
         .verdicts(&cfg());
     let v = only(&vs);
-    assert_eq!((v.class, v.subtype), (Class::Slow, Subtype::ComputeStraggler));
+    assert_eq!(
+        (v.class, v.subtype),
+        (Class::Slow, Subtype::ComputeStraggler)
+    );
     assert_eq!(v.culprits, vec![2]);
-    assert!(v.evidence.iter().any(|e| e.contains("rank 2 waits least")), "{:?}", v.evidence);
+    assert!(
+        v.evidence.iter().any(|e| e.contains("rank 2 waits least")),
+        "{:?}",
+        v.evidence
+    );
 }
 
 #[test]
 fn a_slow_pair_names_the_pair_and_its_nic_and_no_rank() {
     let vs = Sim::ring(8, 60)
-        .fault(Fault::SlowLink { from: 1, to: 2, factor: 3.0, at: 30 })
+        .fault(Fault::SlowLink {
+            from: 1,
+            to: 2,
+            factor: 3.0,
+            at: 30,
+        })
         .verdicts(&cfg());
     let v = only(&vs);
     assert_eq!((v.class, v.subtype), (Class::Slow, Subtype::SlowLink));
@@ -251,7 +316,11 @@ fn a_slow_pair_names_the_pair_and_its_nic_and_no_rank() {
 #[test]
 fn pairs_slowing_under_one_switch_are_congestion() {
     let vs = Sim::ring(8, 60)
-        .fault(Fault::Congestion { switch: 1, factor: 3.0, at: 30 })
+        .fault(Fault::Congestion {
+            switch: 1,
+            factor: 3.0,
+            at: 30,
+        })
         .verdicts(&cfg());
     let v = only(&vs);
     assert_eq!((v.class, v.subtype), (Class::Slow, Subtype::Congestion));
@@ -263,7 +332,11 @@ fn pairs_slowing_under_one_switch_are_congestion() {
 #[test]
 fn persistent_imbalance_from_the_start_is_not_a_fault() {
     let vs = Sim::ring(8, 80)
-        .fault(Fault::SlowCompute { rank: 3, factor: 2.0, from: 0 })
+        .fault(Fault::SlowCompute {
+            rank: 3,
+            factor: 2.0,
+            from: 0,
+        })
         .verdicts(&cfg());
     assert!(vs.is_empty(), "{vs:#?}");
 }
@@ -271,7 +344,11 @@ fn persistent_imbalance_from_the_start_is_not_a_fault() {
 #[test]
 fn one_slow_step_is_not_a_fault() {
     let vs = Sim::ring(8, 60)
-        .fault(Fault::SlowStep { rank: 5, factor: 4.0, seq: 40 })
+        .fault(Fault::SlowStep {
+            rank: 5,
+            factor: 4.0,
+            seq: 40,
+        })
         .verdicts(&cfg());
     assert!(vs.is_empty(), "{vs:#?}");
 }
@@ -281,15 +358,33 @@ fn clock_skew_of_seconds_changes_nothing() {
     let faults = [
         None,
         Some(Fault::Missing { rank: 2, seq: 30 }),
-        Some(Fault::SlowCompute { rank: 2, factor: 2.0, from: 30 }),
-        Some(Fault::SlowLink { from: 4, to: 5, factor: 3.0, at: 30 }),
+        Some(Fault::SlowCompute {
+            rank: 2,
+            factor: 2.0,
+            from: 30,
+        }),
+        Some(Fault::SlowLink {
+            from: 4,
+            to: 5,
+            factor: 3.0,
+            at: 30,
+        }),
         Some(Fault::GpuHang { rank: 1, seq: 40 }),
     ];
     for fault in faults {
         let mut sim = Sim::ring(8, 60);
         sim.faults.extend(fault.clone());
         let plain = summary(&sim.verdicts(&cfg()));
-        sim.skew = vec![5 * S as i64, -5 * S as i64, 0, 3 * S as i64, -4 * S as i64, 5 * S as i64, -5 * S as i64, 1];
+        sim.skew = vec![
+            5 * S as i64,
+            -5 * S as i64,
+            0,
+            3 * S as i64,
+            -4 * S as i64,
+            5 * S as i64,
+            -5 * S as i64,
+            1,
+        ];
         let skewed = summary(&sim.verdicts(&cfg()));
         assert_eq!(plain, skewed, "{fault:?}");
         assert_eq!(plain.is_empty(), fault.is_none());
@@ -311,7 +406,10 @@ fn offline_a_stuck_record_is_analysed_whatever_its_age() {
         .max()
         .unwrap_or(0);
     let vs = analyze_trace(&trace, &cfg());
-    assert_eq!(summary(&vs), vec![("hang".into(), "missing_participant".into(), vec![7])]);
+    assert_eq!(
+        summary(&vs),
+        vec![("hang".into(), "missing_participant".into(), vec![7])]
+    );
     assert_eq!(vs[0].detected_ns, 0);
     // Not taken at a timeout: nothing is stuck yet.
     trace.stuck = false;
@@ -326,8 +424,14 @@ fn offline_a_missing_dump_is_a_dead_process() {
     trace.missing = vec![3];
     let vs = analyze_trace(&trace, &cfg());
     let v = only(&vs);
-    assert_eq!((v.subtype, v.culprits.clone()), (Subtype::DeadProcess, vec![3]));
-    assert!(v.evidence.iter().any(|e| e == "no flight recorder dump from rank 3"));
+    assert_eq!(
+        (v.subtype, v.culprits.clone()),
+        (Subtype::DeadProcess, vec![3])
+    );
+    assert!(v
+        .evidence
+        .iter()
+        .any(|e| e == "no flight recorder dump from rank 3"));
 }
 
 #[test]
@@ -343,9 +447,14 @@ fn the_window_shows_the_culprit_and_a_few_neighbours_around_the_seq() {
     let mut ranks: Vec<u32> = w.iter().map(|c| c.rank).collect();
     ranks.sort_unstable();
     ranks.dedup();
-    assert!(ranks.contains(&20) && ranks.len() <= 16 && ranks.len() > 1, "{ranks:?}");
+    assert!(
+        ranks.contains(&20) && ranks.len() <= 16 && ranks.len() > 1,
+        "{ranks:?}"
+    );
     assert!(w.iter().all(|c| (9..=14).contains(&c.seq)));
-    assert!(w.iter().any(|c| c.seq == 12 && c.rank == 19 && c.phase == Phase::Enqueue));
+    assert!(w
+        .iter()
+        .any(|c| c.seq == 12 && c.rank == 19 && c.phase == Phase::Enqueue));
     assert!(!w.iter().any(|c| c.seq == 12 && c.rank == 20));
 }
 
@@ -425,4 +534,59 @@ proptest! {
         };
         prop_assert_eq!(retained(64), retained(64 * (1 + extra)));
     }
+}
+
+#[test]
+fn counters_that_agree_add_evidence_and_confidence() {
+    use yard_diagnosis::event::LinkCounters;
+    let sim = Sim::ring(8, 60).fault(Fault::SlowLink {
+        from: 1,
+        to: 2,
+        factor: 3.0,
+        at: 30,
+    });
+    let mut events = sim.events();
+    let without = analyze(&events, &cfg());
+    // h1 -> h2 counters every 100 ms from 3 s before the job: 4 GB/s, then 1 GB/s once the
+    // link slows.
+    let slow_from = events
+        .iter()
+        .find_map(|(now, e)| match e {
+            Event::Coll(c) if c.seq == 30 => Some(*now),
+            _ => None,
+        })
+        .unwrap_or(T0);
+    let end = sim.end(&events);
+    let (mut t, mut tx) = (T0 - 3 * S, 0u64);
+    while t < end {
+        tx += if t < slow_from {
+            400_000_000
+        } else {
+            100_000_000
+        };
+        let c = LinkCounters {
+            addr: "198.18.0.2".into(),
+            peer_addr: "198.18.0.3".into(),
+            tx_bytes: tx,
+            rx_bytes: 0,
+            tx_packets: 0,
+            rx_packets: 0,
+            last_rx_ns: t,
+            t_ns: t,
+        };
+        events.push((t, Event::Counters(c)));
+        t += 100 * MS;
+    }
+    events.sort_by_key(|e| e.0);
+    let with = analyze(&events, &cfg());
+    assert_eq!(summary(&with), summary(&without));
+    assert!(
+        with[0]
+            .evidence
+            .iter()
+            .any(|e| e.starts_with("counters: h1 -> h2 tx rate 1.00 GB/s vs 4.00 GB/s before")),
+        "{:?}",
+        with[0].evidence
+    );
+    assert!(with[0].confidence > without[0].confidence);
 }

@@ -204,7 +204,9 @@ fn stuck_at(state: &State, pgi: usize, idle_ns: u64) -> Option<Stuck> {
         if ms.last_enq >= Some(seq) {
             entered.push(rank);
             entered_m.push(m);
-            let ended = pg.rec(m, seq).map_or(ms.last_end >= Some(seq), |r| r.has_end());
+            let ended = pg
+                .rec(m, seq)
+                .map_or(ms.last_end >= Some(seq), |r| r.has_end());
             if !ended {
                 waiting.push(rank);
             }
@@ -255,11 +257,7 @@ fn normalized(sig: Sig) -> Sig {
 /// broken towards the camp with the lowest rank so the answer never depends on arrival order.
 /// Returns (majority's original signature, camps, tie).
 #[allow(clippy::type_complexity)]
-fn majority(
-    pg: &Pg,
-    members: &[usize],
-    seq: u64,
-) -> Option<(Sig, BTreeMap<Sig, Vec<Rank>>, bool)> {
+fn majority(pg: &Pg, members: &[usize], seq: u64) -> Option<(Sig, BTreeMap<Sig, Vec<Rank>>, bool)> {
     let mut camps: BTreeMap<Sig, Vec<Rank>> = BTreeMap::new();
     let mut original: BTreeMap<Sig, Sig> = BTreeMap::new();
     for &m in members {
@@ -547,11 +545,7 @@ fn dataplane(state: &State, st: &Stuck) -> Verdict {
         v.confidence = confidence(out.len() - silent.len(), silent.len());
         return v;
     }
-    let zero: Vec<(Rank, Rank)> = pairs
-        .iter()
-        .filter(|p| !moved(p.1))
-        .map(|p| p.0)
-        .collect();
+    let zero: Vec<(Rank, Rank)> = pairs.iter().filter(|p| !moved(p.1)).map(|p| p.0).collect();
     if any_moved && !zero.is_empty() && zero.len() * 2 < pairs.len() {
         for &(from, to) in &zero {
             let link = pair_link(state, from, to);

@@ -233,12 +233,7 @@ impl JobAnalyzer {
     /// Dead ranks with why: silent past the heartbeat timeout (live) or without a record
     /// (offline); a rank that said goodbye is never dead.
     fn dead(&self, now: u64) -> Vec<(Rank, String)> {
-        let exited = |r: Rank| {
-            self.state
-                .ranks
-                .get(r as usize)
-                .is_some_and(|s| s.exited)
-        };
+        let exited = |r: Rank| self.state.ranks.get(r as usize).is_some_and(|s| s.exited);
         match &self.offline {
             Some(o) => o
                 .missing

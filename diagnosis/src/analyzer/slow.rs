@@ -118,7 +118,11 @@ fn straggler(pg: &Pg, ks: &KeyStats, cfg: &Config) -> Option<Verdict> {
     ));
     // The straggler arrives last, so it waits least inside the collective.
     let durations: Vec<(usize, u64)> = (0..n)
-        .filter_map(|m| pg.rec(m, ks.last_seq).and_then(|r| r.duration()).map(|d| (m, d)))
+        .filter_map(|m| {
+            pg.rec(m, ks.last_seq)
+                .and_then(|r| r.duration())
+                .map(|d| (m, d))
+        })
         .collect();
     if let Some(&(m, d)) = durations.iter().min_by_key(|x| x.1) {
         if fired.contains(&m) {
@@ -181,7 +185,11 @@ fn link(state: &State, pg: &Pg, ks: &KeyStats, cfg: &Config) -> Verdict {
                 pair_link(state, from, to).name,
                 p.last_thr,
                 base,
-                if p.last_thr > 0.0 { base / p.last_thr } else { 0.0 }
+                if p.last_thr > 0.0 {
+                    base / p.last_thr
+                } else {
+                    0.0
+                }
             ));
         }
     }
@@ -208,7 +216,10 @@ fn link(state: &State, pg: &Pg, ks: &KeyStats, cfg: &Config) -> Verdict {
         let h = host(end(&slow[0]));
         let inter = |p: &(Rank, Rank)| host(end(p)) == h && host(other(p)) != h;
         let all_slow_here = !h.is_empty() && slow.iter().all(inter);
-        let all_here_slow = carried.iter().filter(|p| inter(p)).all(|p| slow.contains(p));
+        let all_here_slow = carried
+            .iter()
+            .filter(|p| inter(p))
+            .all(|p| slow.contains(p));
         (all_slow_here && all_here_slow).then(|| (h.to_string(), end(&slow[0]), leaving))
     });
     let mut links = Vec::new();
@@ -236,9 +247,9 @@ fn link(state: &State, pg: &Pg, ks: &KeyStats, cfg: &Config) -> Verdict {
         let senders: BTreeSet<&str> = slow.iter().map(|p| host(p.0)).collect();
         let receivers: BTreeSet<&str> = slow.iter().map(|p| host(p.1)).collect();
         let candidates = [switch(slow[0].0), switch(slow[0].1)];
-        let common = candidates.into_iter().find(|s| {
-            !s.is_empty() && slow.iter().all(|p| switch(p.0) == *s || switch(p.1) == *s)
-        });
+        let common = candidates
+            .into_iter()
+            .find(|s| !s.is_empty() && slow.iter().all(|p| switch(p.0) == *s || switch(p.1) == *s));
         if let (Some(sw), true) = (common, senders.len() >= 2 && receivers.len() >= 2) {
             v.subtype = Subtype::Congestion;
             links.push(Link {

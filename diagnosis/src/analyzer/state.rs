@@ -237,7 +237,8 @@ impl Pg {
     fn add_member(&mut self, rank: Rank) -> usize {
         self.members.push(rank);
         self.state.push(MemberState::default());
-        self.recs.extend(std::iter::repeat_n(Rec::EMPTY, SEQ_WINDOW));
+        self.recs
+            .extend(std::iter::repeat_n(Rec::EMPTY, SEQ_WINDOW));
         for k in &mut self.keys {
             k.gaps.push(GapStats::default());
         }

@@ -15,11 +15,11 @@ pub(crate) fn dur(ns: f64) -> String {
 /// A byte count in the unit that reads best.
 pub(crate) fn bytes(b: u64) -> String {
     const KIB: u64 = 1024;
-    if b >= KIB * KIB && b % (KIB * KIB) == 0 {
+    if b >= KIB * KIB && b.is_multiple_of(KIB * KIB) {
         format!("{} MiB", b / (KIB * KIB))
     } else if b >= KIB * KIB {
         format!("{:.1} MiB", b as f64 / (KIB * KIB) as f64)
-    } else if b >= KIB && b % KIB == 0 {
+    } else if b >= KIB && b.is_multiple_of(KIB) {
         format!("{} KiB", b / KIB)
     } else {
         format!("{b} B")
@@ -35,11 +35,7 @@ pub(crate) fn ranks(list: &[Rank]) -> String {
         _ => {
             let shown: Vec<String> = list.iter().take(SHOWN).map(|r| r.to_string()).collect();
             if list.len() > SHOWN {
-                format!(
-                    "ranks {} and {} more",
-                    shown.join(", "),
-                    list.len() - SHOWN
-                )
+                format!("ranks {} and {} more", shown.join(", "), list.len() - SHOWN)
             } else {
                 let (last, head) = shown.split_last().map_or(("", &[][..]), |(l, h)| (l, h));
                 format!("ranks {} and {last}", head.join(", "))

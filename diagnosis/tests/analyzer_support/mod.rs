@@ -225,7 +225,10 @@ impl Sim {
                 match *fault {
                     Fault::Missing { rank, seq } if seq == s => {
                         for r in (0..n).filter(|&r| r != rank) {
-                            out.push((recv(arrive[r as usize]), coll(r, s, Phase::Enqueue, arrive[r as usize], op, dtype, bytes)));
+                            out.push((
+                                recv(arrive[r as usize]),
+                                coll(r, s, Phase::Enqueue, arrive[r as usize], op, dtype, bytes),
+                            ));
                         }
                         last = arrive.iter().copied().max().unwrap_or(g);
                         break 'steps;
@@ -267,7 +270,10 @@ impl Sim {
                         for r in 0..n {
                             let t = arrive[r as usize];
                             out.push((recv(t), coll(r, s, Phase::Enqueue, t, op, dtype, bytes)));
-                            out.push((recv(start), coll(r, s, Phase::Start, start, op, dtype, bytes)));
+                            out.push((
+                                recv(start),
+                                coll(r, s, Phase::Start, start, op, dtype, bytes),
+                            ));
                             let sent = if r == rank { 0 } else { bytes / 4 };
                             let t = start + MS;
                             out.push((recv(t), peer(r, s, (r + 1) % n, Dir::Send, sent, MS, t)));
@@ -281,22 +287,59 @@ impl Sim {
             let start = arrive.iter().copied().max().unwrap_or(g);
             let j = jit(&mut rng);
             let busy: Vec<u64> = (0..n)
-                .map(|r| {
-                    (self.transfer_ns as f64 * self.pair_factor(r, (r + 1) % n, s) * j) as u64
-                })
+                .map(|r| (self.transfer_ns as f64 * self.pair_factor(r, (r + 1) % n, s) * j) as u64)
                 .collect();
             let x = busy.iter().copied().max().unwrap_or(0);
             let end = start + x;
             for r in 0..n {
                 let t = arrive[r as usize];
-                out.push((recv(t), coll(r, s, Phase::Enqueue, t, Op::AllReduce, Dtype::Float32, self.bytes)));
-                out.push((recv(start), coll(r, s, Phase::Start, start, Op::AllReduce, Dtype::Float32, self.bytes)));
-                out.push((recv(end), coll(r, s, Phase::End, end, Op::AllReduce, Dtype::Float32, self.bytes)));
+                out.push((
+                    recv(t),
+                    coll(
+                        r,
+                        s,
+                        Phase::Enqueue,
+                        t,
+                        Op::AllReduce,
+                        Dtype::Float32,
+                        self.bytes,
+                    ),
+                ));
+                out.push((
+                    recv(start),
+                    coll(
+                        r,
+                        s,
+                        Phase::Start,
+                        start,
+                        Op::AllReduce,
+                        Dtype::Float32,
+                        self.bytes,
+                    ),
+                ));
+                out.push((
+                    recv(end),
+                    coll(
+                        r,
+                        s,
+                        Phase::End,
+                        end,
+                        Op::AllReduce,
+                        Dtype::Float32,
+                        self.bytes,
+                    ),
+                ));
                 if self.peers && n > 1 {
                     let next = (r + 1) % n;
                     let prev = (r + n - 1) % n;
-                    out.push((recv(end), peer(r, s, next, Dir::Send, self.bytes, busy[r as usize], end)));
-                    out.push((recv(end), peer(r, s, prev, Dir::Recv, self.bytes, busy[prev as usize], end)));
+                    out.push((
+                        recv(end),
+                        peer(r, s, next, Dir::Send, self.bytes, busy[r as usize], end),
+                    ));
+                    out.push((
+                        recv(end),
+                        peer(r, s, prev, Dir::Recv, self.bytes, busy[prev as usize], end),
+                    ));
                 }
             }
             g = end;
@@ -305,7 +348,13 @@ impl Sim {
         let end = last + self.tail_ns;
         if self.faults.contains(&Fault::ExitAll) {
             for r in 0..n {
-                out.push((recv(last), Event::Exit { rank: r, t_ns: self.local(r, last) }));
+                out.push((
+                    recv(last),
+                    Event::Exit {
+                        rank: r,
+                        t_ns: self.local(r, last),
+                    },
+                ));
             }
         }
         let mut t = T0;
@@ -314,7 +363,13 @@ impl Sim {
                 let alive = dead_at[r as usize].is_none_or(|d| t < d);
                 let exited = self.faults.contains(&Fault::ExitAll) && t > last;
                 if alive && !exited {
-                    out.push((recv(t), Event::Heartbeat { rank: r, t_ns: self.local(r, t) }));
+                    out.push((
+                        recv(t),
+                        Event::Heartbeat {
+                            rank: r,
+                            t_ns: self.local(r, t),
+                        },
+                    ));
                 }
             }
             t += 100 * MS;
@@ -365,6 +420,12 @@ pub fn analyze(events: &[(u64, Event)], cfg: &Config) -> Vec<Verdict> {
 /// (class, subtype, culprits) of each verdict, for compact assertions.
 pub fn summary(vs: &[Verdict]) -> Vec<(String, String, Vec<Rank>)> {
     vs.iter()
-        .map(|v| (v.class.to_string(), v.subtype.to_string(), v.culprits.clone()))
+        .map(|v| {
+            (
+                v.class.to_string(),
+                v.subtype.to_string(),
+                v.culprits.clone(),
+            )
+        })
         .collect()
 }
