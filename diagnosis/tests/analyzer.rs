@@ -179,6 +179,36 @@ fn ranks_that_exit_are_not_dead() {
     assert!(vs.is_empty(), "{vs:#?}");
 }
 
+/// A summary can carry a rank's last heartbeat after its EXIT; that is not a sign of life, and
+/// only a new introduction (a restarted process) revives the rank.
+#[test]
+fn a_heartbeat_after_exit_does_not_revive_a_rank_but_a_new_member_does() {
+    let member = |rank| {
+        Event::Member(yard_diagnosis::event::Member {
+            rank,
+            world_size: 2,
+            host: format!("h{rank}"),
+            addr: String::new(),
+            nic: String::new(),
+            switch: String::new(),
+            pid: 1,
+        })
+    };
+    let mut a = JobAnalyzer::new("j", cfg());
+    a.ingest(&member(0), T0);
+    a.ingest(&member(1), T0);
+    a.ingest(&Event::Exit { rank: 1, t_ns: 0 }, T0 + S);
+    a.ingest(&Event::Heartbeat { rank: 1, t_ns: 0 }, T0 + S);
+    a.ingest(&Event::Heartbeat { rank: 0, t_ns: 0 }, T0 + 10 * S);
+    assert!(a.evaluate(T0 + 10 * S).is_empty(), "an exited rank is not dead");
+    a.ingest(&member(1), T0 + 10 * S);
+    a.ingest(&Event::Heartbeat { rank: 0, t_ns: 0 }, T0 + 20 * S);
+    let vs = a.evaluate(T0 + 20 * S).to_vec();
+    assert_eq!(vs.len(), 1, "{vs:#?}");
+    assert_eq!(vs[0].subtype, Subtype::DeadProcess);
+    assert_eq!(vs[0].culprits, vec![1], "the restarted rank went silent");
+}
+
 /// Rank 3 never enters tp group "tp" {2, 3}; rank 2 waits there, so the dp group {0, 1, 2, 4}
 /// is stuck too, missing rank 2. Rank 2 is a victim: only the tp verdict names a culprit.
 #[test]

@@ -156,6 +156,14 @@ impl ProbeCore {
                     self.stats.dropped += 1;
                     return false;
                 }
+                // A goodbye supersedes the rank's waiting heartbeat, which would otherwise
+                // travel after it and look like a sign of life.
+                if let Event::Exit { rank, .. } = event {
+                    if buf.heartbeats.remove(&rank).is_some() {
+                        self.pending -= 1;
+                        self.stats.coalesced += 1;
+                    }
+                }
                 buf.ordered.push(event);
                 true
             }
@@ -352,6 +360,23 @@ mod tests {
         core.forget("j");
         core.replay();
         assert!(core.drain(usize::MAX).is_empty());
+    }
+
+    #[test]
+    fn an_exit_supersedes_the_ranks_waiting_heartbeat() {
+        let mut core = ProbeCore::new(10);
+        core.push("j", Event::Heartbeat { rank: 0, t_ns: 1 });
+        core.push("j", Event::Heartbeat { rank: 1, t_ns: 1 });
+        core.push("j", Event::Exit { rank: 0, t_ns: 2 });
+        let out = core.drain(usize::MAX);
+        assert_eq!(
+            out[0].events,
+            vec![
+                Event::Exit { rank: 0, t_ns: 2 },
+                Event::Heartbeat { rank: 1, t_ns: 1 }
+            ]
+        );
+        assert_eq!(core.stats().pending, 0);
     }
 
     proptest! {

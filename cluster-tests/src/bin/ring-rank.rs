@@ -238,10 +238,7 @@ fn run(args: Args) -> Result<(), RankError> {
     if outcome.is_ok() {
         client.exit();
     }
-    println!(
-        "{}",
-        progress_line(stats.done, stats.mean_ms(), "exiting")
-    );
+    println!("{}", progress_line(stats.done, stats.mean_ms(), "exiting"));
     outcome
 }
 
@@ -263,6 +260,8 @@ struct Progress {
     done: u64,
     window: Vec<Duration>,
     last_print: Instant,
+    /// The mean printed last, for a line with no new all-reduce since.
+    last_mean_ms: f64,
 }
 
 impl Default for Progress {
@@ -271,6 +270,7 @@ impl Default for Progress {
             done: 0,
             window: Vec::new(),
             last_print: Instant::now(),
+            last_mean_ms: 0.0,
         }
     }
 }
@@ -280,19 +280,18 @@ impl Progress {
         self.done += 1;
         self.window.push(took);
         if self.last_print.elapsed() >= PROGRESS_EVERY {
-            println!(
-                "{}",
-                progress_line(self.done, self.mean_ms(), "running")
-            );
+            self.last_mean_ms = self.mean_ms();
+            println!("{}", progress_line(self.done, self.last_mean_ms, "running"));
             self.window.clear();
             self.last_print = Instant::now();
         }
     }
 
-    /// Mean time of the all-reduces since the last progress line, in ms.
+    /// Mean time of the all-reduces since the last progress line (or the one it printed, if
+    /// none finished since), in ms.
     fn mean_ms(&self) -> f64 {
         if self.window.is_empty() {
-            return 0.0;
+            return self.last_mean_ms;
         }
         let total: Duration = self.window.iter().sum();
         total.as_secs_f64() * 1e3 / self.window.len() as f64
@@ -324,14 +323,7 @@ fn one_all_reduce(
     ring.all_reduce(buf, seq, term, &mut |event| match event {
         RingEvent::FirstSend => client.coll(&call, Phase::Start),
         RingEvent::Progress(p) => {
-            client.peer(
-                group,
-                seq,
-                layout.next,
-                Dir::Send,
-                p.sent,
-                p.send_busy_ns,
-            );
+            client.peer(group, seq, layout.next, Dir::Send, p.sent, p.send_busy_ns);
             client.peer(
                 group,
                 seq,
@@ -377,7 +369,7 @@ impl Layout {
                 args.world
             ));
         }
-        if args.bytes % 4 != 0 || args.bytes / 4 < u64::from(args.world) {
+        if !args.bytes.is_multiple_of(4) || args.bytes / 4 < u64::from(args.world) {
             return bad(format!(
                 "--bytes {} is not a multiple of 4 with at least one f32 per rank",
                 args.bytes
@@ -424,11 +416,7 @@ fn verify(buf: &[f32], world: u32, seq: u64) -> Result<(), RankError> {
     let period: Vec<f32> = (0..64)
         .map(|i| (0..world).map(|r| input(r, seq, i)).sum())
         .collect();
-    match buf
-        .iter()
-        .enumerate()
-        .find(|&(i, &x)| x != period[i % 64])
-    {
+    match buf.iter().enumerate().find(|&(i, &x)| x != period[i % 64]) {
         Some((index, &got)) => Err(RankError::WrongSum {
             seq,
             index,
@@ -515,8 +503,10 @@ impl Ring {
         timeout: Duration,
         term: &AtomicBool,
     ) -> Result<Self, RankError> {
-        let listener =
-            TcpListener::bind(listen).map_err(|source| RankError::Listen { addr: listen, source })?;
+        let listener = TcpListener::bind(listen).map_err(|source| RankError::Listen {
+            addr: listen,
+            source,
+        })?;
         let next_addr = peers[layout.next as usize];
         let deadline = Instant::now() + timeout;
         let mut out = loop {
@@ -535,7 +525,10 @@ impl Ring {
             }
         };
         out.write_all(&layout.rank.to_le_bytes())
-            .map_err(io_err(format!("introduce this rank to rank {}", layout.next)))?;
+            .map_err(io_err(format!(
+                "introduce this rank to rank {}",
+                layout.next
+            )))?;
         let inbound = accept_from(&listener, listen, layout.prev, deadline, timeout, term)?;
         for s in [&out, &inbound] {
             s.set_nodelay(true)
@@ -766,7 +759,7 @@ fn read_chunk(inbound: &mut TcpStream) -> io::Result<Arrived> {
     inbound.read_exact(&mut header)?;
     let began = Instant::now();
     let len = u32::from_le_bytes(header) as usize;
-    if len > MAX_CHUNK_BYTES || len % 4 != 0 {
+    if len > MAX_CHUNK_BYTES || !len.is_multiple_of(4) {
         return Err(io::Error::new(
             ErrorKind::InvalidData,
             format!("a chunk header announced {len} bytes"),
@@ -802,7 +795,7 @@ mod tests {
             let outgoing: Vec<Vec<f32>> = (0..n)
                 .map(|r| bufs[r][chunk_range(step(r, n, s).0, n, count)].to_vec())
                 .collect();
-            for r in 0..n {
+            for (r, buf) in bufs.iter_mut().enumerate() {
                 let (_, recv_c, add) = step(r, n, s);
                 let from = (r + n - 1) % n;
                 assert_eq!(
@@ -810,7 +803,7 @@ mod tests {
                     recv_c,
                     "rank {r} expects chunk {recv_c} at step {s} from rank {from}"
                 );
-                for (x, y) in bufs[r][chunk_range(recv_c, n, count)]
+                for (x, y) in buf[chunk_range(recv_c, n, count)]
                     .iter_mut()
                     .zip(&outgoing[from])
                 {

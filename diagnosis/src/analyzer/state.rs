@@ -339,6 +339,9 @@ impl State {
             Event::Member(m) => {
                 let r = &mut self.ranks[m.rank as usize];
                 r.info = Some(Box::new(m.clone()));
+                // A new introduction is a new process: it is alive again even if an earlier
+                // one said goodbye.
+                r.exited = false;
             }
             Event::Group(g) => {
                 let pg = self.intern(&g.name, false, now);
@@ -376,7 +379,8 @@ impl State {
     fn heartbeat(&mut self, rank: Rank, now: u64) {
         let r = self.rank_mut(rank, now);
         r.last_seen = r.last_seen.max(now);
-        r.exited = false;
+        // Not `exited = false`: a summary may carry a rank's last heartbeat after its EXIT
+        // (coalesced heartbeats travel last), and only a new Member revives a rank.
     }
 
     fn intern(&mut self, name: &PgName, p2p: bool, now: u64) -> usize {
@@ -565,7 +569,13 @@ fn finish_pair(pair: &mut PairState, cfg: &Config) {
     }
     let thr = bytes as f32 / busy as f32;
     let base = pair.base.value();
-    let hit = base.is_some_and(|b| thr * (cfg.slow_factor as f32) <= b);
+    // Slower by the factor *and* by at least `slow_min_delta_ns` in absolute time, so a
+    // sub-millisecond transfer jittering on a busy host is not a slow link.
+    let hit = base.is_some_and(|b| {
+        let expected_busy = bytes as f32 / b;
+        thr * (cfg.slow_factor as f32) <= b
+            && busy as f32 - expected_busy >= cfg.slow_min_delta_ns as f32
+    });
     pair.base.observe(thr, !hit);
     pair.last_thr = thr;
     if base.is_some() {
