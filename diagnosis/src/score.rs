@@ -140,6 +140,23 @@ pub fn run_offline(spec: &SimSpec, cfg: &Config) -> Result<Outcome, SimError> {
     Ok(outcome)
 }
 
+/// Runs every scenario of a catalogue live, and also offline for the faults Flight Recorder
+/// can see (hangs and mismatches) when `offline` is set; outcomes in catalogue order.
+pub fn run_catalogue(scale: Scale, cfg: &Config, offline: bool) -> Result<Vec<Outcome>, SimError> {
+    let mut outcomes = Vec::new();
+    for (_, spec) in catalogue(scale) {
+        outcomes.push(run_scenario(&spec, cfg)?);
+        let fr_visible = spec
+            .fault
+            .as_ref()
+            .is_some_and(|f| f.pg().is_some() || matches!(f, Fault::ProcessCrash { .. }));
+        if offline && fr_visible {
+            outcomes.push(run_offline(&spec, cfg)?);
+        }
+    }
+    Ok(outcomes)
+}
+
 /// The verdict lists the analyzer returned, kept only when they changed.
 #[derive(Default)]
 struct History {
@@ -152,7 +169,8 @@ impl History {
             last.len() == verdicts.len()
                 && last.iter().zip(verdicts).all(|(a, b)| a.key() == b.key())
         });
-        if !same && !(self.changes.is_empty() && verdicts.is_empty()) {
+        let nothing_yet = self.changes.is_empty() && verdicts.is_empty();
+        if !same && !nothing_yet {
             self.changes.push((t, verdicts.to_vec()));
         }
     }
@@ -299,9 +317,9 @@ pub fn link_matches(truth: &LabelLink, got: &Link, topo: &Topology) -> bool {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Scale {
-    /// 16 ranks (4 nodes × 4 GPUs), one seed: for tests.
+    /// 16 ranks (4 nodes × 4 GPUs), two seeds: for tests.
     Smoke,
-    /// 64 ranks (8 × 8), two seeds.
+    /// 64 ranks (8 × 8), three seeds.
     Small,
     /// 1,024 ranks (128 × 8), one seed.
     Medium,
@@ -313,8 +331,8 @@ impl Scale {
     /// (nodes, gpus per node, tp, pp, seeds)
     fn shape(self) -> (u32, u32, u32, u32, u64) {
         match self {
-            Scale::Smoke => (4, 4, 2, 2, 1),
-            Scale::Small => (8, 8, 4, 2, 2),
+            Scale::Smoke => (4, 4, 2, 2, 2),
+            Scale::Small => (8, 8, 4, 2, 3),
             Scale::Medium => (128, 8, 8, 4, 1),
             Scale::Large => (2048, 8, 8, 4, 1),
         }
@@ -370,9 +388,13 @@ impl Variant {
     }
 }
 
-/// Steps each catalogue job runs; faults strike at [`FAULT_STEP`], leaving a baseline before.
-const STEPS: u32 = 16;
-const FAULT_STEP: u32 = 6;
+/// Hangs and mismatches strike at this step: a short history is enough to call a hang.
+const HANG_STEP: u32 = 6;
+/// Slowdowns strike at this step, after every group has completed the 20-odd ops a baseline
+/// needs.
+const SLOW_STEP: u32 = 24;
+/// Steps each catalogue job runs: 20 after a slowdown's onset, the detection budget of §4.3.
+const STEPS: u32 = SLOW_STEP + 20;
 /// The world group's loss all-reduce runs every this many steps.
 const LOG_EVERY: u32 = 4;
 
@@ -431,7 +453,8 @@ fn faults_for(spec: &SimSpec, topo: &Topology, seed: u64) -> Vec<Fault> {
     let world = topo.world;
     let nodes = world / topo.gpus_per_node;
     let step_ns = u64::from(spec.pp) * spec.step_compute_ns;
-    let onset_ns = u64::from(FAULT_STEP) * step_ns + step_ns / 2;
+    let at_step = |step: u32| u64::from(step) * step_ns + step_ns / 2;
+    let (hang_at, slow_at) = (at_step(HANG_STEP), at_step(SLOW_STEP));
     let rank = rng.gen_range(0..world);
     let group_of = |r: Rank, prefix: &str| -> Option<String> {
         topo.groups
@@ -440,11 +463,11 @@ fn faults_for(spec: &SimSpec, topo: &Topology, seed: u64) -> Vec<Fault> {
             .map(|g| g.name.to_string())
     };
     // Per step: two TP all-reduces per pass of each stage, one DP all-reduce.
-    let tp_seq = 2 * u64::from(FAULT_STEP) + 1;
-    let dp_seq = u64::from(FAULT_STEP) + 1;
+    let tp_seq = 2 * u64::from(HANG_STEP) + 1;
+    let dp_seq = u64::from(HANG_STEP) + 1;
     let (coll_pg, coll_seq) = match (group_of(rank, "dp"), group_of(rank, "tp")) {
         (Some(dp), Some(tp)) => {
-            if seed % 2 == 0 {
+            if seed.is_multiple_of(2) {
                 (tp, tp_seq)
             } else {
                 (dp, dp_seq)
@@ -476,8 +499,14 @@ fn faults_for(spec: &SimSpec, topo: &Topology, seed: u64) -> Vec<Fault> {
         });
     }
     faults.extend([
-        Fault::ProcessFreeze { rank, onset_ns },
-        Fault::ProcessCrash { rank, onset_ns },
+        Fault::ProcessFreeze {
+            rank,
+            onset_ns: hang_at,
+        },
+        Fault::ProcessCrash {
+            rank,
+            onset_ns: hang_at,
+        },
         Fault::GpuKernelHang {
             rank,
             pg: coll_pg,
@@ -486,7 +515,7 @@ fn faults_for(spec: &SimSpec, topo: &Topology, seed: u64) -> Vec<Fault> {
         Fault::SlowCompute {
             rank,
             factor: rng.gen_range(1.6..3.0),
-            onset_ns,
+            onset_ns: slow_at,
         },
     ]);
     if let Some((from_node, to_node)) = crossing_pair(topo, rank) {
@@ -494,20 +523,20 @@ fn faults_for(spec: &SimSpec, topo: &Topology, seed: u64) -> Vec<Fault> {
             from_node,
             to_node,
             factor: rng.gen_range(3.0..6.0),
-            onset_ns,
+            onset_ns: slow_at,
         });
     }
     if nodes > 1 {
         faults.push(Fault::SlowNic {
             node: rng.gen_range(0..nodes),
             factor: rng.gen_range(2.0..4.0),
-            onset_ns,
+            onset_ns: slow_at,
         });
         let tors = nodes.div_ceil(topo.nodes_per_tor);
         faults.push(Fault::Congestion {
             tor: rng.gen_range(0..tors),
             factor: rng.gen_range(2.0..4.0),
-            onset_ns,
+            onset_ns: slow_at,
         });
     }
     faults.push(Fault::ImbalanceStage {

@@ -11,10 +11,11 @@
 //! event can be delivered earlier (the watermark is the earliest `ready` of a live rank), which
 //! keeps memory to about one step's worth of events at any scale.
 
+use super::counters::HostCounters;
 use super::faults::{Fault, Label, MismatchKind};
 use super::topology::Topology;
 use super::{workload, Algo, SimError, SimSpec, SimSummary};
-use crate::event::{Coll, Dir, Dtype, Event, Op, PeerProgress, PgName, Phase, Rank};
+use crate::event::{Coll, Dir, Dtype, Event, LinkCounters, Op, PeerProgress, PgName, Phase, Rank};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::cmp::{Ordering, Reverse};
@@ -116,6 +117,9 @@ pub(super) struct Engine<'a> {
     peak_buffered: usize,
     /// Everything delivered at or before this has been handed over.
     flushed_to: u64,
+    counters: HostCounters,
+    /// True time of the next host-counter reading.
+    next_reading: u64,
 }
 
 impl<'a> Engine<'a> {
@@ -200,6 +204,8 @@ impl<'a> Engine<'a> {
             last_delivery: spec.epoch_ns,
             peak_buffered: 0,
             flushed_to: spec.epoch_ns,
+            counters: HostCounters::default(),
+            next_reading: spec.epoch_ns + spec.summary_interval_ns,
             topo,
         })
     }
@@ -253,7 +259,7 @@ impl<'a> Engine<'a> {
     }
 
     fn finish(mut self, sink: &mut impl FnMut(u64, &Event)) -> Result<SimSummary, SimError> {
-        let hung = self.ready.iter().any(|&t| t == NEVER);
+        let hung = self.ready.contains(&NEVER);
         let end_true = if hung {
             self.last_progress.saturating_add(self.spec.tail_ns)
         } else {
@@ -283,6 +289,9 @@ impl<'a> Engine<'a> {
             self.flush(upto, sink);
         }
         self.heartbeats_until(end_true.saturating_add(1));
+        // One reading after the end, so the counters' totals include the last transfers.
+        let last_reading = end_true.saturating_add(self.spec.summary_interval_ns);
+        self.readings_until(last_reading.saturating_add(1));
         self.flush(NEVER, sink);
         Ok(SimSummary {
             label,
@@ -397,7 +406,7 @@ impl<'a> Engine<'a> {
     /// How many times slower the path from `a` to `b` is at time `at`.
     fn slowdown(&self, a: Rank, b: Rank, at: u64) -> f64 {
         let (na, nb) = (self.topo.node_of(a), self.topo.node_of(b));
-        if na == nb || !self.fault_at.is_some_and(|onset| at >= onset) {
+        if na == nb || self.fault_at.is_none_or(|onset| at < onset) {
             return 1.0;
         }
         match &self.spec.fault {
@@ -493,6 +502,7 @@ impl<'a> Engine<'a> {
             self.ready[r as usize] = end;
         }
         for load in &loads {
+            self.traffic(load.from, load.to, load.bytes, end);
             self.peer(
                 &rec,
                 load.from,
@@ -571,6 +581,7 @@ impl<'a> Engine<'a> {
             self.ready[*rank as usize] = end;
         }
         self.peer(&recs[0].1, from, to, Dir::Send, bytes, busy, end);
+        self.traffic(from, to, bytes, end);
         self.peer(&recs[1].1, to, from, Dir::Recv, bytes, busy, end);
         self.last_progress = self.last_progress.max(end);
     }
@@ -634,7 +645,10 @@ impl<'a> Engine<'a> {
     }
 
     /// Per-peer progress of an op whose kernel hung on `victim`: the victim sends nothing, the
-    /// others get one chunk out before the pipeline backs up, and everyone stays blocked.
+    /// others get one chunk out before the pipeline backs up. Everyone else stays blocked on a
+    /// peer; the victim does not: it waits for its own GPU (NCCL's `SendGPUWait` and
+    /// `RecvGPUWait`), so its own records show no time blocked on a peer. That, and not the
+    /// silent pair alone, is what tells a hung kernel from a dead link.
     fn report_stalled_transfer(
         &mut self,
         rec: &OpRec,
@@ -653,8 +667,25 @@ impl<'a> Engine<'a> {
                 } else {
                     load.bytes.min(rec.bytes / n.max(1))
                 };
-                self.peer(rec, load.from, load.to, Dir::Send, bytes, waited, t);
-                self.peer(rec, load.to, load.from, Dir::Recv, bytes, waited, t);
+                let blocked = |r: Rank| if r == victim { 0 } else { waited };
+                self.peer(
+                    rec,
+                    load.from,
+                    load.to,
+                    Dir::Send,
+                    bytes,
+                    blocked(load.from),
+                    t,
+                );
+                self.peer(
+                    rec,
+                    load.to,
+                    load.from,
+                    Dir::Recv,
+                    bytes,
+                    blocked(load.to),
+                    t,
+                );
             }
         }
     }
@@ -662,8 +693,42 @@ impl<'a> Engine<'a> {
     // ---- emission ------------------------------------------------------------------------
 
     fn host_time(&self, r: Rank, t: u64) -> u64 {
-        let node = self.topo.node_of(r) as usize;
-        t.saturating_add_signed(self.skew.get(node).copied().unwrap_or(0))
+        self.node_time(self.topo.node_of(r), t)
+    }
+
+    fn node_time(&self, node: u32, t: u64) -> u64 {
+        t.saturating_add_signed(self.skew.get(node as usize).copied().unwrap_or(0))
+    }
+
+    /// Counts an inter-node transfer in both hosts' eBPF counters.
+    fn traffic(&mut self, from: Rank, to: Rank, bytes: u64, end: u64) {
+        let (a, b) = (self.topo.node_of(from), self.topo.node_of(to));
+        self.counters.record(a, b, bytes, end);
+    }
+
+    /// Queues every host-counter reading due before `until`: each summary interval, one record
+    /// per host and peer host that have exchanged data.
+    fn readings_until(&mut self, until: u64) {
+        while self.next_reading < until {
+            let t = self.next_reading;
+            for reading in self.counters.read(t) {
+                let ev = Event::Counters(LinkCounters {
+                    addr: Topology::addr(reading.node),
+                    peer_addr: Topology::addr(reading.peer),
+                    tx_bytes: reading.tx_bytes,
+                    rx_bytes: reading.rx_bytes,
+                    tx_packets: reading.tx_packets,
+                    rx_packets: reading.rx_packets,
+                    last_rx_ns: match reading.last_rx_ns {
+                        0 => 0,
+                        at => self.node_time(reading.node, at),
+                    },
+                    t_ns: self.node_time(reading.node, t),
+                });
+                self.push(None, t, ev, true);
+            }
+            self.next_reading = t.saturating_add(self.spec.summary_interval_ns);
+        }
     }
 
     fn coll(&mut self, r: Rank, rec: &OpRec, phase: Phase, t: u64) {
@@ -753,6 +818,7 @@ impl<'a> Engine<'a> {
     fn flush(&mut self, watermark: u64, sink: &mut impl FnMut(u64, &Event)) {
         if watermark != NEVER {
             self.heartbeats_until(watermark);
+            self.readings_until(watermark);
             self.flushed_to = self.flushed_to.max(watermark);
         }
         while self.heap.peek().is_some_and(|p| p.key.0 .0 <= watermark) {

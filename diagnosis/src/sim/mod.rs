@@ -11,6 +11,7 @@
 //! Everything is drawn from one seeded `StdRng` (timing) and a second one derived from the same
 //! seed (noise), so one seed gives one timeline, and turning noise on does not move it.
 
+mod counters;
 mod engine;
 mod faults;
 mod flight_recorder;
@@ -21,7 +22,7 @@ pub use faults::{Fault, Label, LabelLink, MismatchKind};
 pub use flight_recorder::{fr_dumps, missing_dumps};
 pub use topology::{GroupKind, SimGroup, Topology};
 
-use crate::event::{Event, Rank};
+use crate::event::Event;
 use crate::import;
 use serde::{Deserialize, Serialize};
 use std::fs::File;
@@ -283,9 +284,4 @@ fn write_json(path: &Path, value: &impl Serialize) -> Result<(), SimError> {
         path: path.to_path_buf(),
         source,
     })
-}
-
-/// Ranks of a simulation's world, for building a [`crate::event::Trace`].
-pub fn world_ranks(world: u32) -> Vec<Rank> {
-    (0..world).collect()
 }

@@ -70,7 +70,7 @@ impl Topology {
                 spec.tp, spec.pp, spec.dp, spec.nodes, spec.gpus_per_node
             )));
         }
-        if spec.gpus_per_node % spec.tp != 0 {
+        if !spec.gpus_per_node.is_multiple_of(spec.tp) {
             return Err(SimError::Shape(format!(
                 "tp {} must divide gpus_per_node {} so tensor-parallel groups stay inside a node",
                 spec.tp, spec.gpus_per_node

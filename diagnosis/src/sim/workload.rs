@@ -64,7 +64,7 @@ pub(super) fn step(e: &mut Engine<'_>, step: u32) {
         e.collective(g, Op::AllReduce, bytes.dp);
     }
     let log_every = spec.log_every;
-    if log_every > 0 && (step + 1) % log_every == 0 {
+    if log_every > 0 && (step + 1).is_multiple_of(log_every) {
         if let Some(world) = e.topo.group("world") {
             e.collective(world, Op::AllReduce, bytes.world);
         }
