@@ -91,6 +91,11 @@ enum Command {
     /// Slow or hung collectives: a live job's verdicts, or Flight Recorder dumps / a RAS
     /// report analyzed offline.
     Diagnose(super::diagnose::DiagnoseArgs),
+    /// Simulated jobs with injected faults, and the analyzer's scorecard on them.
+    Sim {
+        #[command(subcommand)]
+        cmd: super::sim::SimCmd,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -267,6 +272,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Diagnose(d) if d.is_offline() => super::diagnose::offline(d, out),
+        Command::Sim { cmd } => super::sim::run(cmd, out),
         _ => runtime()?.block_on(client_command(&args, out)),
     }
 }
@@ -326,7 +332,8 @@ async fn client_command(args: &Args, out: Out) -> anyhow::Result<ExitCode> {
         | Command::Ca { .. }
         | Command::Bench { .. }
         | Command::Gateway { .. }
-        | Command::Diagnose(_) => {
+        | Command::Diagnose(_)
+        | Command::Sim { .. } => {
             unreachable!("handled above")
         }
     };
