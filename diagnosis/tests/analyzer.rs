@@ -200,7 +200,10 @@ fn a_heartbeat_after_exit_does_not_revive_a_rank_but_a_new_member_does() {
     a.ingest(&Event::Exit { rank: 1, t_ns: 0 }, T0 + S);
     a.ingest(&Event::Heartbeat { rank: 1, t_ns: 0 }, T0 + S);
     a.ingest(&Event::Heartbeat { rank: 0, t_ns: 0 }, T0 + 10 * S);
-    assert!(a.evaluate(T0 + 10 * S).is_empty(), "an exited rank is not dead");
+    assert!(
+        a.evaluate(T0 + 10 * S).is_empty(),
+        "an exited rank is not dead"
+    );
     a.ingest(&member(1), T0 + 10 * S);
     a.ingest(&Event::Heartbeat { rank: 0, t_ns: 0 }, T0 + 20 * S);
     let vs = a.evaluate(T0 + 20 * S).to_vec();
@@ -619,4 +622,157 @@ fn counters_that_agree_add_evidence_and_confidence() {
         with[0].evidence
     );
     assert!(with[0].confidence > without[0].confidence);
+}
+
+// ---- rules that need more than one group or a noisy record ------------------------------------
+
+#[test]
+fn a_straggler_is_found_when_ops_of_one_kind_follow_different_compute() {
+    // Forward and backward all-reduces share (op, size) but follow 10 and 20 ms of compute.
+    let mut sim = Sim::ring(8, 60).fault(Fault::SlowCompute {
+        rank: 2,
+        factor: 1.8,
+        from: 30,
+    });
+    sim.odd_compute_ns = Some(20 * MS);
+    sim.jitter = 0.02;
+    let vs = sim.verdicts(&cfg());
+    let v = only(&vs);
+    assert_eq!(
+        (v.class, v.subtype),
+        (Class::Slow, Subtype::ComputeStraggler)
+    );
+    assert_eq!(v.culprits, vec![2]);
+}
+
+#[test]
+fn an_alternating_imbalance_from_the_start_and_one_slow_step_raise_nothing() {
+    for fault in [
+        Fault::SlowCompute {
+            rank: 3,
+            factor: 2.0,
+            from: 0,
+        },
+        Fault::SlowStep {
+            rank: 3,
+            factor: 4.0,
+            seq: 41,
+        },
+    ] {
+        let mut sim = Sim::ring(8, 80).fault(fault.clone());
+        sim.odd_compute_ns = Some(30 * MS);
+        let vs = sim.verdicts(&cfg());
+        assert!(vs.is_empty(), "{fault:?}: {vs:#?}");
+    }
+}
+
+#[test]
+fn slow_paths_in_and_out_of_one_host_are_its_nic_not_congestion() {
+    // h0 and h1 share tor-0: the old reading was "two senders, two receivers under one
+    // switch"; but both slow paths touch h1 and its other paths are normal.
+    let vs = Sim::ring(8, 60)
+        .fault(Fault::SlowLink {
+            from: 0,
+            to: 1,
+            factor: 3.0,
+            at: 30,
+        })
+        .fault(Fault::SlowLink {
+            from: 1,
+            to: 2,
+            factor: 3.0,
+            at: 30,
+        })
+        .verdicts(&cfg());
+    let v = only(&vs);
+    assert_eq!((v.class, v.subtype), (Class::Slow, Subtype::SlowLink));
+    assert_eq!(v.links[0].kind, LinkKind::Nic);
+    assert_eq!(v.links[0].name, "h1/eth0");
+    assert!(v.links[1..].iter().all(|l| l.kind == LinkKind::Pair));
+}
+
+#[test]
+fn a_hung_kernel_in_a_group_of_two_is_named_from_each_sides_records() {
+    let vs = Sim::ring(2, 20)
+        .fault(Fault::GpuHang { rank: 1, seq: 12 })
+        .verdicts(&cfg());
+    let v = only(&vs);
+    assert_eq!((v.class, v.subtype), (Class::Hang, Subtype::DataplaneStall));
+    assert_eq!(v.culprits, vec![1]);
+    assert!(
+        v.evidence
+            .iter()
+            .any(|e| e.contains("rank 1 sent 0 bytes") && e.contains("own GPU")),
+        "{:?}",
+        v.evidence
+    );
+}
+
+#[test]
+fn a_lost_end_report_does_not_make_a_rank_look_stuck() {
+    let events: Vec<(u64, Event)> = Sim::ring(8, 30)
+        .fault(Fault::Missing { rank: 5, seq: 12 })
+        .events()
+        .into_iter()
+        .filter(|(_, e)| {
+            !matches!(e, Event::Coll(c) if c.rank == 2 && c.seq == 11 && c.phase == Phase::End)
+        })
+        .collect();
+    let vs = analyze(&events, &cfg());
+    assert_eq!(
+        summary(&vs),
+        vec![("hang".into(), "missing_participant".into(), vec![5])]
+    );
+}
+
+#[test]
+fn a_rank_shown_by_its_peer_records_is_not_missing() {
+    // Rank 4's enqueue of #12 is lost, but its per-peer record of #12 shows it inside.
+    let sim = Sim::ring(8, 30).fault(Fault::Missing { rank: 5, seq: 12 });
+    let mut events: Vec<(u64, Event)> = sim
+        .events()
+        .into_iter()
+        .filter(|(_, e)| !matches!(e, Event::Coll(c) if c.rank == 4 && c.seq == 12))
+        .collect();
+    let t = events.iter().map(|e| e.0).max().unwrap_or(T0) - S;
+    events.push((
+        t,
+        Event::Peer(yard_diagnosis::event::PeerProgress {
+            rank: 4,
+            pg: Arc::from("0"),
+            seq: 12,
+            peer: 5,
+            dir: yard_diagnosis::event::Dir::Send,
+            bytes: 0,
+            busy_ns: 0,
+            t_ns: t,
+        }),
+    ));
+    events.sort_by_key(|e| e.0);
+    let vs = analyze(&events, &cfg());
+    assert_eq!(vs[0].subtype, Subtype::MissingParticipant);
+    assert_eq!(vs[0].culprits, vec![5]);
+}
+
+#[test]
+fn offline_a_lost_dump_does_not_hide_the_culprit_the_others_name() {
+    let sim = Sim::ring(8, 20).fault(Fault::Missing { rank: 5, seq: 10 });
+    let mut trace = sim.trace(true);
+    trace.events.retain(|e| e.rank() != Some(3));
+    trace.missing = vec![3];
+    let vs = analyze_trace(&trace, &cfg());
+    assert_eq!(
+        (vs[0].subtype, vs[0].culprits.clone()),
+        (Subtype::MissingParticipant, vec![5])
+    );
+    let last = vs.last().expect("a verdict about the lost dump");
+    assert_eq!(
+        (last.subtype, last.culprits.clone()),
+        (Subtype::Undecided, vec![3])
+    );
+    assert!(last.confidence < 0.5);
+    assert!(last
+        .evidence
+        .iter()
+        .any(|e| e == "no flight recorder dump from rank 3"));
 }

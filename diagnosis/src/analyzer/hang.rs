@@ -5,11 +5,15 @@
 //! records of the stuck seq, never from the order events arrived in, and by majority: the
 //! minority that disagrees is blamed, not "the other rank" of a pairwise comparison.
 
-use super::state::{Pg, Sig, State};
+use super::state::{Pg, Sig, State, SEQ_WINDOW};
 use super::{text, Config, Offline};
 use crate::event::{Op, Rank};
 use crate::verdict::{Class, Link, LinkKind, PgRef, Subtype, Verdict};
 use std::collections::{BTreeMap, BTreeSet};
+
+/// Confidence below which a verdict is weak: it is ordered after every stronger one, since
+/// it rests on a tie, a lost report or a missing record.
+pub(crate) const WEAK: f64 = 0.45;
 
 /// A group stream stuck at one sequence number.
 #[derive(Debug)]
@@ -24,6 +28,8 @@ struct Stuck {
     behind: Vec<(Rank, Option<u64>)>,
     /// Entered ranks still inside the op: they wait here.
     waiting: Vec<Rank>,
+    /// Expected participants whose position is unknown (offline: they left no record).
+    unknown: Vec<Rank>,
     /// The op as the majority of entered ranks enqueued it.
     sig: Option<Sig>,
     idle_ns: u64,
@@ -38,6 +44,10 @@ pub(crate) struct HangOutcome {
     pub stuck: Vec<bool>,
     /// Sentences for the dead-process verdict: what each dead rank blocks.
     pub dead_notes: Vec<String>,
+    /// Ranks without a record that are the only explanation of some stuck stream (offline),
+    /// sorted, with a sentence per stream.
+    pub unknown_blocking: Vec<Rank>,
+    pub unknown_notes: Vec<String>,
 }
 
 /// Runs the hang rules at `now`. `dead` is sorted.
@@ -49,6 +59,7 @@ pub(crate) fn evaluate(
     dead: &[Rank],
 ) -> HangOutcome {
     let forced = offline.is_some_and(|o| o.stuck);
+    let unknown: &[Rank] = offline.map_or(&[], |o| &o.missing);
     let mut out = HangOutcome {
         stuck: vec![false; state.pgs.len()],
         ..HangOutcome::default()
@@ -62,7 +73,7 @@ pub(crate) fn evaluate(
         if !forced && idle_ns <= cfg.hang_floor_ns {
             continue;
         }
-        let Some(st) = stuck_at(state, i, idle_ns) else {
+        let Some(st) = stuck_at(state, i, idle_ns, unknown) else {
             continue;
         };
         if !forced && idle_ns <= threshold(pg, &st, cfg) {
@@ -129,10 +140,23 @@ pub(crate) fn evaluate(
             }
             continue;
         }
+        if !st.unknown.is_empty() {
+            // Every rank with a record entered the op: those without one are all that is left.
+            out.unknown_notes.push(format!(
+                "{} is stuck in {}: every rank with a record entered it, {} left none",
+                text::pg(pg),
+                op_at(st),
+                text::ranks(&st.unknown)
+            ));
+            out.unknown_blocking.extend(&st.unknown);
+            rooted.insert(st.pg);
+            continue;
+        }
         by_pg.insert(st.pg, out.verdicts.len());
         out.verdicts.push(dataplane(state, st));
         rooted.insert(st.pg);
     }
+    out.unknown_blocking = sorted(std::mem::take(&mut out.unknown_blocking));
 
     // A victim's stream is explained when every stream its ranks wait in is a root cause or
     // itself explained; chains resolve over repeated passes. A cycle with no root (two groups
@@ -184,30 +208,90 @@ fn threshold(pg: &Pg, st: &Stuck, cfg: &Config) -> u64 {
         .max((f64::from(typical) * cfg.hang_factor) as u64)
 }
 
-/// Where a stream with an op in flight is stuck: the lowest seq some in-flight member has not
-/// ended, and who entered it.
-fn stuck_at(state: &State, pgi: usize, idle_ns: u64) -> Option<Stuck> {
+/// Whether member `m` has finished `seq` as far as the evidence goes: its `End` arrived, it
+/// ended a later op of the stream (a stream's ops finish in order), or it finished an op it
+/// enqueued after this one in any group (a rank waits for its ops in program order). The last
+/// two make a lost `End` report harmless.
+fn done(state: &State, pg: &Pg, m: usize, seq: u64) -> bool {
+    if pg.state[m].last_end >= Some(seq) {
+        return true;
+    }
+    let Some(rec) = pg.rec(m, seq) else {
+        return false;
+    };
+    if rec.has_end() {
+        return true;
+    }
+    let began = if rec.has_enq() {
+        rec.enq
+    } else if rec.has_start() {
+        rec.start
+    } else {
+        return false;
+    };
+    if state
+        .ranks
+        .get(pg.members[m] as usize)
+        .is_some_and(|r| r.done_enq > Some(began))
+    {
+        return true;
+    }
+    // It went on to a later op of the stream and the collective finished elsewhere: its data
+    // moved, so only the report of its end can be missing.
+    !pg.p2p
+        && pg.state[m].last_enq > Some(seq)
+        && (0..pg.members.len()).any(|o| o != m && pg.rec(o, seq).is_some_and(|r| r.has_end()))
+}
+
+/// The first seq member `m` entered and has not finished, if any.
+fn frontier(state: &State, pg: &Pg, m: usize) -> Option<u64> {
+    let ms = &pg.state[m];
+    if !ms.in_flight {
+        return None;
+    }
+    let first = ms.last_end.map_or(pg.first_seq.unwrap_or(0), |e| e + 1);
+    let last = ms.last_enq?;
+    // Past the window nothing is known about a seq: count it as unfinished.
+    (first..=last)
+        .take(SEQ_WINDOW)
+        .find(|&s| !done(state, pg, m, s))
+        .or((last.saturating_sub(first) >= SEQ_WINDOW as u64).then_some(first))
+}
+
+/// Whether member `m` shows itself at `seq` or later: any collective phase (all imply the
+/// enqueue), or a per-peer record when the stream's name carries no point-to-point stream whose
+/// records could be mistaken for it.
+fn entered(state: &State, pg: &Pg, m: usize, seq: u64) -> bool {
+    let ms = &pg.state[m];
+    ms.last_enq >= Some(seq)
+        || (state.find_pg(&pg.name, true).is_none() && ms.peer_seq >= Some(seq))
+}
+
+/// Where a stream with an op in flight is stuck: the lowest seq some member entered and has not
+/// finished, and who entered it.
+fn stuck_at(state: &State, pgi: usize, idle_ns: u64, unknown: &[Rank]) -> Option<Stuck> {
     let pg = &state.pgs[pgi];
-    let first = pg.first_seq.unwrap_or(0);
-    let seq = pg
-        .state
-        .iter()
-        .filter(|ms| ms.in_flight)
-        .map(|ms| ms.last_end.map_or(first, |e| e + 1))
+    let seq = (0..pg.members.len())
+        .filter_map(|m| frontier(state, pg, m))
         .min()?;
-    let mut entered = Vec::new();
+    let mut entered_ranks = Vec::new();
     let mut entered_m = Vec::new();
     let mut waiting = Vec::new();
     let mut behind = Vec::new();
+    let mut unknown_here = Vec::new();
     for (m, ms) in pg.state.iter().enumerate() {
         let rank = pg.members[m];
-        if ms.last_enq >= Some(seq) {
-            entered.push(rank);
+        if pg.p2p && frontier(state, pg, m).is_some() {
+            // Each rank numbers its own point-to-point ops, so members of one stream wait at
+            // different seqs: anyone with an unfinished op waits here.
+            waiting.push(rank);
+        }
+        if unknown.binary_search(&rank).is_ok() {
+            unknown_here.push(rank);
+        } else if entered(state, pg, m, seq) {
+            entered_ranks.push(rank);
             entered_m.push(m);
-            let ended = pg
-                .rec(m, seq)
-                .map_or(ms.last_end >= Some(seq), |r| r.has_end());
-            if !ended {
+            if !pg.p2p && !done(state, pg, m, seq) {
                 waiting.push(rank);
             }
         } else if !pg.p2p {
@@ -221,7 +305,12 @@ fn stuck_at(state: &State, pgi: usize, idle_ns: u64) -> Option<Stuck> {
         let peers: BTreeSet<Rank> = entered_m
             .iter()
             .filter_map(|&m| pg.rec(m, seq).and_then(|x| x.peer))
-            .filter(|p| !entered.contains(p))
+            .filter(|p| !entered_ranks.contains(p))
+            .collect();
+        unknown_here.retain(|r| peers.contains(r));
+        let peers: BTreeSet<Rank> = peers
+            .into_iter()
+            .filter(|r| unknown.binary_search(r).is_err())
             .collect();
         behind = peers
             .into_iter()
@@ -231,10 +320,11 @@ fn stuck_at(state: &State, pgi: usize, idle_ns: u64) -> Option<Stuck> {
     Some(Stuck {
         pg: pgi,
         seq,
-        entered: sorted(entered),
+        entered: sorted(entered_ranks),
         entered_m,
         behind,
         waiting: sorted(waiting),
+        unknown: unknown_here,
         sig,
         idle_ns,
     })
@@ -446,6 +536,22 @@ fn participants(
         } else {
             v.confidence = confidence(st.entered.len(), st.behind.len());
         }
+        if !victims.is_empty() && !v.culprits.is_empty() {
+            // The stream is blocked anyway by ranks waiting elsewhere; a rank behind without
+            // such a reason may be one whose enqueue report was lost.
+            v.evidence.push(format!(
+                "{} would block {} anyway; {} may only have lost {} report",
+                text::ranks(&victims),
+                text::pg(pg),
+                text::ranks(&v.culprits),
+                if v.culprits.len() == 1 {
+                    "its"
+                } else {
+                    "their"
+                }
+            ));
+            v.confidence = v.confidence.min(0.4);
+        }
         v.evidence.push(format!(
             "no progress in {} for {}",
             text::pg(pg),
@@ -498,7 +604,7 @@ fn dataplane(state: &State, st: &Stuck) -> Verdict {
     let mut v = base_verdict(state, st, Class::Hang, Subtype::DataplaneStall);
 
     // Some members finished the op and a minority did not: their kernel is stuck.
-    let finished = n - st.waiting.len();
+    let finished = n.saturating_sub(st.waiting.len());
     if finished > 0 && st.waiting.len() < finished {
         v.culprits = st.waiting.clone();
         v.evidence.push(format!(
@@ -506,6 +612,11 @@ fn dataplane(state: &State, st: &Stuck) -> Verdict {
             text::ranks(&st.waiting)
         ));
         v.confidence = confidence(finished, st.waiting.len());
+        return v;
+    }
+
+    if let Some(hung) = gpu_waiters(state, st, &mut v) {
+        v.culprits = hung;
         return v;
     }
 
@@ -575,6 +686,70 @@ fn dataplane(state: &State, st: &Stuck) -> Verdict {
     });
     v.confidence = 0.3;
     v
+}
+
+/// Ranks whose kernel hung, told apart by what each side of a pair reports: a hung rank sent
+/// nothing and was never blocked on a peer (it waits on its own GPU), while a peer waited on
+/// it and received nothing from it. Its victims are all blocked on a peer. This works in a
+/// group of two, where "the minority that sent nothing" is not a minority. Adds the evidence
+/// and confidence to `v` when it names someone.
+fn gpu_waiters(state: &State, st: &Stuck, v: &mut Verdict) -> Option<Vec<Rank>> {
+    #[derive(Default)]
+    struct Own {
+        reported: bool,
+        sent: u64,
+        blocked: u64,
+        /// Longest time a peer reported waiting for data from this rank, with nothing received.
+        awaited: u64,
+    }
+    let pg = &state.pgs[st.pg];
+    let mut own: BTreeMap<Rank, Own> = BTreeMap::new();
+    for (&(from, to), p) in &pg.pairs {
+        if p.cur_seq != st.seq {
+            continue;
+        }
+        let sender = own.entry(from).or_default();
+        sender.sent = sender.sent.max(p.send.bytes).max(p.recv.bytes);
+        if p.send.seen {
+            sender.reported = true;
+            sender.blocked = sender.blocked.max(p.send.busy);
+        }
+        if p.recv.seen && p.recv.bytes == 0 {
+            sender.awaited = sender.awaited.max(p.recv.busy);
+        }
+        if p.recv.seen {
+            let receiver = own.entry(to).or_default();
+            receiver.reported = true;
+            receiver.blocked = receiver.blocked.max(p.recv.busy);
+        }
+    }
+    let hung: Vec<Rank> = own
+        .iter()
+        .filter(|(_, o)| o.reported && o.sent == 0 && o.blocked == 0 && o.awaited > 0)
+        .map(|(&r, _)| r)
+        .collect();
+    let victims = own
+        .iter()
+        .filter(|(r, o)| !hung.contains(r) && o.reported && o.blocked > 0)
+        .count();
+    if hung.is_empty() || victims == 0 || hung.len() > victims {
+        return None;
+    }
+    let op = op_at(st);
+    for &r in &hung {
+        let waited = own.get(&r).map_or(0, |o| o.awaited);
+        v.evidence.push(format!(
+            "rank {r} sent 0 bytes in {op} and was never blocked on a peer: it waits on its own GPU, while a peer waited {} for data from it",
+            text::dur(waited as f64)
+        ));
+    }
+    v.evidence.push(format!(
+        "{victims} other ranks are blocked on a peer; all {} ranks entered {op}; no progress for {}",
+        st.entered.len(),
+        text::dur(st.idle_ns as f64)
+    ));
+    v.confidence = confidence(victims, hung.len()).max(0.7);
+    Some(hung)
 }
 
 fn sorted(mut v: Vec<Rank>) -> Vec<Rank> {

@@ -15,6 +15,7 @@
 
 mod baseline;
 mod hang;
+mod paths;
 mod slow;
 mod state;
 mod text;
@@ -102,8 +103,13 @@ impl JobAnalyzer {
     /// that keeps holding keeps the `detected_ns` of its first evaluation.
     pub fn evaluate(&mut self, now_ns: u64) -> &[Verdict] {
         let dead = self.dead(now_ns);
-        let dead_ranks: Vec<Rank> = dead.iter().map(|d| d.0).collect();
-        let hang = hang::evaluate(
+        // Offline, a rank without a record is not known to be dead: the hang rules treat its
+        // position as unknown, and it is blamed only if nothing else explains the hang.
+        let dead_ranks: Vec<Rank> = match self.offline {
+            Some(_) => Vec::new(),
+            None => dead.iter().map(|d| d.0).collect(),
+        };
+        let mut hang = hang::evaluate(
             &self.state,
             &self.cfg,
             now_ns,
@@ -111,12 +117,34 @@ impl JobAnalyzer {
             &dead_ranks,
         );
         let mut verdicts = Vec::new();
+        // Reported after everything else the dumps say.
+        let mut unexplained = None;
         if !dead.is_empty() {
-            verdicts.push(self.dead_verdict(&dead, hang.dead_notes));
+            let mut notes = std::mem::take(&mut hang.dead_notes);
+            if self.offline.is_some() {
+                notes = std::mem::take(&mut hang.unknown_notes);
+            }
+            let explained = hang.verdicts.iter().any(|v| {
+                (!v.culprits.is_empty() || !v.links.is_empty()) && v.confidence >= hang::WEAK
+            });
+            match &self.offline {
+                None => verdicts.push(self.dead_verdict(&dead, notes)),
+                Some(_) if explained || hang.unknown_blocking.is_empty() => {
+                    unexplained = Some(self.unexplained_missing(&dead));
+                }
+                Some(_) => {
+                    let blocking: Vec<(Rank, String)> = dead
+                        .into_iter()
+                        .filter(|d| hang.unknown_blocking.binary_search(&d.0).is_ok())
+                        .collect();
+                    verdicts.push(self.dead_verdict(&blocking, notes));
+                }
+            }
         }
         verdicts.extend(hang.verdicts);
         verdicts.extend(slow::evaluate(&self.state, &self.cfg, &hang.stuck));
-        verdicts.sort_by_key(order);
+        verdicts.extend(unexplained);
+        verdicts.sort_by_key(|v| (v.confidence < hang::WEAK, order(v)));
         for v in &mut verdicts {
             let key = v.key();
             v.detected_ns = self
@@ -265,6 +293,28 @@ impl JobAnalyzer {
         }
     }
 
+    /// Offline ranks without a record when the records present explain the hang: reported
+    /// after the root cause, with low confidence, since whether their absence matters is
+    /// unknown (a dump can be lost for reasons that have nothing to do with the hang).
+    fn unexplained_missing(&self, missing: &[(Rank, String)]) -> Verdict {
+        let mut evidence: Vec<String> = missing.iter().map(|d| d.1.clone()).collect();
+        evidence.push(
+            "the records present explain the hang without them; their state is unknown".into(),
+        );
+        Verdict {
+            class: Class::Hang,
+            subtype: Subtype::Undecided,
+            culprits: missing.iter().map(|d| d.0).collect(),
+            links: Vec::new(),
+            pg: None,
+            seq: None,
+            op: None,
+            evidence,
+            confidence: 0.2,
+            detected_ns: 0,
+        }
+    }
+
     fn dead_verdict(&self, dead: &[(Rank, String)], notes: Vec<String>) -> Verdict {
         const SHOWN: usize = 8;
         let mut evidence: Vec<String> = dead.iter().take(SHOWN).map(|d| d.1.clone()).collect();
@@ -295,7 +345,8 @@ impl JobAnalyzer {
 }
 
 /// Root cause first: dead processes, mismatches, missing/extra participants, data-plane
-/// stalls, undecided hangs, then slow verdicts.
+/// stalls, undecided hangs, then slow verdicts. Weak verdicts (below [`hang::WEAK`]) follow
+/// all strong ones in the same order, so a guess never hides a well-founded verdict.
 fn order(v: &Verdict) -> u8 {
     match (v.class, v.subtype) {
         (Class::Hang, Subtype::DeadProcess) => 0,

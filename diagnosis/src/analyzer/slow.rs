@@ -3,21 +3,25 @@
 //! start raises nothing, and all need the condition in most of the last W ops, so one slow step
 //! raises nothing either.
 //!
-//! - transfer time normal, a few ranks' compute gaps grown → compute straggler;
+//! - transfer time normal, a few ranks' compute gaps grown against their group's at the same
+//!   seq → compute straggler;
 //! - transfer time grown, some pairs' throughput fallen → slow link (with the NIC when one
-//!   host's traffic explains it) or congestion (several hosts under one switch);
+//!   host's traffic explains it) or congestion (several hosts under one switch), decided over
+//!   every group's paths ([`paths`](super::paths));
 //! - transfer time grown, no pair stands out → undecided.
 
 use super::hang::pair_link;
+use super::paths::{host, Component, Paths};
 use super::state::{KeyStats, Pg, State};
 use super::{text, Config};
-use crate::event::Rank;
+use crate::event::{Op, Rank};
 use crate::verdict::{Class, Link, LinkKind, PgRef, Subtype, Verdict};
-use std::collections::BTreeSet;
 
-/// Slow verdicts of every stream not marked stuck.
+/// Slow verdicts of every stream not marked stuck. The same cause seen in several groups (a
+/// straggler is in a TP, a DP and a PP group; a NIC carries several DP rings) is reported once.
 pub(crate) fn evaluate(state: &State, cfg: &Config, stuck: &[bool]) -> Vec<Verdict> {
     let mut out: Vec<Verdict> = Vec::new();
+    let mut paths: Option<(Paths, Component)> = None;
     for (i, pg) in state.pgs.iter().enumerate() {
         if pg.p2p || stuck.get(i).copied().unwrap_or(false) || pg.members.len() < 2 {
             continue;
@@ -27,30 +31,54 @@ pub(crate) fn evaluate(state: &State, cfg: &Config, stuck: &[bool]) -> Vec<Verdi
             .iter()
             .filter(|k| k.transfer_hits.active())
             .max_by_key(|k| k.transfer_hits.count());
-        if let Some(ks) = transfer {
-            out.push(link(state, pg, ks, cfg));
-            continue;
-        }
-        let gaps = pg
-            .keys
-            .iter()
-            .filter(|k| k.fired > 0)
-            .max_by_key(|k| k.fired);
-        if let Some(v) = gaps.and_then(|ks| straggler(pg, ks, cfg)) {
-            // The same straggler shows in every group it is in: report it once.
-            match out
-                .iter_mut()
-                .find(|o| o.subtype == Subtype::ComputeStraggler && o.culprits == v.culprits)
-            {
-                Some(o) => o.evidence.push(format!("also slow in {}", text::pg(pg))),
-                None => out.push(v),
+        let v = match transfer {
+            Some(ks) => {
+                let (paths, component) = paths.get_or_insert_with(|| {
+                    let p = Paths::collect(state);
+                    let c = p.component(state);
+                    (p, c)
+                });
+                Some(link(state, pg, ks, cfg, paths, component))
             }
+            None if pg.stragglers > 0 => straggler(pg, cfg),
+            None => None,
+        };
+        if let Some(v) = v {
+            merge(&mut out, v, pg);
         }
     }
     out
 }
 
-fn base_verdict(pg: &Pg, ks: &KeyStats, subtype: Subtype) -> Verdict {
+/// Adds a verdict, or folds it into an earlier one naming the same ranks or component.
+fn merge(out: &mut Vec<Verdict>, v: Verdict, pg: &Pg) {
+    let component = |v: &Verdict| {
+        v.links
+            .first()
+            .filter(|l| l.kind != LinkKind::Pair)
+            .cloned()
+    };
+    let same = out.iter_mut().find(|o| {
+        o.subtype == v.subtype
+            && match v.subtype {
+                Subtype::ComputeStraggler => o.culprits == v.culprits,
+                _ => component(o).is_some() && component(o) == component(&v),
+            }
+    });
+    match same {
+        Some(o) => {
+            o.evidence.push(format!("also slow in {}", text::pg(pg)));
+            for l in v.links {
+                if !o.links.contains(&l) {
+                    o.links.push(l);
+                }
+            }
+        }
+        None => out.push(v),
+    }
+}
+
+fn base_verdict(pg: &Pg, seq: u64, op: Op, subtype: Subtype) -> Verdict {
     Verdict {
         class: Class::Slow,
         subtype,
@@ -60,8 +88,8 @@ fn base_verdict(pg: &Pg, ks: &KeyStats, subtype: Subtype) -> Verdict {
             name: pg.name.to_string(),
             ranks: pg.ranks(),
         }),
-        seq: Some(ks.last_seq),
-        op: Some(ks.op),
+        seq: Some(seq),
+        op: Some(op),
         evidence: Vec::new(),
         confidence: 0.0,
         detected_ns: 0,
@@ -79,59 +107,57 @@ fn median(mut v: Vec<f32>) -> f32 {
     super::baseline::median(&mut v)
 }
 
-/// A few ranks' compute gaps grew while the transfer time did not.
-fn straggler(pg: &Pg, ks: &KeyStats, cfg: &Config) -> Option<Verdict> {
+/// A few ranks' compute gaps grew against their group's at the same seqs, beyond their own
+/// usual ratio, while the others' did not.
+fn straggler(pg: &Pg, cfg: &Config) -> Option<Verdict> {
     let n = pg.members.len();
     let fired: Vec<usize> = (0..n)
-        .filter(|&m| ks.gaps.get(m).is_some_and(|g| g.hits.active()))
+        .filter(|&m| pg.compute.get(m).is_some_and(|c| c.hits.active()))
         .collect();
     // Everyone slower is not a straggler (a global slowdown, e.g. the input pipeline).
     if fired.is_empty() || fired.len() * 2 > n {
         return None;
     }
-    let mut v = base_verdict(pg, ks, Subtype::ComputeStraggler);
+    let seq = pg.gap_seq;
+    let op = (0..n)
+        .find_map(|m| pg.rec(m, seq))
+        .map_or(Op::Other, |r| r.sig.op);
+    let mut v = base_verdict(pg, seq, op, Subtype::ComputeStraggler);
     let w = cfg.slow_window;
     let mut min_hits = w;
     for &m in &fired {
-        let g = &ks.gaps[m];
-        min_hits = min_hits.min(g.hits.count());
+        let c = &pg.compute[m];
+        min_hits = min_hits.min(c.hits.count());
         v.evidence.push(format!(
-            "rank {} compute gap {} vs its baseline {} ({:.1}x) in {} of the last {w} {} ops of {}",
+            "rank {} compute gap {} is {:.1}x the group's median of {} (usually {:.1}x) in {} of the last {w} ops of {}",
             pg.members[m],
-            text::dur(f64::from(g.last_gap)),
-            text::dur(f64::from(g.base.value().unwrap_or(0.0))),
-            ratio(g.last_gap, g.base.value()),
-            g.hits.count(),
-            ks.op,
+            text::dur(f64::from(c.last_gap)),
+            c.last_ratio,
+            text::dur(f64::from(pg.gap_median)),
+            c.base.value().unwrap_or(1.0),
+            c.hits.count(),
             text::pg(pg)
         ));
     }
     let others: Vec<f32> = (0..n)
         .filter(|m| !fired.contains(m))
-        .filter_map(|m| ks.gaps.get(m))
-        .map(|g| ratio(g.last_gap, g.base.value()))
+        .filter_map(|m| pg.compute.get(m))
+        .map(|c| ratio(c.last_ratio, c.base.value()))
         .collect();
     v.evidence.push(format!(
-        "other ranks' gaps are {:.1}x their baselines; transfer time is {:.1}x its baseline",
-        median(others),
-        ratio(ks.last_transfer, ks.transfer.value())
+        "other ranks' gaps are {:.1}x their usual share; transfer times are normal",
+        median(others)
     ));
     // The straggler arrives last, so it waits least inside the collective.
     let durations: Vec<(usize, u64)> = (0..n)
-        .filter_map(|m| {
-            pg.rec(m, ks.last_seq)
-                .and_then(|r| r.duration())
-                .map(|d| (m, d))
-        })
+        .filter_map(|m| pg.rec(m, seq).and_then(|r| r.duration()).map(|d| (m, d)))
         .collect();
     if let Some(&(m, d)) = durations.iter().min_by_key(|x| x.1) {
         if fired.contains(&m) {
             let med = median(durations.iter().map(|x| x.1 as f32).collect());
             v.evidence.push(format!(
-                "rank {} waits least in {} #{}: {} vs a median of {}",
+                "rank {} waits least in {op} #{seq} (it arrives last): {} vs a median of {}",
                 pg.members[m],
-                ks.op,
-                ks.last_seq,
                 text::dur(d as f64),
                 text::dur(f64::from(med))
             ));
@@ -144,10 +170,17 @@ fn straggler(pg: &Pg, ks: &KeyStats, cfg: &Config) -> Option<Verdict> {
 }
 
 /// The transfer time grew: name the pairs whose own throughput fell, and what they share.
-fn link(state: &State, pg: &Pg, ks: &KeyStats, cfg: &Config) -> Verdict {
+fn link(
+    state: &State,
+    pg: &Pg,
+    ks: &KeyStats,
+    cfg: &Config,
+    paths: &Paths,
+    component: &Component,
+) -> Verdict {
     let w = cfg.slow_window;
     let hits = ks.transfer_hits.count();
-    let mut v = base_verdict(pg, ks, Subtype::SlowLink);
+    let mut v = base_verdict(pg, ks.last_seq, ks.op, Subtype::SlowLink);
     v.evidence.push(format!(
         "transfer time of {} in {} is {} vs a baseline of {} ({:.1}x) in {hits} of the last {w} ops",
         ks.op,
@@ -156,13 +189,27 @@ fn link(state: &State, pg: &Pg, ks: &KeyStats, cfg: &Config) -> Verdict {
         text::dur(f64::from(ks.transfer.value().unwrap_or(0.0))),
         ratio(ks.last_transfer, ks.transfer.value())
     ));
-    let mut slow: Vec<(Rank, Rank)> = pg
-        .pairs
-        .iter()
-        .filter(|(_, p)| p.hits.active())
-        .map(|(&k, _)| k)
-        .collect();
-    slow.sort_unstable();
+    // This group's slow pairs: strictly slow ones, else those slow by ratio alone.
+    let pick = |strict: bool| -> Vec<(Rank, Rank)> {
+        let mut v: Vec<(Rank, Rank)> = pg
+            .pairs
+            .iter()
+            .filter(|(_, p)| {
+                if strict {
+                    p.hits.active()
+                } else {
+                    p.rel_hits.active()
+                }
+            })
+            .map(|(&k, _)| k)
+            .collect();
+        v.sort_unstable();
+        v
+    };
+    let mut slow = pick(true);
+    if slow.is_empty() {
+        slow = pick(false);
+    }
     let mut confidence = 0.55 + 0.3 * f64::from(hits) / f64::from(w.max(1));
     if slow.is_empty() {
         v.subtype = Subtype::Undecided;
@@ -193,78 +240,50 @@ fn link(state: &State, pg: &Pg, ks: &KeyStats, cfg: &Config) -> Verdict {
             ));
         }
     }
-    let host = |r: Rank| state.ranks.get(r as usize).map_or("", |s| s.host());
-    let switch = |r: Rank| {
-        state
-            .ranks
-            .get(r as usize)
-            .and_then(|s| s.info.as_deref())
-            .map_or("", |m| m.switch.as_str())
-    };
-    let carried: Vec<(Rank, Rank)> = pg
-        .pairs
-        .iter()
-        .filter(|(_, p)| p.base.value().is_some())
-        .map(|(&k, _)| k)
-        .collect();
-
-    // One NIC: every slow pair leaves (or enters) one host, and so does every other pair of
-    // that host that carried traffic to another host.
-    let nic = [true, false].into_iter().find_map(|leaving| {
-        let end = |p: &(Rank, Rank)| if leaving { p.0 } else { p.1 };
-        let other = |p: &(Rank, Rank)| if leaving { p.1 } else { p.0 };
-        let h = host(end(&slow[0]));
-        let inter = |p: &(Rank, Rank)| host(end(p)) == h && host(other(p)) != h;
-        let all_slow_here = !h.is_empty() && slow.iter().all(inter);
-        let all_here_slow = carried
-            .iter()
-            .filter(|p| inter(p))
-            .all(|p| slow.contains(p));
-        (all_slow_here && all_here_slow).then(|| (h.to_string(), end(&slow[0]), leaving))
-    });
     let mut links = Vec::new();
-    if let Some((h, rank, leaving)) = nic {
-        let nic_name = state
-            .ranks
-            .get(rank as usize)
-            .and_then(|s| s.info.as_deref())
-            .map(|m| m.nic.as_str())
-            .filter(|n| !n.is_empty())
-            .unwrap_or("nic");
-        links.push(Link {
-            kind: LinkKind::Nic,
-            name: format!("{h}/{nic_name}"),
-            from: Some(rank),
-            to: None,
-        });
-        v.evidence.push(format!(
-            "every slow pair {} {h} and every pair of {h} to another host is slow",
-            if leaving { "leaves" } else { "enters" }
-        ));
-    } else {
-        // Congestion: slow pairs from and to several hosts, all under one switch, and no slow
-        // pair elsewhere.
-        let senders: BTreeSet<&str> = slow.iter().map(|p| host(p.0)).collect();
-        let receivers: BTreeSet<&str> = slow.iter().map(|p| host(p.1)).collect();
-        let candidates = [switch(slow[0].0), switch(slow[0].1)];
-        let common = candidates
-            .into_iter()
-            .find(|s| !s.is_empty() && slow.iter().all(|p| switch(p.0) == *s || switch(p.1) == *s));
-        if let (Some(sw), true) = (common, senders.len() >= 2 && receivers.len() >= 2) {
+    let touches_pg = |h: &str| {
+        slow.iter()
+            .any(|&(f, t)| host(state, f) == h || host(state, t) == h)
+    };
+    match component {
+        Component::Nic {
+            host: h,
+            rank,
+            touch,
+        } if touches_pg(h) => {
+            let nic = state
+                .ranks
+                .get(*rank as usize)
+                .and_then(|s| s.info.as_deref())
+                .map(|m| m.nic.as_str())
+                .filter(|n| !n.is_empty())
+                .unwrap_or("nic");
+            links.push(Link {
+                kind: LinkKind::Nic,
+                name: format!("{h}/{nic}"),
+                from: Some(*rank),
+                to: None,
+            });
+            v.evidence.push(format!(
+                "every slow path in the job {} {h} ({} paths) and no path of {h} to another host is normal",
+                touch.verb(),
+                paths.slow.len()
+            ));
+        }
+        Component::Switch { name, hosts } => {
             v.subtype = Subtype::Congestion;
             links.push(Link {
                 kind: LinkKind::Switch,
-                name: sw.to_string(),
+                name: name.clone(),
                 from: None,
                 to: None,
             });
-            let hosts: BTreeSet<&str> = senders.union(&receivers).copied().collect();
             v.evidence.push(format!(
-                "{} slow pairs on {} hosts all pass through switch {sw}; pairs elsewhere are not slow",
-                slow.len(),
-                hosts.len()
+                "{} slow paths on {hosts} hosts share no host but all pass through switch {name}",
+                paths.slow.len()
             ));
         }
+        _ => {}
     }
     links.extend(slow.iter().map(|&(f, t)| pair_link(state, f, t)));
     v.links = links;
@@ -283,8 +302,8 @@ fn link(state: &State, pg: &Pg, ks: &KeyStats, cfg: &Config) -> Verdict {
             if let Some(base) = c.base.value() {
                 v.evidence.push(format!(
                     "counters: {} -> {} tx rate {:.2} GB/s vs {:.2} GB/s before",
-                    host(from),
-                    host(to),
+                    host(state, from),
+                    host(state, to),
                     c.rate,
                     base
                 ));

@@ -91,6 +91,10 @@ pub(crate) struct MemberState {
     pub last_enq: Option<u64>,
     pub last_end: Option<u64>,
     pub in_flight: bool,
+    /// The highest seq a per-peer record of this member shows: it was inside that op even if
+    /// its collective reports were lost. Only kept for groups without a point-to-point stream
+    /// of the same name, whose per-peer records could carry p2p sequence numbers.
+    pub peer_seq: Option<u64>,
 }
 
 /// Completion bookkeeping of one slot of the ring.
@@ -102,12 +106,21 @@ struct SlotMeta {
     done: bool,
 }
 
-/// One member's compute gap before ops of one key.
+/// One member's compute gap (its enqueue minus the end of its previous op, on its own clock)
+/// relative to the median gap of its group at the same seq.
+///
+/// Judging a gap against the group's median at that very seq, rather than against a baseline
+/// per op kind, makes the rule indifferent to ops of one kind that follow different amounts of
+/// compute (the forward and backward all-reduces of a layer share (op, size) but follow a third
+/// and two thirds of the step's compute), to a global slowdown (every gap grows, the ratio does
+/// not) and to clock skew (each gap is one rank's own difference).
 #[derive(Clone, Debug, Default)]
-pub(crate) struct GapStats {
+pub(crate) struct ComputeStats {
+    /// The member's usual gap ÷ median gap: a persistent imbalance is learned as normal.
     pub base: Baseline,
     pub hits: Hits,
     pub last_gap: f32,
+    pub last_ratio: f32,
 }
 
 /// Statistics of one (group, op, size bucket).
@@ -121,9 +134,6 @@ pub(crate) struct KeyStats {
     pub last_transfer: f32,
     /// Recent transfer times, for the hang threshold.
     pub recent: Recent,
-    pub gaps: Vec<GapStats>,
-    /// Members whose gap condition is active.
-    pub fired: u32,
     pub completed: u64,
     pub last_seq: u64,
 }
@@ -144,7 +154,12 @@ pub(crate) struct PairState {
     pub recv: Side,
     /// Throughput (bytes per ns) of completed ops.
     pub base: Baseline,
+    /// Slower by the factor and by `slow_min_delta_ns` of busy time: enough to raise a verdict.
     pub hits: Hits,
+    /// Slower by the factor alone. Too weak to raise anything (a small transfer's jitter is a
+    /// large ratio), but once a verdict is raised it says which other paths share the
+    /// slowdown, e.g. the small pipeline sends through the same NIC.
+    pub rel_hits: Hits,
     pub last_thr: f32,
 }
 
@@ -178,6 +193,15 @@ pub(crate) struct Pg {
     pub in_flight: u32,
     pub keys: Vec<KeyStats>,
     pub pairs: HashMap<(Rank, Rank), PairState>,
+    /// Per member: its compute gap relative to the group's.
+    pub compute: Vec<ComputeStats>,
+    /// Members whose compute condition is active.
+    pub stragglers: u32,
+    /// The last seq whose gaps were judged, and the group's median gap then.
+    pub gap_seq: u64,
+    pub gap_median: f32,
+    /// Reused buffer of (member, gap) of the seq being judged.
+    gaps: Vec<(usize, f32)>,
 }
 
 impl Pg {
@@ -195,6 +219,11 @@ impl Pg {
             in_flight: 0,
             keys: Vec::new(),
             pairs: HashMap::new(),
+            compute: Vec::new(),
+            stragglers: 0,
+            gap_seq: 0,
+            gap_median: 0.0,
+            gaps: Vec::new(),
         }
     }
 
@@ -231,7 +260,7 @@ impl Pg {
 
     /// How many records the stream retains (for the boundedness tests).
     pub(crate) fn retained(&self) -> usize {
-        self.recs.len() + self.slots.len() + self.pairs.len() + self.keys.len()
+        self.recs.len() + self.slots.len() + self.pairs.len() + self.keys.len() + self.compute.len()
     }
 
     fn add_member(&mut self, rank: Rank) -> usize {
@@ -239,9 +268,7 @@ impl Pg {
         self.state.push(MemberState::default());
         self.recs
             .extend(std::iter::repeat_n(Rec::EMPTY, SEQ_WINDOW));
-        for k in &mut self.keys {
-            k.gaps.push(GapStats::default());
-        }
+        self.compute.push(ComputeStats::default());
         self.members.len() - 1
     }
 
@@ -256,8 +283,6 @@ impl Pg {
             transfer_hits: Hits::default(),
             last_transfer: 0.0,
             recent: Recent::default(),
-            gaps: vec![GapStats::default(); self.members.len()],
-            fired: 0,
             completed: 0,
             last_seq: 0,
         });
@@ -285,6 +310,9 @@ pub(crate) struct RankState {
     pub info: Option<Box<Member>>,
     ends: [u64; END_RING],
     ends_n: u8,
+    /// The latest enqueue time (own clock) of any of its ops that ended: every op it enqueued
+    /// before that has finished too, since a rank waits for its ops in program order.
+    pub done_enq: Option<u64>,
     /// (group stream, member index) of every stream the rank is in.
     pub pgs: Vec<(u32, u32)>,
 }
@@ -476,6 +504,19 @@ impl State {
         if c.phase != Phase::End {
             return;
         }
+        // The rank's own record of finished ops, whatever the stream's completion state.
+        let rec = pg.recs[idx];
+        let began = if rec.has_enq() {
+            Some(rec.enq)
+        } else if rec.has_start() {
+            Some(rec.start)
+        } else {
+            None
+        };
+        let rs = &mut self.ranks[c.rank as usize];
+        rs.push_end(c.t_ns);
+        rs.done_enq = rs.done_enq.max(began);
+        let pg = &mut self.pgs[pgi];
         let sm = &mut pg.slots[slot(c.seq)];
         if !sm.used || sm.seq != c.seq {
             if sm.used && c.seq < sm.seq {
@@ -493,7 +534,6 @@ impl State {
         if complete {
             sm.done = true;
         }
-        self.ranks[c.rank as usize].push_end(c.t_ns);
         if complete {
             complete_seq(&mut self.pgs[pgi], &self.ranks, c.seq, cfg);
         }
@@ -504,8 +544,10 @@ impl State {
             return;
         }
         let pgi = self.intern(&p.pg, false, now);
-        self.member(pgi, p.rank, now);
+        let m = self.member(pgi, p.rank, now);
         let pg = &mut self.pgs[pgi];
+        let ms = &mut pg.state[m];
+        ms.peer_seq = ms.peer_seq.max(Some(p.seq));
         let key = match p.dir {
             Dir::Send => (p.rank, p.peer),
             Dir::Recv => (p.peer, p.rank),
@@ -576,10 +618,14 @@ fn finish_pair(pair: &mut PairState, cfg: &Config) {
         thr * (cfg.slow_factor as f32) <= b
             && busy as f32 - expected_busy >= cfg.slow_min_delta_ns as f32
     });
-    pair.base.observe(thr, !hit);
+    let rel_hit = base.is_some_and(|b| thr * (cfg.slow_factor as f32) <= b);
+    // Relatively slow observations are not learned either, so a slowed small transfer keeps
+    // showing as slowed instead of drifting into the baseline.
+    pair.base.observe(thr, !hit && !rel_hit);
     pair.last_thr = thr;
     if base.is_some() {
         pair.hits.push(hit, cfg.slow_window);
+        pair.rel_hits.push(rel_hit, cfg.slow_window);
     }
 }
 
@@ -613,6 +659,14 @@ fn complete_seq(pg: &mut Pg, ranks: &[RankState], seq: u64, cfg: &Config) {
         ks.completed += 1;
         ks.last_seq = seq;
     }
+    judge_gaps(pg, ranks, seq, cfg);
+}
+
+/// The compute gaps of a completed seq: each member's gap against the group's median gap at
+/// this seq, and against the member's own usual ratio to it.
+fn judge_gaps(pg: &mut Pg, ranks: &[RankState], seq: u64, cfg: &Config) {
+    let mut gaps = std::mem::take(&mut pg.gaps);
+    gaps.clear();
     for m in 0..pg.members.len() {
         let Some(rec) = pg.rec(m, seq).copied() else {
             continue;
@@ -630,24 +684,42 @@ fn complete_seq(pg: &mut Pg, ranks: &[RankState], seq: u64, cfg: &Config) {
         let prev_any = ranks
             .get(pg.members[m] as usize)
             .and_then(|r| r.end_before(rec.enq));
-        let Some(prev) = prev_here.max(prev_any) else {
-            continue;
-        };
-        let gap = (rec.enq - prev) as f32;
-        let ks = &mut pg.keys[k];
-        let gs = &mut ks.gaps[m];
-        let base = gs.base.value();
-        let hit = base.is_some_and(|b| slow_time(gap, b, cfg));
-        gs.base.observe(gap, !hit);
-        gs.last_gap = gap;
-        if base.is_some() {
-            let was = gs.hits.active();
-            let now = gs.hits.push(hit, cfg.slow_window);
-            match (was, now) {
-                (false, true) => ks.fired += 1,
-                (true, false) => ks.fired = ks.fired.saturating_sub(1),
-                _ => {}
+        if let Some(prev) = prev_here.max(prev_any) {
+            gaps.push((m, (rec.enq - prev) as f32));
+        }
+    }
+    // The lower median, so that in a group of two the faster member sets the pace.
+    let median = if gaps.len() >= 2 {
+        let mid = (gaps.len() - 1) / 2;
+        let mut sorted: Vec<f32> = gaps.iter().map(|g| g.1).collect();
+        let (_, m, _) = sorted.select_nth_unstable_by(mid, f32::total_cmp);
+        *m
+    } else {
+        0.0
+    };
+    // Ops issued back to back (a gradient all-reduce right after the last layer's) follow no
+    // compute of their own: their gaps say nothing about anyone's speed.
+    if median >= cfg.slow_min_delta_ns as f32 {
+        pg.gap_seq = seq;
+        pg.gap_median = median;
+        for &(m, gap) in &gaps {
+            let cs = &mut pg.compute[m];
+            let ratio = gap / median;
+            let base = cs.base.value();
+            let hit = base.is_some_and(|b| slow_time(gap, b * median, cfg));
+            cs.base.observe(ratio, !hit);
+            cs.last_gap = gap;
+            cs.last_ratio = ratio;
+            if base.is_some() {
+                let was = cs.hits.active();
+                let now = cs.hits.push(hit, cfg.slow_window);
+                match (was, now) {
+                    (false, true) => pg.stragglers += 1,
+                    (true, false) => pg.stragglers = pg.stragglers.saturating_sub(1),
+                    _ => {}
+                }
             }
         }
     }
+    pg.gaps = gaps;
 }

@@ -64,6 +64,8 @@ pub struct Sim {
     pub ranks_per_host: u32,
     pub hosts_per_switch: u32,
     pub compute_ns: u64,
+    /// Compute before odd seqs, if different (a forward and a backward pass alternating).
+    pub odd_compute_ns: Option<u64>,
     pub transfer_ns: u64,
     pub bytes: u64,
     /// Relative jitter (uniform ±) of compute and transfer times.
@@ -84,6 +86,7 @@ impl Sim {
             ranks_per_host: 1,
             hosts_per_switch: 2,
             compute_ns: 10 * MS,
+            odd_compute_ns: None,
             transfer_ns: 5 * MS,
             bytes: 4 << 20,
             jitter: 0.0,
@@ -215,7 +218,11 @@ impl Sim {
         'steps: for s in 0..self.steps {
             let arrive: Vec<u64> = (0..n)
                 .map(|r| {
-                    let c = self.compute_ns as f64 * self.compute_factor(r, s) * jit(&mut rng);
+                    let base = match self.odd_compute_ns {
+                        Some(odd) if s % 2 == 1 => odd,
+                        _ => self.compute_ns,
+                    };
+                    let c = base as f64 * self.compute_factor(r, s) * jit(&mut rng);
                     g + c as u64
                 })
                 .collect();
@@ -274,9 +281,14 @@ impl Sim {
                                 recv(start),
                                 coll(r, s, Phase::Start, start, op, dtype, bytes),
                             ));
-                            let sent = if r == rank { 0 } else { bytes / 4 };
+                            // The hung rank sends nothing and waits on its own GPU, not on a
+                            // peer; the others wait on their peers.
+                            let sent = |r: Rank| if r == rank { 0 } else { bytes / 4 };
+                            let busy = if r == rank { 0 } else { MS };
                             let t = start + MS;
-                            out.push((recv(t), peer(r, s, (r + 1) % n, Dir::Send, sent, MS, t)));
+                            let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+                            out.push((recv(t), peer(r, s, next, Dir::Send, sent(r), busy, t)));
+                            out.push((recv(t), peer(r, s, prev, Dir::Recv, sent(prev), busy, t)));
                         }
                         last = start + MS;
                         break 'steps;
