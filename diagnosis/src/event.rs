@@ -353,9 +353,15 @@ pub enum Event {
     Coll(Coll),
     Peer(PeerProgress),
     /// The rank's process is alive (sent by clients every ~100 ms, independent of progress).
-    Heartbeat { rank: Rank, t_ns: u64 },
+    Heartbeat {
+        rank: Rank,
+        t_ns: u64,
+    },
     /// The rank's process said goodbye (clean exit); silence after this is not a fault.
-    Exit { rank: Rank, t_ns: u64 },
+    Exit {
+        rank: Rank,
+        t_ns: u64,
+    },
     Counters(LinkCounters),
 }
 
@@ -404,7 +410,10 @@ mod tests {
         assert_eq!(Op::parse("nccl:_all_gather_base"), Op::AllGather);
         assert_eq!(Op::parse("nccl:send 1->2"), Op::Send);
         assert_eq!(Op::parse("nccl:recv 3<-0"), Op::Recv);
-        assert_eq!(Op::parse("nccl:reduce_scatter_tensor_coalesced"), Op::Coalesced);
+        assert_eq!(
+            Op::parse("nccl:reduce_scatter_tensor_coalesced"),
+            Op::Coalesced
+        );
         assert_eq!(Op::parse("gloo:foo"), Op::Other);
         assert_eq!(Op::from_code(200), None);
     }

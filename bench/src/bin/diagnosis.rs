@@ -159,7 +159,9 @@ fn run_timed(spec: &SimSpec, cfg: &Config) -> Result<Value> {
         }
         let top = analyzer.evaluate(now).first().cloned();
         window_ms.push(t.elapsed().as_secs_f64() * 1e3);
-        if tops.last().is_none_or(|(_, last)| last.as_ref().map(Verdict::key) != top.as_ref().map(Verdict::key)) {
+        if tops.last().is_none_or(|(_, last)| {
+            last.as_ref().map(Verdict::key) != top.as_ref().map(Verdict::key)
+        }) {
             tops.push((now, top));
         }
     };
@@ -182,7 +184,11 @@ fn run_timed(spec: &SimSpec, cfg: &Config) -> Result<Value> {
         .map(|(t, _)| *t);
     let located = tops
         .iter()
-        .find(|(t, v)| *t >= l.onset_ns && v.as_ref().is_some_and(|v| score::matches_label(v, &l, &topo)))
+        .find(|(t, v)| {
+            *t >= l.onset_ns
+                && v.as_ref()
+                    .is_some_and(|v| score::matches_label(v, &l, &topo))
+        })
         .map(|(t, _)| *t);
     let final_top = tops.last().and_then(|(_, v)| v.clone());
     let correct = final_top
@@ -223,13 +229,21 @@ fn scale_part(args: &Args, cfg: &Config) -> Result<Value> {
             let mut row = run_timed(&spec, cfg)?;
             row["scenario"] = json!(name);
             row["wall_s"] = json!(wall.elapsed().as_secs_f64());
-            let s = |k: &str| row[k].as_f64().map_or("never".into(), |v| format!("{v:.2} s"));
+            let s = |k: &str| {
+                row[k]
+                    .as_f64()
+                    .map_or("never".into(), |v| format!("{v:.2} s"))
+            };
             let ms = |k: &str| row[k].as_f64().map_or("-".into(), |v| format!("{v:.1}"));
             eprintln!(
                 "| {ranks} | {name} | {} | {}{} | {} | {} | {} / {} / {} ms | {} |",
                 row["truth"].as_str().unwrap_or(""),
                 row["predicted"].as_str().unwrap_or("none"),
-                if row["correct"] == json!(true) { " ✓" } else { " ✗" },
+                if row["correct"] == json!(true) {
+                    " ✓"
+                } else {
+                    " ✗"
+                },
                 s("detect_s"),
                 s("locate_s"),
                 ms("window_ms_p50"),
@@ -308,7 +322,10 @@ fn accuracy_part(scale: Scale, cfg: &Config) -> Result<Value> {
     let live_card = score::score(&live);
     let offline_card = score::score(&offline);
     eprintln!("live (probe event stream):\n{}", live_card.to_table());
-    eprintln!("offline (Flight Recorder dumps):\n{}", offline_card.to_table());
+    eprintln!(
+        "offline (Flight Recorder dumps):\n{}",
+        offline_card.to_table()
+    );
 
     // The baseline: PyTorch's rules on the very dumps the offline path read.
     let mut by_class: BTreeMap<String, (u32, u32, u32)> = BTreeMap::new();
@@ -324,9 +341,7 @@ fn accuracy_part(scale: Scale, cfg: &Config) -> Result<Value> {
             .find(|o| o.name == name)
             .is_some_and(|o| o.top1_correct);
         let theirs = match pytorch_rules(&dumps, &to_trace(&dumps).world) {
-            Some((class, culprits)) => {
-                Some(class) == label.class && culprits == label.culprits
-            }
+            Some((class, culprits)) => Some(class) == label.class && culprits == label.culprits,
             None => label.class.is_none(),
         };
         let e = by_class.entry(label.category()).or_default();
@@ -339,7 +354,11 @@ fn accuracy_part(scale: Scale, cfg: &Config) -> Result<Value> {
     let mut rows = Vec::new();
     for (class, (n, ours, theirs)) in &by_class {
         let pct = |k: u32| 100.0 * f64::from(k) / f64::from(*n);
-        eprintln!("| {class} | {n} | {:.1}% | {:.1}% |", pct(*ours), pct(*theirs));
+        eprintln!(
+            "| {class} | {n} | {:.1}% | {:.1}% |",
+            pct(*ours),
+            pct(*theirs)
+        );
         rows.push(json!({"class": class, "n": n, "yard_top1": pct(*ours) / 100.0, "pytorch_rules_top1": pct(*theirs) / 100.0}));
     }
     Ok(json!({

@@ -206,7 +206,8 @@ fn main() -> anyhow::Result<()> {
         rate.push(r);
         dropped += d;
     }
-    let (ingest, floor, client, rate) = (median(ingest), median(floor), median(client), median(rate));
+    let (ingest, floor, client, rate) =
+        (median(ingest), median(floor), median(client), median(rate));
     let report = json!({
         "events": args.events,
         "rounds": args.rounds,

@@ -145,13 +145,16 @@ impl JobAnalyzer {
         verdicts.extend(slow::evaluate(&self.state, &self.cfg, &hang.stuck));
         verdicts.extend(unexplained);
         verdicts.sort_by_key(|v| (v.confidence < hang::WEAK, order(v)));
+        condense(&mut verdicts);
+        // One map of the previous keys, not a scan per verdict: a hung 16k-rank job holds
+        // thousands of verdicts with long culprit lists, and the quadratic scan dominated.
+        let before: std::collections::HashMap<_, u64> = self
+            .verdicts
+            .iter()
+            .map(|old| (old.key(), old.detected_ns))
+            .collect();
         for v in &mut verdicts {
-            let key = v.key();
-            v.detected_ns = self
-                .verdicts
-                .iter()
-                .find(|old| old.key() == key)
-                .map_or(now_ns, |old| old.detected_ns);
+            v.detected_ns = before.get(&v.key()).copied().unwrap_or(now_ns);
         }
         self.verdicts = verdicts;
         &self.verdicts
@@ -399,4 +402,37 @@ pub fn analyze_trace(trace: &Trace, cfg: &Config) -> Vec<Verdict> {
         v.detected_ns = 0;
     }
     verdicts
+}
+
+/// Most verdicts reported at once; the rest are counted in the top verdict's evidence.
+pub const MAX_VERDICTS: usize = 32;
+
+/// Keeps the report readable and the Raft entry small: once a confident verdict names a
+/// culprit or a link, the "undecided" hangs with nobody to name are its knock-on effects (a hung
+/// 16k-rank job has a thousand groups stuck behind one rank), so they become one sentence of
+/// the root cause's evidence; and at most [`MAX_VERDICTS`] are listed.
+fn condense(verdicts: &mut Vec<Verdict>) {
+    let named = |v: &Verdict| !v.culprits.is_empty() || !v.links.is_empty();
+    let root_found = verdicts
+        .first()
+        .is_some_and(|v| named(v) && v.confidence >= hang::WEAK);
+    if !root_found {
+        return;
+    }
+    let before = verdicts.len();
+    verdicts.retain(|v| !(v.subtype == Subtype::Undecided && !named(v)));
+    let knock_on = before - verdicts.len();
+    if knock_on > 0 {
+        verdicts[0].evidence.push(format!(
+            "{knock_on} more stuck group{} wait behind this and name no culprit of their own",
+            if knock_on == 1 { "" } else { "s" }
+        ));
+    }
+    if verdicts.len() > MAX_VERDICTS {
+        let more = verdicts.len() - MAX_VERDICTS;
+        verdicts.truncate(MAX_VERDICTS);
+        verdicts[0]
+            .evidence
+            .push(format!("{more} further verdicts are not listed"));
+    }
 }
