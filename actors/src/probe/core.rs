@@ -98,7 +98,7 @@ impl ProbeCore {
             .iter()
             .flat_map(|(j, per)| per.iter().map(move |(k, e)| ((j, k), e)))
             .collect();
-        latest.sort_by(|(a, _), (b, _)| a.cmp(b));
+        latest.sort_by_key(|(k, _)| *k);
         events.extend(latest.into_iter().map(|((j, _), e)| (j.clone(), e.clone())));
         for (job, ev) in events {
             self.push(&job, ev);

@@ -228,10 +228,10 @@ fn link(
         if let Some(p) = pg.pairs.get(&(from, to)) {
             let base = p.base.value().unwrap_or(0.0);
             v.evidence.push(format!(
-                "{} throughput {:.2} GB/s vs its baseline {:.2} GB/s ({:.1}x slower)",
+                "{} throughput {} vs its baseline {} ({:.1}x slower)",
                 pair_link(state, from, to).name,
-                p.last_thr,
-                base,
+                text::rate(f64::from(p.last_thr)),
+                text::rate(f64::from(base)),
                 if p.last_thr > 0.0 {
                     base / p.last_thr
                 } else {
@@ -301,11 +301,11 @@ fn link(
         if let Some(c) = state.counters.get(&key) {
             if let Some(base) = c.base.value() {
                 v.evidence.push(format!(
-                    "counters: {} -> {} tx rate {:.2} GB/s vs {:.2} GB/s before",
+                    "counters: {} -> {} tx rate {} vs {} before",
                     host(state, from),
                     host(state, to),
-                    c.rate,
-                    base
+                    text::rate(f64::from(c.rate)),
+                    text::rate(f64::from(base))
                 ));
                 if c.rate * cfg.slow_factor as f32 <= base {
                     confidence += 0.1;

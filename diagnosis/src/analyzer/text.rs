@@ -12,6 +12,19 @@ pub(crate) fn dur(ns: f64) -> String {
     }
 }
 
+/// A rate given in bytes per nanosecond (= GB/s), in the unit that reads best: a throttled
+/// link runs at a few MB/s and "0.00 GB/s" would hide it.
+pub(crate) fn rate(bytes_per_ns: f64) -> String {
+    let bps = bytes_per_ns * 1e9;
+    if bps >= 1e9 {
+        format!("{:.2} GB/s", bps / 1e9)
+    } else if bps >= 1e6 {
+        format!("{:.1} MB/s", bps / 1e6)
+    } else {
+        format!("{:.1} kB/s", bps / 1e3)
+    }
+}
+
 /// A byte count in the unit that reads best.
 pub(crate) fn bytes(b: u64) -> String {
     const KIB: u64 = 1024;
@@ -80,5 +93,8 @@ mod tests {
         assert_eq!(bytes(100), "100 B");
         assert_eq!(dur(2_500_000.0), "2.5 ms");
         assert_eq!(dur(12e9), "12.0 s");
+        assert_eq!(rate(12.5), "12.50 GB/s");
+        assert_eq!(rate(0.0025), "2.5 MB/s");
+        assert_eq!(rate(0.000_004), "4.0 kB/s");
     }
 }
