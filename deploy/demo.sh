@@ -3,11 +3,14 @@
 # writes, compare-and-swap, a leader killed with -9 and replaced, the benchmark — then torn down
 # (KEEP=1 leaves it running; `deploy/local-cluster.sh down` stops it); then the gateway: three
 # XDP gateway nodes owning six VIPs, tenants on two compute hosts talking over VXLAN through
-# them, an owner's link cut under a probe stream (the loss window is printed) and a drain.
+# them, an owner's link cut under a probe stream (the loss window is printed) and a drain; then
+# the probe: a training job's ranks doing a real ring all-reduce on three hosts, diagnosed by
+# `yard diagnose` through a throttled link and a SIGSTOPped rank; and offline, a simulated
+# 64-rank job with a skipped collective diagnosed from its Flight Recorder dumps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./deploy/install-deps.sh
-cargo build --release -p yard -p yard-cluster-tests --bin yard --bin gateway-demo
+cargo build --release -p yard -p yard-cluster-tests --bin yard --bin gateway-demo --bin probe-demo --bin ring-rank
 export YARD_BIN=$PWD/target/release/yard STATE=${STATE:-/tmp/yard-local-cluster}
 ./deploy/local-cluster.sh up 3
 yard() { ip netns exec ydlc-1 "$YARD_BIN" --endpoint 198.18.0.1:7480,198.18.0.2:7480,198.18.0.3:7480 --tls-dir "$STATE/tls" "$@"; }
@@ -26,3 +29,8 @@ yard bench kv --clients 8 --ops 4000 --value-size 256
 yard status
 [[ ${KEEP:-0} == 1 ]] || ./deploy/local-cluster.sh down
 ./target/release/gateway-demo "$YARD_BIN"
+./target/release/probe-demo "$YARD_BIN" "$PWD/target/release/ring-rank" "${STATE%/*}/yard-hang.svg"
+sim=$(mktemp -d /tmp/yard-sim.XXXXXX)
+"$YARD_BIN" sim ccl --scale small --scenario skip_collective-s1-clean --out "$sim"
+"$YARD_BIN" diagnose --fr-dumps "$sim/fr" --svg "$sim/timeline.svg"
+rm -rf "$sim"
