@@ -26,7 +26,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// The node's socket unless `YARD_PROBE_SOCKET` says otherwise.
-pub const DEFAULT_SOCKET: &str = "/run/yard/probe.sock";
+pub const DEFAULT_SOCKET: &str = "/var/lib/yard/probe.sock";
 /// How often the background thread sends a HEARTBEAT.
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(100);
 /// Least time between two connection attempts while the node is away.

@@ -5,7 +5,7 @@
 //!
 //! # Transport
 //!
-//! A Unix stream socket, path `/run/yard/probe.sock` unless the client's environment sets
+//! A Unix stream socket, path `/var/lib/yard/probe.sock` unless the client's environment sets
 //! `YARD_PROBE_SOCKET`. One connection per process. Clients never wait for the node: a frame
 //! that cannot be written at once is dropped and counted, so the node must tolerate gaps.
 //!

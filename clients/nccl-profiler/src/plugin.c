@@ -196,7 +196,7 @@ static yard_nccl_result_t yard_init(void **context, uint64_t comm_id, int *activ
     env_str(hello.sw, sizeof hello.sw, "YARD_SWITCH");
     env_ports(&hello);
     const char *path = getenv("YARD_PROBE_SOCKET");
-    yard_conn_setup(path && *path ? path : "/run/yard/probe.sock", &hello);
+    yard_conn_setup(path && *path ? path : "/var/lib/yard/probe.sock", &hello);
   }
   c->nranks = nranks;
   c->rank = rank;

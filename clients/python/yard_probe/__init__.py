@@ -19,7 +19,7 @@ from . import wire
 
 __all__ = ["Probe", "Group", "DEFAULT_SOCKET", "socket_path"]
 
-DEFAULT_SOCKET = "/run/yard/probe.sock"
+DEFAULT_SOCKET = "/var/lib/yard/probe.sock"
 HEARTBEAT_INTERVAL_S = 0.1
 RECONNECT_INTERVAL_S = 0.1
 
