@@ -330,17 +330,15 @@ fn accuracy_part(scale: Scale, cfg: &Config) -> Result<Value> {
     // The baseline: PyTorch's rules on the very dumps the offline path read.
     let mut by_class: BTreeMap<String, (u32, u32, u32)> = BTreeMap::new();
     for (name, spec) in score::catalogue(scale) {
-        if !offline.iter().any(|o| o.name == name) {
+        let Some(ours) = offline.iter().find(|o| o.name == format!("{name}-offline")) else {
             continue;
-        }
+        };
         let simulation = sim::simulate(&spec)?;
         let dumps = sim::fr_dumps(&simulation, &spec)?;
         let label = simulation.label;
-        let ours = offline
-            .iter()
-            .find(|o| o.name == name)
-            .is_some_and(|o| o.top1_correct);
-        let theirs = match pytorch_rules(&dumps, &to_trace(&dumps).world) {
+        let ours = ours.top1_correct;
+        let got = pytorch_rules(&dumps, &to_trace(&dumps).world);
+        let theirs = match got {
             Some((class, culprits)) => Some(class) == label.class && culprits == label.culprits,
             None => label.class.is_none(),
         };
@@ -368,44 +366,66 @@ fn accuracy_part(scale: Scale, cfg: &Config) -> Result<Value> {
     }))
 }
 
-/// PyTorch's `fr_trace` decision, reimplemented from its documented rules for comparison:
-/// refuse when a member's dump is missing; otherwise walk the first dump's entries in order and,
-/// for each, look for the same (group, seq) on every other member: absent → "not all ranks
-/// joining" (the absent ranks); different type/size/dtype → the *other* rank is the culprit.
-/// Returns (class, culprits) of the first finding, `None` when it finds nothing.
+/// PyTorch's `fr_trace` decision, reimplemented from its documented rules for comparison
+/// (collectives only; its coalesced and send/recv matching is left out): refuse when a member's
+/// dump is missing; otherwise repeatedly take the first remaining entry of the first rank that
+/// has any, and look for the same (group, seq) among every other member's remaining entries:
+/// absent → "not all ranks joining" (the absent ranks, if the op never completed); a different
+/// type, size or dtype → the *other* rank is the culprit; matched entries are consumed.
+/// Returns (class, culprits) of the first finding it prints (what a reader acts on), `None` when
+/// it finds nothing or refuses.
 fn pytorch_rules(dumps: &[FrDump], world: &[Rank]) -> Option<(Class, Vec<Rank>)> {
-    let have: BTreeMap<Rank, &FrDump> = dumps.iter().map(|d| (d.rank, d)).collect();
-    if world.iter().any(|r| !have.contains_key(r)) {
+    use std::collections::VecDeque;
+    if world.iter().any(|r| !dumps.iter().any(|d| d.rank == *r)) {
         return None; // "Missing dump files from ranks …": cannot decide.
     }
-    let first = dumps.iter().min_by_key(|d| d.rank)?;
-    for e in &first.entries {
-        if e.profiling_name.contains("send") || e.profiling_name.contains("recv") {
+    let mut queues: BTreeMap<Rank, VecDeque<&yard_diagnosis::import::fr::FrEntry>> = dumps
+        .iter()
+        .map(|d| {
+            let q = d
+                .entries
+                .iter()
+                .filter(|e| {
+                    !e.is_p2p
+                        && !e.profiling_name.contains("send")
+                        && !e.profiling_name.contains("recv")
+                })
+                .collect();
+            (d.rank, q)
+        })
+        .collect();
+    loop {
+        let (&first, _) = queues.iter().find(|(_, q)| !q.is_empty())?;
+        let e = queues.get_mut(&first)?.pop_front()?;
+        let Some(pg) = dumps
+            .iter()
+            .find_map(|d| d.pg_config.get(&e.process_group.0))
+        else {
             continue;
-        }
-        let pg = first.pg_config.get(&e.process_group.0)?;
-        let mut missing = Vec::new();
-        let mut culprits = Vec::new();
-        let mut mismatch = false;
-        for r in &pg.ranks {
-            let Some(d) = have.get(r) else { continue };
-            let found = d.entries.iter().find(|o| {
-                o.process_group.0 == e.process_group.0 && o.collective_seq_id == e.collective_seq_id
+        };
+        let (mut missing, mut culprits) = (Vec::new(), Vec::new());
+        for &o in pg.ranks.iter().filter(|&&o| o != first) {
+            let Some(q) = queues.get_mut(&o) else {
+                continue;
+            };
+            let at = q.iter().position(|x| {
+                x.process_group.0 == e.process_group.0 && x.collective_seq_id == e.collective_seq_id
             });
-            match found {
-                None => missing.push(*r),
-                Some(o) => {
-                    if o.profiling_name != e.profiling_name
-                        || o.input_sizes != e.input_sizes
-                        || o.input_dtypes != e.input_dtypes
+            match at {
+                None => missing.push(o),
+                Some(i) => {
+                    let x = q[i];
+                    if x.profiling_name != e.profiling_name
+                        || x.input_sizes != e.input_sizes
+                        || x.input_dtypes != e.input_dtypes
                     {
-                        culprits.push(*r);
-                        mismatch = true;
+                        culprits.push(o);
                     }
+                    q.remove(i);
                 }
             }
         }
-        if mismatch {
+        if !culprits.is_empty() {
             culprits.sort_unstable();
             return Some((Class::Mismatch, culprits));
         }
@@ -414,5 +434,4 @@ fn pytorch_rules(dumps: &[FrDump], world: &[Rank]) -> Option<(Class, Vec<Rank>)>
             return Some((Class::Hang, missing));
         }
     }
-    None
 }
