@@ -29,7 +29,10 @@ pub fn parse_webhook(url: &str) -> Option<Webhook> {
     if authority.is_empty() || authority.contains(char::is_whitespace) || path.contains(' ') {
         return None;
     }
-    let authority = if authority.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) {
+    let authority = if authority
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+    {
         authority.to_owned()
     } else if authority.contains(':') {
         return None;
@@ -87,7 +90,11 @@ impl AlertHook {
     }
 }
 
-async fn run_command(cmd: &str, job: &str, body: &str) -> std::io::Result<std::process::ExitStatus> {
+async fn run_command(
+    cmd: &str,
+    job: &str,
+    body: &str,
+) -> std::io::Result<std::process::ExitStatus> {
     let mut child = tokio::process::Command::new("sh")
         .arg("-c")
         .arg(cmd)
@@ -136,7 +143,10 @@ mod tests {
                 path: "/hooks/yard".into()
             })
         );
-        assert_eq!(parse_webhook("http://alerts").unwrap().authority, "alerts:80");
+        assert_eq!(
+            parse_webhook("http://alerts").unwrap().authority,
+            "alerts:80"
+        );
         assert_eq!(parse_webhook("http://alerts").unwrap().path, "/");
         assert!(parse_webhook("https://alerts/x").is_none());
         assert!(parse_webhook("http://").is_none());
@@ -149,7 +159,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("got");
         let status = run_command(
-            &format!("cat > {}; printf %s \"$YARD_JOB\" >> {}", out.display(), out.display()),
+            &format!(
+                "cat > {}; printf %s \"$YARD_JOB\" >> {}",
+                out.display(),
+                out.display()
+            ),
             "job-7",
             "{\"class\":\"hang\"}",
         )
@@ -174,7 +188,9 @@ mod tests {
                 }
                 got.extend_from_slice(&buf[..n]);
             }
-            s.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await.unwrap();
+            s.write_all(b"HTTP/1.1 204 No Content\r\n\r\n")
+                .await
+                .unwrap();
             String::from_utf8(got).unwrap()
         });
         let hook = parse_webhook(&format!("http://{addr}/v")).unwrap();

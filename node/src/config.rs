@@ -424,7 +424,10 @@ impl Config {
         }
         if let Some(url) = &a.alert_webhook {
             if crate::alert::parse_webhook(url).is_none() {
-                return bad("analyzer.alert_webhook", "must look like http://host:port/path");
+                return bad(
+                    "analyzer.alert_webhook",
+                    "must look like http://host:port/path",
+                );
             }
         }
         if self.admin.max_in_flight == 0 {

@@ -60,7 +60,9 @@ impl Node {
         batches: Vec<yard_actors::probe::core::JobBatch>,
     ) -> Reply {
         if self.raft().metrics().borrow().state != ServerState::Leader {
-            return Reply::Error("this node is not the leader; send probe reports to the leader".into());
+            return Reply::Error(
+                "this node is not the leader; send probe reports to the leader".into(),
+            );
         }
         self.diagnosis().ingest(batches);
         Reply::ProbeAccepted

@@ -900,7 +900,8 @@ impl GaugeSource for RaftGauges {
             let p = probe.snapshot();
             families.push(Family {
                 name: "yard_probe_events_total",
-                help: "events from local ranks: accepted, dropped (buffer full), coalesced, reported",
+                help:
+                    "events from local ranks: accepted, dropped (buffer full), coalesced, reported",
                 kind: "counter",
                 samples: vec![
                     ("what=\"accepted\"".into(), p.stats.accepted as f64),

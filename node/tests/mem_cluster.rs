@@ -718,7 +718,10 @@ async fn a_silent_rank_is_diagnosed_through_raft_and_served_by_a_follower() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(verdict.class, yard_diagnosis::verdict::Class::Hang);
-    assert_eq!(verdict.subtype, yard_diagnosis::verdict::Subtype::DeadProcess);
+    assert_eq!(
+        verdict.subtype,
+        yard_diagnosis::verdict::Subtype::DeadProcess
+    );
     assert_eq!(verdict.culprits, vec![3]);
     // The rank says goodbye: the job is healthy again and the follower serves that too.
     report(vec![Event::Exit { rank: 3, t_ns: 0 }], leader_node)

@@ -132,7 +132,10 @@ mod tests {
     fn verdicts_replace_and_history_keeps_each_raised_verdict_once() {
         let mut t = DiagnosisTables::default();
         assert!(set(&mut t, "j", vec![verdict(3)], 1));
-        assert!(!set(&mut t, "j", vec![verdict(3)], 2), "same set is no change");
+        assert!(
+            !set(&mut t, "j", vec![verdict(3)], 2),
+            "same set is no change"
+        );
         assert!(set(&mut t, "j", vec![], 3));
         assert!(set(&mut t, "j", vec![verdict(3), verdict(4)], 4));
         let j = &t.jobs["j"];
@@ -160,7 +163,10 @@ mod tests {
             set(&mut t, &format!("job{i}"), vec![], 1000 + i as u64);
         }
         assert_eq!(t.jobs.len(), MAX_JOBS);
-        assert!(!t.jobs.contains_key("j"), "the least recently updated job goes first");
+        assert!(
+            !t.jobs.contains_key("j"),
+            "the least recently updated job goes first"
+        );
         assert!(t.apply(
             &DiagnosisCommand::ClearJob {
                 job: format!("job{}", MAX_JOBS + 4)

@@ -272,10 +272,9 @@ mod tests {
         .start();
         tokio::time::sleep(Duration::from_millis(50)).await;
         let first: Vec<JobBatch> = rec.got.lock().unwrap().drain(..).collect();
-        assert!(first.iter().any(|b| b
-            .events
+        assert!(first
             .iter()
-            .any(|e| matches!(e, Event::Group(_)))));
+            .any(|b| b.events.iter().any(|e| matches!(e, Event::Group(_)))));
         assert!(first.iter().any(|b| b.events.iter().any(
             |e| matches!(e, Event::Counters(c) if c.peer_addr == "198.18.0.2" && c.addr == "198.18.0.1")
         )));

@@ -90,8 +90,18 @@ impl ProbeCore {
     /// groups, each rank's latest phase per group): call it when the leader changed.
     pub fn replay(&mut self) {
         let mut events: Vec<(String, Event)> = Vec::new();
-        events.extend(self.sticky.members.iter().map(|((j, _), e)| (j.clone(), e.clone())));
-        events.extend(self.sticky.groups.iter().map(|((j, _), e)| (j.clone(), e.clone())));
+        events.extend(
+            self.sticky
+                .members
+                .iter()
+                .map(|((j, _), e)| (j.clone(), e.clone())),
+        );
+        events.extend(
+            self.sticky
+                .groups
+                .iter()
+                .map(|((j, _), e)| (j.clone(), e.clone())),
+        );
         let mut latest: Vec<_> = self
             .sticky
             .latest
@@ -302,7 +312,11 @@ mod tests {
         let ev = &batches[0].events;
         assert_eq!(
             ev,
-            &vec![coll(0, 1), peer(0, 9), Event::Heartbeat { rank: 0, t_ns: 9 }]
+            &vec![
+                coll(0, 1),
+                peer(0, 9),
+                Event::Heartbeat { rank: 0, t_ns: 9 }
+            ]
         );
         assert_eq!(core.stats().coalesced, 18);
         assert_eq!(core.stats().pending, 0);
@@ -333,9 +347,15 @@ mod tests {
         core.push("b", coll(1, 0));
         let first = core.drain(4);
         assert_eq!(first.len(), 1);
-        assert_eq!(first[0].events, (0..4).map(|s| coll(0, s)).collect::<Vec<_>>());
+        assert_eq!(
+            first[0].events,
+            (0..4).map(|s| coll(0, s)).collect::<Vec<_>>()
+        );
         let rest = core.drain(100);
-        assert_eq!(rest[0].events, (4..10).map(|s| coll(0, s)).collect::<Vec<_>>());
+        assert_eq!(
+            rest[0].events,
+            (4..10).map(|s| coll(0, s)).collect::<Vec<_>>()
+        );
         assert_eq!(rest[1].job, "b");
         assert_eq!(core.stats().reported, 11);
     }

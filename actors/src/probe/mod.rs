@@ -2,6 +2,6 @@
 //! the job's traffic per peer in eBPF, and streams compact summaries to the analyzer on the
 //! Raft leader.
 
+pub mod actor;
 pub mod core;
 pub mod socket;
-pub mod actor;

@@ -221,7 +221,10 @@ mod tests {
         })
     }
 
-    async fn wait_for(shared: &SharedProbe, what: impl Fn(&ProbeSnapshot) -> bool) -> ProbeSnapshot {
+    async fn wait_for(
+        shared: &SharedProbe,
+        what: impl Fn(&ProbeSnapshot) -> bool,
+    ) -> ProbeSnapshot {
         for _ in 0..200 {
             let s = shared.snapshot();
             if what(&s) {
@@ -263,7 +266,9 @@ mod tests {
 
         let mut bad = UnixStream::connect(&path).await.unwrap();
         bad.write_all(&frames(&[hello(1)])).await.unwrap();
-        bad.write_all(&[0xff, 0xff, 0xff, 0x7f, 1, 2, 3]).await.unwrap();
+        bad.write_all(&[0xff, 0xff, 0xff, 0x7f, 1, 2, 3])
+            .await
+            .unwrap();
 
         let s = wait_for(&shared, |s| s.protocol_errors == 1 && s.stats.accepted >= 4).await;
         assert_eq!(s.protocol_errors, 1, "{s:?}");
@@ -271,9 +276,16 @@ mod tests {
         assert_eq!(s.jobs, 1);
         let batches = shared.lock().core.drain(usize::MAX);
         let events = &batches[0].events;
-        assert!(matches!(&events[0], Event::Member(m) if m.rank == 0 && m.host == "n1" && m.addr == "198.18.0.1"));
-        assert!(events.iter().any(|e| matches!(e, Event::Coll(c) if c.seq == 1 && &*c.pg == "0")));
-        assert_eq!(shared.lock().ports.iter().copied().collect::<Vec<_>>(), vec![29500]);
+        assert!(
+            matches!(&events[0], Event::Member(m) if m.rank == 0 && m.host == "n1" && m.addr == "198.18.0.1")
+        );
+        assert!(events
+            .iter()
+            .any(|e| matches!(e, Event::Coll(c) if c.seq == 1 && &*c.pg == "0")));
+        assert_eq!(
+            shared.lock().ports.iter().copied().collect::<Vec<_>>(),
+            vec![29500]
+        );
 
         // The node still takes new connections.
         let mut again = UnixStream::connect(&path).await.unwrap();

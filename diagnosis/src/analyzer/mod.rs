@@ -420,7 +420,7 @@ fn condense(verdicts: &mut Vec<Verdict>) {
         return;
     }
     let before = verdicts.len();
-    verdicts.retain(|v| !(v.subtype == Subtype::Undecided && !named(v)));
+    verdicts.retain(|v| v.subtype != Subtype::Undecided || named(v));
     let knock_on = before - verdicts.len();
     if knock_on > 0 {
         verdicts[0].evidence.push(format!(

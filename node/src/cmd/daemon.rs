@@ -9,9 +9,9 @@ use std::time::Duration;
 use actix::Actor;
 use anyhow::{bail, Context};
 use yard::admin_actor::AdminActor;
+use yard::alert::AlertHook;
 use yard::client::AdminClient;
 use yard::config::{Config, LogFormat, XdpMode};
-use yard::alert::AlertHook;
 use yard::diagnosis_control::{DiagnosisControl, DiagnosisSettings};
 use yard::gateway_control::GatewayControl;
 use yard::rpc::{RedeemRequest, Reply, Request};
@@ -27,12 +27,12 @@ use yard_actors::gateway::core::CoreConfig;
 use yard_actors::gateway::dataplane::XdpDataPlane;
 use yard_actors::gateway::lease::LeaseConfig;
 use yard_actors::health::HealthRegistry;
+use yard_actors::liveness::{LivenessActor, ProbeTarget, Prober, Reachability};
 use yard_actors::probe::actor::{
     PeerCounterSource, PeerSample, ProbeActor, ReportFuture, Reporter,
 };
 use yard_actors::probe::core::JobBatch;
 use yard_actors::probe::socket::{NodeIdentity, SharedProbe};
-use yard_actors::liveness::{LivenessActor, ProbeTarget, Prober, Reachability};
 use yard_raft_store::NodeId;
 
 pub struct StartArgs {
