@@ -48,7 +48,7 @@ fn three_node_peer_joined_bootstrap_replicates_and_refuses_a_foreign_ca() {
             .map(|a| a["name"].as_str().unwrap())
             .collect();
         healthy.sort_unstable();
-        assert_eq!(healthy, ["admin", "liveness", "raft"], "{s}");
+        assert_eq!(healthy, ["admin", "liveness", "probe", "raft"], "{s}");
     }
     ok(c.cli(3, &["kv", "put", "greeting", "hello"]).unwrap());
     let got = ok(c.cli(2, &["kv", "get", "greeting", "--json"]).unwrap());
