@@ -87,12 +87,24 @@ impl DiagnosisControl {
         self.epoch.elapsed().as_nanos() as u64
     }
 
-    /// Takes one node's summary. Call only on the leader (the service checks).
-    pub fn ingest(&self, batches: Vec<JobBatch>) {
+    /// Starts afresh when this node leads in a new term: whichever of the first summary and
+    /// the first evaluation sees the term first, so a summary that arrives right after the
+    /// election (the nodes' replays do) is kept, not cleared by the loop's first tick.
+    fn enter_term(st: &mut State, term: u64) {
+        if st.term != Some(term) {
+            tracing::info!(term, "analyzer: leading");
+            st.term = Some(term);
+            st.jobs.clear();
+        }
+    }
+
+    /// Takes one node's summary while this node leads in `term` (the service checks).
+    pub fn ingest(&self, term: u64, batches: Vec<JobBatch>) {
         let now = self.now_ns();
         let wall = Instant::now();
         let cfg = &self.settings.analyzer;
         let mut st = self.state();
+        Self::enter_term(&mut st, term);
         for batch in batches {
             let job = st.jobs.entry(batch.job.clone()).or_insert_with(|| {
                 tracing::info!(job = %batch.job, "analyzer: new job");
@@ -157,11 +169,7 @@ impl DiagnosisControl {
             }
             let commits = {
                 let mut st = self.state();
-                if st.term != Some(m.current_term) {
-                    tracing::info!(term = m.current_term, "analyzer: leading");
-                    st.term = Some(m.current_term);
-                    st.jobs.clear();
-                }
+                Self::enter_term(&mut st, m.current_term);
                 let idle = self.settings.job_idle;
                 st.jobs.retain(|name, j| {
                     let keep = j.last_event.elapsed() < idle;

@@ -59,12 +59,17 @@ impl Node {
         &self,
         batches: Vec<yard_actors::probe::core::JobBatch>,
     ) -> Reply {
-        if self.raft().metrics().borrow().state != ServerState::Leader {
+        let (state, term) = {
+            let m = self.raft().metrics();
+            let m = m.borrow();
+            (m.state, m.current_term)
+        };
+        if state != ServerState::Leader {
             return Reply::Error(
                 "this node is not the leader; send probe reports to the leader".into(),
             );
         }
-        self.diagnosis().ingest(batches);
+        self.diagnosis().ingest(term, batches);
         Reply::ProbeAccepted
     }
 }
