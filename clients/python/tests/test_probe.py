@@ -123,7 +123,9 @@ class ProbeTest(unittest.TestCase):
         pg = probe.group("3", [0, 1], desc="tp")
         node.wait_for(lambda s: count("group")(s) == 1)
         node.kill()
-        node = FakeNode(node.path)
+        # `old` owns the temporary directory the socket lives in: it must outlive the new node,
+        # or collecting it deletes the new node's socket.
+        old, node = node, FakeNode(node.path)
         # The heartbeat thread notices the dead connection and reconnects.
         node.wait_for(lambda s: count("heartbeat")(s) >= 1)
         probe.coll(pg, 5, "broadcast", "float32", 1, 4, wire.ENQUEUE)
@@ -132,6 +134,7 @@ class ProbeTest(unittest.TestCase):
         self.assertEqual(node.kinds()[:3], ["hello", "group", "coll"])
         self.assertEqual(node.of_kind("group")[0]["name"], "3")
         self.assertGreaterEqual(probe.dropped, 1, "the beat on the dead connection is lost")
+        del old
 
 
 if __name__ == "__main__":

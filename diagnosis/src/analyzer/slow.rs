@@ -285,7 +285,11 @@ fn link(
         }
         _ => {}
     }
-    links.extend(slow.iter().map(|&(f, t)| pair_link(state, f, t)));
+    // A named NIC or switch is the answer; the pairs through it are its symptoms and stay in
+    // the evidence above, so `links` lists what to fix rather than every path it slowed.
+    if links.is_empty() {
+        links.extend(slow.iter().map(|&(f, t)| pair_link(state, f, t)));
+    }
     v.links = links;
 
     // eBPF counters of the slow pairs' hosts, when there are any.
