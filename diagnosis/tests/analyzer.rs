@@ -339,7 +339,12 @@ fn a_slow_pair_names_its_nic_and_no_rank_with_the_pair_as_evidence() {
     let v = only(&vs);
     assert_eq!((v.class, v.subtype), (Class::Slow, Subtype::SlowLink));
     assert!(v.culprits.is_empty());
-    assert_eq!(v.links.len(), 1, "the NIC, not every path through it: {:?}", v.links);
+    assert_eq!(
+        v.links.len(),
+        1,
+        "the NIC, not every path through it: {:?}",
+        v.links
+    );
     assert_eq!(v.links[0].kind, LinkKind::Nic);
     assert_eq!(v.links[0].name, "h1/eth0");
     assert!(
