@@ -428,6 +428,38 @@ fn condense(verdicts: &mut Vec<Verdict>) {
             if knock_on == 1 { "" } else { "s" }
         ));
     }
+    // The same culprits with the same cause in other groups (a rank stuck in host code is
+    // missing from every group it belongs to) are one finding, not several.
+    let (class, subtype, culprits) = (
+        verdicts[0].class,
+        verdicts[0].subtype,
+        verdicts[0].culprits.clone(),
+    );
+    let mut also = Vec::new();
+    let mut i = 1;
+    while i < verdicts.len() {
+        let v = &verdicts[i];
+        let same_finding = v.class == class
+            && v.subtype == subtype
+            && !v.culprits.is_empty()
+            && v.culprits.iter().all(|c| culprits.contains(c));
+        if same_finding {
+            let v = verdicts.remove(i);
+            let place = match (&v.pg, v.op, v.seq) {
+                (Some(pg), Some(op), Some(seq)) => format!("pg {} at {op} #{seq}", pg.name),
+                (Some(pg), _, _) => format!("pg {}", pg.name),
+                _ => "another group".to_string(),
+            };
+            also.push(place);
+        } else {
+            i += 1;
+        }
+    }
+    if !also.is_empty() {
+        verdicts[0]
+            .evidence
+            .push(format!("the same holds in {}", also.join(", ")));
+    }
     if verdicts.len() > MAX_VERDICTS {
         let more = verdicts.len() - MAX_VERDICTS;
         verdicts.truncate(MAX_VERDICTS);
