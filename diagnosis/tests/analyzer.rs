@@ -327,7 +327,7 @@ fn a_rank_computing_slower_is_a_compute_straggler() {
 }
 
 #[test]
-fn a_slow_pair_names_its_nic_and_no_rank_with_the_pair_as_evidence() {
+fn a_slow_pair_names_the_pair_and_no_rank() {
     let vs = Sim::ring(8, 60)
         .fault(Fault::SlowLink {
             from: 1,
@@ -339,14 +339,9 @@ fn a_slow_pair_names_its_nic_and_no_rank_with_the_pair_as_evidence() {
     let v = only(&vs);
     assert_eq!((v.class, v.subtype), (Class::Slow, Subtype::SlowLink));
     assert!(v.culprits.is_empty());
-    assert_eq!(
-        v.links.len(),
-        1,
-        "the NIC, not every path through it: {:?}",
-        v.links
-    );
-    assert_eq!(v.links[0].kind, LinkKind::Nic);
-    assert_eq!(v.links[0].name, "h1/eth0");
+    assert_eq!(v.links.len(), 1, "{:?}", v.links);
+    assert_eq!(v.links[0].kind, LinkKind::Pair);
+    assert_eq!(v.links[0].name, "rank 1 (h1) -> rank 2 (h2)");
     assert!(
         v.evidence
             .iter()
@@ -677,9 +672,11 @@ fn an_alternating_imbalance_from_the_start_and_one_slow_step_raise_nothing() {
 }
 
 #[test]
-fn slow_paths_in_and_out_of_one_host_are_its_nic_not_congestion() {
+fn slow_paths_in_and_out_of_one_host_are_named_as_paths_not_congestion() {
     // h0 and h1 share tor-0: the old reading was "two senders, two receivers under one
-    // switch"; but both slow paths touch h1 and its other paths are normal.
+    // switch"; but both slow paths touch h1. With one slow path in and one out, h1's NIC and
+    // two slow links fit equally, so the paths are named (a NIC needs slow paths to two peers
+    // in one direction).
     let vs = Sim::ring(8, 60)
         .fault(Fault::SlowLink {
             from: 0,
@@ -696,9 +693,14 @@ fn slow_paths_in_and_out_of_one_host_are_its_nic_not_congestion() {
         .verdicts(&cfg());
     let v = only(&vs);
     assert_eq!((v.class, v.subtype), (Class::Slow, Subtype::SlowLink));
-    assert_eq!(v.links[0].kind, LinkKind::Nic);
-    assert_eq!(v.links[0].name, "h1/eth0");
-    assert!(v.links[1..].iter().all(|l| l.kind == LinkKind::Pair));
+    let names: Vec<&str> = v.links.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["rank 0 (h0) -> rank 1 (h1)", "rank 1 (h1) -> rank 2 (h2)"],
+        "{:?}",
+        v.links
+    );
+    assert!(v.links.iter().all(|l| l.kind == LinkKind::Pair));
 }
 
 #[test]

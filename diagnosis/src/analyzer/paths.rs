@@ -105,6 +105,22 @@ impl Paths {
             match passing.as_slice() {
                 [] => continue,
                 [h] => {
+                    // One slow path in and one out (a 3-host ring) fit a NIC and two link
+                    // faults (or one and its knock-on) equally: a NIC needs slow paths to at
+                    // least two peer hosts in one direction.
+                    let peers = |leaving: bool| -> BTreeSet<&str> {
+                        self.slow
+                            .iter()
+                            .filter_map(|p| match leaving {
+                                true if host(p.0) == *h => Some(host(p.1)),
+                                false if host(p.1) == *h => Some(host(p.0)),
+                                _ => None,
+                            })
+                            .collect()
+                    };
+                    if peers(true).len() < 2 && peers(false).len() < 2 {
+                        return Component::Paths;
+                    }
                     let rank = if host(first.0) == *h {
                         first.0
                     } else {
