@@ -27,12 +27,7 @@ impl std::fmt::Debug for Bounce {
 impl Bounce {
     /// Loads the program into the kernel (no attachment).
     pub fn load() -> Result<Self, EbpfError> {
-        let mut ebpf = EbpfLoader::new()
-            .load(BYTES)
-            .map_err(|source| EbpfError::Load {
-                object: OBJECT,
-                source,
-            })?;
+        let mut ebpf = crate::program::load_object(&mut EbpfLoader::new(), BYTES, OBJECT)?;
         xdp_mut(&mut ebpf)?
             .load()
             .map_err(|source| EbpfError::Program {

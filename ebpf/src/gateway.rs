@@ -265,10 +265,7 @@ impl Gateway {
             }
             loader.map_pin_path(name, path.as_path());
         }
-        let mut ebpf = loader.load(BYTES).map_err(|source| EbpfError::Load {
-            object: OBJECT,
-            source,
-        })?;
+        let mut ebpf = crate::program::load_object(&mut loader, BYTES, OBJECT)?;
         xdp_mut(&mut ebpf)?.load().map_err(prog_err("load"))?;
         let gw = Gateway {
             config: take(&mut ebpf, MAP_CONFIG)?,

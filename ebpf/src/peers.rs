@@ -263,12 +263,7 @@ impl PeerCounters {
     /// Loads both programs with fresh, empty maps and no port registered (nothing is counted
     /// until [`PeerCounters::set_ports`]); attaches nothing.
     pub fn load() -> Result<Self, EbpfError> {
-        let mut ebpf = EbpfLoader::new()
-            .load(BYTES)
-            .map_err(|source| EbpfError::Load {
-                object: OBJECT,
-                source,
-            })?;
+        let mut ebpf = crate::program::load_object(&mut EbpfLoader::new(), BYTES, OBJECT)?;
         for dir in Direction::ALL {
             crate::program::get_mut::<SchedClassifier>(&mut ebpf, dir.program())?
                 .load()

@@ -1,7 +1,7 @@
 //! Finding a loaded object's program by name and type: one place for every object.
 
 use aya::programs::{Program, SchedClassifier, Xdp};
-use aya::Ebpf;
+use aya::{Ebpf, EbpfLoader};
 
 use crate::EbpfError;
 
@@ -16,6 +16,17 @@ impl Kind for Xdp {
 
 impl Kind for SchedClassifier {
     const KIND: &'static str = "TC program";
+}
+
+/// Loads the embedded object `object` (its bytes) with `loader`, naming it in the error.
+pub(crate) fn load_object(
+    loader: &mut EbpfLoader,
+    bytes: &[u8],
+    object: &'static str,
+) -> Result<Ebpf, EbpfError> {
+    loader
+        .load(bytes)
+        .map_err(|source| EbpfError::Load { object, source })
 }
 
 fn missing<T: Kind>(name: &'static str) -> EbpfError {

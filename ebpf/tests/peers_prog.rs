@@ -69,22 +69,12 @@ fn try_run(pc: &PeerCounters, dir: Direction, frame: &[u8]) -> Option<PeerCounte
     };
     let after = counter_map(pc);
     assert_eq!(action, TcAction::Unspec, "never a verdict");
-    let moved: Vec<(PeerCounter, u64, u64)> = PeerCounter::ALL
-        .iter()
-        .filter_map(|c| {
-            let (b, a) = (before[c], after[c]);
-            (a != b).then(|| (*c, a.packets - b.packets, a.bytes - b.bytes))
-        })
-        .collect();
-    assert_eq!(
-        moved.len(),
-        1,
-        "exactly one reason must move, got {moved:?}"
-    );
-    let (counter, packets, bytes) = moved[0];
-    assert_eq!(packets, 1, "{counter} packets");
-    assert_eq!(bytes, frame.len() as u64, "{counter} bytes");
-    Some(counter)
+    Some(common::the_one_moved(
+        &PeerCounter::ALL,
+        &before,
+        &after,
+        frame,
+    ))
 }
 
 /// [`try_run`] of a frame the kernel accepts.

@@ -142,14 +142,19 @@ pub fn counter_map(gw: &Gateway) -> HashMap<Counter, CounterValue> {
     gw.counters().unwrap().into_iter().collect()
 }
 
-/// Runs `frame` once and returns the outcome and the one counter that moved, asserting that
-/// exactly one moved, by one packet and the frame's length in bytes, and that the verdict
-/// agrees with the counter's kind.
-pub fn run(gw: &Gateway, frame: &[u8]) -> (TestOutcome, Counter) {
-    let before = counter_map(gw);
-    let out = gw.test_run(frame).expect("test run");
-    let after = counter_map(gw);
-    let moved: Vec<(Counter, u64, u64)> = Counter::ALL
+/// The one counter of `all` that moved between `before` and `after`, asserting that exactly
+/// one moved, by one packet and `frame`'s length in bytes (every program here counts each
+/// frame under exactly one reason).
+pub fn the_one_moved<C>(
+    all: &[C],
+    before: &HashMap<C, CounterValue>,
+    after: &HashMap<C, CounterValue>,
+    frame: &[u8],
+) -> C
+where
+    C: Copy + Eq + std::hash::Hash + std::fmt::Debug + std::fmt::Display,
+{
+    let moved: Vec<(C, u64, u64)> = all
         .iter()
         .filter_map(|c| {
             let (b, a) = (before[c], after[c]);
@@ -164,6 +169,17 @@ pub fn run(gw: &Gateway, frame: &[u8]) -> (TestOutcome, Counter) {
     let (counter, packets, bytes) = moved[0];
     assert_eq!(packets, 1, "{counter} packets");
     assert_eq!(bytes, frame.len() as u64, "{counter} bytes");
+    counter
+}
+
+/// Runs `frame` once and returns the outcome and the one counter that moved, asserting that
+/// exactly one moved, by one packet and the frame's length in bytes, and that the verdict
+/// agrees with the counter's kind.
+pub fn run(gw: &Gateway, frame: &[u8]) -> (TestOutcome, Counter) {
+    let before = counter_map(gw);
+    let out = gw.test_run(frame).expect("test run");
+    let after = counter_map(gw);
+    let counter = the_one_moved(&Counter::ALL, &before, &after, frame);
     assert_ne!(out.action, XdpAction::Aborted, "never XDP_ABORTED");
     let expected_action = if counter.is_tx() {
         XdpAction::Tx
