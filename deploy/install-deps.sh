@@ -12,11 +12,18 @@ if ((${#missing[@]})); then
     [[ $EUID -eq 0 ]] || { echo "install-deps: installing ${missing[*]} needs root" >&2; exit 1; }
     echo "install-deps: installing ${missing[*]}"
     apt-get update -qq
+    # Packages are installed for their binaries only: the benchmark runs its own etcd and
+    # keepalived on its own ports and namespaces, so the packages' services are not started
+    # here (a policy-rc.d for the length of this install, unless the host already has one).
+    # A service the host already runs is never touched.
+    policy=/usr/sbin/policy-rc.d
+    own_policy=false
+    if [[ ! -e $policy ]]; then
+        printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && own_policy=true
+        trap '$own_policy && rm -f "$policy"' EXIT
+    fi
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
-# Debian's etcd-server starts a system etcd on 127.0.0.1:2379; the benchmark runs its own.
-if command -v systemctl >/dev/null && systemctl is-active --quiet etcd 2>/dev/null; then
-    systemctl stop etcd || true
+    if $own_policy; then rm -f "$policy"; own_policy=false; fi
 fi
 command -v cargo >/dev/null || { echo "install-deps: cargo not found; install rustup (the toolchain is pinned in rust-toolchain.toml)" >&2; exit 1; }
 mkdir -p /sys/fs/bpf 2>/dev/null || true

@@ -76,6 +76,14 @@ pub enum Command {
     Gateway(crate::gateway::GatewayCommand),
     /// A change to the diagnosis verdicts (committed by the analyzer on the leader).
     Diagnosis(crate::diagnosis::DiagnosisCommand),
+    /// A client's write tagged with its session, applied at most once however often it is
+    /// proposed (see [`crate::session`]). `now_unix_ms` is the proposer's clock: it advances the
+    /// replicated clock that expires idle sessions, so replay stays deterministic.
+    Once {
+        tag: crate::session::SessionTag,
+        now_unix_ms: u64,
+        cmd: Box<Command>,
+    },
 }
 
 /// What applying a command produced.
@@ -95,4 +103,7 @@ pub enum Response {
     },
     /// One response per command of a [`Command::Batch`], in order.
     Batch(Vec<Response>),
+    /// A tagged write that cannot be answered: its session expired or the client had already
+    /// acknowledged it, so whether it applied is unknown. Nothing changed.
+    Refused(String),
 }

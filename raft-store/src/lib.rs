@@ -16,12 +16,14 @@ pub mod command;
 pub mod diagnosis;
 pub mod gateway;
 pub mod log_store;
+pub mod session;
 pub mod state;
 pub mod state_machine;
 
 pub use command::{Command, JoinToken, NodeInfo, NodeMeta, Response, Versioned};
 pub use gateway::{GatewayChange, GatewayCommand, GatewayTables};
 pub use log_store::LogStore;
+pub use session::SessionTag;
 pub use state::{Change, StateMachineData};
 pub use state_machine::{ChangeFeed, StateMachineStore};
 

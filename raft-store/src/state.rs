@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::command::{Command, JoinToken, NodeInfo, NodeMeta, Response, Versioned};
 use crate::diagnosis::DiagnosisTables;
 use crate::gateway::{GatewayChange, GatewayTables};
+use crate::session::{Admission, Sessions};
 use crate::{NodeId, TypeConfig};
 
 /// One change to the replicated tables, as actors see it on the change feed.
@@ -52,6 +53,9 @@ pub struct StateMachineData {
     /// Appended last so older snapshots decode (bincode is positional).
     #[serde(default)]
     pub diagnosis: DiagnosisTables,
+    /// Client sessions (exactly-once writes). Appended last, like `diagnosis`.
+    #[serde(default)]
+    pub sessions: Sessions,
 }
 
 impl StateMachineData {
@@ -196,6 +200,29 @@ impl StateMachineData {
                     },
                     Vec::new(),
                 )
+            }
+            Command::Once {
+                tag,
+                now_unix_ms,
+                cmd,
+            } => {
+                self.sessions.tick(*now_unix_ms);
+                match self.sessions.admit(tag) {
+                    Admission::Duplicate(reply) => (reply, Vec::new()),
+                    Admission::Refused(why) => (Response::Refused(why), Vec::new()),
+                    // A session wraps one client command; nested wrappers and batches are
+                    // answered with nothing and change nothing.
+                    Admission::Apply
+                        if matches!(**cmd, Command::Once { .. } | Command::Batch(_)) =>
+                    {
+                        (Response::None, Vec::new())
+                    }
+                    Admission::Apply => {
+                        let (reply, changes) = self.apply_command(cmd);
+                        self.sessions.record(tag, &reply);
+                        (reply, changes)
+                    }
+                }
             }
             Command::Batch(cmds) => {
                 let mut responses = Vec::with_capacity(cmds.len());
@@ -373,7 +400,76 @@ mod tests {
         ]
     }
 
+    fn once(client: u64, seq: u64, first_unacked: u64, cmd: Command) -> Command {
+        Command::Once {
+            tag: crate::session::SessionTag {
+                client,
+                seq,
+                first_unacked,
+            },
+            now_unix_ms: 1_000 + seq,
+            cmd: Box::new(cmd),
+        }
+    }
+
+    #[test]
+    fn a_retried_compare_and_swap_reports_its_first_outcome() {
+        let mut sm = StateMachineData::default();
+        let cas = once(
+            1,
+            1,
+            1,
+            Command::Cas {
+                key: "c".into(),
+                expect: None,
+                value: "1".into(),
+            },
+        );
+        let (first, changes) = sm.apply_command(&cas);
+        assert!(matches!(
+            first,
+            Response::Cas {
+                succeeded: true,
+                ..
+            }
+        ));
+        assert_eq!(changes.len(), 1);
+        // Without the session the retry would fail (the key exists now) and so mislead.
+        let (again, changes) = sm.apply_command(&cas);
+        assert_eq!(again, first);
+        assert!(changes.is_empty());
+        assert_eq!(sm.revision, 1);
+    }
+
     proptest! {
+        /// Tagged writes delivered any number of times (at least once), in any interleaving of
+        /// retries, leave the tables as if each had applied exactly once, and every delivery of a
+        /// write gets the same reply.
+        #[test]
+        fn tagged_writes_apply_exactly_once(
+            cmds in proptest::collection::vec((arb_command(), 1usize..4), 0..32),
+        ) {
+            let mut once_each = StateMachineData::default();
+            let mut retried = StateMachineData::default();
+            let mut first_unacked = 1;
+            for (i, (cmd, copies)) in cmds.iter().enumerate() {
+                let seq = i as u64 + 1;
+                let tagged = once(42, seq, first_unacked, cmd.clone());
+                let (want, _) = once_each.apply_command(&tagged);
+                for _ in 0..*copies {
+                    let (got, _) = retried.apply_command(&tagged);
+                    prop_assert_eq!(&got, &want);
+                }
+                // The client acknowledges every other reply late, so retries of unacknowledged
+                // writes are still answered from the table.
+                if seq % 2 == 0 {
+                    first_unacked = seq + 1;
+                }
+            }
+            prop_assert_eq!(&once_each.kv, &retried.kv);
+            prop_assert_eq!(once_each.revision, retried.revision);
+        }
+
         /// A batch does exactly what its commands do one by one.
         #[test]
         fn a_batch_equals_its_commands_in_order(cmds in proptest::collection::vec(arb_command(), 0..32)) {
