@@ -1,8 +1,12 @@
 //! The admin client the CLI, the benchmark and the chaos workload use: QUIC with the admin
 //! certificate, one connection per endpoint, trying the next endpoint when one is unreachable.
 
+use std::collections::BTreeSet;
 use std::path::Path;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use yard_raft_store::SessionTag;
 
 use crate::rpc::{AdminReply, AdminRequest, Reply, Request};
 use crate::tls::{self, Identity, Trust};
@@ -42,6 +46,75 @@ impl ClientError {
     }
 }
 
+/// How long a handshake with one endpoint may take before the next is tried. A handshake on
+/// any network a cluster runs on takes milliseconds; a dead endpoint never answers.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(1_000);
+/// Pause between two attempts of a tagged write that met an unknown outcome everywhere.
+const RETRY_PAUSE: Duration = Duration::from_millis(20);
+
+/// The client's session: what tags its key-value writes so that each applies at most once
+/// however often it is sent (see `yard_raft_store::session`). Shared by clones.
+#[derive(Debug)]
+struct Session {
+    /// The random client id and the next sequence number.
+    state: Mutex<SessionState>,
+}
+
+#[derive(Debug)]
+struct SessionState {
+    client: u64,
+    next_seq: u64,
+    /// Writes sent and not yet finished: the lowest is what the state machine must still keep.
+    in_flight: BTreeSet<u64>,
+}
+
+impl Session {
+    fn new() -> Self {
+        Self {
+            state: Mutex::new(SessionState {
+                client: rand::random(),
+                next_seq: 1,
+                in_flight: BTreeSet::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SessionState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Tags a new write.
+    fn begin(&self) -> SessionTag {
+        let mut st = self.lock();
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        st.in_flight.insert(seq);
+        SessionTag {
+            client: st.client,
+            seq,
+            first_unacked: st.in_flight.first().copied().unwrap_or(seq),
+        }
+    }
+
+    /// The write is answered or given up on: it is never sent again, so the state machine may
+    /// forget its reply. After an unknown outcome the session starts afresh, so a session the
+    /// cluster expired (the usual cause) is not used again.
+    fn finish(&self, tag: &SessionTag, indefinite: bool) {
+        let mut st = self.lock();
+        if st.client != tag.client {
+            return;
+        }
+        st.in_flight.remove(&tag.seq);
+        if indefinite && st.in_flight.is_empty() {
+            *st = SessionState {
+                client: rand::random(),
+                next_seq: 1,
+                in_flight: BTreeSet::new(),
+            };
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct AdminClient {
     transport: Quic,
@@ -50,6 +123,7 @@ pub struct AdminClient {
     /// The endpoint that last answered: tried first, so a dead node costs one handshake
     /// timeout, not one per request. Shared by clones.
     preferred: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    session: Arc<Session>,
 }
 
 impl AdminClient {
@@ -77,17 +151,19 @@ impl AdminClient {
         }
         let endpoint = quinn::Endpoint::client(std::net::SocketAddr::from(([0, 0, 0, 0], 0)))
             .map_err(ClientError::Socket)?;
-        let transport = Quic(QuicTransport::new(
+        let transport = Quic(QuicTransport::with_connect_timeout(
             endpoint,
             client,
             cluster.to_owned(),
             crate::frame::DEFAULT_MAX_FRAME,
+            CONNECT_TIMEOUT,
         ));
         Ok(Self {
             transport,
             endpoints: endpoints.to_vec(),
             timeout,
             preferred: Default::default(),
+            session: Arc::new(Session::new()),
         })
     }
 
@@ -120,8 +196,76 @@ impl AdminClient {
         Err(last.map_or(ClientError::NoEndpoint, ClientError::Transport))
     }
 
-    /// Sends an admin request and unwraps the reply.
+    /// A key-value write, tagged with this client's session and sent until an endpoint answers
+    /// or the timeout passes: on every endpoint in turn after a lost connection, a timeout or an
+    /// unknown outcome, since a tagged write applies at most once however often it arrives. So
+    /// a leader's death costs the client an election, never an error.
+    async fn write_once(&self, req: AdminRequest) -> Result<AdminReply, ClientError> {
+        use std::sync::atomic::Ordering;
+        let tag = self.session.begin();
+        let deadline = Instant::now() + self.timeout;
+        let n = self.endpoints.len();
+        let mut i = self.preferred.load(Ordering::Relaxed) % n;
+        let mut last: ClientError;
+        // Whether any attempt may have reached a node (anything but a failed handshake).
+        let mut maybe_sent = false;
+        loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let request = Request::AdminOnce {
+                tag,
+                req: req.clone(),
+            };
+            let reply = self
+                .transport
+                .call(Target::any(self.endpoints[i].clone()), request, remaining)
+                .await;
+            last = match reply {
+                Ok(Reply::Admin(r)) => {
+                    self.preferred.store(i, Ordering::Relaxed);
+                    self.session.finish(&tag, false);
+                    return Ok(r);
+                }
+                // A refusal: the write did not take effect.
+                Ok(Reply::Error(e)) => {
+                    self.session.finish(&tag, false);
+                    return Err(ClientError::Remote(e));
+                }
+                Ok(Reply::Indefinite(e)) => ClientError::Indefinite(e),
+                Ok(other) => {
+                    self.session.finish(&tag, true);
+                    return Err(ClientError::Unexpected(format!("{other:?}")));
+                }
+                Err(e) => ClientError::Transport(e),
+            };
+            maybe_sent |= !matches!(
+                last,
+                ClientError::Transport(TransportError::Unreachable { .. })
+            );
+            tracing::debug!(endpoint = %self.endpoints[i], error = %last, "tagged write not answered; trying again");
+            i = (i + 1) % n;
+            if Instant::now() + RETRY_PAUSE >= deadline {
+                break;
+            }
+            if i == self.preferred.load(Ordering::Relaxed) % n {
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+        }
+        self.session.finish(&tag, maybe_sent);
+        Err(match last {
+            e if !maybe_sent => e,
+            e => ClientError::Indefinite(format!(
+                "no endpoint confirmed the write within {} ms, so it may or may not have applied: {e}",
+                self.timeout.as_millis()
+            )),
+        })
+    }
+
+    /// Sends an admin request and unwraps the reply. Key-value writes carry the client's
+    /// session (see [`write_once`](Self::write_once)).
     pub async fn admin(&self, req: AdminRequest) -> Result<AdminReply, ClientError> {
+        if req.is_kv() && !req.is_read_only() {
+            return self.write_once(req).await;
+        }
         match self.call(Request::Admin(req)).await? {
             Reply::Admin(r) => Ok(r),
             Reply::Error(e) => Err(ClientError::Remote(e)),

@@ -32,6 +32,7 @@ pub struct Metrics {
     pub kv_writes: Counter,
     pub kv_reads: Counter,
     pub forwarded: Counter,
+    pub forward_retries: Counter,
     pub liveness_probes: Counter,
     pub liveness_probe_failures: Counter,
     pub gateway_renewals: Counter,
@@ -49,6 +50,7 @@ pub static METRICS: Metrics = Metrics {
     kv_writes: Counter(AtomicU64::new(0)),
     kv_reads: Counter(AtomicU64::new(0)),
     forwarded: Counter(AtomicU64::new(0)),
+    forward_retries: Counter(AtomicU64::new(0)),
     liveness_probes: Counter(AtomicU64::new(0)),
     liveness_probe_failures: Counter(AtomicU64::new(0)),
     gateway_renewals: Counter(AtomicU64::new(0)),
@@ -80,7 +82,7 @@ pub struct Family {
 /// Renders the Prometheus text exposition.
 pub fn render(gauges: &dyn GaugeSource) -> String {
     let m = &METRICS;
-    let counters: [(&str, &str, &Counter); 13] = [
+    let counters: [(&str, &str, &Counter); 14] = [
         (
             "yard_transport_rpc_sent_total",
             "requests sent to peers",
@@ -125,6 +127,11 @@ pub fn render(gauges: &dyn GaugeSource) -> String {
             "yard_forwarded_total",
             "requests forwarded to the leader",
             &m.forwarded,
+        ),
+        (
+            "yard_forward_retries_total",
+            "forwarded reads and session-tagged writes sent again after a leader change or an unknown outcome",
+            &m.forward_retries,
         ),
         (
             "yard_liveness_probes_total",

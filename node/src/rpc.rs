@@ -35,6 +35,13 @@ pub enum Request {
     ProbeReport {
         batches: Vec<yard_actors::probe::core::JobBatch>,
     },
+    /// An admin write tagged with the client's session, so that it applies at most once
+    /// however often it is retried (by the forwarding node on a new leader, or by the client on
+    /// another endpoint). Admins send it; nodes forward it unchanged.
+    AdminOnce {
+        tag: yard_raft_store::SessionTag,
+        req: AdminRequest,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -11,7 +11,9 @@ use openraft::{ChangeMembers, ServerState};
 use rand::Rng;
 use yard_actors::health::HealthRegistry;
 use yard_actors::liveness::Reachability;
-use yard_raft_store::{ChangeFeed, Command, JoinToken, NodeId, NodeInfo, NodeMeta, Raft, Response};
+use yard_raft_store::{
+    ChangeFeed, Command, JoinToken, NodeId, NodeInfo, NodeMeta, Raft, Response, SessionTag,
+};
 
 use crate::admin_actor::ServeAdmin;
 use crate::batcher::{BatchError, WriteBatcher};
@@ -129,7 +131,7 @@ impl Node {
 
     /// Serves one operator request (what the admin actor runs).
     pub async fn serve_admin(&self, req: AdminRequest) -> Reply {
-        self.handle_admin(false, req).await
+        self.handle_admin(false, None, req).await
     }
 
     pub fn id(&self) -> NodeId {
@@ -256,9 +258,15 @@ impl Node {
     /// forwarder retries instead. Everything happens within `leader_wait`: a request is never
     /// re-sent after its client has given up, and a write proposed here that does not commit in
     /// time (this node may be a deposed leader behind a partition) is answered as unknown.
+    ///
+    /// Reads and session-tagged writes (`tag`) are safe to send again: a forward to a leader
+    /// that this node sees replaced (or gone) is abandoned at once and retried on the new one,
+    /// rather than waiting out the RPC timeout on a dead leader, and an unknown outcome there is
+    /// retried too. Only untagged writes can still answer "unknown".
     async fn leader_or_forward<T, F, Fut>(
         &self,
         forwarded: bool,
+        tag: Option<SessionTag>,
         req: &AdminRequest,
         local: F,
     ) -> Reply
@@ -275,6 +283,7 @@ impl Node {
                 p.leader_wait.as_millis()
             ))
         };
+        let retry_safe = req.is_read_only() || tag.is_some();
         loop {
             let remaining = p.leader_wait.saturating_sub(start.elapsed());
             let leader = match tokio::time::timeout(remaining, local()).await {
@@ -298,16 +307,41 @@ impl Node {
                     return Reply::Error(format!("node {} is not the leader; node {id} is", p.id));
                 }
                 METRICS.forwarded.inc();
-                match p
-                    .transport
-                    .call(
-                        Target::node(id, node.addr.clone()),
-                        Request::Admin(req.clone()),
-                        p.rpc_timeout,
-                    )
-                    .await
-                {
-                    Ok(reply @ (Reply::Admin(_) | Reply::Indefinite(_))) => return reply,
+                let request = match tag {
+                    Some(tag) => Request::AdminOnce {
+                        tag,
+                        req: req.clone(),
+                    },
+                    None => Request::Admin(req.clone()),
+                };
+                let call =
+                    p.transport
+                        .call(Target::node(id, node.addr.clone()), request, p.rpc_timeout);
+                let outcome = if retry_safe {
+                    let mut metrics = p.raft.metrics();
+                    tokio::select! {
+                        outcome = call => Some(outcome),
+                        _ = metrics.wait_for(|m| m.current_leader != Some(id)) => None,
+                    }
+                } else {
+                    Some(call.await)
+                };
+                let Some(outcome) = outcome else {
+                    METRICS.forward_retries.inc();
+                    tracing::debug!(
+                        leader = id,
+                        "the leader changed under a forwarded request; retrying on the new one"
+                    );
+                    continue;
+                };
+                match outcome {
+                    Ok(reply @ Reply::Admin(_)) => return reply,
+                    // The write carries its session: sending it again cannot apply it twice.
+                    Ok(Reply::Indefinite(e)) if tag.is_some() => {
+                        METRICS.forward_retries.inc();
+                        tracing::debug!(leader = id, error = %e, "forwarded write's outcome unknown; retrying it")
+                    }
+                    Ok(reply @ Reply::Indefinite(_)) => return reply,
                     // A refusal (e.g. "not the leader"): nothing happened, so trying again is safe.
                     Ok(Reply::Error(e)) => {
                         tracing::debug!(leader = id, error = %e, "forwarded request refused")
@@ -319,9 +353,11 @@ impl Node {
                     Err(e @ TransportError::Unreachable { .. }) => {
                         tracing::debug!(leader = id, error = %e, "leader unreachable")
                     }
-                    // A read changes nothing, so asking again (the leader may have changed) is safe.
-                    Err(e) if req.is_read_only() => {
-                        tracing::debug!(leader = id, error = %e, "leader did not answer a read")
+                    // A read changes nothing and a tagged write applies at most once, so asking
+                    // again (the leader may have changed) is safe.
+                    Err(e) if retry_safe => {
+                        METRICS.forward_retries.inc();
+                        tracing::debug!(leader = id, error = %e, "leader did not answer; retrying")
                     }
                     // A write may have been applied: retrying could apply it twice.
                     Err(e) => {
@@ -339,15 +375,43 @@ impl Node {
     }
 
     pub(crate) async fn write(&self, forwarded: bool, req: &AdminRequest, cmd: Command) -> Reply {
-        self.leader_or_forward(forwarded, req, || {
-            let cmd = cmd.clone();
+        self.write_tagged(forwarded, None, req, cmd).await
+    }
+
+    /// Proposes `cmd` (wrapped in its client session when tagged, stamped with this node's
+    /// clock, which advances the replicated clock that expires sessions) or forwards `req`.
+    pub(crate) async fn write_tagged(
+        &self,
+        forwarded: bool,
+        tag: Option<SessionTag>,
+        req: &AdminRequest,
+        cmd: Command,
+    ) -> Reply {
+        self.leader_or_forward(forwarded, tag, req, || {
+            let cmd = match tag {
+                Some(tag) => Command::Once {
+                    tag,
+                    now_unix_ms: now_unix_ms(),
+                    cmd: Box::new(cmd.clone()),
+                },
+                None => cmd.clone(),
+            };
             async move {
                 match self.writes.write(cmd).await {
+                    // Which earlier attempt applied cannot be told any more: the client must
+                    // treat the outcome as unknown (and open a new session).
+                    Ok(Response::Refused(why)) => Err(Reply::Indefinite(why)),
                     Ok(resp) => {
                         METRICS.kv_writes.inc();
                         Ok(Attempt::Done(resp))
                     }
                     Err(BatchError::Forward(f)) => Ok(Attempt::Forward(leader_of(f))),
+                    // Leadership was lost under a tagged write: propose it again wherever the
+                    // leader now is; a copy that commits as well is answered from the session.
+                    Err(BatchError::Indefinite(e)) if tag.is_some() => {
+                        tracing::debug!(error = %e, "tagged write's outcome unknown; retrying it");
+                        Ok(Attempt::Forward(None))
+                    }
                     // Raft stopped under the write: it may still be committed by the next leader.
                     Err(BatchError::Indefinite(e)) => Err(Reply::Indefinite(e)),
                 }
@@ -362,7 +426,7 @@ impl Node {
         req: &AdminRequest,
         f: impl Fn(&yard_raft_store::StateMachineData) -> T,
     ) -> Reply {
-        self.leader_or_forward(forwarded, req, || async {
+        self.leader_or_forward(forwarded, None, req, || async {
             match self.inner.raft.ensure_linearizable().await {
                 Ok(_) => {
                     METRICS.kv_reads.inc();
@@ -381,18 +445,25 @@ impl Node {
         .await
     }
 
-    async fn handle_admin(&self, forwarded: bool, req: AdminRequest) -> Reply {
+    /// Serves one admin request; `tag` is the client session of a tagged write (key-value
+    /// writes only: other requests ignore it).
+    async fn handle_admin(
+        &self,
+        forwarded: bool,
+        tag: Option<SessionTag>,
+        req: AdminRequest,
+    ) -> Reply {
         match &req {
             AdminRequest::KvPut { key, value } => {
                 let cmd = Command::Put {
                     key: key.clone(),
                     value: value.clone(),
                 };
-                self.write(forwarded, &req, cmd).await
+                self.write_tagged(forwarded, tag, &req, cmd).await
             }
             AdminRequest::KvDelete { key } => {
-                self.write(forwarded, &req, Command::Delete { key: key.clone() })
-                    .await
+                let cmd = Command::Delete { key: key.clone() };
+                self.write_tagged(forwarded, tag, &req, cmd).await
             }
             AdminRequest::KvCas { key, expect, value } => {
                 let cmd = Command::Cas {
@@ -400,7 +471,7 @@ impl Node {
                     expect: expect.clone(),
                     value: value.clone(),
                 };
-                self.write(forwarded, &req, cmd).await
+                self.write_tagged(forwarded, tag, &req, cmd).await
             }
             AdminRequest::KvGet { key } => {
                 let key = key.clone();
@@ -512,7 +583,7 @@ impl Node {
             return Reply::Error(format!("node {id} is not a member of this cluster"));
         }
         let reply = self
-            .leader_or_forward(forwarded, req, || async move {
+            .leader_or_forward(forwarded, None, req, || async move {
                 let change = ChangeMembers::RemoveVoters(BTreeSet::from([id]));
                 match self.inner.raft.change_membership(change, false).await {
                     Ok(_) => Ok(Attempt::Done(AdminReply::Removed { id })),
@@ -789,7 +860,9 @@ impl From<Response> for AdminReply {
     fn from(r: Response) -> Self {
         match r {
             // Client commands never answer with these; the batcher unpacks batches.
-            Response::None | Response::Batch(_) => AdminReply::Written { revision: 0 },
+            Response::None | Response::Batch(_) | Response::Refused(_) => {
+                AdminReply::Written { revision: 0 }
+            }
             Response::Written { revision } => AdminReply::Written { revision },
             Response::Deleted { revision, existed } => AdminReply::Deleted { revision, existed },
             Response::Cas {
@@ -859,14 +932,24 @@ impl Handler for Node {
                         .unwrap_or_else(|_| Reply::Error("the admin actor is not running".into())),
                     None => this.serve_admin(r).await,
                 },
-                (PeerRole::Node(_), Request::Admin(r)) => this.handle_admin(true, r).await,
+                (PeerRole::Node(_), Request::Admin(r)) => this.handle_admin(true, None, r).await,
+                // Tagged writes are key-value writes: the data path, straight to the node.
+                (PeerRole::Admin, Request::AdminOnce { tag, req }) if req.is_kv() => {
+                    this.handle_admin(false, Some(tag), req).await
+                }
+                (PeerRole::Node(_), Request::AdminOnce { tag, req }) if req.is_kv() => {
+                    this.handle_admin(true, Some(tag), req).await
+                }
+                (PeerRole::Admin | PeerRole::Node(_), Request::AdminOnce { .. }) => {
+                    Reply::Error("only key-value writes carry a client session".into())
+                }
                 (role, Request::Join(r)) => this.handle_join(role, r).await,
                 (role, Request::RedeemToken(r)) => this.handle_redeem(role, r).await,
                 (role, req) => {
                     METRICS.requests_refused.inc();
                     let what = match req {
                         Request::Raft(_) => "raft traffic",
-                        Request::Admin(_) => "admin requests",
+                        Request::Admin(_) | Request::AdminOnce { .. } => "admin requests",
                         Request::Probe => "liveness probes",
                         Request::GatewayRenew { .. } | Request::GatewayGrace { .. } => {
                             "gateway lease renewals"

@@ -73,6 +73,9 @@ pub struct QuicTransport {
     client: quinn::ClientConfig,
     cluster: String,
     max_frame: u32,
+    /// Bounds a handshake below the call's own timeout (clients: a dead endpoint among several
+    /// must not use up the whole request budget before the next is tried).
+    connect_timeout: Duration,
     conns: Mutex<HashMap<Target, quinn::Connection>>,
 }
 
@@ -83,11 +86,24 @@ impl QuicTransport {
         cluster: String,
         max_frame: u32,
     ) -> Arc<Self> {
+        Self::with_connect_timeout(endpoint, client, cluster, max_frame, Duration::MAX)
+    }
+
+    /// A transport whose handshakes give up after `connect_timeout` even when the call allows
+    /// longer.
+    pub fn with_connect_timeout(
+        endpoint: quinn::Endpoint,
+        client: quinn::ClientConfig,
+        cluster: String,
+        max_frame: u32,
+        connect_timeout: Duration,
+    ) -> Arc<Self> {
         Arc::new(Self {
             endpoint,
             client,
             cluster,
             max_frame,
+            connect_timeout,
             conns: Mutex::new(HashMap::new()),
         })
     }
@@ -159,6 +175,7 @@ impl QuicTransport {
         target: &Target,
         timeout: Duration,
     ) -> Result<quinn::Connection, TransportError> {
+        let timeout = timeout.min(self.connect_timeout);
         tokio::time::timeout(timeout, self.connect(target))
             .await
             .unwrap_or_else(|_| {

@@ -239,6 +239,80 @@ async fn leader_loss_elects_a_new_leader_and_keeps_acknowledged_writes() {
     put(&net, &survivors[1].addr, "after", "x").await.unwrap();
 }
 
+/// Sends one session-tagged write to `to` as an admin client would.
+async fn tagged(
+    net: &MemNetwork,
+    to: &str,
+    tag: yard_raft_store::SessionTag,
+    req: AdminRequest,
+) -> Result<AdminReply, String> {
+    let t = net.transport("198.18.1.1:1", PeerRole::Admin);
+    match t
+        .call(
+            Target::any(to),
+            Request::AdminOnce { tag, req },
+            Duration::from_secs(10),
+        )
+        .await
+    {
+        Ok(Reply::Admin(r)) => Ok(r),
+        Ok(other) => Err(format!("{other:?}")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tagged_write_through_a_follower_survives_a_silent_leader_and_applies_once() {
+    let net = MemNetwork::default();
+    let nodes = cluster(&net, 3, &raft_section(10_000, 1_000)).await;
+    put(&net, &nodes[1].addr, "warm", "up").await.unwrap();
+    let old = wait_leader(&[&nodes[0], &nodes[1], &nodes[2]], None).await;
+    let survivors: Vec<&TestNode> = nodes.iter().filter(|n| n.node.id() != old).collect();
+    let leader_addr = addr(old);
+    // The leader goes silent (a cut cable, as a kill -9 looks from outside): a forward to it
+    // meets no answer, only its own timeout. An untagged write would be answered "unknown".
+    let others: Vec<&str> = survivors.iter().map(|n| n.addr.as_str()).collect();
+    net.partition(&[&leader_addr], &others);
+    let tag = yard_raft_store::SessionTag {
+        client: 0xfeed,
+        seq: 1,
+        first_unacked: 1,
+    };
+    let incr = AdminRequest::KvCas {
+        key: "counter".into(),
+        expect: None,
+        value: "1".into(),
+    };
+    let first = tagged(&net, &survivors[0].addr, tag, incr.clone())
+        .await
+        .expect("a tagged write through a follower is acknowledged across the election");
+    let AdminReply::Cas {
+        succeeded: true,
+        revision,
+        ..
+    } = first
+    else {
+        panic!("the increment did not apply: {first:?}")
+    };
+    assert_ne!(wait_leader(&survivors, Some(old)).await, old);
+    // The client did not see that reply and sends the write again, to the other survivor: it
+    // gets the first reply back (a compare-and-swap applied twice would report failure).
+    let again = tagged(&net, &survivors[1].addr, tag, incr).await.unwrap();
+    assert!(
+        matches!(again, AdminReply::Cas { succeeded: true, revision: r, .. } if r == revision),
+        "the retry was not answered from the session: {again:?}"
+    );
+    assert_eq!(
+        get(&net, &survivors[1].addr, "counter")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("1")
+    );
+    let duplicates = survivors[1].node.feed().read(|d| d.sessions.duplicates());
+    assert!(duplicates >= 1, "the retry was applied, not answered");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn minority_makes_no_progress_and_heals_to_the_majority() {
     let net = MemNetwork::default();
