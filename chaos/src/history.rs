@@ -290,6 +290,11 @@ impl Recorder {
         }
     }
 
+    /// When this recorder's clock started: what `invoke_ns` counts from.
+    pub fn origin(&self) -> Instant {
+        self.inner.start
+    }
+
     /// Nanoseconds since this recorder was created.
     pub fn elapsed_ns(&self) -> u64 {
         u64::try_from(self.inner.start.elapsed().as_nanos()).unwrap_or(u64::MAX)

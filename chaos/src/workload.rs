@@ -7,6 +7,13 @@
 //! Each client runs as its own tokio task and issues one operation at a time. When an operation's
 //! outcome is unknown it may still be in flight inside the cluster, so the client continues under
 //! a fresh process id (the Jepsen convention): each process id then stays strictly sequential.
+//!
+//! Besides the shared keys, each client increments a counter key of its own by compare-and-swap
+//! from the value it knows (`<count>:<unique>`). Nobody else writes it, so every increment the
+//! store reports must have applied exactly once: a swap that finds another value while no
+//! outcome of this client is unknown means a reply lied (a retried write applied twice reports
+//! a mismatch), and the final count must equal the increments acknowledged. See
+//! [`CounterReport::check`].
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -51,6 +58,9 @@ pub trait KvClient: Clone + Send + Sync + 'static {
         expect: Option<&str>,
         value: &str,
     ) -> impl Future<Output = Result<bool, ClientError>> + Send;
+
+    /// Removes a key (absent already is success).
+    fn delete(&self, key: &str) -> impl Future<Output = Result<(), ClientError>> + Send;
 }
 
 /// Relative weights of the operations a client picks.
@@ -59,14 +69,27 @@ pub struct OpMix {
     pub read: u32,
     pub write: u32,
     pub cas: u32,
+    #[serde(default)]
+    pub delete: u32,
+    /// Increments of the client's own counter key.
+    #[serde(default)]
+    pub increment: u32,
+}
+
+impl OpMix {
+    fn total(&self) -> u32 {
+        self.read + self.write + self.cas + self.delete + self.increment
+    }
 }
 
 impl Default for OpMix {
     fn default() -> Self {
         Self {
-            read: 2,
-            write: 1,
-            cas: 1,
+            read: 4,
+            write: 2,
+            cas: 2,
+            delete: 1,
+            increment: 1,
         }
     }
 }
@@ -107,6 +130,59 @@ pub fn key_set(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}{i}")).collect()
 }
 
+/// Client `client`'s counter key: named after the run's first key, so fresh in every run.
+pub fn counter_key(keys: &[String], client: usize) -> String {
+    format!(
+        "{}-counter-c{client}",
+        keys.first().map_or("k", String::as_str)
+    )
+}
+
+/// The count a counter value (`<count>:<unique>`) holds; absent is 0.
+pub fn counter_count(value: Option<&str>) -> Option<u64> {
+    match value {
+        None => Some(0),
+        Some(v) => v.split(':').next()?.parse().ok(),
+    }
+}
+
+/// What one client knows of its counter at the end of a run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CounterReport {
+    pub key: String,
+    /// The count the client knows the key holds.
+    pub count: u64,
+    /// Increments acknowledged as applied.
+    pub acked: u64,
+    /// Increments whose outcome was unknown.
+    pub unknown: u64,
+    /// An increment of unknown outcome may still land (no acknowledged one came after it).
+    pub pending_unknown: bool,
+    /// Swaps that found another value while no outcome was unknown: a reply that lied.
+    pub lies: Vec<String>,
+}
+
+impl CounterReport {
+    /// Checks the counter's final value as read back after the run: every acknowledged
+    /// increment applied exactly once, nothing else did (but the one pending unknown).
+    pub fn check(&self, final_value: Option<&str>) -> Result<(), String> {
+        if let Some(lie) = self.lies.first() {
+            return Err(format!("{}: {lie}", self.key));
+        }
+        let Some(v) = counter_count(final_value) else {
+            return Err(format!("{}: unreadable value {final_value:?}", self.key));
+        };
+        if v == self.count || (self.pending_unknown && v == self.count + 1) {
+            Ok(())
+        } else {
+            Err(format!(
+                "{}: holds {v} increments, the client knows of {} ({} acknowledged)",
+                self.key, self.count, self.acked
+            ))
+        }
+    }
+}
+
 /// Why a workload could not run to the end.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkloadError {
@@ -129,6 +205,8 @@ pub struct WorkloadSummary {
     pub failed: usize,
     pub unknown: usize,
     pub elapsed: Duration,
+    /// Each client's counter.
+    pub counters: Vec<CounterReport>,
 }
 
 impl WorkloadSummary {
@@ -137,6 +215,7 @@ impl WorkloadSummary {
         self.ok += other.ok;
         self.failed += other.failed;
         self.unknown += other.unknown;
+        self.counters.extend(other.counters.iter().cloned());
     }
 }
 
@@ -153,7 +232,7 @@ pub async fn run_workload<C: KvClient>(
     if config.keys.is_empty() {
         return Err(WorkloadError::NoKeys);
     }
-    if config.mix.read == 0 && config.mix.write == 0 && config.mix.cas == 0 {
+    if config.mix.total() == 0 {
         return Err(WorkloadError::EmptyMix);
     }
     let start = Instant::now();
@@ -216,7 +295,14 @@ impl<C: KvClient> Worker<C> {
         let mut last_seen: HashMap<String, Option<String>> = HashMap::new();
         let mut summary = WorkloadSummary::default();
         let mix = self.config.mix;
-        let total = mix.read + mix.write + mix.cas;
+        let total = mix.total();
+        let mut counter = CounterReport {
+            key: counter_key(&self.config.keys, self.index),
+            ..Default::default()
+        };
+        // The counter's value as this client knows it; `None` once an outcome was unknown and
+        // until a read told it again.
+        let mut counter_value: Option<Option<String>> = Some(None);
 
         for _ in 0..self.config.ops_per_client {
             let now = Instant::now();
@@ -226,7 +312,26 @@ impl<C: KvClient> Worker<C> {
             let op_deadline = (now + self.config.op_timeout).min(self.deadline);
             let key = self.config.keys[rng.gen_range(0..self.config.keys.len())].clone();
             let roll = rng.gen_range(0..total);
-            let op = if roll < mix.read {
+            let incrementing = roll >= total - mix.increment;
+            let op = if incrementing {
+                match &counter_value {
+                    // Learn the value again first.
+                    None => Op::Read {
+                        key: counter.key.clone(),
+                    },
+                    Some(current) => {
+                        written += 1;
+                        let next = counter_count(current.as_deref()).unwrap_or(0) + 1;
+                        Op::Cas {
+                            key: counter.key.clone(),
+                            expect: current.clone(),
+                            new: format!("{next}:c{}-{written}", self.index),
+                        }
+                    }
+                }
+            } else if roll >= mix.read + mix.write + mix.cas {
+                Op::Delete { key }
+            } else if roll < mix.read {
                 Op::Read { key }
             } else {
                 written += 1;
@@ -250,6 +355,34 @@ impl<C: KvClient> Worker<C> {
             let handle = self.recorder.invoke(process, op.clone());
             let outcome = self.execute(&op, op_deadline).await;
             summary.invoked += 1;
+            if incrementing {
+                match (&op, &outcome) {
+                    (Op::Read { .. }, Outcome::Ok(OpResult::Read(v))) => {
+                        counter.count = counter_count(v.as_deref()).unwrap_or(counter.count);
+                        counter_value = Some(v.clone());
+                    }
+                    (Op::Cas { new, .. }, Outcome::Ok(_)) => {
+                        counter.acked += 1;
+                        counter.count += 1;
+                        counter.pending_unknown = false;
+                        counter_value = Some(Some(new.clone()));
+                    }
+                    (Op::Cas { expect, .. }, Outcome::Fail(FailReason::CasMismatch)) => {
+                        if !counter.pending_unknown {
+                            counter.lies.push(format!(
+                                "a swap from {expect:?} found another value although every earlier increment's outcome was reported"
+                            ));
+                        }
+                        counter_value = None;
+                    }
+                    (Op::Cas { .. }, Outcome::Unknown(_)) => {
+                        counter.unknown += 1;
+                        counter.pending_unknown = true;
+                        counter_value = None;
+                    }
+                    _ => {}
+                }
+            }
             match &outcome {
                 Outcome::Ok(result) => {
                     summary.ok += 1;
@@ -259,6 +392,9 @@ impl<C: KvClient> Worker<C> {
                         }
                         (Op::Write { key, value: v, .. } | Op::Cas { key, new: v, .. }, _) => {
                             last_seen.insert(key.clone(), Some(v.clone()));
+                        }
+                        (Op::Delete { key }, _) => {
+                            last_seen.insert(key.clone(), None);
                         }
                         _ => {}
                     }
@@ -271,6 +407,7 @@ impl<C: KvClient> Worker<C> {
             }
             handle.complete(outcome);
         }
+        summary.counters.push(counter);
         summary
     }
 
@@ -294,8 +431,9 @@ impl<C: KvClient> Worker<C> {
                         })
                     })
             }
-            // The client trait has no delete; the workload never generates one.
-            Op::Delete { .. } => Ok(Err(ClientError::Definite("delete is not supported".into()))),
+            Op::Delete { key } => tokio::time::timeout_at(deadline, c.delete(key))
+                .await
+                .map(|r| r.map(|()| Outcome::Ok(OpResult::Applied))),
         };
         match result {
             Ok(Ok(outcome)) => outcome,
@@ -401,6 +539,12 @@ mod tests {
             })
             .await
         }
+        async fn delete(&self, key: &str) -> Result<(), ClientError> {
+            self.apply(|m| {
+                m.remove(key);
+            })
+            .await
+        }
     }
 
     /// A broken store: writes go to the primary, reads are served by a replica that only
@@ -455,6 +599,12 @@ mod tests {
             }
             Ok(swapped)
         }
+        async fn delete(&self, key: &str) -> Result<(), ClientError> {
+            tokio::task::yield_now().await;
+            self.primary.lock().unwrap().remove(key);
+            self.wrote();
+            Ok(())
+        }
     }
 
     fn config(seed: u64) -> WorkloadConfig {
@@ -472,7 +622,7 @@ mod tests {
     async fn atomic_store_is_linearizable() {
         let store = Atomic::default();
         let recorder = Recorder::new();
-        let clients = vec![store; 5];
+        let clients = vec![store.clone(); 5];
         let summary = run_workload(clients, config(7), recorder.clone())
             .await
             .unwrap();
@@ -487,7 +637,73 @@ mod tests {
         assert_eq!(history.entries.len(), summary.invoked);
         let verdict = check(&history).unwrap();
         assert!(verdict.linearizable, "{verdict}");
-        assert_eq!(verdict.keys_checked, 3);
+        // The three shared keys and each client's counter.
+        assert_eq!(verdict.keys_checked, 3 + 5);
+        // Every increment applied exactly once, although some replies were lost.
+        assert_eq!(summary.counters.len(), 5);
+        assert!(summary.counters.iter().any(|c| c.acked > 0), "{summary:?}");
+        for c in &summary.counters {
+            let value = store.map.lock().unwrap().get(&c.key).cloned();
+            c.check(value.as_deref()).unwrap();
+        }
+    }
+
+    /// A store that sometimes applies a compare-and-swap and then answers "mismatch", as a
+    /// store without client sessions does when a retried swap meets its own first copy.
+    #[derive(Clone, Default)]
+    struct RetriesApplyTwice {
+        inner: Atomic,
+        calls: Arc<AtomicU64>,
+    }
+
+    impl KvClient for RetriesApplyTwice {
+        async fn get(&self, key: &str) -> Result<Option<String>, ClientError> {
+            Ok(self.inner.map.lock().unwrap().get(key).cloned())
+        }
+        async fn put(&self, key: &str, value: &str) -> Result<(), ClientError> {
+            self.inner
+                .map
+                .lock()
+                .unwrap()
+                .insert(key.into(), value.into());
+            Ok(())
+        }
+        async fn cas(
+            &self,
+            key: &str,
+            expect: Option<&str>,
+            value: &str,
+        ) -> Result<bool, ClientError> {
+            let mut m = self.inner.map.lock().unwrap();
+            if m.get(key).map(String::as_str) != expect {
+                return Ok(false);
+            }
+            m.insert(key.into(), value.into());
+            // Every seventh swap: the reply was lost and the retry found the swapped value.
+            Ok(self.calls.fetch_add(1, Ordering::Relaxed) % 7 != 6)
+        }
+        async fn delete(&self, key: &str) -> Result<(), ClientError> {
+            self.inner.map.lock().unwrap().remove(key);
+            Ok(())
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_retried_write_that_applied_twice_is_caught_by_the_counters() {
+        let store = RetriesApplyTwice::default();
+        let recorder = Recorder::new();
+        let summary = run_workload(vec![store.clone(); 3], config(11), recorder)
+            .await
+            .unwrap();
+        let failures: Vec<String> = summary
+            .counters
+            .iter()
+            .filter_map(|c| {
+                let value = store.inner.map.lock().unwrap().get(&c.key).cloned();
+                c.check(value.as_deref()).err()
+            })
+            .collect();
+        assert!(!failures.is_empty(), "{summary:?}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -525,6 +741,10 @@ mod tests {
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 Ok(false)
             }
+            async fn delete(&self, _: &str) -> Result<(), ClientError> {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                Ok(())
+            }
         }
         let recorder = Recorder::new();
         let config = WorkloadConfig {
@@ -554,6 +774,9 @@ mod tests {
             }
             async fn cas(&self, _: &str, _: Option<&str>, _: &str) -> Result<bool, ClientError> {
                 Ok(true)
+            }
+            async fn delete(&self, _: &str) -> Result<(), ClientError> {
+                Ok(())
             }
         }
         let mut runs = Vec::new();

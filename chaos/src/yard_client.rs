@@ -80,4 +80,16 @@ impl KvClient for YardKv {
             other => Err(unexpected(other)),
         }
     }
+
+    async fn delete(&self, key: &str) -> Result<(), ClientError> {
+        match self
+            .call(AdminRequest::KvDelete {
+                key: key.to_owned(),
+            })
+            .await?
+        {
+            AdminReply::Deleted { .. } => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
 }

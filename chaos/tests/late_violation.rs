@@ -78,6 +78,12 @@ impl KvClient for Store {
         })
         .await
     }
+    async fn delete(&self, key: &str) -> Result<(), ClientError> {
+        self.run(false, |m| {
+            m.remove(key);
+        })
+        .await
+    }
 }
 
 fn config() -> WorkloadConfig {

@@ -462,7 +462,7 @@ mod tests {
                 }
                 // The client acknowledges every other reply late, so retries of unacknowledged
                 // writes are still answered from the table.
-                if seq % 2 == 0 {
+                if seq.is_multiple_of(2) {
                     first_unacked = seq + 1;
                 }
             }

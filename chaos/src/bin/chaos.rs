@@ -17,6 +17,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context};
 use clap::Parser;
 use yard::client::AdminClient;
+use yard::rpc::{AdminReply, AdminRequest};
 use yard_chaos::gateway::{
     answering_mismatches, balanced, check_ownership, gaps_in, largest_gap, lost_within,
     owned_before, owned_by_any, phase_of, reassignment, unanswered, LossGap, Ms, NodeId, Outage,
@@ -26,6 +27,8 @@ use yard_chaos::gateway_monitor::{
     add_tenants, cli_json, gateway_config, pool, vip_neighbours, wait_vips, Health, Monitor,
     Observed, ProbePair, RunClock,
 };
+use yard_chaos::history::{FailReason, History, Outcome};
+use yard_chaos::workload::counter_key;
 use yard_chaos::yard_client::YardKv;
 use yard_chaos::{
     check, generate, inject, key_set, run_workload, FaultKind, OpMix, Recorder, ScheduleConfig,
@@ -218,8 +221,12 @@ fn run(args: Args) -> anyhow::Result<bool> {
         seed,
         mix: OpMix::default(),
     };
+    let counter_keys: Vec<String> = (0..args.clients)
+        .map(|c| counter_key(&workload.keys, c))
+        .collect();
     let (clients, pace) = (args.clients, Duration::from_millis(args.pace_ms));
     let rec = recorder.clone();
+    let (read_endpoints, read_tls) = (endpoints.clone(), tls.clone());
     let worker = cluster
         .topo
         .thread_in_host(client_host, move || -> anyhow::Result<_> {
@@ -293,6 +300,10 @@ fn run(args: Args) -> anyhow::Result<bool> {
     // Invariant: with every fault healed the cluster converges to all voters reachable.
     let converged = cluster.wait_voters(1, args.hosts, Duration::from_secs(30));
     let history = recorder.history();
+    let offset_ms = clock.at(recorder.origin());
+    for line in failures_by_fault(&history, offset_ms, &faults) {
+        println!("chaos: {line}");
+    }
     let verdict = check(&history)?;
     println!(
         "chaos: faults injected {}; keys checked {}; operations checked {}",
@@ -331,6 +342,59 @@ fn run(args: Args) -> anyhow::Result<bool> {
     if !checks.add("kv workload made progress", summary.ok > 0) {
         println!("chaos: no operation succeeded; the run proves nothing");
     }
+    // Invariant: every increment of each client's counter applied exactly once.
+    let finals = cluster
+        .topo
+        .thread_in_host(
+            client_host,
+            move || -> anyhow::Result<Vec<Option<String>>> {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                rt.block_on(async move {
+                    let client = AdminClient::new(
+                        &read_endpoints,
+                        &read_tls,
+                        "yard",
+                        Duration::from_secs(5),
+                    )?;
+                    let mut values = Vec::new();
+                    for key in counter_keys {
+                        match client.admin(AdminRequest::KvGet { key }).await? {
+                            AdminReply::Value(v) => values.push(v.map(|e| e.value)),
+                            other => bail!("unexpected reply {other:?}"),
+                        }
+                    }
+                    Ok(values)
+                })
+            },
+        )?
+        .join()
+        .map_err(|_| anyhow::anyhow!("the counter reader panicked"))?
+        .unwrap_or_else(|e| {
+            println!("chaos: cannot read the counters back: {e:#}");
+            Vec::new()
+        });
+    let acked: u64 = summary.counters.iter().map(|c| c.acked).sum();
+    let wrong: Vec<String> = summary
+        .counters
+        .iter()
+        .zip(&finals)
+        .filter_map(|(c, v)| c.check(v.as_deref()).err())
+        .collect();
+    println!(
+        "chaos: counters: {} increments acknowledged, {} of unknown outcome over {} clients",
+        acked,
+        summary.counters.iter().map(|c| c.unknown).sum::<u64>(),
+        summary.counters.len()
+    );
+    for w in &wrong {
+        println!("chaos: counter wrong: {w}");
+    }
+    checks.add(
+        "every counter increment applied exactly once",
+        wrong.is_empty() && acked > 0 && finals.len() == summary.counters.len(),
+    );
 
     if let Some(gw) = gw {
         let ctx = Judge {
@@ -352,6 +416,37 @@ fn run(args: Args) -> anyhow::Result<bool> {
         checks.failed()
     );
     Ok(ok)
+}
+
+/// The workload's operations by the fault in force when each was invoked (`none`: between
+/// faults): how many failed outright (refused, or of unknown outcome) under each kind.
+fn failures_by_fault(history: &History, offset_ms: Ms, faults: &[Injected]) -> Vec<String> {
+    let mut by_kind: BTreeMap<String, (usize, usize, usize)> = BTreeMap::new();
+    for e in &history.entries {
+        let t = offset_ms + (e.invoke_ns / 1_000_000) as Ms;
+        let kind = faults
+            .iter()
+            .find(|f| f.injected <= t && t < f.healed)
+            .map_or_else(|| "none".to_string(), |f| f.kind.to_string());
+        let row = by_kind.entry(kind).or_default();
+        row.0 += 1;
+        match e.outcome {
+            Outcome::Fail(FailReason::NotApplied(_)) => row.1 += 1,
+            Outcome::Unknown(_) => row.2 += 1,
+            _ => {}
+        }
+    }
+    let pct = |n: usize, of: usize| 100.0 * n as f64 / of.max(1) as f64;
+    by_kind
+        .into_iter()
+        .map(|(kind, (n, failed, unknown))| {
+            format!(
+                "ops under {kind}: {n}, failed outright {} ({:.2}%: {failed} refused, {unknown} unknown)",
+                failed + unknown,
+                pct(failed + unknown, n)
+            )
+        })
+        .collect()
 }
 
 /// VIP pool, placement, tenants and probe streams, up and flowing before the schedule starts.
