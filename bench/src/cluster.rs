@@ -58,6 +58,10 @@ pub trait Cluster {
     /// while it does not answer or knows no leader.
     async fn indexes(&self, leader: usize, host: usize) -> Result<(u64, Option<u64>)>;
 
+    /// The command a user runs to put `key` through `host`'s member: the system's own CLI at
+    /// its default settings (a fresh process per attempt).
+    fn cli_put(&self, host: usize, key: &str, value: &str) -> tokio::process::Command;
+
     /// Starts `host`'s member again, from its data, after it was killed, with a fresh status
     /// client (a QUIC client would otherwise wait out its timeout on the dead connection).
     async fn restart(&mut self, host: usize) -> Result<()>;

@@ -10,14 +10,57 @@ use yard_cluster_tests::{Process, Topology};
 
 use crate::cluster::{Cluster, KvClient};
 
-pub const CLIENT_PORT: u16 = 2379;
-pub const PEER_PORT: u16 = 2380;
+/// How one etcd cluster of the benchmark is set up: its name in the report, its ports (two
+/// clusters run side by side on the same hosts) and its Raft timings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EtcdProfile {
+    pub name: &'static str,
+    pub client_port: u16,
+    pub peer_port: u16,
+    /// `(--heartbeat-interval, --election-timeout)` in ms; `None`: etcd's defaults (100, 1000).
+    pub timing: Option<(u64, u64)>,
+}
+
+impl EtcdProfile {
+    /// etcd as installed: default timings.
+    pub const DEFAULTS: EtcdProfile = EtcdProfile {
+        name: "etcd",
+        client_port: 2379,
+        peer_port: 2380,
+        timing: None,
+    };
+
+    /// etcd with timings matched to yard's defaults (heartbeat 20 ms, elections after 50-80
+    /// ms of silence): etcd refuses an election timeout under 5 heartbeats, so the election
+    /// timeout is yard's longest, 80 ms, with a 16 ms heartbeat.
+    pub const MATCHED: EtcdProfile = EtcdProfile {
+        name: "etcd-matched",
+        client_port: 2479,
+        peer_port: 2480,
+        timing: Some((16, 80)),
+    };
+
+    /// How the report describes the timings.
+    pub fn timing_text(&self) -> String {
+        match self.timing {
+            None => {
+                "etcd's defaults: --heartbeat-interval 100 ms, --election-timeout 1000 ms".into()
+            }
+            Some((hb, el)) => format!(
+                "matched to yard's: --heartbeat-interval {hb} ms, --election-timeout {el} ms"
+            ),
+        }
+    }
+}
 /// The same as yard's status timeout, so both are polled alike while a member is starting.
 const STATUS_TIMEOUT: Duration = Duration::from_millis(300);
 
 pub struct EtcdCluster<'t> {
     topo: &'t Topology,
+    profile: EtcdProfile,
     bin: PathBuf,
+    /// etcdctl, beside etcd (Debian's etcd-client package installs both in /usr/bin).
+    etcdctl: PathBuf,
     hosts: Vec<usize>,
     /// Index `host - 1`.
     members: Vec<Option<Process>>,
@@ -34,12 +77,15 @@ impl<'t> EtcdCluster<'t> {
         topo: &'t Topology,
         bin: &Path,
         hosts: &[usize],
+        profile: EtcdProfile,
         timeout: Duration,
     ) -> Result<Self> {
         let max = hosts.iter().copied().max().unwrap_or(0);
         let mut cluster = Self {
             topo,
+            profile,
             bin: bin.to_owned(),
+            etcdctl: bin.with_file_name("etcdctl"),
             hosts: hosts.to_vec(),
             members: vec![None; max],
             status: (0..max).map(|_| None).collect(),
@@ -49,7 +95,7 @@ impl<'t> EtcdCluster<'t> {
             cluster.spawn(h)?;
         }
         for &h in hosts {
-            let c = connect(&client_url(topo, h), STATUS_TIMEOUT).await?;
+            let c = connect(&client_url(topo, h, &profile), STATUS_TIMEOUT).await?;
             cluster.status[h - 1] = Some(c.maintenance_client());
         }
         // Each member's own id, which status answers name the leader by.
@@ -75,14 +121,33 @@ impl<'t> EtcdCluster<'t> {
         Ok(cluster)
     }
 
-    /// The flags every member gets; timings are etcd's defaults.
-    pub fn args(topo: &Topology, hosts: &[usize], host: usize, data_dir: &Path) -> Vec<String> {
+    /// The flags every member gets; timings as the profile says.
+    pub fn args(
+        topo: &Topology,
+        hosts: &[usize],
+        host: usize,
+        data_dir: &Path,
+        profile: &EtcdProfile,
+    ) -> Vec<String> {
+        let peer_port = profile.peer_port;
         let initial: Vec<String> = hosts
             .iter()
-            .map(|&h| format!("e{h}=http://{}:{PEER_PORT}", topo.addr(h)))
+            .map(|&h| format!("e{h}=http://{}:{peer_port}", topo.addr(h)))
             .collect();
-        let client = client_url(topo, host);
-        let peer = format!("http://{}:{PEER_PORT}", topo.addr(host));
+        let client = client_url(topo, host, profile);
+        let peer = format!("http://{}:{peer_port}", topo.addr(host));
+        let timing = profile
+            .timing
+            .map(|(hb, el)| {
+                vec![
+                    "--heartbeat-interval".to_owned(),
+                    hb.to_string(),
+                    "--election-timeout".to_owned(),
+                    el.to_string(),
+                ]
+            })
+            .unwrap_or_default();
+        let token = format!("yard-bench-{}", profile.name);
         [
             "--name",
             &format!("e{host}"),
@@ -101,7 +166,7 @@ impl<'t> EtcdCluster<'t> {
             "--initial-cluster-state",
             "new",
             "--initial-cluster-token",
-            "yard-bench",
+            &token,
             "--logger",
             "zap",
             "--log-outputs",
@@ -109,20 +174,35 @@ impl<'t> EtcdCluster<'t> {
         ]
         .iter()
         .map(|s| (*s).to_owned())
+        .chain(timing)
         .collect()
     }
 
     fn data_dir(&self, host: usize) -> PathBuf {
-        self.topo.dir().join(format!("etcd-e{host}"))
+        self.topo
+            .dir()
+            .join(format!("{}-e{host}", self.profile.name))
+    }
+
+    /// The data directory of `host`'s member under `profile` (for the report's flags).
+    pub fn data_dir_of(topo: &Topology, profile: &EtcdProfile, host: usize) -> PathBuf {
+        topo.dir().join(format!("{}-e{host}", profile.name))
     }
 
     /// Starts (or, with its data dir in place, restarts: etcd then ignores the initial-cluster
     /// flags) the member on `host`.
     fn spawn(&mut self, host: usize) -> Result<()> {
-        let args = Self::args(self.topo, &self.hosts, host, &self.data_dir(host));
+        let args = Self::args(
+            self.topo,
+            &self.hosts,
+            host,
+            &self.data_dir(host),
+            &self.profile,
+        );
+        let log = format!("{}-e{host}.log", self.profile.name);
         let p = self
             .topo
-            .spawn(host, &self.bin, &args, &[], &format!("etcd-e{host}.log"))
+            .spawn(host, &self.bin, &args, &[], &log)
             .with_context(|| format!("cannot start etcd on host {host}"))?;
         self.members[host - 1] = Some(p);
         Ok(())
@@ -167,7 +247,7 @@ impl<'t> EtcdCluster<'t> {
 
 impl Cluster for EtcdCluster<'_> {
     fn name(&self) -> &'static str {
-        "etcd"
+        self.profile.name
     }
 
     fn hosts(&self) -> Vec<usize> {
@@ -181,7 +261,7 @@ impl Cluster for EtcdCluster<'_> {
     }
 
     async fn client(&self, host: usize, timeout: Duration) -> Result<KvClient> {
-        let c = connect(&client_url(self.topo, host), timeout).await?;
+        let c = connect(&client_url(self.topo, host, &self.profile), timeout).await?;
         Ok(KvClient::Etcd(c.kv_client()))
     }
 
@@ -207,14 +287,25 @@ impl Cluster for EtcdCluster<'_> {
     }
 
     async fn restart(&mut self, host: usize) -> Result<()> {
-        let c = connect(&client_url(self.topo, host), STATUS_TIMEOUT).await?;
+        let c = connect(&client_url(self.topo, host, &self.profile), STATUS_TIMEOUT).await?;
         self.status[host - 1] = Some(c.maintenance_client());
         self.spawn(host)
     }
+
+    fn cli_put(&self, host: usize, key: &str, value: &str) -> tokio::process::Command {
+        // etcdctl at its defaults (API v3, 5 s command timeout, 2 s dial timeout), as a user
+        // runs it: one process per attempt.
+        let mut cmd = tokio::process::Command::new(&self.etcdctl);
+        cmd.env("ETCDCTL_API", "3")
+            .arg("--endpoints")
+            .arg(client_url(self.topo, host, &self.profile))
+            .args(["put", key, value]);
+        cmd
+    }
 }
 
-pub fn client_url(topo: &Topology, host: usize) -> String {
-    format!("http://{}:{CLIENT_PORT}", topo.addr(host))
+pub fn client_url(topo: &Topology, host: usize, profile: &EtcdProfile) -> String {
+    format!("http://{}:{}", topo.addr(host), profile.client_port)
 }
 
 /// A client of one member only (the balanced channel holds just this endpoint), with a

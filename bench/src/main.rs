@@ -32,9 +32,9 @@ use clap::Parser;
 use yard_cluster_tests::Topology;
 
 use crate::cluster::{Cluster, KvClient};
-use crate::etcd_cluster::EtcdCluster;
+use crate::etcd_cluster::{EtcdCluster, EtcdProfile};
 use crate::report::{Report, RssFigures};
-use crate::workload::{KillSettings, KillTrial, RoundFigures};
+use crate::workload::{CliTrial, KillSettings, KillTrial, RoundFigures};
 use crate::yard_system::YardSystem;
 
 /// Server hosts (the harness runs yard node i on host i); the client is the next one.
@@ -65,6 +65,10 @@ pub struct Args {
     /// Leader-kill trials per system, interleaved; 0 skips them.
     #[arg(long, default_value_t = 5)]
     pub kill_trials: usize,
+    /// Leader-kill trials per system driven through the CLI at its defaults (a fresh `yard kv
+    /// put` / `etcdctl put` per attempt against a survivor), interleaved; 0 skips them.
+    #[arg(long, default_value_t = 20)]
+    pub cli_trials: usize,
     /// Per-put timeout of the leader-kill writers, in milliseconds.
     #[arg(long, default_value_t = 200)]
     pub write_timeout_ms: u64,
@@ -205,9 +209,24 @@ async fn bench(topo: &Arc<Topology>, args: &Args) -> Result<Report> {
     let yard_bin = args.yard_bin.clone().unwrap_or_default();
     progress("starting a 3-node yard cluster (bootstrap n1, join n2, n3)");
     let mut yard = YardSystem::start(topo, &yard_bin, SERVERS.len()).await?;
-    progress("starting a 3-member etcd cluster");
-    let mut etcd =
-        EtcdCluster::start(topo, &args.etcd_bin, &SERVERS, Duration::from_secs(60)).await?;
+    progress("starting a 3-member etcd cluster (default timings)");
+    let mut etcd = EtcdCluster::start(
+        topo,
+        &args.etcd_bin,
+        &SERVERS,
+        EtcdProfile::DEFAULTS,
+        Duration::from_secs(60),
+    )
+    .await?;
+    progress("starting a 3-member etcd cluster (timings matched to yard's)");
+    let mut matched = EtcdCluster::start(
+        topo,
+        &args.etcd_bin,
+        &SERVERS,
+        EtcdProfile::MATCHED,
+        Duration::from_secs(60),
+    )
+    .await?;
 
     progress(&format!("idling {} s for memory readings", args.idle_secs));
     tokio::time::sleep(Duration::from_secs(args.idle_secs)).await;
@@ -217,13 +236,17 @@ async fn bench(topo: &Arc<Topology>, args: &Args) -> Result<Report> {
     let put_timeout = Duration::from_millis(args.put_timeout_ms);
     let mut yard_clients = clients(&yard, args.clients, put_timeout).await?;
     let mut etcd_clients = clients(&etcd, args.clients, put_timeout).await?;
+    let mut matched_clients = clients(&matched, args.clients, put_timeout).await?;
     let mut rounds: Vec<RoundFigures> = Vec::new();
     for r in 1..=args.rounds {
-        for system in ["yard", "etcd"] {
-            let (cs, cluster_ok) = if system == "yard" {
-                (std::mem::take(&mut yard_clients), yard.check_running())
-            } else {
-                (std::mem::take(&mut etcd_clients), etcd.check_running())
+        for system in ["yard", "etcd", "etcd-matched"] {
+            let (cs, cluster_ok) = match system {
+                "yard" => (std::mem::take(&mut yard_clients), yard.check_running()),
+                "etcd" => (std::mem::take(&mut etcd_clients), etcd.check_running()),
+                _ => (
+                    std::mem::take(&mut matched_clients),
+                    matched.check_running(),
+                ),
             };
             cluster_ok?;
             let (fig, back) = workload::put_round(system, r, cs, args.ops, value.clone()).await?;
@@ -236,15 +259,15 @@ async fn bench(topo: &Arc<Topology>, args: &Args) -> Result<Report> {
                 fig.put.errors
             ));
             rounds.push(fig);
-            if system == "yard" {
-                yard_clients = back;
-            } else {
-                etcd_clients = back;
+            match system {
+                "yard" => yard_clients = back,
+                "etcd" => etcd_clients = back,
+                _ => matched_clients = back,
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
     }
-    drop((yard_clients, etcd_clients));
+    drop((yard_clients, etcd_clients, matched_clients));
 
     progress(&format!(
         "idling {} s for memory readings after load",
@@ -267,6 +290,20 @@ async fn bench(topo: &Arc<Topology>, args: &Args) -> Result<Report> {
         let e = workload::leader_kill_trial(&mut etcd, t, kill, value.clone()).await?;
         progress(&trial_line(&e, args.kill_trials));
         trials.push(e);
+        let m = workload::leader_kill_trial(&mut matched, t, kill, value.clone()).await?;
+        progress(&trial_line(&m, args.kill_trials));
+        trials.push(m);
+    }
+    let mut cli_trials: Vec<CliTrial> = Vec::new();
+    for t in 1..=args.cli_trials {
+        for trial in [
+            workload::cli_kill_trial(&mut yard, t, kill).await?,
+            workload::cli_kill_trial(&mut etcd, t, kill).await?,
+            workload::cli_kill_trial(&mut matched, t, kill).await?,
+        ] {
+            progress(&cli_trial_line(&trial, args.cli_trials));
+            cli_trials.push(trial);
+        }
     }
 
     Ok(Report {
@@ -276,11 +313,18 @@ async fn bench(topo: &Arc<Topology>, args: &Args) -> Result<Report> {
         client: topo.addr(CLIENT_HOST).to_string(),
         data_dir: topo.dir().display().to_string(),
         etcd_version: EtcdCluster::version(&args.etcd_bin),
-        etcd_flags: EtcdCluster::args(topo, &SERVERS, 1, &topo.dir().join("etcd-e1")),
+        etcd_flags: [EtcdProfile::DEFAULTS, EtcdProfile::MATCHED]
+            .iter()
+            .map(|p| {
+                let dir = EtcdCluster::data_dir_of(topo, p, 1);
+                (p.name, EtcdCluster::args(topo, &SERVERS, 1, &dir, p))
+            })
+            .collect(),
         yard_timings: YardSystem::timings(),
         rounds,
         kill,
         trials,
+        cli_trials,
         rss_yard: RssFigures {
             fresh_kib: rss_fresh.0,
             after_load_kib: rss_loaded.0,
@@ -312,6 +356,21 @@ fn read_rss<C: Cluster>(cluster: &C) -> Result<Vec<u64>> {
         .iter()
         .map(|&h| procfs::rss_kib(cluster.process(h).pid()))
         .collect()
+}
+
+fn cli_trial_line(t: &CliTrial, of: usize) -> String {
+    format!(
+        "cli leader-kill {}/{of} {}: killed host {}, asked host {}, acknowledged {}, {} errors shown",
+        t.trial,
+        t.system,
+        t.killed_host,
+        t.asked_host,
+        t.recovery_ms.map_or_else(
+            || "never within the limit".to_owned(),
+            |ms| format!("after {ms:.0} ms")
+        ),
+        t.errors
+    )
 }
 
 fn trial_line(t: &KillTrial, of: usize) -> String {

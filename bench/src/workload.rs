@@ -279,3 +279,99 @@ fn unix_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
+
+/// Figures of one leader-kill trial driven through the system's own CLI.
+#[derive(Debug, Clone, Serialize)]
+pub struct CliTrial {
+    pub system: &'static str,
+    pub trial: usize,
+    /// The host whose member led and was killed.
+    pub killed_host: usize,
+    /// The surviving member the CLI was pointed at.
+    pub asked_host: usize,
+    pub killed_at_unix_ms: u64,
+    /// From `kill -9` of the leader to the exit of the first CLI put that succeeded; `None`
+    /// when none did within the give-up time (the trial stays in the table as failed).
+    pub recovery_ms: Option<f64>,
+    /// CLI invocations that ended in an error before that: errors a user saw.
+    pub errors: usize,
+    /// The first error's message, as the CLI printed it.
+    pub first_error: Option<String>,
+    /// Time from restarting the killed member until it had caught up.
+    pub rejoin_ms: f64,
+}
+
+/// One trial as a user lives it: the leader is killed with SIGKILL and, at once, the CLI (a
+/// fresh process per attempt, default settings) puts a key through a surviving member, again
+/// after every error, until one put succeeds. Then the killed member is restarted and the trial
+/// waits until it has caught up.
+pub async fn cli_kill_trial<C: Cluster>(
+    cluster: &mut C,
+    trial: usize,
+    settings: KillSettings,
+) -> Result<CliTrial> {
+    let system = cluster.name();
+    let leader = cluster.wait_leader(Duration::from_secs(60)).await?;
+    let asked = cluster
+        .hosts()
+        .into_iter()
+        .find(|h| *h != leader)
+        .context("a cluster of one member has no survivor to ask")?;
+    // The CLI works before the kill (and its binary is in the page cache).
+    let warm = cluster
+        .cli_put(asked, &format!("clitest/t{trial}/warm"), "w")
+        .output()
+        .await
+        .with_context(|| format!("{system}: cannot run the CLI"))?;
+    if !warm.status.success() {
+        anyhow::bail!(
+            "{system}: the CLI fails before any fault: {}",
+            String::from_utf8_lossy(&warm.stderr).trim()
+        );
+    }
+    let victim = cluster.process(leader).clone();
+    victim
+        .kill9()
+        .with_context(|| format!("{system}: cannot kill the leader on host {leader}"))?;
+    let killed_at = Instant::now();
+    let killed_at_unix_ms = unix_ms();
+    let give_up = killed_at + Duration::from_secs(settings.give_up_s);
+    let (mut errors, mut first_error, mut recovery_ms) = (0, None, None);
+    let mut attempt = 0;
+    while Instant::now() < give_up {
+        attempt += 1;
+        let out = cluster
+            .cli_put(asked, &format!("clitest/t{trial}/{attempt}"), "v")
+            .output()
+            .await
+            .with_context(|| format!("{system}: cannot run the CLI"))?;
+        if out.status.success() {
+            recovery_ms = Some(killed_at.elapsed().as_secs_f64() * 1e3);
+            break;
+        }
+        errors += 1;
+        first_error.get_or_insert_with(|| String::from_utf8_lossy(&out.stderr).trim().to_owned());
+    }
+    tokio::task::spawn_blocking(move || victim.wait_exit(Duration::from_secs(10)))
+        .await
+        .context("reaper task panicked")?
+        .with_context(|| format!("{system}: the killed leader did not exit"))?;
+    let restarted = Instant::now();
+    cluster.restart(leader).await?;
+    cluster
+        .wait_caught_up(leader, Duration::from_secs(60))
+        .await?;
+    let rejoin_ms = restarted.elapsed().as_secs_f64() * 1e3;
+    tokio::time::sleep(Duration::from_millis(settings.settle_ms)).await;
+    Ok(CliTrial {
+        system,
+        trial,
+        killed_host: leader,
+        asked_host: asked,
+        killed_at_unix_ms,
+        recovery_ms,
+        errors,
+        first_error,
+        rejoin_ms,
+    })
+}

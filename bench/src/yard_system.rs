@@ -22,6 +22,8 @@ const STATUS_TIMEOUT: Duration = Duration::from_millis(300);
 
 pub struct YardSystem {
     cluster: YardCluster<Arc<Topology>>,
+    /// The yard binary, which is also the CLI.
+    bin: std::path::PathBuf,
     /// One status client per node, index `host - 1`.
     status: Vec<AdminClient>,
 }
@@ -31,7 +33,7 @@ impl YardSystem {
     /// (the harness bootstraps node 1, joins the others one at a time and waits until all are
     /// voters).
     pub async fn start(topo: &Arc<Topology>, bin: &Path, nodes: usize) -> Result<Self> {
-        let (topo, bin) = (topo.clone(), bin.to_owned());
+        let (topo, bin, cli) = (topo.clone(), bin.to_owned(), bin.to_owned());
         // The harness blocks while the cluster forms; off the runtime's threads, so a SIGINT
         // is seen at once. (The driver drops its runtime only after this task has finished,
         // and with it its hold on the topology.)
@@ -44,7 +46,11 @@ impl YardSystem {
         let status = (1..=nodes)
             .map(|h| admin_client(&cluster, h, STATUS_TIMEOUT))
             .collect::<Result<_>>()?;
-        Ok(Self { cluster, status })
+        Ok(Self {
+            cluster,
+            bin: cli,
+            status,
+        })
     }
 
     async fn status_of(&self, host: usize) -> Result<Status> {
@@ -126,6 +132,17 @@ impl Cluster for YardSystem {
             _ => None,
         };
         Ok((l, mine))
+    }
+
+    fn cli_put(&self, host: usize, key: &str, value: &str) -> tokio::process::Command {
+        // The CLI at its defaults (5 s timeout), one endpoint: the survivor the user asks.
+        let mut cmd = tokio::process::Command::new(&self.bin);
+        cmd.args(["kv", "put", key, value])
+            .arg("--endpoint")
+            .arg(self.cluster.endpoint(host))
+            .arg("--tls-dir")
+            .arg(self.cluster.tls_dir());
+        cmd
     }
 
     async fn restart(&mut self, host: usize) -> Result<()> {
