@@ -22,8 +22,12 @@ leader=$(yard status --json | python3 -c 'import json,sys; print(json.load(sys.s
 echo "demo: kill -9 of the leader, node $leader"
 kill -9 "$(cat "$STATE/n$leader/yard.pid")"
 start=$(date +%s%N)
-until yard --timeout-ms 300 kv put demo/after-failover ok >/dev/null 2>&1; do :; done
-echo "demo: next acknowledged write $(( ($(date +%s%N) - start) / 1000000 )) ms after the kill"
+# One write, the CLI at its default timeout, sent to a survivor as a user would: the survivor
+# retries it on the new leader as soon as one is elected (the write carries its client session,
+# so a retry never applies twice), and the user sees no error.
+survivor=$(( leader % 3 + 1 ))
+ip netns exec ydlc-1 "$YARD_BIN" --endpoint "198.18.0.$survivor:7480" --tls-dir "$STATE/tls" kv put demo/after-failover ok
+echo "demo: write through survivor node $survivor acknowledged $(( ($(date +%s%N) - start) / 1000000 )) ms after the kill (CLI at its default 5 s timeout, one attempt)"
 yard kv get demo/greeting
 yard bench kv --clients 8 --ops 4000 --value-size 256
 yard status
