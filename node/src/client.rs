@@ -225,10 +225,17 @@ impl AdminClient {
                     self.session.finish(&tag, false);
                     return Ok(r);
                 }
-                // A refusal: the write did not take effect.
+                // A refusal: this attempt did not take effect (an earlier one that reached a
+                // node may have).
                 Ok(Reply::Error(e)) => {
-                    self.session.finish(&tag, false);
-                    return Err(ClientError::Remote(e));
+                    self.session.finish(&tag, maybe_sent);
+                    return Err(if maybe_sent {
+                        ClientError::Indefinite(format!(
+                            "{e} (an earlier attempt may have applied)"
+                        ))
+                    } else {
+                        ClientError::Remote(e)
+                    });
                 }
                 Ok(Reply::Indefinite(e)) => ClientError::Indefinite(e),
                 Ok(other) => {

@@ -67,6 +67,9 @@ enum Attempt<T> {
     Done(T),
     /// Not the leader: where to forward, if a leader is known.
     Forward(Option<(NodeId, NodeInfo)>),
+    /// A tagged write was proposed here but leadership was lost under it: it may still commit,
+    /// so it is sent again (to whoever leads now) and can no longer be answered "not applied".
+    Unknown,
 }
 
 fn now_unix_ms() -> u64 {
@@ -277,20 +280,32 @@ impl Node {
     {
         let p = &self.inner;
         let start = Instant::now();
-        let gave_up = || {
-            Reply::Error(format!(
+        let retry_safe = req.is_read_only() || tag.is_some();
+        // Whether an earlier attempt of this write may have reached a leader: then giving up
+        // must answer "unknown", never "not applied".
+        let mut maybe_applied = false;
+        let gave_up = |maybe_applied: bool| {
+            let msg = format!(
                 "no leader answered within {} ms; is a majority of the cluster up?",
                 p.leader_wait.as_millis()
-            ))
+            );
+            if maybe_applied && !req.is_read_only() {
+                Reply::Indefinite(format!("{msg} (an earlier attempt may have applied)"))
+            } else {
+                Reply::Error(msg)
+            }
         };
-        let retry_safe = req.is_read_only() || tag.is_some();
         loop {
             let remaining = p.leader_wait.saturating_sub(start.elapsed());
             let leader = match tokio::time::timeout(remaining, local()).await {
                 Ok(Ok(Attempt::Done(r))) => return Reply::Admin(r.into()),
                 Ok(Ok(Attempt::Forward(leader))) => leader,
+                Ok(Ok(Attempt::Unknown)) => {
+                    maybe_applied = true;
+                    None
+                }
                 Ok(Err(reply)) => return reply,
-                Err(_) if req.is_read_only() => return gave_up(),
+                Err(_) if req.is_read_only() => return gave_up(false),
                 Err(_) => {
                     return Reply::Indefinite(format!(
                         "the write was proposed but not committed within {} ms, so its outcome is unknown",
@@ -300,7 +315,7 @@ impl Node {
             };
             // A forward is what makes a request take effect elsewhere: never after the deadline.
             if start.elapsed() > p.leader_wait {
-                return gave_up();
+                return gave_up(maybe_applied);
             }
             if let Some((id, node)) = leader.filter(|(id, _)| *id != p.id) {
                 if forwarded {
@@ -327,6 +342,7 @@ impl Node {
                     Some(call.await)
                 };
                 let Some(outcome) = outcome else {
+                    maybe_applied = true;
                     METRICS.forward_retries.inc();
                     tracing::debug!(
                         leader = id,
@@ -338,6 +354,7 @@ impl Node {
                     Ok(reply @ Reply::Admin(_)) => return reply,
                     // The write carries its session: sending it again cannot apply it twice.
                     Ok(Reply::Indefinite(e)) if tag.is_some() => {
+                        maybe_applied = true;
                         METRICS.forward_retries.inc();
                         tracing::debug!(leader = id, error = %e, "forwarded write's outcome unknown; retrying it")
                     }
@@ -356,6 +373,7 @@ impl Node {
                     // A read changes nothing and a tagged write applies at most once, so asking
                     // again (the leader may have changed) is safe.
                     Err(e) if retry_safe => {
+                        maybe_applied = true;
                         METRICS.forward_retries.inc();
                         tracing::debug!(leader = id, error = %e, "leader did not answer; retrying")
                     }
@@ -368,7 +386,7 @@ impl Node {
                 }
             }
             if start.elapsed() > p.leader_wait {
-                return gave_up();
+                return gave_up(maybe_applied);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -410,7 +428,7 @@ impl Node {
                     // leader now is; a copy that commits as well is answered from the session.
                     Err(BatchError::Indefinite(e)) if tag.is_some() => {
                         tracing::debug!(error = %e, "tagged write's outcome unknown; retrying it");
-                        Ok(Attempt::Forward(None))
+                        Ok(Attempt::Unknown)
                     }
                     // Raft stopped under the write: it may still be committed by the next leader.
                     Err(BatchError::Indefinite(e)) => Err(Reply::Indefinite(e)),
