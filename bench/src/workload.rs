@@ -249,19 +249,7 @@ pub async fn leader_kill_trial<C: Cluster>(
         let _ = w.await;
     }
 
-    // Reap the killed member, then bring it back from its data.
-    tokio::task::spawn_blocking(move || victim.wait_exit(Duration::from_secs(10)))
-        .await
-        .context("reaper task panicked")?
-        .with_context(|| format!("{system}: the killed leader did not exit"))?;
-    let restarted = Instant::now();
-    cluster.restart(leader).await?;
-    cluster
-        .wait_caught_up(leader, Duration::from_secs(60))
-        .await?;
-    let rejoin_ms = restarted.elapsed().as_secs_f64() * 1e3;
-    tokio::time::sleep(Duration::from_millis(settings.settle_ms)).await;
-
+    let rejoin_ms = rejoin(cluster, leader, victim, settings).await?;
     Ok(KillTrial {
         system,
         trial,
@@ -352,17 +340,7 @@ pub async fn cli_kill_trial<C: Cluster>(
         errors += 1;
         first_error.get_or_insert_with(|| String::from_utf8_lossy(&out.stderr).trim().to_owned());
     }
-    tokio::task::spawn_blocking(move || victim.wait_exit(Duration::from_secs(10)))
-        .await
-        .context("reaper task panicked")?
-        .with_context(|| format!("{system}: the killed leader did not exit"))?;
-    let restarted = Instant::now();
-    cluster.restart(leader).await?;
-    cluster
-        .wait_caught_up(leader, Duration::from_secs(60))
-        .await?;
-    let rejoin_ms = restarted.elapsed().as_secs_f64() * 1e3;
-    tokio::time::sleep(Duration::from_millis(settings.settle_ms)).await;
+    let rejoin_ms = rejoin(cluster, leader, victim, settings).await?;
     Ok(CliTrial {
         system,
         trial,
@@ -374,4 +352,27 @@ pub async fn cli_kill_trial<C: Cluster>(
         first_error,
         rejoin_ms,
     })
+}
+
+/// Reaps the killed member, brings it back from its data and waits until it has caught up;
+/// returns how long that took (then pauses `settle_ms` before the next trial).
+async fn rejoin<C: Cluster>(
+    cluster: &mut C,
+    host: usize,
+    victim: yard_cluster_tests::Process,
+    settings: KillSettings,
+) -> Result<f64> {
+    let system = cluster.name();
+    tokio::task::spawn_blocking(move || victim.wait_exit(Duration::from_secs(10)))
+        .await
+        .context("reaper task panicked")?
+        .with_context(|| format!("{system}: the killed leader did not exit"))?;
+    let restarted = Instant::now();
+    cluster.restart(host).await?;
+    cluster
+        .wait_caught_up(host, Duration::from_secs(60))
+        .await?;
+    let rejoin_ms = restarted.elapsed().as_secs_f64() * 1e3;
+    tokio::time::sleep(Duration::from_millis(settings.settle_ms)).await;
+    Ok(rejoin_ms)
 }
