@@ -116,24 +116,17 @@ fn leader_kill_9_elects_a_new_leader_and_keeps_every_acknowledged_write() {
     let survivor = if old == 1 { 2 } else { 1 };
     c.kill9(old).unwrap();
     let start = Instant::now();
-    loop {
-        let out = c
-            .cli_to(
-                survivor,
-                &all,
-                &["--timeout-ms", "300", "kv", "put", "after", "kill"],
-            )
-            .unwrap();
-        if out.status.success() {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "no write acknowledged within 10 s of the leader's death"
-        );
-    }
+    // One write through a survivor, the CLI at its defaults, sent at once: the survivor's
+    // forward to the dead leader is abandoned at the election and the write sent to the new
+    // leader, so the user sees no error.
+    let out = c.cli(survivor, &["kv", "put", "after", "kill"]).unwrap();
+    assert!(
+        out.status.success(),
+        "a write sent right after the leader's death failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     eprintln!(
-        "next acknowledged write {:?} after kill -9 of the leader (CLI process spawns included)",
+        "write acknowledged {:?} after kill -9 of the leader (CLI process spawn included)",
         start.elapsed()
     );
     let new = c.wait_leader(survivor).unwrap();

@@ -333,10 +333,21 @@ impl Node {
                     p.transport
                         .call(Target::node(id, node.addr.clone()), request, p.rpc_timeout);
                 let outcome = if retry_safe {
+                    // Only a change seen from now on counts: metrics published a moment late
+                    // must not abandon a forward the moment it starts.
                     let mut metrics = p.raft.metrics();
+                    metrics.borrow_and_update();
+                    let leader_replaced = async move {
+                        while metrics.changed().await.is_ok() {
+                            if metrics.borrow_and_update().current_leader != Some(id) {
+                                return;
+                            }
+                        }
+                        std::future::pending::<()>().await
+                    };
                     tokio::select! {
                         outcome = call => Some(outcome),
-                        _ = metrics.wait_for(|m| m.current_leader != Some(id)) => None,
+                        () = leader_replaced => None,
                     }
                 } else {
                     Some(call.await)
