@@ -355,6 +355,26 @@ fn bad_cli_arguments_get_one_clear_error() {
 #[test]
 fn sigterm_while_joining_stops_the_node() {
     let dir = tempfile::tempdir().unwrap();
+    let tls = dir.path().join("tls");
+    let tls_s = tls.to_str().unwrap();
+    for args in [
+        &["ca", "init", "--dir", tls_s][..],
+        &[
+            "ca",
+            "issue",
+            "--dir",
+            tls_s,
+            "--name",
+            "n2",
+            "--id",
+            "2",
+            "--ip",
+            "127.0.0.1",
+        ],
+    ] {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
     let log_path = dir.path().join("yard.log");
     let log = std::fs::File::create(&log_path).unwrap();
     // A bound, silent UDP socket: the seed's address exists but never answers.
@@ -362,7 +382,10 @@ fn sigterm_while_joining_stops_the_node() {
     let seed = silent.local_addr().unwrap().to_string();
     let mut child = Command::new(BIN)
         .args(["node", "start", "--join", &seed])
-        .env("YARD_NODE__DATA_DIR", dir.path())
+        .env("YARD_NODE__ID", "2")
+        .env("YARD_NODE__NAME", "n2")
+        .env("YARD_TLS__DIR", &tls)
+        .env("YARD_NODE__DATA_DIR", dir.path().join("data"))
         .env("YARD_NODE__LISTEN", format!("127.0.0.1:{}", free_port()))
         .env(
             "YARD_METRICS__LISTEN",

@@ -312,7 +312,7 @@ impl GatewayActor {
     }
 
     /// Queues `op` for the interface thread (never blocks).
-    fn to_iface(&mut self, op: IfaceOp) -> Result<(), DataPlaneError> {
+    fn queue_iface(&self, op: IfaceOp) -> Result<(), DataPlaneError> {
         match &self.iface {
             IfaceSlot::Running(q) => q
                 .ops
@@ -356,9 +356,9 @@ impl GatewayActor {
             Effect::SetLease { deadline_ms } => self.dataplane.set_lease(deadline_ms),
             Effect::PutVip { vip, serve } => self.dataplane.put_vip(vip, serve),
             Effect::RemoveVip { vip } => self.dataplane.remove_vip(vip),
-            Effect::AddAddress { vip } => self.to_iface(IfaceOp::Add(vip)),
-            Effect::RemoveAddress { vip } => self.to_iface(IfaceOp::Remove(vip)),
-            Effect::Announce { vip, repeat } => self.to_iface(IfaceOp::Announce { vip, repeat }),
+            Effect::AddAddress { vip } => self.queue_iface(IfaceOp::Add(vip)),
+            Effect::RemoveAddress { vip } => self.queue_iface(IfaceOp::Remove(vip)),
+            Effect::Announce { vip, repeat } => self.queue_iface(IfaceOp::Announce { vip, repeat }),
             Effect::Taken { vip, revision } => {
                 let now_ms = self.dataplane.now_ms();
                 tracing::info!(%vip, revision, now_ms, "gateway vip taken");
@@ -377,7 +377,7 @@ impl GatewayActor {
                 if queued {
                     Ok(())
                 } else {
-                    self.to_iface(IfaceOp::Resolve)
+                    self.queue_iface(IfaceOp::Resolve)
                 }
             }
             Effect::PutHost { host, mac } => self.dataplane.put_host(host, mac),
@@ -606,6 +606,16 @@ impl LinuxInterface {
             .map_err(|_| DataPlaneError(format!("interface {name} has a bad ifindex")))?;
         let sender = PacketSender::open(ifindex)
             .map_err(|e| DataPlaneError(format!("cannot open a packet socket on {name}: {e}")))?;
+        // The XDP program hands a frame for a compute host it has no MAC for to the stack,
+        // addressed to this interface's MAC and sourced from the VIP: the kernel must forward
+        // it (resolving the host on the way) and accept a local source address on it. Only
+        // this interface's settings change.
+        for (key, value) in [("forwarding", "1"), ("accept_local", "1")] {
+            let path = format!("/proc/sys/net/ipv4/conf/{name}/{key}");
+            if let Err(e) = std::fs::write(&path, value) {
+                tracing::warn!(path, error = %e, "cannot enable the kernel path for unresolved hosts: their first frames will be lost");
+            }
+        }
         Ok(Self {
             name: name.to_owned(),
             mac,
