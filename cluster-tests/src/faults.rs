@@ -15,6 +15,23 @@ use crate::topology::Topology;
 /// The nftables table holding partition rules in each host.
 const CHAOS_TABLE: &str = "yard_chaos";
 
+/// The nftables table holding control-port faults ([`Topology::control_fault`]) in each host,
+/// apart from the partition table so that the two never replace each other.
+const CONTROL_TABLE: &str = "yard_ctl";
+
+/// A fault on one host's control traffic (its QUIC/UDP port), leaving every other packet —
+/// the data plane, ARP — alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControlFault {
+    /// Drop `pct` percent of the control datagrams the host receives and of those it sends,
+    /// each at random.
+    Loss { pct: u8 },
+    /// Drop every control datagram the host sends; what it receives still arrives.
+    OutboundOnly,
+    /// Drop every control datagram the host receives; what it sends still arrives.
+    InboundOnly,
+}
+
 /// The TC filter priority of the loss program on `eth0` egress, so it can be replaced and
 /// removed without touching any other filter.
 const LOSS_PREF: &str = "1";
@@ -114,6 +131,78 @@ impl Topology {
         cmd::run_with_stdin(
             "ip",
             &["netns", "exec", &self.ns_name(i), "nft", "-f", "-"],
+            Some(&script),
+        )?;
+        Ok(())
+    }
+
+    /// Applies `fault` to host `i`'s control traffic on UDP `port` (the port every node's QUIC
+    /// endpoint uses for both its server and its client side), replacing an earlier control
+    /// fault on any host.
+    ///
+    /// Everything is dropped on input, silently as a bad link does: what `i` receives in its
+    /// own input hook (`udp dport port`), what it sends in every other host's input hook
+    /// (`ip saddr <i> udp sport port`). Dropping in `i`'s output hook instead would make its
+    /// `sendmsg` fail with EPERM, which no real network does. Random loss uses nftables'
+    /// `numgen random` (this kernel has no netem).
+    pub fn control_fault(&self, i: usize, port: u16, fault: ControlFault) -> Result<()> {
+        self.check_host(i)?;
+        let (inbound, outbound) = match fault {
+            ControlFault::Loss { pct } => {
+                if pct == 0 || pct > 100 {
+                    return Err(Error::Setup(format!(
+                        "control loss must be 1..=100 percent, not {pct}"
+                    )));
+                }
+                (Some(pct), Some(pct))
+            }
+            ControlFault::OutboundOnly => (None, Some(100)),
+            ControlFault::InboundOnly => (Some(100), None),
+        };
+        let drop_rule = |matcher: String, pct: u8| {
+            if pct >= 100 {
+                format!("{matcher} drop")
+            } else {
+                format!("{matcher} numgen random mod 100 < {pct} drop")
+            }
+        };
+        for h in 1..=self.hosts() {
+            let rule = if h == i {
+                inbound.map(|p| drop_rule(format!("udp dport {port}"), p))
+            } else {
+                outbound
+                    .map(|p| drop_rule(format!("ip saddr {} udp sport {port}", self.addr(i)), p))
+            };
+            self.set_control_rule(h, rule.as_deref())?;
+        }
+        Ok(())
+    }
+
+    /// Removes every control fault.
+    pub fn clear_control_faults(&self) -> Result<()> {
+        for h in 1..=self.hosts() {
+            self.set_control_rule(h, None)?;
+        }
+        Ok(())
+    }
+
+    /// Replaces host `h`'s control table with one input rule (none: no table).
+    fn set_control_rule(&self, h: usize, rule: Option<&str>) -> Result<()> {
+        let mut script = format!("table inet {CONTROL_TABLE}\ndelete table inet {CONTROL_TABLE}\n");
+        if let Some(rule) = rule {
+            let _ = write!(
+                script,
+                "table inet {CONTROL_TABLE} {{\n\
+                 \tchain input {{\n\
+                 \t\ttype filter hook input priority filter - 5; policy accept;\n\
+                 \t\t{rule}\n\
+                 \t}}\n\
+                 }}\n"
+            );
+        }
+        cmd::run_with_stdin(
+            "ip",
+            &["netns", "exec", &self.ns_name(h), "nft", "-f", "-"],
             Some(&script),
         )?;
         Ok(())
