@@ -136,17 +136,19 @@ impl Topology {
         Ok(())
     }
 
-    /// Applies `fault` to host `i`'s control traffic on UDP `port` (the port every node's QUIC
-    /// endpoint uses for both its server and its client side), replacing an earlier control
-    /// fault on any host.
+    /// Applies `fault` to the control traffic on UDP `port` (the port every node's QUIC
+    /// endpoint uses for both its server and its client side) of each host in `faulted`,
+    /// replacing any earlier control fault.
     ///
-    /// Everything is dropped on input, silently as a bad link does: what `i` receives in its
-    /// own input hook (`udp dport port`), what it sends in every other host's input hook
-    /// (`ip saddr <i> udp sport port`). Dropping in `i`'s output hook instead would make its
-    /// `sendmsg` fail with EPERM, which no real network does. Random loss uses nftables'
-    /// `numgen random` (this kernel has no netem).
-    pub fn control_fault(&self, i: usize, port: u16, fault: ControlFault) -> Result<()> {
-        self.check_host(i)?;
+    /// Everything is dropped on input, silently as a bad link does: what a faulted host
+    /// receives in its own input hook (`udp dport port`), what it sends in every other host's
+    /// input hook (`ip saddr <host> udp sport port`). Dropping in its output hook instead would
+    /// make its `sendmsg` fail with EPERM, which no real network does. Random loss uses
+    /// nftables' `numgen random` (this kernel has no netem).
+    pub fn control_fault(&self, faulted: &[usize], port: u16, fault: ControlFault) -> Result<()> {
+        for &i in faulted {
+            self.check_host(i)?;
+        }
         let (inbound, outbound) = match fault {
             ControlFault::Loss { pct } => {
                 if pct == 0 || pct > 100 {
@@ -167,13 +169,19 @@ impl Topology {
             }
         };
         for h in 1..=self.hosts() {
-            let rule = if h == i {
-                inbound.map(|p| drop_rule(format!("udp dport {port}"), p))
-            } else {
-                outbound
-                    .map(|p| drop_rule(format!("ip saddr {} udp sport {port}", self.addr(i)), p))
-            };
-            self.set_control_rule(h, rule.as_deref())?;
+            let mut rules = Vec::new();
+            if let (true, Some(p)) = (faulted.contains(&h), inbound) {
+                rules.push(drop_rule(format!("udp dport {port}"), p));
+            }
+            if let Some(p) = outbound {
+                for &f in faulted.iter().filter(|f| **f != h) {
+                    rules.push(drop_rule(
+                        format!("ip saddr {} udp sport {port}", self.addr(f)),
+                        p,
+                    ));
+                }
+            }
+            self.set_control_rules(h, &rules)?;
         }
         Ok(())
     }
@@ -181,24 +189,23 @@ impl Topology {
     /// Removes every control fault.
     pub fn clear_control_faults(&self) -> Result<()> {
         for h in 1..=self.hosts() {
-            self.set_control_rule(h, None)?;
+            self.set_control_rules(h, &[])?;
         }
         Ok(())
     }
 
-    /// Replaces host `h`'s control table with one input rule (none: no table).
-    fn set_control_rule(&self, h: usize, rule: Option<&str>) -> Result<()> {
+    /// Replaces host `h`'s control table with these input rules (none: no table).
+    fn set_control_rules(&self, h: usize, rules: &[String]) -> Result<()> {
         let mut script = format!("table inet {CONTROL_TABLE}\ndelete table inet {CONTROL_TABLE}\n");
-        if let Some(rule) = rule {
-            let _ = write!(
+        if !rules.is_empty() {
+            let _ = writeln!(
                 script,
-                "table inet {CONTROL_TABLE} {{\n\
-                 \tchain input {{\n\
-                 \t\ttype filter hook input priority filter - 5; policy accept;\n\
-                 \t\t{rule}\n\
-                 \t}}\n\
-                 }}\n"
+                "table inet {CONTROL_TABLE} {{\n\tchain input {{\n\t\ttype filter hook input priority filter - 5; policy accept;"
             );
+            for rule in rules {
+                let _ = writeln!(script, "\t\t{rule}");
+            }
+            let _ = writeln!(script, "\t}}\n}}");
         }
         cmd::run_with_stdin(
             "ip",

@@ -747,7 +747,10 @@ fn first_frames_to_a_new_endpoint_on_an_unresolved_host_get_through() {
 
 /// Owner changes per VIP over a run of `vip list` samples (a failed poll is skipped; a change
 /// to or from "no owner" counts).
-fn owner_changes(samples: &[Vec<(Ipv4Addr, Option<u64>, Option<u64>)>]) -> Vec<(Ipv4Addr, u32)> {
+/// One `vip list`: (vip, owner, handoff target) rows.
+type VipTable = Vec<(Ipv4Addr, Option<u64>, Option<u64>)>;
+
+fn owner_changes(samples: &[VipTable]) -> Vec<(Ipv4Addr, u32)> {
     let mut last: std::collections::BTreeMap<Ipv4Addr, Option<u64>> = Default::default();
     let mut changes: std::collections::BTreeMap<Ipv4Addr, u32> = Default::default();
     for s in samples {
@@ -786,7 +789,7 @@ fn a_lossy_control_link_moves_each_vip_at_most_twice() {
     let faulted = owner_of(&placed, vip(1)) as usize;
     let observer = (1..=3).find(|i| *i != faulted).unwrap();
     topo.control_fault(
-        faulted,
+        &[faulted],
         yard_cluster_tests::yard::PORT,
         yard_cluster_tests::ControlFault::Loss { pct: 40 },
     )

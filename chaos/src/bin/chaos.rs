@@ -18,9 +18,9 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use yard::client::AdminClient;
 use yard_chaos::gateway::{
-    answering_mismatches, balanced, check_ownership, gaps_in, largest_gap, lost_within,
-    owned_before, owned_by_any, phase_of, reassignment, unanswered, LossGap, Ms, NodeId, Outage,
-    Overlap, OwnershipViolation,
+    answering_mismatches, balanced, check_ownership, converged_at, gaps_in, largest_gap,
+    lost_within, owned_before, owned_by_any, owner_changes, phase_of, reassignment, unanswered,
+    LossGap, Ms, NodeId, Outage, Overlap, OwnershipViolation,
 };
 use yard_chaos::gateway_monitor::{
     add_tenants, cli_json, gateway_config, pool, vip_neighbours, wait_vips, Health, Monitor,
@@ -28,8 +28,8 @@ use yard_chaos::gateway_monitor::{
 };
 use yard_chaos::yard_client::YardKv;
 use yard_chaos::{
-    check, generate, inject, key_set, run_workload, FaultKind, OpMix, Recorder, ScheduleConfig,
-    WorkloadConfig,
+    check, generate, inject, key_set, run_workload, stall_within, FaultKind, OpMix, Recorder,
+    ScheduleConfig, WorkloadConfig,
 };
 use yard_cluster_tests::probe::{ProbeOptions, ProbeReport, ProbeStream};
 use yard_cluster_tests::yard::{ClusterOptions, YardCluster};
@@ -73,6 +73,13 @@ struct Args {
     /// How often the gateway pollers ask, ms.
     #[arg(long, default_value_t = 250)]
     poll_ms: u64,
+    /// How many times a VIP may change owner within one phase (a fault and the calm after
+    /// it): away from the faulted owner once, back once.
+    #[arg(long, default_value_t = 2)]
+    max_owner_changes: u32,
+    /// How soon after the last fault heals every VIP must be answered by its owner, ms.
+    #[arg(long, default_value_t = 5000)]
+    converge_ms: u64,
 }
 
 fn main() -> std::process::ExitCode {
@@ -116,7 +123,10 @@ struct Injected {
 impl Injected {
     /// Whether the fault takes its nodes down, from the cluster's point of view.
     fn is_outage(&self) -> bool {
-        !matches!(self.kind, FaultKind::Loss { .. })
+        !matches!(
+            self.kind,
+            FaultKind::Loss { .. } | FaultKind::ControlLoss { .. }
+        )
     }
 }
 
@@ -153,6 +163,11 @@ fn run(args: Args) -> anyhow::Result<bool> {
         FaultKind::LinkDown,
         FaultKind::Partition,
         FaultKind::Loss { pct: 30 },
+        FaultKind::ControlLoss { pct: 40 },
+        FaultKind::ControlOneway,
+        FaultKind::Stall,
+        FaultKind::Kill9Stall,
+        FaultKind::LinkDownStall,
     ];
     // Only the yard nodes are scheduled: the client and compute hosts are never faulted.
     let mut config = ScheduleConfig::new(seed, args.hosts, total, kinds);
@@ -260,6 +275,33 @@ fn run(args: Args) -> anyhow::Result<bool> {
             step.fault.targets,
             step.duration.as_secs_f64()
         );
+        // A stall inside the fault: every daemon stopped together for a while.
+        let mut stalled = None;
+        if let Some((offset, len)) = stall_within(step) {
+            sleep_until(start + step.start + offset);
+            let others: Vec<usize> = nodes
+                .iter()
+                .map(|n| *n as usize)
+                .filter(|n| !targets.contains(n))
+                .collect();
+            health.set(&others, Some(FaultKind::Stall));
+            let from = clock.now();
+            println!(
+                "chaos: t={:>6.1}s stall every daemon for {:.1}s",
+                secs(from),
+                len.as_secs_f64()
+            );
+            inject::stall(&cluster, len).context("cannot stall the daemons")?;
+            let to = clock.now();
+            health.set(&others, None);
+            println!("chaos: t={:>6.1}s stall over", secs(to));
+            stalled = Some(Injected {
+                kind: FaultKind::Stall,
+                nodes: nodes.iter().map(|n| *n as usize).collect(),
+                injected: from,
+                healed: to,
+            });
+        }
         sleep_until(start + step.start + step.duration);
         let healed = clock.now();
         inject::end(&mut cluster, &step.fault)
@@ -277,6 +319,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
             injected,
             healed,
         });
+        faults.extend(stalled);
     }
     let summary = worker
         .join()
@@ -338,6 +381,9 @@ fn run(args: Args) -> anyhow::Result<bool> {
             budget,
             clock,
             faults: &faults,
+            poll: args.poll_ms as Ms,
+            max_owner_changes: args.max_owner_changes,
+            converge: args.converge_ms as Ms,
         };
         ctx.gateway_verdicts(&cluster, gw, &mut checks)?;
     }
@@ -420,6 +466,10 @@ struct Judge<'a> {
     budget: Ms,
     clock: RunClock,
     faults: &'a [Injected],
+    /// The pollers' period: the slack when matching the table with the data plane.
+    poll: Ms,
+    max_owner_changes: u32,
+    converge: Ms,
 }
 
 /// One probe stream's loss windows on the run clock.
@@ -629,6 +679,35 @@ impl Judge<'_> {
             silent_by.entry(phase_of(&starts, u.1)).or_default().push(u);
         }
 
+        // (e) Convergence: after the last fault heals, every VIP answered by exactly its owner
+        // within seconds, whatever state the faults left the cluster in.
+        let last_heal = self.faults.iter().map(|f| f.healed).max().unwrap_or(0);
+        let converged = converged_at(
+            &observed.samples,
+            &observed.answering,
+            vips,
+            last_heal,
+            self.poll,
+        );
+        match converged {
+            Some(t) => println!(
+                "chaos: converged {} ms after the last fault healed (t={:.1}s): every vip answered by its owner",
+                t - last_heal,
+                secs(t)
+            ),
+            None => println!(
+                "chaos: NOT CONVERGED: after the last fault healed (t={:.1}s) the vips were never all answered by their owners",
+                secs(last_heal)
+            ),
+        }
+        checks.add(
+            format!(
+                "gateway: converged within {} ms of the last heal",
+                self.converge
+            ),
+            converged.is_some_and(|t| t - last_heal <= self.converge),
+        );
+
         println!(
             "chaos: gateway observations: {} data-plane polls answered per node {:?} (failed {:?}), {} answering intervals, {} vip-table samples ({} failed); pollers fell behind by {} ms at most",
             observed.answering.observations(),
@@ -646,6 +725,7 @@ impl Judge<'_> {
 
         // Largest loss window per fault kind, over every stream, during and after the fault.
         let mut by_kind: BTreeMap<String, (Ms, Ms)> = BTreeMap::new();
+        let mut total_changes = 0u32;
         for p in 0..phases {
             let from = starts[p];
             let to = starts.get(p + 1).copied().unwrap_or(Ms::MAX);
@@ -733,6 +813,36 @@ impl Judge<'_> {
                 u.is_empty(),
             );
 
+            // (f) Stable ownership: each VIP changes owner a bounded number of times per phase.
+            let changes = owner_changes(&observed.samples, from, to);
+            let total: u32 = changes.values().sum();
+            let worst = changes.values().copied().max().unwrap_or(0);
+            total_changes += total;
+            println!(
+                "chaos:     owner changes: {total} ({}){}",
+                changes
+                    .iter()
+                    .filter(|(_, n)| **n > 0)
+                    .map(|(v, n)| format!("{v}×{n}"))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                if worst > self.max_owner_changes {
+                    format!(
+                        " VIOLATION: a vip changed owner {worst} times, more than {}",
+                        self.max_owner_changes
+                    )
+                } else {
+                    String::new()
+                }
+            );
+            checks.add(
+                format!(
+                    "gateway [{p}] each vip changes owner at most {} times",
+                    self.max_owner_changes
+                ),
+                worst <= self.max_owner_changes,
+            );
+
             // (c) Probe loss windows close within the budget.
             let mut probe_ok = true;
             let mut parts = Vec::new();
@@ -804,6 +914,7 @@ impl Judge<'_> {
                 probe_ok,
             );
         }
+        println!("chaos: vip owner changes over the run: {total_changes}");
         for (kind, (during, after)) in &by_kind {
             println!(
                 "chaos: loss window by fault kind: {kind:<10} largest {during} ms during, {after} ms after heal"
