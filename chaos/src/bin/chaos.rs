@@ -80,6 +80,39 @@ struct Args {
     /// How soon after the last fault heals every VIP must be answered by its owner, ms.
     #[arg(long, default_value_t = 5000)]
     converge_ms: u64,
+    /// The fault kinds to draw from, by their short names (comma-separated, e.g.
+    /// `kill-9,stall,ctl-loss-30%`); the CI list when absent. The same seed and kinds give the
+    /// same schedule, so an old run is reproduced with the kinds it had.
+    #[arg(long, value_delimiter = ',', value_parser = parse_kind)]
+    kinds: Option<Vec<FaultKind>>,
+}
+
+/// A fault kind from its short name (`FaultKind`'s `Display`).
+fn parse_kind(s: &str) -> Result<FaultKind, String> {
+    let pct = |rest: &str| -> Result<u8, String> {
+        rest.strip_suffix('%')
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| format!("bad percentage in fault kind {s}"))
+    };
+    Ok(match s {
+        "kill-9" => FaultKind::Kill9,
+        "pause" => FaultKind::Pause,
+        "link-down" => FaultKind::LinkDown,
+        "partition" => FaultKind::Partition,
+        "ctl-oneway" => FaultKind::ControlOneway,
+        "stall" => FaultKind::Stall,
+        "kill-9+stall" => FaultKind::Kill9Stall,
+        "link-down+stall" => FaultKind::LinkDownStall,
+        _ => {
+            if let Some(rest) = s.strip_prefix("ctl-loss-") {
+                FaultKind::ControlLoss { pct: pct(rest)? }
+            } else if let Some(rest) = s.strip_prefix("loss-") {
+                FaultKind::Loss { pct: pct(rest)? }
+            } else {
+                return Err(format!("unknown fault kind {s}"));
+            }
+        }
+    })
 }
 
 fn main() -> std::process::ExitCode {
@@ -157,18 +190,20 @@ fn run(args: Args) -> anyhow::Result<bool> {
             .map_or(1, |d| d.as_nanos() as u64)
     });
     let total = Duration::from_secs(args.seconds);
-    let kinds = vec![
-        FaultKind::Kill9,
-        FaultKind::Pause,
-        FaultKind::LinkDown,
-        FaultKind::Partition,
-        FaultKind::Loss { pct: 30 },
-        FaultKind::ControlLoss { pct: 40 },
-        FaultKind::ControlOneway,
-        FaultKind::Stall,
-        FaultKind::Kill9Stall,
-        FaultKind::LinkDownStall,
-    ];
+    let kinds = args.kinds.clone().unwrap_or_else(|| {
+        vec![
+            FaultKind::Kill9,
+            FaultKind::Pause,
+            FaultKind::LinkDown,
+            FaultKind::Partition,
+            FaultKind::Loss { pct: 30 },
+            FaultKind::ControlLoss { pct: 40 },
+            FaultKind::ControlOneway,
+            FaultKind::Stall,
+            FaultKind::Kill9Stall,
+            FaultKind::LinkDownStall,
+        ]
+    });
     // Only the yard nodes are scheduled: the client and compute hosts are never faulted.
     let mut config = ScheduleConfig::new(seed, args.hosts, total, kinds);
     config.min_fault = Duration::from_secs(3);
@@ -673,7 +708,19 @@ impl Judge<'_> {
 
         // (b') ...and some node actually answering for it: a VIP whose owner fenced itself but
         // keeps renewing is owned in the table and answered by nobody.
-        let silent = unanswered(&observed.answering, vips, 0, observed.last_stats, budget);
+        // While every daemon is stopped nobody can renew, so every data plane fences itself:
+        // that silence is the design, and only what lasts beyond a stall counts.
+        let stalls: Vec<(Ms, Ms)> = self
+            .faults
+            .iter()
+            .filter(|f| f.kind.is_stall())
+            .map(|f| (f.injected, f.healed))
+            .collect();
+        let silent: Vec<(Ipv4Addr, Ms, Ms)> =
+            unanswered(&observed.answering, vips, 0, observed.last_stats, budget)
+                .into_iter()
+                .filter(|(_, a, b)| (b - a) - stalled_within(&stalls, *a, *b) > budget)
+                .collect();
         let mut silent_by: BTreeMap<usize, Vec<&(Ipv4Addr, Ms, Ms)>> = BTreeMap::new();
         for u in &silent {
             silent_by.entry(phase_of(&starts, u.1)).or_default().push(u);
@@ -941,6 +988,14 @@ impl Judge<'_> {
     }
 }
 
+/// How much of `[from, to]` the stalls cover.
+fn stalled_within(stalls: &[(Ms, Ms)], from: Ms, to: Ms) -> Ms {
+    stalls
+        .iter()
+        .map(|(a, b)| (to.min(*b) - from.max(*a)).max(0))
+        .sum()
+}
+
 fn sleep_until(t: Instant) {
     let now = Instant::now();
     if t > now {
@@ -964,4 +1019,37 @@ fn balanced_without_leader(
         .filter(|n| *n as usize != leader)
         .collect();
     balanced(rows, &others)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fault_kinds_parse_from_their_short_names() {
+        for k in [
+            FaultKind::Kill9,
+            FaultKind::Pause,
+            FaultKind::LinkDown,
+            FaultKind::Partition,
+            FaultKind::Loss { pct: 30 },
+            FaultKind::ControlLoss { pct: 40 },
+            FaultKind::ControlOneway,
+            FaultKind::Stall,
+            FaultKind::Kill9Stall,
+            FaultKind::LinkDownStall,
+        ] {
+            assert_eq!(parse_kind(&k.to_string()), Ok(k));
+        }
+        assert!(parse_kind("loss-x%").is_err());
+        assert!(parse_kind("meteor").is_err());
+    }
+
+    #[test]
+    fn stalls_excuse_only_the_time_they_cover() {
+        let stalls = [(1_000, 4_000), (10_000, 11_000)];
+        assert_eq!(stalled_within(&stalls, 0, 20_000), 4_000);
+        assert_eq!(stalled_within(&stalls, 3_000, 10_500), 1_500);
+        assert_eq!(stalled_within(&stalls, 5_000, 9_000), 0);
+    }
 }
