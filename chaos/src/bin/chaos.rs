@@ -85,6 +85,9 @@ struct Args {
     /// same schedule, so an old run is reproduced with the kinds it had.
     #[arg(long, value_delimiter = ',', value_parser = parse_kind)]
     kinds: Option<Vec<FaultKind>>,
+    /// Print the schedule and exit (no cluster is started).
+    #[arg(long)]
+    dry_run: bool,
 }
 
 /// A fault kind from its short name (`FaultKind`'s `Display`).
@@ -213,6 +216,9 @@ fn run(args: Args) -> anyhow::Result<bool> {
     let schedule = generate(&config)?;
     println!("chaos: seed {seed} (rerun with --seed {seed})");
     print!("{schedule}");
+    if args.dry_run {
+        return Ok(true);
+    }
 
     let n = args.hosts;
     let gateway = !args.no_gateway;
