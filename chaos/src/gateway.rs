@@ -496,6 +496,72 @@ pub fn answering_mismatches(rows: &[VipRow], answering: &[(NodeId, Vec<Ipv4Addr>
     out
 }
 
+/// How many times each VIP changed owner among the samples received in `[from, to)`: a change
+/// from one node to another, as the samples show it (a stretch without an owner in between is
+/// not a change by itself, and a VIP that goes A → none → A has not changed). The first sample
+/// before `from` gives the owner the count starts from. Ownership must be stable as well as
+/// safe: a VIP that moves away from a faulted owner and back once it heals changes twice.
+pub fn owner_changes(samples: &[VipSample], from: Ms, to: Ms) -> BTreeMap<Ipv4Addr, u32> {
+    let mut last: BTreeMap<Ipv4Addr, NodeId> = BTreeMap::new();
+    if let Some(s) = samples.iter().rev().find(|s| s.received < from) {
+        for r in &s.rows {
+            if let Some(o) = r.owner {
+                last.insert(r.vip, o);
+            }
+        }
+    }
+    let mut changes: BTreeMap<Ipv4Addr, u32> = BTreeMap::new();
+    for s in samples
+        .iter()
+        .filter(|s| s.received >= from && s.received < to)
+    {
+        for r in &s.rows {
+            let n = changes.entry(r.vip).or_default();
+            let Some(o) = r.owner else { continue };
+            if last.insert(r.vip, o).is_some_and(|prev| prev != o) {
+                *n += 1;
+            }
+        }
+    }
+    changes
+}
+
+/// The first instant at or after `from` at which every VIP of `vips` is answered by exactly
+/// the owner the VIP table gives it: the receipt of the first table sample (sent at or after
+/// `from`) whose every owner was seen answering for its VIP within `slack` ms of the sample,
+/// and no other node was. `None`: never, as far as was observed. After the last fault heals the
+/// cluster must get there within seconds, whatever state the faults left it in.
+pub fn converged_at(
+    samples: &[VipSample],
+    log: &AnsweringLog,
+    vips: &[Ipv4Addr],
+    from: Ms,
+    slack: Ms,
+) -> Option<Ms> {
+    let intervals = log.intervals();
+    let answering = |vip: Ipv4Addr, node: NodeId, s: &VipSample| {
+        intervals.iter().any(|i| {
+            i.vip == vip
+                && i.node == node
+                && i.since <= s.received + slack
+                && i.until >= s.sent - slack
+        })
+    };
+    let others_answering = |vip: Ipv4Addr, owner: NodeId, s: &VipSample| {
+        // Another node seen answering while the sample was taken: a second owner.
+        intervals
+            .iter()
+            .any(|i| i.vip == vip && i.node != owner && i.since <= s.received && i.until >= s.sent)
+    };
+    samples.iter().filter(|s| s.sent >= from).find_map(|s| {
+        let ok = vips.iter().all(|v| match s.owner(*v) {
+            Some(o) => answering(*v, o, s) && !others_answering(*v, o, s),
+            None => false,
+        });
+        ok.then_some(s.received)
+    })
+}
+
 /// The index of the phase containing `t`, where phase `k` covers `[starts[k], starts[k+1])` and
 /// the last one runs on forever; times before the first start belong to phase 0.
 pub fn phase_of(starts: &[Ms], t: Ms) -> usize {
@@ -733,6 +799,47 @@ mod tests {
         assert_eq!(lost_within(&gaps, 5_000, 5_100, 2.0), 50);
         assert_eq!(lost_within(&gaps, 6_000, 7_000, 2.0), 0);
         assert_eq!(lost_within(&gaps, 0, 10_000, 2.0), 205);
+    }
+
+    #[test]
+    fn owner_changes_count_moves_between_nodes_only() {
+        // vip 1: 1 → 2 (fault) → none → 1 (back): two changes; vip 2 stays on 3.
+        let mut s = samples(0, 1_000, &[(1, Some(1)), (2, Some(3))]);
+        s.extend(samples(1_000, 2_000, &[(1, Some(2)), (2, Some(3))]));
+        s.extend(samples(2_000, 2_500, &[(1, None), (2, Some(3))]));
+        s.extend(samples(2_500, 4_000, &[(1, Some(1)), (2, Some(3))]));
+        let c = owner_changes(&s, 500, 4_000);
+        assert_eq!(c[&vip(1)], 2);
+        assert_eq!(c[&vip(2)], 0);
+        // Counted from the owner before the window: the move at 1000 is in [900, 1500).
+        assert_eq!(owner_changes(&s, 900, 1_500)[&vip(1)], 1);
+        assert_eq!(owner_changes(&s, 1_500, 2_400)[&vip(1)], 0);
+        // A flapping vip: one change per sample that differs.
+        let mut f = Vec::new();
+        for k in 0..10 {
+            f.extend(samples(
+                k * 500,
+                k * 500 + 500,
+                &[(1, Some(1 + (k as u64 % 2)))],
+            ));
+        }
+        assert_eq!(owner_changes(&f, 0, 5_000)[&vip(1)], 9);
+    }
+
+    #[test]
+    fn convergence_is_the_first_sample_answered_by_exactly_its_owners() {
+        let mut log = AnsweringLog::new();
+        // Nobody answers vip 1 until node 2 does from 3000; vip 2 answered by 1 throughout.
+        log.observe(2, vip(1), 3_000, 9_000);
+        log.observe(1, vip(2), 0, 9_000);
+        let s = samples(0, 9_000, &[(1, Some(2)), (2, Some(1))]);
+        let vips = [vip(1), vip(2)];
+        assert_eq!(converged_at(&s, &log, &vips, 1_000, 250), Some(2_760));
+        // A VIP without an owner, or answered by a second node too, has not converged.
+        let s2 = samples(0, 9_000, &[(1, None), (2, Some(1))]);
+        assert_eq!(converged_at(&s2, &log, &vips, 0, 250), None);
+        log.observe(3, vip(2), 0, 9_000);
+        assert_eq!(converged_at(&s, &log, &vips, 1_000, 250), None);
     }
 
     #[test]

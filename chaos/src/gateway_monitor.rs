@@ -259,7 +259,10 @@ impl Health {
 
 /// Whether a node's own daemon can answer a poll: not killed and not paused.
 fn daemon_alive(kind: Option<FaultKind>) -> bool {
-    !matches!(kind, Some(FaultKind::Kill9 | FaultKind::Pause))
+    !matches!(
+        kind,
+        Some(FaultKind::Kill9 | FaultKind::Pause | FaultKind::Stall | FaultKind::Kill9Stall)
+    )
 }
 
 /// The latest data-plane stats of each node: when they were received and what they said.

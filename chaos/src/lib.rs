@@ -31,7 +31,8 @@ pub use linearizability::{
     check, check_with, CheckConfig, CheckError, Counterexample, InconclusiveKey, Verdict,
 };
 pub use schedule::{
-    generate, Fault, FaultKind, Schedule, ScheduleConfig, ScheduleError, Step, MAX_TOTAL,
+    generate, stall_within, Fault, FaultKind, Schedule, ScheduleConfig, ScheduleError, Step,
+    MAX_TOTAL, STALL_MAX, STALL_MIN,
 };
 pub use workload::{
     key_set, run_workload, ClientError, KvClient, OpMix, WorkloadConfig, WorkloadError,

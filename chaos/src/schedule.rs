@@ -32,6 +32,49 @@ pub enum FaultKind {
     Partition,
     /// Drop this percentage of the targets' packets.
     Loss { pct: u8 },
+    /// Drop this percentage of the targets' control traffic (their QUIC/UDP port), in and out,
+    /// at random; the data plane and ARP are untouched. The degraded control link that makes a
+    /// live gateway look dead now and then.
+    ControlLoss { pct: u8 },
+    /// Drop everything the targets send on the control port while they still receive: one
+    /// direction only, so a node hears the leader but is never heard.
+    ControlOneway,
+    /// The whole machine stalls: every yard daemon is SIGSTOPped together and SIGCONTed when
+    /// the step ends (1 to 5 s). Targets are every host: this is not a minority fault, and the
+    /// cluster is expected to be unavailable for its length and to recover right after.
+    Stall,
+    /// `kill -9` of the targets and, a third into the step, a stall of every other daemon
+    /// ([`stall_within`]): the killed node's restart and the stall overlap on a loaded machine.
+    Kill9Stall,
+    /// The targets' links down and, a third into the step, a stall of every daemon.
+    LinkDownStall,
+}
+
+impl FaultKind {
+    /// Whether the fault pauses every daemon for the whole step.
+    pub fn is_stall(self) -> bool {
+        matches!(self, FaultKind::Stall)
+    }
+}
+
+/// The shortest and longest whole-machine stall.
+pub const STALL_MIN: Duration = Duration::from_secs(1);
+pub const STALL_MAX: Duration = Duration::from_secs(5);
+
+/// For a fault with a stall inside it: when the stall starts (from the step's start) and how
+/// long it lasts: a third into the step, a third of it long, within [`STALL_MIN`, `STALL_MAX`]
+/// and ending before the step does.
+pub fn stall_within(step: &Step) -> Option<(Duration, Duration)> {
+    if !matches!(
+        step.fault.kind,
+        FaultKind::Kill9Stall | FaultKind::LinkDownStall
+    ) {
+        return None;
+    }
+    let offset = step.duration / 3;
+    let len = (step.duration / 3).clamp(STALL_MIN, STALL_MAX);
+    let len = len.min(step.duration.saturating_sub(offset));
+    (!len.is_zero()).then_some((offset, len))
 }
 
 impl fmt::Display for FaultKind {
@@ -42,6 +85,11 @@ impl fmt::Display for FaultKind {
             FaultKind::LinkDown => f.write_str("link-down"),
             FaultKind::Partition => f.write_str("partition"),
             FaultKind::Loss { pct } => write!(f, "loss-{pct}%"),
+            FaultKind::ControlLoss { pct } => write!(f, "ctl-loss-{pct}%"),
+            FaultKind::ControlOneway => f.write_str("ctl-oneway"),
+            FaultKind::Stall => f.write_str("stall"),
+            FaultKind::Kill9Stall => f.write_str("kill-9+stall"),
+            FaultKind::LinkDownStall => f.write_str("link-down+stall"),
         }
     }
 }
@@ -192,7 +240,9 @@ pub fn generate(config: &ScheduleConfig) -> Result<Schedule, ScheduleError> {
         return Err(ScheduleError::NoKinds);
     }
     if let Some(pct) = config.kinds.iter().find_map(|k| match k {
-        FaultKind::Loss { pct } if *pct == 0 || *pct > 100 => Some(*pct),
+        FaultKind::Loss { pct } | FaultKind::ControlLoss { pct } if *pct == 0 || *pct > 100 => {
+            Some(*pct)
+        }
         _ => None,
     }) {
         return Err(ScheduleError::BadLoss(pct));
@@ -212,11 +262,17 @@ pub fn generate(config: &ScheduleConfig) -> Result<Schedule, ScheduleError> {
     while t + config.min_fault + config.min_gap <= config.total {
         // The longest fault that still leaves a final gap before the end.
         let room = config.total - config.min_gap - t;
-        let duration = random_between(&mut rng, config.min_fault, config.max_fault.min(room));
+        let mut duration = random_between(&mut rng, config.min_fault, config.max_fault.min(room));
         let kind = config.kinds[rng.gen_range(0..config.kinds.len())];
         let count = rng.gen_range(1..=max_faulty);
         let mut targets = sample(&mut rng, config.hosts, count).into_vec();
         targets.sort_unstable();
+        if kind.is_stall() {
+            // A stall is short and hits every daemon (the draws above are kept, so that the
+            // schedules of the other kinds do not depend on whether stalls are in the mix).
+            duration = random_between(&mut rng, STALL_MIN, STALL_MAX.min(room));
+            targets = (0..config.hosts).collect();
+        }
         steps.push(Step {
             start: t,
             duration,
@@ -265,6 +321,11 @@ mod tests {
             FaultKind::LinkDown,
             FaultKind::Partition,
             FaultKind::Loss { pct: 30 },
+            FaultKind::ControlLoss { pct: 40 },
+            FaultKind::ControlOneway,
+            FaultKind::Stall,
+            FaultKind::Kill9Stall,
+            FaultKind::LinkDownStall,
         ]
     }
 
@@ -279,10 +340,28 @@ mod tests {
         let mut previous_end = Duration::ZERO;
         for (i, step) in s.steps.iter().enumerate() {
             assert!(!step.fault.targets.is_empty());
+            if step.fault.kind.is_stall() {
+                assert_eq!(
+                    step.fault.targets.len(),
+                    c.hosts,
+                    "a stall stops every daemon"
+                );
+                assert!(step.duration >= STALL_MIN.min(c.max_fault) && step.duration <= STALL_MAX);
+                assert!(step.start >= previous_end + c.min_gap);
+                previous_end = step.end();
+                continue;
+            }
             assert!(
                 step.fault.targets.len() <= max,
                 "step {i} faults a majority"
             );
+            if let Some((offset, len)) = stall_within(step) {
+                assert!(
+                    offset + len <= step.duration,
+                    "step {i}'s stall outlasts it"
+                );
+                assert!(len <= STALL_MAX);
+            }
             assert!(step.fault.targets.windows(2).all(|w| w[0] < w[1]));
             assert!(step.fault.targets.iter().all(|&h| h < c.hosts));
             assert!(step.duration >= c.min_fault && step.duration <= c.max_fault);
@@ -295,11 +374,35 @@ mod tests {
         }
         assert!(previous_end + c.min_gap <= c.total || s.steps.is_empty());
         // Sample every step boundary: the faulted set only changes there.
-        for step in &s.steps {
+        for step in s.steps.iter().filter(|st| !st.fault.kind.is_stall()) {
             for t in [step.start, step.end() - Duration::from_millis(1)] {
                 assert!(s.faulted_at(t).len() <= max);
             }
         }
+    }
+
+    #[test]
+    fn new_kinds_have_short_names_and_stalls_are_short_and_total() {
+        let names: Vec<String> = all_kinds().iter().map(ToString::to_string).collect();
+        assert_eq!(
+            names[5..],
+            [
+                "ctl-loss-40%",
+                "ctl-oneway",
+                "stall",
+                "kill-9+stall",
+                "link-down+stall"
+            ]
+        );
+        let mut c = config(7, 3, 300);
+        c.kinds = vec![FaultKind::Stall, FaultKind::Kill9Stall];
+        let s = generate(&c).unwrap();
+        assert!(
+            s.steps.iter().any(|st| st.fault.kind == FaultKind::Stall),
+            "{s}"
+        );
+        assert!(s.steps.iter().any(|st| stall_within(st).is_some()), "{s}");
+        assert_valid(&s);
     }
 
     #[test]
@@ -316,7 +419,11 @@ mod tests {
     fn three_hosts_fault_one_at_a_time_and_five_hosts_at_most_two() {
         for seed in 0..50 {
             let s = generate(&config(seed, 3, 300)).unwrap();
-            assert!(s.steps.iter().all(|st| st.fault.targets.len() == 1));
+            assert!(s
+                .steps
+                .iter()
+                .filter(|st| !st.fault.kind.is_stall())
+                .all(|st| st.fault.targets.len() == 1));
             assert_valid(&s);
         }
         let mut saw_two = false;
@@ -370,7 +477,7 @@ mod tests {
             seed in any::<u64>(),
             hosts in 3usize..10,
             secs in 0u64..=600,
-            kinds in prop::sample::subsequence(all_kinds(), 1..=5),
+            kinds in prop::sample::subsequence(all_kinds(), 1..=10),
         ) {
             let c = ScheduleConfig::new(seed, hosts, Duration::from_secs(secs), kinds);
             let s = generate(&c).unwrap();

@@ -15,6 +15,23 @@ use crate::topology::Topology;
 /// The nftables table holding partition rules in each host.
 const CHAOS_TABLE: &str = "yard_chaos";
 
+/// The nftables table holding control-port faults ([`Topology::control_fault`]) in each host,
+/// apart from the partition table so that the two never replace each other.
+const CONTROL_TABLE: &str = "yard_ctl";
+
+/// A fault on one host's control traffic (its QUIC/UDP port), leaving every other packet —
+/// the data plane, ARP — alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControlFault {
+    /// Drop `pct` percent of the control datagrams the host receives and of those it sends,
+    /// each at random.
+    Loss { pct: u8 },
+    /// Drop every control datagram the host sends; what it receives still arrives.
+    OutboundOnly,
+    /// Drop every control datagram the host receives; what it sends still arrives.
+    InboundOnly,
+}
+
 /// The TC filter priority of the loss program on `eth0` egress, so it can be replaced and
 /// removed without touching any other filter.
 const LOSS_PREF: &str = "1";
@@ -114,6 +131,85 @@ impl Topology {
         cmd::run_with_stdin(
             "ip",
             &["netns", "exec", &self.ns_name(i), "nft", "-f", "-"],
+            Some(&script),
+        )?;
+        Ok(())
+    }
+
+    /// Applies `fault` to the control traffic on UDP `port` (the port every node's QUIC
+    /// endpoint uses for both its server and its client side) of each host in `faulted`,
+    /// replacing any earlier control fault.
+    ///
+    /// Everything is dropped on input, silently as a bad link does: what a faulted host
+    /// receives in its own input hook (`udp dport port`), what it sends in every other host's
+    /// input hook (`ip saddr <host> udp sport port`). Dropping in its output hook instead would
+    /// make its `sendmsg` fail with EPERM, which no real network does. Random loss uses
+    /// nftables' `numgen random` (this kernel has no netem).
+    pub fn control_fault(&self, faulted: &[usize], port: u16, fault: ControlFault) -> Result<()> {
+        for &i in faulted {
+            self.check_host(i)?;
+        }
+        let (inbound, outbound) = match fault {
+            ControlFault::Loss { pct } => {
+                if pct == 0 || pct > 100 {
+                    return Err(Error::Setup(format!(
+                        "control loss must be 1..=100 percent, not {pct}"
+                    )));
+                }
+                (Some(pct), Some(pct))
+            }
+            ControlFault::OutboundOnly => (None, Some(100)),
+            ControlFault::InboundOnly => (Some(100), None),
+        };
+        let drop_rule = |matcher: String, pct: u8| {
+            if pct >= 100 {
+                format!("{matcher} drop")
+            } else {
+                format!("{matcher} numgen random mod 100 < {pct} drop")
+            }
+        };
+        for h in 1..=self.hosts() {
+            let mut rules = Vec::new();
+            if let (true, Some(p)) = (faulted.contains(&h), inbound) {
+                rules.push(drop_rule(format!("udp dport {port}"), p));
+            }
+            if let Some(p) = outbound {
+                for &f in faulted.iter().filter(|f| **f != h) {
+                    rules.push(drop_rule(
+                        format!("ip saddr {} udp sport {port}", self.addr(f)),
+                        p,
+                    ));
+                }
+            }
+            self.set_control_rules(h, &rules)?;
+        }
+        Ok(())
+    }
+
+    /// Removes every control fault.
+    pub fn clear_control_faults(&self) -> Result<()> {
+        for h in 1..=self.hosts() {
+            self.set_control_rules(h, &[])?;
+        }
+        Ok(())
+    }
+
+    /// Replaces host `h`'s control table with these input rules (none: no table).
+    fn set_control_rules(&self, h: usize, rules: &[String]) -> Result<()> {
+        let mut script = format!("table inet {CONTROL_TABLE}\ndelete table inet {CONTROL_TABLE}\n");
+        if !rules.is_empty() {
+            let _ = writeln!(
+                script,
+                "table inet {CONTROL_TABLE} {{\n\tchain input {{\n\t\ttype filter hook input priority filter - 5; policy accept;"
+            );
+            for rule in rules {
+                let _ = writeln!(script, "\t\t{rule}");
+            }
+            let _ = writeln!(script, "\t}}\n}}");
+        }
+        cmd::run_with_stdin(
+            "ip",
+            &["netns", "exec", &self.ns_name(h), "nft", "-f", "-"],
             Some(&script),
         )?;
         Ok(())

@@ -20,6 +20,7 @@ mod topology;
 pub mod yard;
 
 pub use error::{Error, Result};
+pub use faults::ControlFault;
 pub use process::Process;
 pub use topology::{sweep_stale, thread_in_namespace, Topology, EXEC_TIMEOUT, MAX_HOSTS};
 

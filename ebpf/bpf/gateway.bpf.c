@@ -91,6 +91,7 @@ _Static_assert(sizeof(struct vxlanhdr) == 8, "VXLAN header");
 #define ARPOP_REPLY_BE bpf_htons(2)
 #define IP_FRAG_MASK_BE bpf_htons(0x3fff) /* MF flag and fragment offset */
 #define VXLAN_FLAG_I 0x08
+#define YARD_AF_INET 2 /* <sys/socket.h> is not for BPF targets */
 /* Offset of the inner IPv4 header: the outer IPv4 header is option-less once we get there. */
 #define INNER_L3_OFF                                                                              \
 	(sizeof(struct ethhdr) + sizeof(struct iphdr) + sizeof(struct udphdr) +                    \
@@ -322,11 +323,40 @@ int yard_gateway(struct xdp_md *ctx)
 		OUT(GW_DROP_UNKNOWN_ENDPOINT, XDP_DROP);
 	__u32 host = ep->host;
 	struct gw_host *next_hop = bpf_map_lookup_elem(&gw_hosts, &host);
-	if (!next_hop)
-		OUT(GW_DROP_UNKNOWN_HOST, XDP_DROP);
 
 	__builtin_memcpy(ieth->h_dest, ep->mac, 6);
 	ipv4_decrease_ttl(iip);
-	outer_readdress(eth, ip, udp, cfg, next_hop->mac, host);
-	OUT(GW_FORWARDED, XDP_TX);
+	if (next_hop) {
+		outer_readdress(eth, ip, udp, cfg, next_hop->mac, host);
+		OUT(GW_FORWARDED, XDP_TX);
+	}
+	/*
+	 * The daemon has not put the host's MAC into gw_hosts yet (a new endpoint on a host this
+	 * gateway never sent to). Ask the kernel's neighbour table; if it has no entry either,
+	 * re-address the frame to the host with this gateway's own MAC as the destination and hand
+	 * it to the stack, which forwards it out of the same interface and resolves the neighbour
+	 * on the way (holding the frame in the neighbour's queue meanwhile): a tenant's first
+	 * frames arrive late by one ARP exchange instead of being lost (a TCP SYN would wait a
+	 * 1 s retransmission). This needs forwarding (the FIB helper checks it as well) and
+	 * accept_local (the outer source is the VIP, a local address) on the interface; the daemon
+	 * sets both. Without them the lookup says FWD_DISABLED and the frame still goes to the
+	 * stack, which then drops it: no worse than dropping it here.
+	 */
+	struct bpf_fib_lookup fib = {};
+	fib.family = YARD_AF_INET;
+	fib.l4_protocol = IPPROTO_UDP;
+	fib.tot_len = tot_len;
+	fib.ifindex = ctx->ingress_ifindex;
+	fib.ipv4_src = daddr;
+	fib.ipv4_dst = host;
+	long rc = bpf_fib_lookup(ctx, &fib, sizeof(fib), BPF_FIB_LOOKUP_OUTPUT);
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS && fib.ifindex == ctx->ingress_ifindex) {
+		outer_readdress(eth, ip, udp, cfg, fib.dmac, host);
+		OUT(GW_FORWARDED, XDP_TX);
+	}
+	if (rc == BPF_FIB_LKUP_RET_BLACKHOLE || rc == BPF_FIB_LKUP_RET_UNREACHABLE ||
+	    rc == BPF_FIB_LKUP_RET_PROHIBIT)
+		OUT(GW_DROP_UNKNOWN_HOST, XDP_DROP); /* the kernel would drop it too */
+	outer_readdress(eth, ip, udp, cfg, cfg->mac, host);
+	OUT(GW_PASS_UNRESOLVED_HOST, XDP_PASS);
 }

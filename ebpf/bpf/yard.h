@@ -112,9 +112,10 @@ enum gw_counter_idx {
 	GW_DROP_INNER_OTHER,
 	GW_DROP_UNKNOWN_ENDPOINT,
 	GW_DROP_UNKNOWN_HOST,
+	GW_PASS_UNRESOLVED_HOST, /* host MAC unknown to the daemon and the kernel: re-addressed, to the stack */
 	GW_COUNTER_MAX, /* number of counters: gw_counters' max_entries */
 };
-_Static_assert(GW_COUNTER_MAX == 18, "Rust Counter::ALL has 18 entries");
+_Static_assert(GW_COUNTER_MAX == 19, "Rust Counter::ALL has 19 entries");
 
 /* Map sizes, mirrored in Rust (layout.rs) so the loader can check pinned maps it adopts. */
 #define GW_VIPS_MAX 4096

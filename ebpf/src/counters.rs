@@ -43,13 +43,19 @@ pub enum Counter {
     DropInnerOther,
     /// No endpoint for (VNI, inner destination).
     DropUnknownEndpoint,
-    /// The endpoint's compute host has no next-hop MAC.
+    /// The endpoint's compute host has no next-hop MAC and the kernel's route to it is a
+    /// blackhole, unreachable or prohibited: dropped, as the kernel would.
     DropUnknownHost,
+    /// The endpoint's compute host has no next-hop MAC in the map nor in the kernel's neighbour
+    /// table: the frame is re-addressed to the host with the gateway's own MAC and passed to the
+    /// stack, which forwards it once it has resolved the neighbour (a new tenant's first frames
+    /// are late by one ARP exchange, not lost).
+    PassUnresolvedHost,
 }
 
 impl Counter {
     /// Every counter in index order.
-    pub const ALL: [Counter; 18] = [
+    pub const ALL: [Counter; 19] = [
         Counter::Forwarded,
         Counter::ArpRepliedInner,
         Counter::ArpRepliedOuter,
@@ -68,6 +74,7 @@ impl Counter {
         Counter::DropInnerOther,
         Counter::DropUnknownEndpoint,
         Counter::DropUnknownHost,
+        Counter::PassUnresolvedHost,
     ];
 
     /// Stable snake_case name, used as the metric label (`reason="forwarded"`): never rename.
@@ -91,6 +98,7 @@ impl Counter {
             Counter::DropInnerOther => "drop_inner_other",
             Counter::DropUnknownEndpoint => "drop_unknown_endpoint",
             Counter::DropUnknownHost => "drop_unknown_host",
+            Counter::PassUnresolvedHost => "pass_unresolved_host",
         }
     }
 
@@ -120,6 +128,7 @@ impl Counter {
                 | Counter::PassNonIpv4
                 | Counter::PassNotVxlan
                 | Counter::PassNotConfigured
+                | Counter::PassUnresolvedHost
         )
     }
 }

@@ -629,6 +629,17 @@ impl Gateway {
         run_once(self.xdp()?, PROGRAM, frame)
     }
 
+    /// [`Gateway::test_run`] as if `frame` arrived on interface `ingress_ifindex` of the
+    /// calling thread's network namespace (the kernel's routes and neighbours there are what
+    /// the program's FIB lookup sees).
+    pub fn test_run_on(
+        &self,
+        frame: &[u8],
+        ingress_ifindex: u32,
+    ) -> Result<TestOutcome, EbpfError> {
+        crate::test_run::run_once_on(self.xdp()?, PROGRAM, frame, ingress_ifindex)
+    }
+
     /// `repeat` runs in the kernel; returns the kernel-measured mean ns per run.
     ///
     /// The kernel runs all repeats on one buffer: from the second run on, the program sees the

@@ -129,7 +129,7 @@ pub const ENDPOINTS_MAX: u32 = 262_144;
 /// `GW_HOSTS_MAX`.
 pub const HOSTS_MAX: u32 = 65_536;
 /// `GW_COUNTER_MAX`.
-pub const COUNTER_MAX: u32 = 18;
+pub const COUNTER_MAX: u32 = 19;
 
 /// `PEERS_DIR_INGRESS`.
 pub const PEERS_DIR_INGRESS: u8 = 0;

@@ -70,6 +70,18 @@ pub(crate) fn run_raw<P: PacketProgram>(
     program: &'static str,
     frame: &[u8],
 ) -> Result<(u32, Vec<u8>), EbpfError> {
+    run_raw_ctx(prog, program, frame, None)
+}
+
+/// [`run_raw`], with an XDP context giving the ingress interface (index in the calling
+/// thread's network namespace): what `ctx->ingress_ifindex` reads and what helpers such as
+/// `bpf_fib_lookup` see as the receiving device (by default the namespace's loopback).
+fn run_raw_ctx<P: PacketProgram>(
+    prog: &P,
+    program: &'static str,
+    frame: &[u8],
+    ctx_in: Option<&[u8]>,
+) -> Result<(u32, Vec<u8>), EbpfError> {
     if frame.len() < ETH_HLEN {
         return Err(EbpfError::FrameTooShort(frame.len()));
     }
@@ -78,6 +90,7 @@ pub(crate) fn run_raw<P: PacketProgram>(
         .test_run(TestRunOptions {
             data_in: Some(frame),
             data_out: Some(&mut out),
+            ctx_in,
             repeat: 1,
             ..TestRunOptions::default()
         })
@@ -96,6 +109,27 @@ pub(crate) fn run_once(
     frame: &[u8],
 ) -> Result<TestOutcome, EbpfError> {
     let (action, frame) = run_raw(prog, program, frame)?;
+    Ok(TestOutcome {
+        action: XdpAction::from_raw(action),
+        frame,
+    })
+}
+
+/// One run of an XDP program on `frame` received on interface `ingress_ifindex`.
+pub(crate) fn run_once_on(
+    prog: &Xdp,
+    program: &'static str,
+    frame: &[u8],
+    ingress_ifindex: u32,
+) -> Result<TestOutcome, EbpfError> {
+    // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index,
+    // egress_ifindex; the kernel wants data 0 and data_end the frame's length.
+    let len = u32::try_from(frame.len()).unwrap_or(u32::MAX);
+    let ctx: Vec<u8> = [0, len, 0, ingress_ifindex, 0, 0]
+        .iter()
+        .flat_map(|v| v.to_ne_bytes())
+        .collect();
+    let (action, frame) = run_raw_ctx(prog, program, frame, Some(&ctx))?;
     Ok(TestOutcome {
         action: XdpAction::from_raw(action),
         frame,

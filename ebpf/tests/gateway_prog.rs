@@ -268,12 +268,106 @@ fn bad_vxlan_flags_drop() {
 }
 
 #[test]
-fn unknown_endpoint_and_unknown_host_drop() {
+fn unknown_endpoint_drops_and_unresolved_host_passes_readdressed() {
     let gw = fixture();
     let (_, c) = run(&gw, &tunnel(VIP, VNI_A, TENANT_UNKNOWN).build());
     assert_eq!(c, Counter::DropUnknownEndpoint);
-    let (_, c) = run(&gw, &tunnel(VIP, VNI_A, TENANT_ON_UNKNOWN_HOST).build());
-    assert_eq!(c, Counter::DropUnknownHost);
+    // No MAC in the map, none in the (root namespace's, loopback-facing) kernel table: to the
+    // stack, addressed to the host with the gateway's own MAC so the kernel forwards it.
+    let input = tunnel(VIP, VNI_A, TENANT_ON_UNKNOWN_HOST).build();
+    let (out, c) = run(&gw, &input);
+    assert_eq!(c, Counter::PassUnresolvedHost);
+    assert_eq!(out.action, XdpAction::Pass);
+    assert_forwarded(&input, &out.frame, HOST_UNKNOWN, GW_MAC, TENANT_A_MAC);
+}
+
+/// ifindex of `dev` in namespace `ns`, from `ip -o link` ("7: yd0@yd1: ...").
+fn ifindex_in(ns: &str, dev: &str) -> u32 {
+    let out = std::process::Command::new("ip")
+        .args(["-n", ns, "-o", "link", "show", "dev", dev])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.split(':').next().unwrap().trim().parse().unwrap()
+}
+
+fn ip_in(ns: &str, args: &[&str]) {
+    let out = std::process::Command::new("ip")
+        .args(["-n", ns])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A host the daemon has not resolved yet, on an interface where the kernel routes to it: with
+/// no neighbour entry the frame goes to the stack (which resolves the neighbour and forwards
+/// it); once the kernel knows the MAC the program forwards with it itself; a host the kernel
+/// has an unreachable route for is dropped, as the kernel would.
+#[test]
+fn unresolved_host_uses_the_kernels_neighbour_table() {
+    require_root();
+    let ns = NetnsVeth::new("fib");
+    ip_in(&ns.name, &["addr", "add", "198.18.0.1/24", "dev", "yd0"]);
+    // As the daemon sets it on the gateway interface (the FIB helper requires it too).
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", &ns.name, "sysctl", "-qw"])
+        .arg("net.ipv4.conf.yd0.forwarding=1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let ifindex = ifindex_in(&ns.name, "yd0");
+    let input = tunnel(VIP, VNI_A, TENANT_ON_UNKNOWN_HOST).build();
+    let one_run = |input: &[u8]| {
+        ns.run(|| {
+            let gw = fixture();
+            let before = counter_map(&gw);
+            let out = gw.test_run_on(input, ifindex).expect("test run");
+            let after = counter_map(&gw);
+            (out, the_one_moved(&Counter::ALL, &before, &after, input))
+        })
+    };
+
+    let (out, c) = one_run(&input);
+    assert_eq!(
+        (c, out.action),
+        (Counter::PassUnresolvedHost, XdpAction::Pass)
+    );
+    assert_forwarded(&input, &out.frame, HOST_UNKNOWN, GW_MAC, TENANT_A_MAC);
+
+    let kernel_mac = [0x02, 0, 0, 0, 0, 0x99];
+    ip_in(
+        &ns.name,
+        &[
+            "neigh",
+            "replace",
+            &HOST_UNKNOWN.to_string(),
+            "lladdr",
+            "02:00:00:00:00:99",
+            "dev",
+            "yd0",
+            "nud",
+            "permanent",
+        ],
+    );
+    let (out, c) = one_run(&input);
+    assert_eq!((c, out.action), (Counter::Forwarded, XdpAction::Tx));
+    assert_forwarded(&input, &out.frame, HOST_UNKNOWN, kernel_mac, TENANT_A_MAC);
+
+    ip_in(
+        &ns.name,
+        &["neigh", "del", &HOST_UNKNOWN.to_string(), "dev", "yd0"],
+    );
+    ip_in(
+        &ns.name,
+        &["route", "add", "unreachable", &format!("{HOST_UNKNOWN}/32")],
+    );
+    let (out, c) = one_run(&input);
+    assert_eq!((c, out.action), (Counter::DropUnknownHost, XdpAction::Drop));
 }
 
 #[test]

@@ -348,3 +348,97 @@ fn bad_cli_arguments_get_one_clear_error() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--clients"));
 }
+
+/// A SIGTERM while the node is still joining (here: a seed nobody answers, so the join would
+/// retry for minutes) stops it cleanly at once; it used to log "stopping" and then wait for a
+/// second signal.
+#[test]
+fn sigterm_while_joining_stops_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = dir.path().join("tls");
+    let tls_s = tls.to_str().unwrap();
+    for args in [
+        &["ca", "init", "--dir", tls_s][..],
+        &[
+            "ca",
+            "issue",
+            "--dir",
+            tls_s,
+            "--name",
+            "n2",
+            "--id",
+            "2",
+            "--ip",
+            "127.0.0.1",
+        ],
+    ] {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+    let log_path = dir.path().join("yard.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    // A bound, silent UDP socket: the seed's address exists but never answers.
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let seed = silent.local_addr().unwrap().to_string();
+    let mut child = Command::new(BIN)
+        .args(["node", "start", "--join", &seed])
+        .env("YARD_NODE__ID", "2")
+        .env("YARD_NODE__NAME", "n2")
+        .env("YARD_TLS__DIR", &tls)
+        .env("YARD_NODE__DATA_DIR", dir.path().join("data"))
+        .env("YARD_NODE__LISTEN", format!("127.0.0.1:{}", free_port()))
+        .env(
+            "YARD_METRICS__LISTEN",
+            format!("127.0.0.1:{}", free_tcp_port()),
+        )
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    struct Reap<'a>(&'a mut Child);
+    impl Drop for Reap<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let child = Reap(&mut child);
+    let start = Instant::now();
+    while !std::fs::read_to_string(&log_path)
+        .unwrap_or_default()
+        .contains("joining the cluster")
+    {
+        assert!(
+            child.0.try_wait().unwrap().is_none(),
+            "yard exited before joining: {}",
+            std::fs::read_to_string(&log_path).unwrap_or_default()
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "yard never started joining"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = child.0.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let sent = Instant::now();
+    let status = loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            sent.elapsed() < Duration::from_secs(5),
+            "yard still running 5 s after SIGTERM while joining: {}",
+            std::fs::read_to_string(&log_path).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    assert!(status.success(), "exit {status:?}: {log}");
+    assert!(log.contains("stopped"), "{log}");
+    drop(silent);
+}

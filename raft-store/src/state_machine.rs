@@ -56,6 +56,12 @@ impl ChangeFeed {
         f(&self.inner.data.read().unwrap_or_else(|e| e.into_inner()))
     }
 
+    /// How many receivers of the change feed are alive: an actor must hold one, however often it
+    /// resyncs (tests check that a resync drops the old one).
+    pub fn receivers(&self) -> usize {
+        self.inner.feed.receiver_count()
+    }
+
     /// The current tables and a receiver of every change after them. Taken under one lock, so no
     /// change falls between the two. A receiver that lags (`RecvError::Lagged`) subscribes again.
     pub fn subscribe(&self) -> (StateMachineData, broadcast::Receiver<Change>) {

@@ -3,11 +3,12 @@
 //! maps), the interface (VIP addresses, gratuitous ARP) and the neighbour table. Every decision
 //! is in [`super::core`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::net::Ipv4Addr;
 use std::pin::Pin;
-use std::sync::{Arc, RwLock};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -130,16 +131,95 @@ pub struct GatewaySettings {
     pub core: CoreConfig,
 }
 
+/// Work for the interface thread: everything that forks `ip`, reads `/proc` or writes a packet
+/// socket, in the order the core asked for it.
+enum IfaceOp {
+    Add(Ipv4Addr),
+    Remove(Ipv4Addr),
+    Announce {
+        vip: Ipv4Addr,
+        repeat: u32,
+    },
+    /// Look up the hosts gathered in [`IfaceQueue::resolve`].
+    Resolve,
+}
+
+/// What the interface thread reports back to the actor.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+enum IfaceReport {
+    Resolved { host: Ipv4Addr, mac: [u8; 6] },
+    Failed(String),
+}
+
+/// The shell's end of the interface thread.
+struct IfaceQueue {
+    ops: mpsc::Sender<IfaceOp>,
+    /// Hosts to look up at the next [`IfaceOp::Resolve`]: lookups asked for while one is queued
+    /// merge into it, so a slow interface thread never accumulates a backlog of them.
+    resolve: Arc<Mutex<BTreeSet<Ipv4Addr>>>,
+}
+
+/// Before the actor starts the interface is held here; once started, a dedicated thread owns
+/// it. Fork/exec of `ip` and `/proc/net/arp` reads take milliseconds to hundreds of them on a
+/// loaded machine, and the arbiter they would block is shared with liveness and admin.
+enum IfaceSlot {
+    Idle(Box<dyn Interface>),
+    Running(IfaceQueue),
+    Gone,
+}
+
+/// The interface thread: executes ops in order until the actor drops its sender.
+fn iface_thread(
+    mut iface: Box<dyn Interface>,
+    ops: mpsc::Receiver<IfaceOp>,
+    resolve: Arc<Mutex<BTreeSet<Ipv4Addr>>>,
+    reports: Recipient<IfaceReport>,
+) {
+    let mac = iface.mac();
+    let fail = |e: DataPlaneError| reports.do_send(IfaceReport::Failed(e.0));
+    while let Ok(op) = ops.recv() {
+        match op {
+            IfaceOp::Add(vip) => iface.add_address(vip).unwrap_or_else(fail),
+            IfaceOp::Remove(vip) => iface.remove_address(vip).unwrap_or_else(fail),
+            IfaceOp::Announce { vip, repeat } => {
+                let sent = iface
+                    .send_frame(&garp_frame(mac, vip, false))
+                    .and_then(|()| iface.send_frame(&garp_frame(mac, vip, true)));
+                match sent {
+                    Ok(()) => tracing::info!(%vip, repeat, "gateway announced"),
+                    Err(e) => fail(e),
+                }
+            }
+            IfaceOp::Resolve => {
+                let hosts: Vec<Ipv4Addr> =
+                    std::mem::take(&mut *resolve.lock().unwrap_or_else(|e| e.into_inner()))
+                        .into_iter()
+                        .collect();
+                if hosts.is_empty() {
+                    continue;
+                }
+                for (host, mac) in iface.resolve(&hosts) {
+                    reports.do_send(IfaceReport::Resolved { host, mac });
+                }
+            }
+        }
+    }
+}
+
 pub struct GatewayActor {
     core: NodeCore,
     settings: GatewaySettings,
     dataplane: Box<dyn DataPlane>,
-    iface: Box<dyn Interface>,
+    iface: IfaceSlot,
     renewer: Arc<dyn Renewer>,
     feed: ChangeFeed,
     view: GatewayView,
     health: HealthRegistry,
     renewing: bool,
+    /// The change-feed stream: exactly one at a time. A resync cancels it before subscribing
+    /// again (it used to add a stream per resync, doubling the subscriptions each time).
+    stream: Option<SpawnHandle>,
     /// Whether the tables are followed yet: only once they are as new as the leader's (first
     /// grant), so a restarted daemon never acts on a store still replaying its log — until
     /// then the pinned maps keep forwarding with what they hold.
@@ -191,12 +271,13 @@ impl GatewayActor {
             core,
             settings,
             dataplane,
-            iface,
+            iface: IfaceSlot::Idle(iface),
             renewer,
             feed,
             view,
             health,
             renewing: false,
+            stream: None,
             synced: false,
             restarting: false,
             ticks: 0,
@@ -205,6 +286,9 @@ impl GatewayActor {
     }
 
     fn subscribe(&mut self, ctx: &mut Context<Self>) {
+        if let Some(old) = self.stream.take() {
+            ctx.cancel_future(old);
+        }
         let (data, rx) = self.feed.subscribe();
         let now_ms = self.dataplane.now_ms();
         let revision = data.gateway.revision;
@@ -216,38 +300,65 @@ impl GatewayActor {
             },
             ctx,
         );
-        ctx.add_stream(futures::stream::unfold(rx, |mut rx| async move {
-            let item = rx.recv().await;
-            match item {
-                Err(RecvError::Closed) => None,
-                other => Some((other, rx)),
-            }
-        }));
+        self.stream = Some(
+            ctx.add_stream(futures::stream::unfold(rx, |mut rx| async move {
+                let item = rx.recv().await;
+                match item {
+                    Err(RecvError::Closed) => None,
+                    other => Some((other, rx)),
+                }
+            })),
+        );
     }
 
-    fn run(&mut self, event: Event, ctx: &mut Context<Self>) {
+    /// Queues `op` for the interface thread (never blocks).
+    fn queue_iface(&self, op: IfaceOp) -> Result<(), DataPlaneError> {
+        match &self.iface {
+            IfaceSlot::Running(q) => q
+                .ops
+                .send(op)
+                .map_err(|_| DataPlaneError("the interface thread has stopped".into())),
+            _ => Err(DataPlaneError("the interface thread is not running".into())),
+        }
+    }
+
+    /// Hands the interface to its own thread; reports come back as messages.
+    fn start_iface(&mut self, ctx: &mut Context<Self>) {
+        let IfaceSlot::Idle(iface) = std::mem::replace(&mut self.iface, IfaceSlot::Gone) else {
+            return;
+        };
+        let (tx, rx) = mpsc::channel();
+        let resolve = Arc::new(Mutex::new(BTreeSet::new()));
+        let (r, reports) = (resolve.clone(), ctx.address().recipient());
+        match std::thread::Builder::new()
+            .name("yard-gw-iface".into())
+            .spawn(move || iface_thread(iface, rx, r, reports))
+        {
+            Ok(_) => self.iface = IfaceSlot::Running(IfaceQueue { ops: tx, resolve }),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start the gateway interface thread");
+                self.errors += 1;
+            }
+        }
+    }
+
+    fn run(&mut self, event: Event, _ctx: &mut Context<Self>) {
         for effect in self.core.handle(event) {
-            if let Err(e) = self.execute(effect, ctx) {
+            if let Err(e) = self.execute(effect) {
                 self.errors += 1;
                 tracing::warn!(error = %e, "gateway effect failed");
             }
         }
     }
 
-    fn execute(&mut self, effect: Effect, ctx: &mut Context<Self>) -> Result<(), DataPlaneError> {
+    fn execute(&mut self, effect: Effect) -> Result<(), DataPlaneError> {
         match effect {
             Effect::SetLease { deadline_ms } => self.dataplane.set_lease(deadline_ms),
             Effect::PutVip { vip, serve } => self.dataplane.put_vip(vip, serve),
             Effect::RemoveVip { vip } => self.dataplane.remove_vip(vip),
-            Effect::AddAddress { vip } => self.iface.add_address(vip),
-            Effect::RemoveAddress { vip } => self.iface.remove_address(vip),
-            Effect::Announce { vip, repeat } => {
-                let mac = self.iface.mac();
-                self.iface.send_frame(&garp_frame(mac, vip, false))?;
-                self.iface.send_frame(&garp_frame(mac, vip, true))?;
-                tracing::info!(%vip, repeat, "gateway announced");
-                Ok(())
-            }
+            Effect::AddAddress { vip } => self.queue_iface(IfaceOp::Add(vip)),
+            Effect::RemoveAddress { vip } => self.queue_iface(IfaceOp::Remove(vip)),
+            Effect::Announce { vip, repeat } => self.queue_iface(IfaceOp::Announce { vip, repeat }),
             Effect::Taken { vip, revision } => {
                 let now_ms = self.dataplane.now_ms();
                 tracing::info!(%vip, revision, now_ms, "gateway vip taken");
@@ -256,10 +367,18 @@ impl GatewayActor {
             Effect::PutEndpoint(ep) => self.dataplane.put_endpoint(&ep),
             Effect::RemoveEndpoint(key) => self.dataplane.remove_endpoint(&key),
             Effect::Resolve(hosts) => {
-                for (host, mac) in self.iface.resolve(&hosts) {
-                    self.run(Event::HostResolved { host, mac }, ctx);
+                let IfaceSlot::Running(q) = &self.iface else {
+                    return Err(DataPlaneError("the interface thread is not running".into()));
+                };
+                let mut pending = q.resolve.lock().unwrap_or_else(|e| e.into_inner());
+                let queued = !pending.is_empty();
+                pending.extend(hosts);
+                drop(pending);
+                if queued {
+                    Ok(())
+                } else {
+                    self.queue_iface(IfaceOp::Resolve)
                 }
-                Ok(())
             }
             Effect::PutHost { host, mac } => self.dataplane.put_host(host, mac),
             Effect::RemoveHost { host } => self.dataplane.remove_host(host),
@@ -404,6 +523,20 @@ impl Handler<PrepareRestart> for GatewayActor {
     }
 }
 
+impl Handler<IfaceReport> for GatewayActor {
+    type Result = ();
+
+    fn handle(&mut self, report: IfaceReport, ctx: &mut Context<Self>) {
+        match report {
+            IfaceReport::Resolved { host, mac } => self.run(Event::HostResolved { host, mac }, ctx),
+            IfaceReport::Failed(e) => {
+                self.errors += 1;
+                tracing::warn!(error = %e, "gateway interface operation failed");
+            }
+        }
+    }
+}
+
 impl StreamHandler<Result<Change, RecvError>> for GatewayActor {
     fn handle(&mut self, item: Result<Change, RecvError>, ctx: &mut Context<Self>) {
         let now_ms = self.dataplane.now_ms();
@@ -436,6 +569,7 @@ impl Actor for GatewayActor {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         self.health.report("gateway", false, "starting");
+        self.start_iface(ctx);
         ctx.run_interval(self.settings.renew_every, |act, ctx| act.tick(ctx));
     }
 
@@ -472,6 +606,16 @@ impl LinuxInterface {
             .map_err(|_| DataPlaneError(format!("interface {name} has a bad ifindex")))?;
         let sender = PacketSender::open(ifindex)
             .map_err(|e| DataPlaneError(format!("cannot open a packet socket on {name}: {e}")))?;
+        // The XDP program hands a frame for a compute host it has no MAC for to the stack,
+        // addressed to this interface's MAC and sourced from the VIP: the kernel must forward
+        // it (resolving the host on the way) and accept a local source address on it. Only
+        // this interface's settings change.
+        for (key, value) in [("forwarding", "1"), ("accept_local", "1")] {
+            let path = format!("/proc/sys/net/ipv4/conf/{name}/{key}");
+            if let Err(e) = std::fs::write(&path, value) {
+                tracing::warn!(path, error = %e, "cannot enable the kernel path for unresolved hosts: their first frames will be lost");
+            }
+        }
         Ok(Self {
             name: name.to_owned(),
             mac,
@@ -536,3 +680,7 @@ impl Interface for LinuxInterface {
         super::neigh::resolve(hosts, &self.name)
     }
 }
+
+#[cfg(test)]
+#[path = "actor_tests.rs"]
+mod tests;

@@ -19,9 +19,9 @@ use clap::Parser;
 use yard::client::AdminClient;
 use yard::rpc::{AdminReply, AdminRequest};
 use yard_chaos::gateway::{
-    answering_mismatches, balanced, check_ownership, gaps_in, largest_gap, lost_within,
-    owned_before, owned_by_any, phase_of, reassignment, unanswered, LossGap, Ms, NodeId, Outage,
-    Overlap, OwnershipViolation,
+    answering_mismatches, balanced, check_ownership, converged_at, gaps_in, largest_gap,
+    lost_within, owned_before, owned_by_any, owner_changes, phase_of, reassignment, unanswered,
+    LossGap, Ms, NodeId, Outage, Overlap, OwnershipViolation,
 };
 use yard_chaos::gateway_monitor::{
     add_tenants, cli_json, gateway_config, pool, vip_neighbours, wait_vips, Health, Monitor,
@@ -31,8 +31,8 @@ use yard_chaos::history::{FailReason, History, Outcome};
 use yard_chaos::workload::counter_key;
 use yard_chaos::yard_client::YardKv;
 use yard_chaos::{
-    check, generate, inject, key_set, run_workload, FaultKind, OpMix, Recorder, ScheduleConfig,
-    WorkloadConfig,
+    check, generate, inject, key_set, run_workload, stall_within, FaultKind, OpMix, Recorder,
+    ScheduleConfig, WorkloadConfig,
 };
 use yard_cluster_tests::probe::{ProbeOptions, ProbeReport, ProbeStream};
 use yard_cluster_tests::yard::{ClusterOptions, YardCluster};
@@ -76,6 +76,49 @@ struct Args {
     /// How often the gateway pollers ask, ms.
     #[arg(long, default_value_t = 250)]
     poll_ms: u64,
+    /// How many times a VIP may change owner within one phase (a fault and the calm after
+    /// it): away from the faulted owner once, back once.
+    #[arg(long, default_value_t = 2)]
+    max_owner_changes: u32,
+    /// How soon after the last fault heals every VIP must be answered by its owner, ms.
+    #[arg(long, default_value_t = 5000)]
+    converge_ms: u64,
+    /// The fault kinds to draw from, by their short names (comma-separated, e.g.
+    /// `kill-9,stall,ctl-loss-30%`); the CI list when absent. The same seed and kinds give the
+    /// same schedule, so an old run is reproduced with the kinds it had.
+    #[arg(long, value_delimiter = ',', value_parser = parse_kind)]
+    kinds: Option<Vec<FaultKind>>,
+    /// Print the schedule and exit (no cluster is started).
+    #[arg(long)]
+    dry_run: bool,
+}
+
+/// A fault kind from its short name (`FaultKind`'s `Display`).
+fn parse_kind(s: &str) -> Result<FaultKind, String> {
+    let pct = |rest: &str| -> Result<u8, String> {
+        rest.strip_suffix('%')
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| format!("bad percentage in fault kind {s}"))
+    };
+    Ok(match s {
+        "kill-9" => FaultKind::Kill9,
+        "pause" => FaultKind::Pause,
+        "link-down" => FaultKind::LinkDown,
+        "partition" => FaultKind::Partition,
+        "ctl-oneway" => FaultKind::ControlOneway,
+        "stall" => FaultKind::Stall,
+        "kill-9+stall" => FaultKind::Kill9Stall,
+        "link-down+stall" => FaultKind::LinkDownStall,
+        _ => {
+            if let Some(rest) = s.strip_prefix("ctl-loss-") {
+                FaultKind::ControlLoss { pct: pct(rest)? }
+            } else if let Some(rest) = s.strip_prefix("loss-") {
+                FaultKind::Loss { pct: pct(rest)? }
+            } else {
+                return Err(format!("unknown fault kind {s}"));
+            }
+        }
+    })
 }
 
 fn main() -> std::process::ExitCode {
@@ -119,7 +162,10 @@ struct Injected {
 impl Injected {
     /// Whether the fault takes its nodes down, from the cluster's point of view.
     fn is_outage(&self) -> bool {
-        !matches!(self.kind, FaultKind::Loss { .. })
+        !matches!(
+            self.kind,
+            FaultKind::Loss { .. } | FaultKind::ControlLoss { .. }
+        )
     }
 }
 
@@ -150,13 +196,20 @@ fn run(args: Args) -> anyhow::Result<bool> {
             .map_or(1, |d| d.as_nanos() as u64)
     });
     let total = Duration::from_secs(args.seconds);
-    let kinds = vec![
-        FaultKind::Kill9,
-        FaultKind::Pause,
-        FaultKind::LinkDown,
-        FaultKind::Partition,
-        FaultKind::Loss { pct: 30 },
-    ];
+    let kinds = args.kinds.clone().unwrap_or_else(|| {
+        vec![
+            FaultKind::Kill9,
+            FaultKind::Pause,
+            FaultKind::LinkDown,
+            FaultKind::Partition,
+            FaultKind::Loss { pct: 30 },
+            FaultKind::ControlLoss { pct: 40 },
+            FaultKind::ControlOneway,
+            FaultKind::Stall,
+            FaultKind::Kill9Stall,
+            FaultKind::LinkDownStall,
+        ]
+    });
     // Only the yard nodes are scheduled: the client and compute hosts are never faulted.
     let mut config = ScheduleConfig::new(seed, args.hosts, total, kinds);
     config.min_fault = Duration::from_secs(3);
@@ -166,6 +219,9 @@ fn run(args: Args) -> anyhow::Result<bool> {
     let schedule = generate(&config)?;
     println!("chaos: seed {seed} (rerun with --seed {seed})");
     print!("{schedule}");
+    if args.dry_run {
+        return Ok(true);
+    }
 
     let n = args.hosts;
     let gateway = !args.no_gateway;
@@ -267,6 +323,33 @@ fn run(args: Args) -> anyhow::Result<bool> {
             step.fault.targets,
             step.duration.as_secs_f64()
         );
+        // A stall inside the fault: every daemon stopped together for a while.
+        let mut stalled = None;
+        if let Some((offset, len)) = stall_within(step) {
+            sleep_until(start + step.start + offset);
+            let others: Vec<usize> = nodes
+                .iter()
+                .map(|n| *n as usize)
+                .filter(|n| !targets.contains(n))
+                .collect();
+            health.set(&others, Some(FaultKind::Stall));
+            let from = clock.now();
+            println!(
+                "chaos: t={:>6.1}s stall every daemon for {:.1}s",
+                secs(from),
+                len.as_secs_f64()
+            );
+            inject::stall(&cluster, len).context("cannot stall the daemons")?;
+            let to = clock.now();
+            health.set(&others, None);
+            println!("chaos: t={:>6.1}s stall over", secs(to));
+            stalled = Some(Injected {
+                kind: FaultKind::Stall,
+                nodes: nodes.iter().map(|n| *n as usize).collect(),
+                injected: from,
+                healed: to,
+            });
+        }
         sleep_until(start + step.start + step.duration);
         let healed = clock.now();
         inject::end(&mut cluster, &step.fault)
@@ -284,6 +367,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
             injected,
             healed,
         });
+        faults.extend(stalled);
     }
     let summary = worker
         .join()
@@ -402,6 +486,9 @@ fn run(args: Args) -> anyhow::Result<bool> {
             budget,
             clock,
             faults: &faults,
+            poll: args.poll_ms as Ms,
+            max_owner_changes: args.max_owner_changes,
+            converge: args.converge_ms as Ms,
         };
         ctx.gateway_verdicts(&cluster, gw, &mut checks)?;
     }
@@ -515,6 +602,10 @@ struct Judge<'a> {
     budget: Ms,
     clock: RunClock,
     faults: &'a [Injected],
+    /// The pollers' period: the slack when matching the table with the data plane.
+    poll: Ms,
+    max_owner_changes: u32,
+    converge: Ms,
 }
 
 /// One probe stream's loss windows on the run clock.
@@ -718,11 +809,52 @@ impl Judge<'_> {
 
         // (b') ...and some node actually answering for it: a VIP whose owner fenced itself but
         // keeps renewing is owned in the table and answered by nobody.
-        let silent = unanswered(&observed.answering, vips, 0, observed.last_stats, budget);
+        // While every daemon is stopped nobody can renew, so every data plane fences itself:
+        // that silence is the design, and only what lasts beyond a stall counts.
+        let stalls: Vec<(Ms, Ms)> = self
+            .faults
+            .iter()
+            .filter(|f| f.kind.is_stall())
+            .map(|f| (f.injected, f.healed))
+            .collect();
+        let silent: Vec<(Ipv4Addr, Ms, Ms)> =
+            unanswered(&observed.answering, vips, 0, observed.last_stats, budget)
+                .into_iter()
+                .filter(|(_, a, b)| (b - a) - stalled_within(&stalls, *a, *b) > budget)
+                .collect();
         let mut silent_by: BTreeMap<usize, Vec<&(Ipv4Addr, Ms, Ms)>> = BTreeMap::new();
         for u in &silent {
             silent_by.entry(phase_of(&starts, u.1)).or_default().push(u);
         }
+
+        // (e) Convergence: after the last fault heals, every VIP answered by exactly its owner
+        // within seconds, whatever state the faults left the cluster in.
+        let last_heal = self.faults.iter().map(|f| f.healed).max().unwrap_or(0);
+        let converged = converged_at(
+            &observed.samples,
+            &observed.answering,
+            vips,
+            last_heal,
+            self.poll,
+        );
+        match converged {
+            Some(t) => println!(
+                "chaos: converged {} ms after the last fault healed (t={:.1}s): every vip answered by its owner",
+                t - last_heal,
+                secs(t)
+            ),
+            None => println!(
+                "chaos: NOT CONVERGED: after the last fault healed (t={:.1}s) the vips were never all answered by their owners",
+                secs(last_heal)
+            ),
+        }
+        checks.add(
+            format!(
+                "gateway: converged within {} ms of the last heal",
+                self.converge
+            ),
+            converged.is_some_and(|t| t - last_heal <= self.converge),
+        );
 
         println!(
             "chaos: gateway observations: {} data-plane polls answered per node {:?} (failed {:?}), {} answering intervals, {} vip-table samples ({} failed); pollers fell behind by {} ms at most",
@@ -741,6 +873,7 @@ impl Judge<'_> {
 
         // Largest loss window per fault kind, over every stream, during and after the fault.
         let mut by_kind: BTreeMap<String, (Ms, Ms)> = BTreeMap::new();
+        let mut total_changes = 0u32;
         for p in 0..phases {
             let from = starts[p];
             let to = starts.get(p + 1).copied().unwrap_or(Ms::MAX);
@@ -828,6 +961,36 @@ impl Judge<'_> {
                 u.is_empty(),
             );
 
+            // (f) Stable ownership: each VIP changes owner a bounded number of times per phase.
+            let changes = owner_changes(&observed.samples, from, to);
+            let total: u32 = changes.values().sum();
+            let worst = changes.values().copied().max().unwrap_or(0);
+            total_changes += total;
+            println!(
+                "chaos:     owner changes: {total} ({}){}",
+                changes
+                    .iter()
+                    .filter(|(_, n)| **n > 0)
+                    .map(|(v, n)| format!("{v}×{n}"))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                if worst > self.max_owner_changes {
+                    format!(
+                        " VIOLATION: a vip changed owner {worst} times, more than {}",
+                        self.max_owner_changes
+                    )
+                } else {
+                    String::new()
+                }
+            );
+            checks.add(
+                format!(
+                    "gateway [{p}] each vip changes owner at most {} times",
+                    self.max_owner_changes
+                ),
+                worst <= self.max_owner_changes,
+            );
+
             // (c) Probe loss windows close within the budget.
             let mut probe_ok = true;
             let mut parts = Vec::new();
@@ -899,6 +1062,7 @@ impl Judge<'_> {
                 probe_ok,
             );
         }
+        println!("chaos: vip owner changes over the run: {total_changes}");
         for (kind, (during, after)) in &by_kind {
             println!(
                 "chaos: loss window by fault kind: {kind:<10} largest {during} ms during, {after} ms after heal"
@@ -925,6 +1089,14 @@ impl Judge<'_> {
     }
 }
 
+/// How much of `[from, to]` the stalls cover.
+fn stalled_within(stalls: &[(Ms, Ms)], from: Ms, to: Ms) -> Ms {
+    stalls
+        .iter()
+        .map(|(a, b)| (to.min(*b) - from.max(*a)).max(0))
+        .sum()
+}
+
 fn sleep_until(t: Instant) {
     let now = Instant::now();
     if t > now {
@@ -948,4 +1120,37 @@ fn balanced_without_leader(
         .filter(|n| *n as usize != leader)
         .collect();
     balanced(rows, &others)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fault_kinds_parse_from_their_short_names() {
+        for k in [
+            FaultKind::Kill9,
+            FaultKind::Pause,
+            FaultKind::LinkDown,
+            FaultKind::Partition,
+            FaultKind::Loss { pct: 30 },
+            FaultKind::ControlLoss { pct: 40 },
+            FaultKind::ControlOneway,
+            FaultKind::Stall,
+            FaultKind::Kill9Stall,
+            FaultKind::LinkDownStall,
+        ] {
+            assert_eq!(parse_kind(&k.to_string()), Ok(k));
+        }
+        assert!(parse_kind("loss-x%").is_err());
+        assert!(parse_kind("meteor").is_err());
+    }
+
+    #[test]
+    fn stalls_excuse_only_the_time_they_cover() {
+        let stalls = [(1_000, 4_000), (10_000, 11_000)];
+        assert_eq!(stalled_within(&stalls, 0, 20_000), 4_000);
+        assert_eq!(stalled_within(&stalls, 3_000, 10_500), 1_500);
+        assert_eq!(stalled_within(&stalls, 5_000, 9_000), 0);
+    }
 }

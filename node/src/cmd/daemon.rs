@@ -377,6 +377,9 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
 
     let start_cluster = async {
         if let Some(seed) = &args.join {
+            // Logged once the signal handlers below are installed (this block runs inside the
+            // select): from here a SIGTERM stops the node.
+            tracing::info!(seed = %seed, "joining the cluster");
             node.join(seed, Duration::from_secs(120))
                 .await
                 .map(|_| ())
@@ -393,14 +396,19 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
         }
     };
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        r = start_cluster => r?,
-        _ = term.recv() => { tracing::info!("SIGTERM before the node joined; stopping"); }
-        _ = tokio::signal::ctrl_c() => {}
-    }
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: stopping"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("interrupt: stopping"),
+    // A signal while joining (or bootstrapping) stops the node at once: the join may be
+    // retrying a seed nobody answers for minutes, and an operator's SIGTERM must not wait for it
+    // nor for a second signal.
+    let stopped_early = tokio::select! {
+        r = start_cluster => { r?; false }
+        _ = term.recv() => { tracing::info!("SIGTERM before the node joined: stopping"); true }
+        _ = tokio::signal::ctrl_c() => { tracing::info!("interrupt before the node joined: stopping"); true }
+    };
+    if !stopped_early {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: stopping"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("interrupt: stopping"),
+        }
     }
     // A planned stop: the pinned program keeps forwarding; with a grace it also keeps answering
     // for this node's VIPs, so a restart moves none of them.
