@@ -83,8 +83,17 @@ impl Session {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Tags a new write.
-    fn begin(&self) -> SessionTag {
+    /// Tags a new write; the guard finishes it when dropped (a caller that gives up on the
+    /// future, e.g. by its own timeout, counts as an unknown outcome).
+    fn begin(self: &Arc<Self>) -> InFlight {
+        InFlight {
+            tag: self.tag(),
+            session: self.clone(),
+            maybe_applied: true,
+        }
+    }
+
+    fn tag(&self) -> SessionTag {
         let mut st = self.lock();
         let seq = st.next_seq;
         st.next_seq += 1;
@@ -112,6 +121,26 @@ impl Session {
                 in_flight: BTreeSet::new(),
             };
         }
+    }
+}
+
+/// A tagged write in flight; finished (so the state machine may forget its reply) when dropped.
+struct InFlight {
+    tag: SessionTag,
+    session: Arc<Session>,
+    /// Whether it may have applied without the client learning so.
+    maybe_applied: bool,
+}
+
+impl InFlight {
+    fn done(mut self, maybe_applied: bool) {
+        self.maybe_applied = maybe_applied;
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.session.finish(&self.tag, self.maybe_applied);
     }
 }
 
@@ -202,7 +231,8 @@ impl AdminClient {
     /// a leader's death costs the client an election, never an error.
     async fn write_once(&self, req: AdminRequest) -> Result<AdminReply, ClientError> {
         use std::sync::atomic::Ordering;
-        let tag = self.session.begin();
+        let write = self.session.begin();
+        let tag = write.tag;
         let deadline = Instant::now() + self.timeout;
         let n = self.endpoints.len();
         let mut i = self.preferred.load(Ordering::Relaxed) % n;
@@ -222,13 +252,13 @@ impl AdminClient {
             last = match reply {
                 Ok(Reply::Admin(r)) => {
                     self.preferred.store(i, Ordering::Relaxed);
-                    self.session.finish(&tag, false);
+                    write.done(false);
                     return Ok(r);
                 }
                 // A refusal: this attempt did not take effect (an earlier one that reached a
                 // node may have).
                 Ok(Reply::Error(e)) => {
-                    self.session.finish(&tag, maybe_sent);
+                    write.done(maybe_sent);
                     return Err(if maybe_sent {
                         ClientError::Indefinite(format!(
                             "{e} (an earlier attempt may have applied)"
@@ -239,7 +269,7 @@ impl AdminClient {
                 }
                 Ok(Reply::Indefinite(e)) => ClientError::Indefinite(e),
                 Ok(other) => {
-                    self.session.finish(&tag, true);
+                    write.done(true);
                     return Err(ClientError::Unexpected(format!("{other:?}")));
                 }
                 Err(e) => ClientError::Transport(e),
@@ -257,7 +287,7 @@ impl AdminClient {
                 tokio::time::sleep(RETRY_PAUSE).await;
             }
         }
-        self.session.finish(&tag, maybe_sent);
+        write.done(maybe_sent);
         Err(match last {
             e if !maybe_sent => e,
             e => ClientError::Indefinite(format!(
@@ -279,5 +309,30 @@ impl AdminClient {
             Reply::Indefinite(e) => Err(ClientError::Indefinite(e)),
             other => Err(ClientError::Unexpected(format!("{other:?}"))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_in_flight_hold_back_the_acknowledgement_and_an_abandoned_one_starts_a_new_session() {
+        let session = Arc::new(Session::new());
+        let a = session.begin();
+        let b = session.begin();
+        assert_eq!((a.tag.seq, a.tag.first_unacked), (1, 1));
+        assert_eq!((b.tag.seq, b.tag.first_unacked), (2, 1));
+        a.done(false);
+        let c = session.begin();
+        assert_eq!((c.tag.seq, c.tag.first_unacked), (3, 2));
+        let client = c.tag.client;
+        b.done(false);
+        // Dropped unfinished (its caller gave up): it may still apply, so once nothing else is
+        // in flight the client starts a session the cluster has never seen.
+        drop(c);
+        let d = session.begin();
+        assert_ne!(d.tag.client, client);
+        assert_eq!((d.tag.seq, d.tag.first_unacked), (1, 1));
     }
 }
