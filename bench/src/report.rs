@@ -261,9 +261,14 @@ impl Report {
                 "trials": self.trials,
                 "yard": kill_json(ky),
                 "etcd": kill_json(ke),
+                "etcd_matched": kill_json(self.kills("etcd-matched")),
                 "ratio_yard_over_etcd": {
                     "p50": ratio(ky.p50_ms, ke.p50_ms),
                     "max": ratio(ky.max_ms, ke.max_ms),
+                },
+                "ratio_yard_over_etcd_matched": {
+                    "p50": ratio(ky.p50_ms, self.kills("etcd-matched").p50_ms),
+                    "max": ratio(ky.max_ms, self.kills("etcd-matched").max_ms),
                 },
             },
             "idle_rss": {
@@ -412,6 +417,13 @@ impl Report {
             }
         }
         let pm = self.puts("etcd-matched");
+        let km = self.kills("etcd-matched");
+        out += &format!(
+            "etcd-matched leader-kill recovery (writers): p50 {} ms, max {} ms; yard/etcd-matched p50 {}\n",
+            km.p50_ms.map_or("-".into(), |v| format!("{v:.1}")),
+            km.max_ms.map_or("-".into(), |v| format!("{v:.1}")),
+            ratio(ky.p50_ms, km.p50_ms).map_or("-".into(), |v| format!("{v:.3}")),
+        );
         out += &format!(
             "etcd-matched puts: {} ops/s, p99 {} ms; yard/etcd-matched throughput {}, p99 {}\n",
             pm.throughput.map_or("-".into(), |v| format!("{v:.0}")),
