@@ -24,8 +24,9 @@ use yard_actors::gateway::actor::{
     RenewFuture, Renewer,
 };
 use yard_actors::gateway::core::CoreConfig;
+use yard_actors::gateway::damping::DampingConfig;
 use yard_actors::gateway::dataplane::XdpDataPlane;
-use yard_actors::gateway::lease::LeaseConfig;
+use yard_actors::gateway::lease::{quorum_grant, LeaseConfig};
 use yard_actors::health::HealthRegistry;
 use yard_actors::liveness::{LivenessActor, ProbeTarget, Prober, Reachability};
 use yard_actors::probe::actor::{
@@ -178,14 +179,23 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
     let reachability = Reachability::default();
     let rpc_timeout = Duration::from_millis(cfg.transport.rpc_timeout_ms);
     let renew_every = Duration::from_millis(cfg.liveness.interval_ms);
-    let gateway_control = Arc::new(GatewayControl::new(
-        LeaseConfig {
-            lease_ms: cfg.liveness.lease_ms,
-            margin_ms: cfg.liveness.lease_margin_ms,
-        },
-        renew_every,
-        cfg.gateway.leader_holds_vips,
-    ));
+    let gateway_control = Arc::new(
+        GatewayControl::new(
+            LeaseConfig {
+                lease_ms: cfg.liveness.lease_ms,
+                margin_ms: cfg.liveness.lease_margin_ms,
+            },
+            renew_every,
+            cfg.gateway.leader_holds_vips,
+        )
+        .with_damping(DampingConfig {
+            holddown_ms: cfg.gateway.holddown_ms,
+            max_holddown_ms: cfg.gateway.holddown_max_ms,
+            half_life_ms: cfg.gateway.holddown_half_life_ms,
+        })
+        .with_state_file(cfg.node.data_dir.join("gateway-revocations.json"))
+        .map_err(anyhow::Error::msg)?,
+    );
     let diagnosis_control = Arc::new(DiagnosisControl::new(DiagnosisSettings {
         analyzer: cfg.analyzer.to_core(),
         evaluate_every: Duration::from_millis(cfg.analyzer.evaluate_ms),
@@ -223,8 +233,8 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
         tokio::spawn(diagnosis_control.run(raft, feed));
     }
     let control = {
-        let (raft, feed) = (raft.clone(), node.feed().clone());
-        tokio::spawn(async move { gateway_control.run(raft, feed).await })
+        let node = node.clone();
+        tokio::spawn(async move { gateway_control.run(node).await })
     };
     let gateway = if cfg.gateway.enabled {
         let g = &cfg.gateway;
@@ -426,7 +436,8 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Renews this node's gateway lease with the leader it knows of, on the node's runtime.
+/// Renews this node's gateway lease with every voter, on the node's runtime; asks the leader
+/// for restart graces.
 struct LeaseRenewer {
     node: Node,
     transport: Arc<dyn Transport>,
@@ -466,11 +477,53 @@ impl LeaseRenewer {
         });
         Box::pin(async move { task.await.ok().flatten() })
     }
+
+    /// One renewal round: `req` to every voter in parallel; the round's grant as soon as a
+    /// majority granted (`lease::quorum_grant`), `None` once that cannot happen any more or the
+    /// timeout passed.
+    fn round(&self, req: Request) -> RenewFuture {
+        let (node, timeout) = (self.node.clone(), self.timeout);
+        let task = self.rt.spawn(async move {
+            use futures::stream::{FuturesUnordered, StreamExt};
+            let voters = node.voter_ids();
+            let mut calls: FuturesUnordered<_> = voters
+                .iter()
+                .map(|v| {
+                    let (node, req) = (node.clone(), req.clone());
+                    async move { node.call_node(*v, req, timeout).await }
+                })
+                .collect();
+            let mut grants = Vec::new();
+            let mut answered = 0;
+            let deadline = tokio::time::sleep(timeout);
+            tokio::pin!(deadline);
+            loop {
+                tokio::select! {
+                    _ = &mut deadline => return None,
+                    reply = calls.next() => {
+                        let reply = reply?;
+                        answered += 1;
+                        if let Ok(Reply::LeaseGranted { granted_ms, revision }) = reply {
+                            grants.push((granted_ms, revision));
+                        }
+                        if let Some(grant) = quorum_grant(voters.len(), &grants) {
+                            return Some(grant);
+                        }
+                        // Too few voters left to make a majority.
+                        if grants.len() + (voters.len() - answered) < voters.len() / 2 + 1 {
+                            return None;
+                        }
+                    }
+                }
+            }
+        });
+        Box::pin(async move { task.await.ok().flatten() })
+    }
 }
 
 impl Renewer for LeaseRenewer {
     fn renew(&self, applied: u64, lease_left_ms: u64) -> RenewFuture {
-        self.ask(Request::GatewayRenew {
+        self.round(Request::GatewayRenew {
             applied,
             lease_left_ms,
         })
