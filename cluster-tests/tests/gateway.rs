@@ -590,10 +590,11 @@ impl CpuHogs {
                 std::thread::spawn(move || {
                     let end = Instant::now() + at_most;
                     let mut x = 0u64;
-                    while !stop.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < end
-                    {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < end {
                         for _ in 0..10_000 {
-                            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+                            x = std::hint::black_box(
+                                x.wrapping_mul(6364136223846793005).wrapping_add(1),
+                            );
                         }
                     }
                 })
@@ -666,10 +667,7 @@ fn killing_the_leader_while_the_cpu_is_contended_fences_no_other_node() {
     let new_leader = loop {
         match c.leader(ask) {
             Some(l) if l as u64 != leader => break l as u64,
-            _ => assert!(
-                killed.elapsed() < Duration::from_secs(15),
-                "no new leader"
-            ),
+            _ => assert!(killed.elapsed() < Duration::from_secs(15), "no new leader"),
         }
         std::thread::sleep(Duration::from_millis(20));
     };

@@ -21,9 +21,12 @@
 //!   un-revoked once it reports an applied revision at least the leader's and no placement write
 //!   is in flight, so it can never re-arm from a table older than a reassignment of its VIPs.
 //!   It is live again, but [`super::damping`] keeps it from receiving VIPs during its hold-down.
-//! - A live node that renews with this leader but reports a lapsed data plane is un-revoked
-//!   again (same conditions): a predecessor may have died between un-revoking it at some voters
-//!   and the rest, leaving it without a majority.
+//! - A live node is un-revoked again at every voter now and then (same conditions; at once
+//!   when it renews with this leader but reports a lapsed data plane): a predecessor may have
+//!   died between un-revoking it at some voters and the rest, or a deposed leader cut off from
+//!   the others may have revoked it at its own voter, leaving it short of a majority. Safe for
+//!   the same reasons: this leader has not fenced it, so has moved none of its VIPs, and it has
+//!   applied whatever its predecessors moved.
 //!
 //! Restart graces: a grace is committed through Raft before the node is told, and held here
 //! from the request on (a new leader holds every committed grace for its full length from its
@@ -137,7 +140,15 @@ struct Unrevoking {
     stamp: Stamp,
     sent_at: u64,
     pending: BTreeSet<NodeId>,
+    /// Sends so far; a voter that never acks is left to the periodic repair.
+    sends: u32,
 }
+
+/// Sends of one un-revocation to voters that do not ack.
+const UNREVOKE_SENDS: u32 = 3;
+
+/// Leases between repairs of a live node's un-revocation at every voter.
+const REPAIR_EVERY_LEASES: u64 = 20;
 
 /// The leader-side core; one per node, active while the node leads.
 #[derive(Debug, Clone)]
@@ -152,6 +163,8 @@ pub struct LeaderCore {
     applied: BTreeMap<NodeId, u64>,
     states: BTreeMap<NodeId, LeaseState>,
     unrevoking: BTreeMap<NodeId, Unrevoking>,
+    /// Latest un-revocation per node in this leadership.
+    repaired: BTreeMap<NodeId, u64>,
     graced: BTreeMap<NodeId, Grace>,
     /// Graces whose end was proposed (not proposed again until the table drops them).
     ending: BTreeSet<NodeId>,
@@ -170,6 +183,7 @@ impl LeaderCore {
             applied: BTreeMap::new(),
             states: BTreeMap::new(),
             unrevoking: BTreeMap::new(),
+            repaired: BTreeMap::new(),
             graced: BTreeMap::new(),
             ending: BTreeSet::new(),
             in_flight: false,
@@ -190,6 +204,7 @@ impl LeaderCore {
         self.seq = 0;
         self.states.clear();
         self.unrevoking.clear();
+        self.repaired.clear();
         self.ending.clear();
         self.in_flight = false;
         self.graced = graces
@@ -212,6 +227,7 @@ impl LeaderCore {
         self.leading = None;
         self.states.clear();
         self.unrevoking.clear();
+        self.repaired.clear();
         self.graced.clear();
         self.ending.clear();
         self.in_flight = false;
@@ -474,21 +490,20 @@ impl LeaderCore {
                 continue;
             }
             let revoked = !matches!(self.states.get(&node), Some(LeaseState::Live) | None);
-            let stranded = !revoked
+            let lead_at = self.leading.map_or(0, |(_, at)| at);
+            let last = self.repaired.get(&node).copied().unwrap_or(lead_at);
+            let lapsed_there = self.heard.get(&node).is_some_and(|h| h.lease_left_ms == 0);
+            // Repairs wait two leases into a leadership (a just-started node reports no lease
+            // left while its first rounds are under way).
+            let repair = !revoked
                 && self.renewing(node, now_ms)
-                && self.heard.get(&node).is_some_and(|h| h.lease_left_ms == 0)
-                && self
-                    .unrevoking
-                    .get(&node)
-                    .is_none_or(|u| now_ms >= u.sent_at.saturating_add(lease));
-            // A stranded node is only repaired after a lease of this leadership: at first, a
-            // just-started node reports no lease left while its first rounds are under way.
-            let settled = self
-                .leading
-                .is_some_and(|(_, at)| now_ms >= at.saturating_add(2 * lease));
-            if !(revoked || stranded && settled) {
+                && now_ms >= lead_at.saturating_add(2 * lease)
+                && (lapsed_there && now_ms >= last.saturating_add(lease)
+                    || now_ms >= last.saturating_add(REPAIR_EVERY_LEASES * lease));
+            if !(revoked || repair) {
                 continue;
             }
+            self.repaired.insert(node, now_ms);
             let stamp = self.stamp();
             self.states.insert(node, LeaseState::Live);
             // Counted as renewing from now: it needs a round to get its grants.
@@ -501,6 +516,7 @@ impl LeaderCore {
                     stamp,
                     sent_at: now_ms,
                     pending: input.voters.clone(),
+                    sends: 1,
                 },
             );
             if revoked {
@@ -514,9 +530,12 @@ impl LeaderCore {
             });
         }
         // Un-revocations some voter has not acknowledged: again every lease.
+        self.unrevoking
+            .retain(|_, u| u.sends < UNREVOKE_SENDS || now_ms < u.sent_at + lease);
         for (node, u) in self.unrevoking.iter_mut() {
             if now_ms >= u.sent_at.saturating_add(lease) && !u.pending.is_empty() {
                 u.sent_at = now_ms;
+                u.sends += 1;
                 out.push(Effect::Unrevoke {
                     node: *node,
                     stamp: u.stamp,
@@ -650,7 +669,8 @@ mod tests {
         voters: BTreeMap<NodeId, VoterLeases>,
         tables: GatewayTables,
         revision: u64,
-        /// Nodes whose renewals are lost (all of them) / voters that are down.
+        /// Nodes whose renewals are lost (all of them; a dead node is silent) / voters that
+        /// are down.
         silent: BTreeSet<NodeId>,
         down: BTreeSet<NodeId>,
         /// Each node's data-plane deadline and applied revision.
@@ -705,7 +725,7 @@ mod tests {
         /// Every node's renewal round at `now`.
         fn renew_all(&mut self) {
             for node in [1, 2, 3] {
-                if self.silent.contains(&node) || self.down.contains(&node) {
+                if self.silent.contains(&node) {
                     continue;
                 }
                 let applied = self.applied.get(&node).copied().unwrap_or(0);
@@ -978,12 +998,18 @@ mod tests {
         w.now += 5;
         w.core.renewal(3, 0, 0, false, w.now);
         w.tick();
-        assert_eq!(w.count(|e| matches!(e, Effect::Unrevoke { .. })), 0);
+        assert_eq!(
+            w.count(|e| matches!(e, Effect::Unrevoke { node: 3, .. })),
+            0
+        );
         // A placement write in flight holds it back too.
         w.core.in_flight = true;
         w.core.renewal(3, w.revision, 0, false, w.now);
         w.tick();
-        assert_eq!(w.count(|e| matches!(e, Effect::Unrevoke { .. })), 0);
+        assert_eq!(
+            w.count(|e| matches!(e, Effect::Unrevoke { node: 3, .. })),
+            0
+        );
         w.core.placement_done();
         w.tick();
         assert_eq!(w.count(|e| matches!(e, Effect::Restored { node: 3 })), 1);
@@ -1079,6 +1105,27 @@ mod tests {
         w.run(200);
         assert_eq!(w.fences.len(), 1);
         assert_eq!(w.owned_by(3), 0);
+    }
+
+    #[test]
+    fn a_node_left_revoked_at_one_voter_by_a_deposed_leader_is_repaired() {
+        let mut w = settled();
+        // A deposed leader, cut off from the others, revoked node 2 at its own voter (3) only.
+        w.voters
+            .get_mut(&3)
+            .unwrap()
+            .revoke(2, Stamp { term: 0, seq: 9 }, w.now);
+        w.run(100);
+        assert!(w.deadline[&2] > w.now, "voters 1 and 2 still grant");
+        // Voter 2 fails: node 2 is left with one grant of three, its data plane lapses, and the
+        // leader (still granting it) un-revokes it everywhere.
+        w.down.insert(2);
+        w.run(400);
+        assert!(!w.voters[&3].is_revoked(2));
+        assert!(w.deadline[&2] > w.now, "node 2 holds a quorum lease again");
+        assert!(w.count(|e| matches!(e, Effect::Unrevoke { node: 2, .. })) >= 1);
+        assert_eq!(w.count(|e| matches!(e, Effect::Revoke { .. })), 0);
+        assert_eq!(w.owned_by(2), 2, "nothing moved");
     }
 
     /// Ownership changes of the flapping node's VIPs over `secs` seconds when its control traffic
