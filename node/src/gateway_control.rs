@@ -380,7 +380,9 @@ impl GatewayControl {
     }
 
     fn execute(&self, node: &Node, raft: &Raft, term: u64, effect: Effect) {
-        let timeout = Duration::from_millis(self.cfg.lease.lease_ms.max(50));
+        // Calls run in tasks of their own and are not waited for; a long timeout lets a slow
+        // handshake finish instead of being aborted and started over at every retry.
+        let timeout = Duration::from_secs(1);
         match effect {
             Effect::Revoke {
                 node: target,

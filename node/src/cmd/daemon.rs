@@ -271,6 +271,8 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
             node: node.clone(),
             transport: transport.clone(),
             timeout: Duration::from_millis(cfg.liveness.lease_ms),
+            call_timeout: rpc_timeout,
+            busy: Arc::default(),
             rt: tokio::runtime::Handle::current(),
         });
         Some((settings, dataplane, iface, renewer, view))
@@ -441,7 +443,12 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
 struct LeaseRenewer {
     node: Node,
     transport: Arc<dyn Transport>,
+    /// A renewal round's time, and the grace request's.
     timeout: Duration,
+    /// One call to one voter.
+    call_timeout: Duration,
+    /// Voters with a renewal call still running.
+    busy: Arc<std::sync::Mutex<std::collections::BTreeSet<NodeId>>>,
     rt: tokio::runtime::Handle,
 }
 
@@ -480,38 +487,51 @@ impl LeaseRenewer {
 
     /// One renewal round: `req` to every voter in parallel; the round's grant as soon as a
     /// majority granted (`lease::quorum_grant`), `None` once that cannot happen any more or the
-    /// timeout passed.
+    /// round's time (`self.timeout`, one lease) is up.
+    ///
+    /// Each call runs in a task of its own to its end (`call_timeout`), also after the round
+    /// returned: cancelling the slowest voter's call at every round would abort its connection
+    /// mid-handshake each time, so it would never connect (and the aborted handshakes cost both
+    /// sides CPU). A voter whose previous call is still running is skipped for this round, so a
+    /// dead voter costs one call at a time.
     fn round(&self, req: Request) -> RenewFuture {
-        let (node, timeout) = (self.node.clone(), self.timeout);
+        let (node, timeout, call_timeout, busy) = (
+            self.node.clone(),
+            self.timeout,
+            self.call_timeout,
+            self.busy.clone(),
+        );
         let task = self.rt.spawn(async move {
-            use futures::stream::{FuturesUnordered, StreamExt};
             let voters = node.voter_ids();
-            let mut calls: FuturesUnordered<_> = voters
-                .iter()
-                .map(|v| {
-                    let (node, req) = (node.clone(), req.clone());
-                    async move { node.call_node(*v, req, timeout).await }
-                })
-                .collect();
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+            for voter in voters.iter().copied() {
+                if !busy.lock().unwrap_or_else(|e| e.into_inner()).insert(voter) {
+                    continue;
+                }
+                let (node, req, tx, busy) = (node.clone(), req.clone(), tx.clone(), busy.clone());
+                tokio::spawn(async move {
+                    let reply = node.call_node(voter, req, call_timeout).await;
+                    busy.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&voter);
+                    let _ = tx.send(reply);
+                });
+            }
+            drop(tx);
             let mut grants = Vec::new();
-            let mut answered = 0;
             let deadline = tokio::time::sleep(timeout);
             tokio::pin!(deadline);
             loop {
                 tokio::select! {
                     _ = &mut deadline => return None,
-                    reply = calls.next() => {
+                    reply = rx.recv() => {
+                        // Every call answered: no majority this round.
                         let reply = reply?;
-                        answered += 1;
                         if let Ok(Reply::LeaseGranted { granted_ms, revision }) = reply {
                             grants.push((granted_ms, revision));
                         }
                         if let Some(grant) = quorum_grant(voters.len(), &grants) {
                             return Some(grant);
-                        }
-                        // Too few voters left to make a majority.
-                        if grants.len() + (voters.len() - answered) < voters.len() / 2 + 1 {
-                            return None;
                         }
                     }
                 }
