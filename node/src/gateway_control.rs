@@ -157,10 +157,13 @@ impl GatewayControl {
         }
     }
 
-    /// A revocation of `node` at this voter: how long this voter's promise still runs, once the
-    /// revocation is on disk.
-    pub async fn revoke(&self, node: NodeId, stamp: Stamp) -> Result<u64, String> {
-        let outcome = self.voter().revoke(node, stamp, self.now_ms());
+    /// A revocation of `node` at this voter, answered once it is on disk: how long this voter's
+    /// promise still ran when the revocation was applied (from then on it grants nothing), and
+    /// how long ago that was. The leader's bound is then `received − held + remaining`: the
+    /// time spent storing the revocation does not delay the fence.
+    pub async fn revoke(&self, node: NodeId, stamp: Stamp) -> Result<(u64, u64), String> {
+        let applied_at = self.now_ms();
+        let outcome = self.voter().revoke(node, stamp, applied_at);
         match outcome {
             RevokeOutcome::Superseded => Err("a newer revocation or un-revocation applies".into()),
             RevokeOutcome::Revoked {
@@ -171,7 +174,7 @@ impl GatewayControl {
                     self.persist().await?;
                     tracing::info!(node, remaining_ms, "gateway voter: lease revoked");
                 }
-                Ok(remaining_ms)
+                Ok((remaining_ms, self.now_ms().saturating_sub(applied_at)))
             }
         }
     }
@@ -399,8 +402,13 @@ impl GatewayControl {
                             stamp,
                         };
                         match node.call_node(voter, req, timeout).await {
-                            Ok(Reply::LeaseRevoked { remaining_ms }) => {
-                                let at = epoch.elapsed().as_millis() as u64;
+                            Ok(Reply::LeaseRevoked {
+                                remaining_ms,
+                                held_ms,
+                            }) => {
+                                // The voter applied it at least `held_ms` before this.
+                                let at =
+                                    (epoch.elapsed().as_millis() as u64).saturating_sub(held_ms);
                                 let _ = tx
                                     .send(Input::RevokeAnswer {
                                         node: target,
@@ -549,7 +557,7 @@ mod tests {
             .unwrap();
         assert!(ctl.renew(7, 0, 0).is_ok());
         let stamp = Stamp { term: 3, seq: 1 };
-        let left = ctl.revoke(7, stamp).await.unwrap();
+        let (left, _) = ctl.revoke(7, stamp).await.unwrap();
         assert!(left <= 90 && left > 0, "{left}");
         assert!(ctl.renew(7, 0, 0).is_err());
         // A restarted voter still refuses, and reports a promise of up to a lease.

@@ -223,9 +223,11 @@ pub enum Reply {
     },
     /// The leader took a probe summary.
     ProbeAccepted,
-    /// A voter applied a revocation; its promise to the node runs `remaining_ms` more.
+    /// A voter applied a revocation; its promise to the node ran `remaining_ms` more when it
+    /// applied it, `held_ms` before it answered (storing it durably).
     LeaseRevoked {
         remaining_ms: u64,
+        held_ms: u64,
     },
     /// A voter applied an un-revocation.
     LeaseUnrevoked,

@@ -885,7 +885,10 @@ impl Handler for Node {
                 }
                 (PeerRole::Node(_), Request::GatewayRevoke { node, stamp }) => {
                     match this.inner.gateway.revoke(node, stamp).await {
-                        Ok(remaining_ms) => Reply::LeaseRevoked { remaining_ms },
+                        Ok((remaining_ms, held_ms)) => Reply::LeaseRevoked {
+                            remaining_ms,
+                            held_ms,
+                        },
                         Err(e) => Reply::Error(e),
                     }
                 }

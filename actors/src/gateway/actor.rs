@@ -316,7 +316,13 @@ impl GatewayActor {
             self.renewing += 1;
             let sent_ms = now_ms;
             let left = self.core.deadline_ms().saturating_sub(now_ms);
-            let fut = self.renewer.renew(self.core.revision(), left);
+            let applied = super::core::reported_revision(
+                self.synced,
+                left == 0,
+                self.core.revision(),
+                self.feed.read(|d| d.gateway.revision),
+            );
+            let fut = self.renewer.renew(applied, left);
             ctx.spawn(fut.into_actor(self).map(move |granted, act, ctx| {
                 act.renewing -= 1;
                 if act.restarting || sent_ms < act.taken_sent_ms {

@@ -26,8 +26,9 @@
 //!   revocation *durably* (a restarted voter must still refuse), refuses the node from then on,
 //!   and answers with how long its promise still runs: `max(promised[node], started_at +
 //!   lease_ms) − now` (a voter that restarted less than a lease ago may have granted just before
-//!   it died and no longer knows it). The leader turns each answer received at its time `r` with
-//!   `remaining` into the bound `r + remaining` (the voter answered at or before `r`) and, once a
+//!   it died and no longer knows it), and how long ago it applied the revocation (`held`: the
+//!   durable write). The leader turns each answer received at its time `r` into the bound
+//!   `(r − held) + remaining` (the voter applied it at or before `r − held`) and, once a
 //!   majority answered, holds the node as certainly fenced from [`fenced_at`]: the largest bound
 //!   plus `margin_ms` (clock-rate drift and the data plane's reaction time).
 //! - **Un-revocation.** A revoked node gets a lease again only when the leader sends
@@ -217,8 +218,9 @@ pub fn majority(voters: usize) -> usize {
     voters / 2 + 1
 }
 
-/// The leader's bound from one revocation answer: the voter answered `remaining_ms` at or
-/// before the leader received the answer at `received_at_ms` (leader clock).
+/// The leader's bound from one revocation answer: the voter's promise ran `remaining_ms` more
+/// when it applied the revocation, at or before `received_at_ms` (leader clock; the shell passes
+/// the receipt time less the time the voter held the answer back).
 pub fn answer_bound(received_at_ms: u64, remaining_ms: u64) -> u64 {
     received_at_ms.saturating_add(remaining_ms)
 }
