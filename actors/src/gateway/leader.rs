@@ -506,9 +506,12 @@ impl LeaderCore {
             self.repaired.insert(node, now_ms);
             let stamp = self.stamp();
             self.states.insert(node, LeaseState::Live);
-            // Counted as renewing from now: it needs a round to get its grants.
-            if let Some(h) = self.heard.get_mut(&node) {
-                h.granted = Some(now_ms);
+            // A revoked node is counted as renewing from now: it needs a round to get its
+            // grants. (Not a repaired one: that would postpone its lapse, and so a failover.)
+            if revoked {
+                if let Some(h) = self.heard.get_mut(&node) {
+                    h.granted = Some(now_ms);
+                }
             }
             self.unrevoking.insert(
                 node,
@@ -1126,6 +1129,31 @@ mod tests {
         assert!(w.count(|e| matches!(e, Effect::Unrevoke { node: 2, .. })) >= 1);
         assert_eq!(w.count(|e| matches!(e, Effect::Revoke { .. })), 0);
         assert_eq!(w.owned_by(2), 2, "nothing moved");
+    }
+
+    #[test]
+    fn a_repair_does_not_postpone_a_lapse() {
+        let mut w = settled();
+        w.run(2 * REPAIR_EVERY_LEASES * LEASE);
+        while !w.now.is_multiple_of(RENEW) {
+            w.run(5);
+        }
+        // Node 3 just renewed; its periodic repair falls due 15 ms later, between renewals.
+        w.core
+            .repaired
+            .insert(3, w.now + 15 - REPAIR_EVERY_LEASES * LEASE);
+        let seen = w.count(|e| matches!(e, Effect::Unrevoke { node: 3, .. }));
+        w.run(15);
+        assert!(w.count(|e| matches!(e, Effect::Unrevoke { node: 3, .. })) > seen);
+        // Silenced now: it lapses a lease after its last renewal, not after the repair.
+        let promised = w.voters[&1].promised(3);
+        w.silent.insert(3);
+        w.run(300);
+        let at = w.fences.iter().find(|(n, _)| *n == 3).unwrap().1;
+        assert!(
+            at < promised + MARGIN + 10,
+            "fenced at {at}, promised until {promised}"
+        );
     }
 
     /// Ownership changes of the flapping node's VIPs over `secs` seconds when its control traffic
