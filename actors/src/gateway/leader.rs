@@ -75,7 +75,7 @@ pub enum Effect {
     /// Propose `GatewayCommand::Grace { node, ms: 0 }`: the node's restart grace is over.
     EndGrace(NodeId),
     /// Log: `node`'s lease lapsed at this leader; it owned `owned` VIPs and will wait
-    /// `holddown_ms` of health before it receives VIPs again.
+    /// `holddown_ms` of health before it receives VIPs again (0: not damped).
     Lapsed {
         node: NodeId,
         owned: usize,
@@ -440,12 +440,20 @@ impl LeaderCore {
                         answers: BTreeMap::new(),
                     };
                     self.unrevoking.remove(&node);
-                    let holddown_ms = self.damping.lapse(node, now_ms);
                     let owned = input
                         .vips
                         .values()
                         .filter(|r| r.owner == Some(node))
                         .count();
+                    // Damped: a lapse that loses VIPs, or any lapse of a node already damped
+                    // (a flapping node keeps lapsing inside its hold-down, owning nothing). A
+                    // node that never owned anything, e.g. while a cluster forms, is not held.
+                    let damped = owned > 0 || self.damping.penalty(node, now_ms) > 0.01;
+                    let holddown_ms = if damped {
+                        self.damping.lapse(node, now_ms)
+                    } else {
+                        0
+                    };
                     out.push(Effect::Lapsed {
                         node,
                         owned,
@@ -1080,6 +1088,35 @@ mod tests {
         assert!(w.core.grace_requested(3, 1_000, w.now).is_err());
         w.core.lose();
         assert!(w.core.grace_requested(2, 1_000, w.now).is_err());
+    }
+
+    #[test]
+    fn a_node_that_lapses_owning_nothing_is_not_held_down() {
+        let mut w = World::new(DampingConfig::default(), true);
+        // A cluster forming: no VIP yet; node 3 renews once, then lapses.
+        w.tables.vips.clear();
+        let now = w.now;
+        w.core.renewal(3, 0, 0, true, now);
+        w.silent.insert(3);
+        w.run(300);
+        assert_eq!(w.fences.len(), 1);
+        // The pool is added and node 3 is back: it gets its share at once.
+        w.revision += 1;
+        w.tables.apply(
+            &GatewayCommand::AddVips((1..=6).map(vip).collect()),
+            w.revision,
+        );
+        w.silent.remove(&3);
+        w.run(300);
+        assert!(
+            !w.core.held_down(3, w.now),
+            "{:?}",
+            w.effects
+                .iter()
+                .filter(|e| !matches!(e, Effect::Propose(_)))
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(w.owned_by(3), 2, "{:?}", w.tables.vips);
     }
 
     #[test]
