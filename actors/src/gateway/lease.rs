@@ -179,13 +179,16 @@ impl VoterLeases {
     }
 
     /// Lifts the revocation of `node` if `stamp` is newer than the last one applied. Returns
-    /// whether the durable state changed (write it before answering).
+    /// whether a revocation was lifted: only then must the state be written before answering.
+    /// (The newer stamp of a node that was not revoked need not survive a restart: forgetting
+    /// it can only let a stale revocation through, and revoking is always safe.)
     pub fn unrevoke(&mut self, node: NodeId, stamp: Stamp) -> bool {
         match self.durable.nodes.get(&node) {
             Some((s, _)) if *s >= stamp => false,
-            _ => {
+            prior => {
+                let lifted = prior.is_some_and(|(_, revoked)| *revoked);
                 self.durable.nodes.insert(node, (stamp, false));
-                true
+                lifted
             }
         }
     }
@@ -302,9 +305,22 @@ mod tests {
     }
 
     #[test]
+    fn only_lifting_a_revocation_needs_a_write() {
+        let mut v = VoterLeases::new(90, 0, Revocations::default());
+        assert!(!v.unrevoke(7, S1), "nothing was revoked");
+        assert_eq!(v.revoke(7, S1, 0), RevokeOutcome::Superseded);
+        v.revoke(7, S2, 0);
+        assert!(v.unrevoke(7, Stamp { term: 1, seq: 3 }));
+        assert!(
+            !v.unrevoke(7, Stamp { term: 1, seq: 4 }),
+            "a repair of a live node"
+        );
+    }
+
+    #[test]
     fn stale_stamps_change_nothing() {
         let mut v = VoterLeases::new(90, 0, Revocations::default());
-        assert!(v.unrevoke(7, S2));
+        assert!(!v.unrevoke(7, S2));
         // A revocation older than the un-revocation (reordered, or a deposed leader's): void.
         assert_eq!(v.revoke(7, S1, 10), RevokeOutcome::Superseded);
         assert!(!v.is_revoked(7));
