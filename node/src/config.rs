@@ -148,6 +148,13 @@ pub struct GatewaySection {
     /// nodes while any is live, so that losing the leader strands none (they would wait for
     /// an election and the new leader's takeover wait).
     pub leader_holds_vips: bool,
+    /// Ownership damping: a node whose lease lapsed receives VIPs again only after this long
+    /// of healthy renewals (its first lapse; each lapse soon after doubles it).
+    pub holddown_ms: u64,
+    /// The longest hold-down however often a node lapses.
+    pub holddown_max_ms: u64,
+    /// Half-life of the lapse penalty: how fast a healthy node is forgiven.
+    pub holddown_half_life_ms: u64,
 }
 
 /// The probe: local ranks' events in, summaries out to the analyzer.
@@ -313,6 +320,9 @@ impl Default for GatewaySection {
             linger_ms: 3_000,
             restart_grace_ms: 10_000,
             leader_holds_vips: false,
+            holddown_ms: 1_000,
+            holddown_max_ms: 60_000,
+            holddown_half_life_ms: 30_000,
         }
     }
 }
@@ -402,6 +412,21 @@ impl Config {
         }
         if self.gateway.garp_repeats == 0 {
             return bad("gateway.garp_repeats", "must be at least 1");
+        }
+        if self.gateway.holddown_max_ms < self.gateway.holddown_ms {
+            return bad(
+                "gateway.holddown_max_ms",
+                "must be at least gateway.holddown_ms",
+            );
+        }
+        if self.gateway.holddown_max_ms > 3_600_000 {
+            return bad(
+                "gateway.holddown_max_ms",
+                "must be at most 3600000 (one hour)",
+            );
+        }
+        if self.gateway.holddown_half_life_ms == 0 {
+            return bad("gateway.holddown_half_life_ms", "must be at least 1");
         }
         if self.probe.report_ms == 0 || self.probe.report_ms > 10_000 {
             return bad("probe.report_ms", "must be between 1 and 10000");
@@ -581,6 +606,27 @@ mod tests {
             assert_eq!(cfg.node.name, "a");
             Ok(())
         });
+    }
+
+    #[test]
+    fn bad_holddowns_are_named() {
+        let cfg = load_toml("[gateway]\nholddown_ms = 500\nholddown_max_ms = 8000\n").unwrap();
+        assert_eq!(cfg.gateway.holddown_ms, 500);
+        assert_eq!(cfg.gateway.holddown_half_life_ms, 30_000);
+        for (toml, key) in [
+            (
+                "holddown_ms = 5000\nholddown_max_ms = 4000",
+                "gateway.holddown_max_ms",
+            ),
+            ("holddown_max_ms = 7200000", "gateway.holddown_max_ms"),
+            ("holddown_half_life_ms = 0", "gateway.holddown_half_life_ms"),
+            ("holddown_ms = -1", "gateway.holddown_ms"),
+        ] {
+            let err = load_toml(&format!("[gateway]\n{toml}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(key), "{toml}: {err}");
+        }
     }
 
     #[test]

@@ -26,8 +26,9 @@ pub enum Request {
     RedeemToken(RedeemRequest),
     /// Liveness probe from the leader.
     Probe,
-    /// A gateway node renews its lease with the leader, reporting the revision it has applied
-    /// (and executed on its data plane). The node is the one named by the caller's certificate.
+    /// A gateway node renews its lease with a voter (it asks every voter each round), reporting
+    /// the revision it has applied (and executed on its data plane) and the lease its data plane
+    /// has left. The node is the one named by the caller's certificate.
     GatewayRenew { applied: u64, lease_left_ms: u64 },
     /// A gateway node about to restart asks to keep its VIPs for `grace_ms` without renewing.
     GatewayGrace { applied: u64, grace_ms: u64 },
@@ -41,6 +42,18 @@ pub enum Request {
     AdminOnce {
         tag: yard_raft_store::SessionTag,
         req: AdminRequest,
+    },
+    /// The leader revokes `node`'s gateway lease at this voter (stored durably before the
+    /// answer): `LeaseRevoked` with how long this voter's promise to it still runs, or an error
+    /// when a newer stamp was already applied. Renewals go to every voter, not only the leader.
+    GatewayRevoke {
+        node: NodeId,
+        stamp: yard_actors::gateway::lease::Stamp,
+    },
+    /// The leader lifts a revocation at this voter: `LeaseUnrevoked`.
+    GatewayUnrevoke {
+        node: NodeId,
+        stamp: yard_actors::gateway::lease::Stamp,
     },
 }
 
@@ -208,15 +221,23 @@ pub enum Reply {
     /// The request may or may not have taken effect (e.g. the leader died mid-write); a client
     /// must not assume either.
     Indefinite(String),
-    /// The leader's answer to a lease renewal: the lease, and the revision the leader had
-    /// applied. A node whose lease had lapsed must apply that revision before serving again:
-    /// its VIPs may have been given away meanwhile.
+    /// A voter's answer to a lease renewal: the lease, and the revision the voter had
+    /// applied. A node whose lease had lapsed must apply the highest such revision of a round
+    /// before serving again: its VIPs may have been given away meanwhile.
     LeaseGranted {
         granted_ms: u64,
         revision: u64,
     },
     /// The leader took a probe summary.
     ProbeAccepted,
+    /// A voter applied a revocation; its promise to the node ran `remaining_ms` more when it
+    /// applied it, `held_ms` before it answered (storing it durably).
+    LeaseRevoked {
+        remaining_ms: u64,
+        held_ms: u64,
+    },
+    /// A voter applied an un-revocation.
+    LeaseUnrevoked,
 }
 
 /// A Raft RPC failed on the receiver (serialised openraft error text).

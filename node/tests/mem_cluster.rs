@@ -89,12 +89,8 @@ async fn start(
     });
     net.register(&addr(id), Arc::new(node.clone()));
     {
-        let (ctl, raft, feed) = (
-            node.gateway().clone(),
-            node.raft().clone(),
-            node.feed().clone(),
-        );
-        tokio::spawn(async move { ctl.run(raft, feed).await });
+        let (ctl, n) = (node.gateway().clone(), node.clone());
+        tokio::spawn(async move { ctl.run(n).await });
         let (ctl, raft, feed) = (
             node.diagnosis().clone(),
             node.raft().clone(),

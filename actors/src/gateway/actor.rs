@@ -1,5 +1,5 @@
 //! The actix shell of a gateway node: subscribes to the replicated tables, renews the lease
-//! with the leader, runs the timers, and executes the core's effects on the data plane (XDP
+//! with the voters, runs the timers, and executes the core's effects on the data plane (XDP
 //! maps), the interface (VIP addresses, gratuitous ARP) and the neighbour table. Every decision
 //! is in [`super::core`].
 
@@ -63,16 +63,20 @@ pub struct Adopted {
     pub endpoints: Vec<Endpoint>,
 }
 
-/// A lease grant: (granted ms, the leader's applied revision).
+/// Renewal rounds in flight at most (each ends within a lease).
+const MAX_ROUNDS: u32 = 8;
+
+/// A lease grant: (granted ms, the highest applied revision among the granters).
 pub type Grant = (u64, u64);
 
 /// A renewal in flight.
 pub type RenewFuture = Pin<Box<dyn Future<Output = Option<Grant>> + Send>>;
 
-/// Sends lease renewals to the leader on the node's runtime, reporting the applied revision.
+/// Sends lease renewal rounds to the voters on the node's runtime, reporting the applied
+/// revision; a round's grant needs a majority (`super::lease::quorum_grant`).
 pub trait Renewer: Send + Sync + 'static {
-    /// The granted milliseconds and the leader's applied revision, or `None` (no leader,
-    /// refused, or no answer in time).
+    /// The granted milliseconds and the granters' highest applied revision, or `None` (no
+    /// majority granted in time).
     /// `lease_left_ms`: how long the data plane still serves on its current deadline (the
     /// leader ends a restart grace only once that is back to an ordinary lease).
     fn renew(&self, applied: u64, lease_left_ms: u64) -> RenewFuture;
@@ -216,10 +220,16 @@ pub struct GatewayActor {
     feed: ChangeFeed,
     view: GatewayView,
     health: HealthRegistry,
-    renewing: bool,
     /// The change-feed stream: exactly one at a time. A resync cancels it before subscribing
     /// again (it used to add a stream per resync, doubling the subscriptions each time).
     stream: Option<SpawnHandle>,
+    /// Renewal rounds in flight. Rounds overlap: one waiting on a slow voter must not delay
+    /// the next renewal to the others (the leader counts a node lapsed after a lease without
+    /// a renewal at its own voter).
+    renewing: u32,
+    /// The send time of the latest grant taken: an older round answering after a newer one
+    /// is ignored (it would shorten the deadline).
+    taken_sent_ms: u64,
     /// Whether the tables are followed yet: only once they are as new as the leader's (first
     /// grant), so a restarted daemon never acts on a store still replaying its log — until
     /// then the pinned maps keep forwarding with what they hold.
@@ -276,8 +286,9 @@ impl GatewayActor {
             feed,
             view,
             health,
-            renewing: false,
             stream: None,
+            renewing: 0,
+            taken_sent_ms: 0,
             synced: false,
             restarting: false,
             ticks: 0,
@@ -420,14 +431,20 @@ impl GatewayActor {
     fn tick(&mut self, ctx: &mut Context<Self>) {
         self.ticks += 1;
         let now_ms = self.dataplane.now_ms();
-        if !self.renewing && !self.restarting {
-            self.renewing = true;
+        if self.renewing < MAX_ROUNDS && !self.restarting {
+            self.renewing += 1;
             let sent_ms = now_ms;
             let left = self.core.deadline_ms().saturating_sub(now_ms);
-            let fut = self.renewer.renew(self.core.revision(), left);
+            let applied = super::core::reported_revision(
+                self.synced,
+                left == 0,
+                self.core.revision(),
+                self.feed.read(|d| d.gateway.revision),
+            );
+            let fut = self.renewer.renew(applied, left);
             ctx.spawn(fut.into_actor(self).map(move |granted, act, ctx| {
-                act.renewing = false;
-                if act.restarting {
+                act.renewing -= 1;
+                if act.restarting || sent_ms < act.taken_sent_ms {
                     return;
                 }
                 if let Some((granted_ms, leader_revision)) = granted {
@@ -439,6 +456,7 @@ impl GatewayActor {
                         tracing::info!(revision = leader_revision, "gateway following the tables");
                         act.subscribe(ctx);
                     }
+                    act.taken_sent_ms = sent_ms;
                     act.take_grant(sent_ms, (granted_ms, leader_revision), ctx);
                 }
             }));
@@ -516,6 +534,7 @@ impl Handler<PrepareRestart> for GatewayActor {
                 tracing::warn!("gateway restart grace refused; the vips will move if the restart outlasts the lease");
                 return false;
             };
+            act.taken_sent_ms = act.taken_sent_ms.max(sent_ms);
             act.take_grant(sent_ms, (granted_ms, leader_revision), ctx);
             tracing::info!(granted_ms, "gateway keeps its vips through the restart");
             true

@@ -131,6 +131,25 @@ pub enum Effect {
     Fenced(bool),
 }
 
+/// The revision a renewal reports as applied. Normally what the core has executed. A
+/// restarted daemon follows the tables only after a grant, and a revoked node gets no grant
+/// until it reports a revision at least the leader's: while it does not follow the tables *and*
+/// its data plane's lease has lapsed (it answers ARP for nothing, so it holds nothing to
+/// release), it reports its store's revision instead, and takes the next grant only once its
+/// store is that new (`actor.rs`), syncing before it serves.
+pub fn reported_revision(
+    synced: bool,
+    lapsed: bool,
+    core_revision: u64,
+    store_revision: u64,
+) -> u64 {
+    if !synced && lapsed {
+        store_revision
+    } else {
+        core_revision
+    }
+}
+
 /// The node-side gateway state machine.
 #[derive(Debug)]
 pub struct NodeCore {
@@ -580,6 +599,17 @@ mod tests {
                 .any(|e| matches!(e, Effect::AddAddress { .. } | Effect::Announce { .. })),
             "{fx:?}"
         );
+    }
+
+    #[test]
+    fn a_restarted_daemon_reports_its_store_only_while_fenced() {
+        // Following the tables: what the core executed.
+        assert_eq!(reported_revision(true, true, 5, 9), 5);
+        // Not yet following, its pinned data plane still serving (a restart grace): what it
+        // executed, so no release is confirmed before it really happened.
+        assert_eq!(reported_revision(false, false, 0, 9), 0);
+        // Not following and fenced: its store's revision, so the leader can let it back.
+        assert_eq!(reported_revision(false, true, 0, 9), 9);
     }
 
     #[test]

@@ -1,183 +1,240 @@
-//! The leader's lease table: the fencing arithmetic behind "at most one node answers for a VIP",
-//! free of I/O and clocks (times are milliseconds on a monotonic clock, passed in).
+//! Gateway leases held by a quorum of voters, with durable revocation: the fencing arithmetic
+//! behind "at most one node answers for a VIP", free of I/O and clocks (times are milliseconds
+//! on a monotonic clock, passed in).
+//!
+//! # Why a quorum lease
+//!
+//! A lease granted by the Raft leader alone dies with the leader: until a new leader is elected
+//! and confirmed nobody grants, and an election under CPU contention takes longer than the
+//! 90 ms lease, so every gateway node fenced itself although the dead leader owned no VIP. Here
+//! every voter grants, so a lease outlives the loss of any minority of voters, the leader
+//! included, for as long as the election takes.
 //!
 //! # Protocol
 //!
-//! - Every `renew_ms`, each gateway node reads its own monotonic clock (`t_send`), then sends a
-//!   renewal to the leader carrying the revision it has applied.
-//! - The leader answers with `granted_ms` ([`LeaseTable::renew`]) and records the lease as ending
-//!   at `t_reply + granted_ms`, where `t_reply` is its clock when it answers.
-//! - The node's data plane serves its VIPs until [`node_deadline`]`(t_send, granted_ms)`. Since
-//!   `t_reply ≥ t_send` in real time, the node's deadline is never later than the leader's
-//!   record (up to clock rate drift, which `margin_ms` covers).
-//! - The leader grants only while its leadership is quorum-confirmed: it periodically runs a
-//!   quorum round (e.g. a heartbeat round) and, when one that started at `confirmed_at`
-//!   succeeds, calls [`LeaseTable::confirm_leadership`]. A grant at `now` is
-//!   `min(lease_ms, confirmed_at + lease_ms − now)`, refused when that is not positive. So every
-//!   deadline this leader hands out ends by `confirmed_at + lease_ms` for a round a quorum acked.
-//! - A newly elected leader knows nothing of its predecessor's grants, but they all end before
-//!   `elected_at + lease_ms`: the predecessor granted only on rounds a quorum acked, that quorum
-//!   intersects the new leader's voters, and a voter acks the old term only before it votes in
-//!   the new one. So the new leader treats every node as possibly live until
-//!   `became_leader_at + lease_ms + margin_ms` (the *takeover wait*).
-//! - A node is *expired* — certain to have fenced itself, so its VIPs may be given away — when
-//!   its recorded lease end plus the margin is past and the takeover wait is over. A node that
-//!   never renewed to this leader is expired as soon as the takeover wait is over.
+//! - **Renewal.** Every `renew_ms`, each gateway node reads its own clock (`t_send`) and sends a
+//!   renewal to every voter (as it sees the membership), in parallel.
+//! - **Grant.** A voter ([`VoterLeases::grant`]) grants `lease_ms` unless it holds a revocation
+//!   for the node, records `promised[node] = max(promised[node], now + lease_ms)` on its own
+//!   clock (`now` ≥ `t_send` in real time), and replies with its applied gateway revision.
+//! - **Node deadline.** When a majority of the voters granted in one round, the node's data plane
+//!   serves until [`node_deadline`]`(t_send, min granted)` ([`quorum_grant`]); otherwise the
+//!   round extends nothing. After a lapse the node re-arms only once its tables are at least as
+//!   new as the highest revision among the granters (`super::core`).
+//! - **Revocation.** Before giving a node's VIPs away, the leader revokes it: it sends
+//!   `Revoke(node, stamp)` to every voter. A voter ([`VoterLeases::revoke`]) records the
+//!   revocation *durably* (a restarted voter must still refuse), refuses the node from then on,
+//!   and answers with how long its promise still runs: `max(promised[node], started_at +
+//!   lease_ms) − now` (a voter that restarted less than a lease ago may have granted just before
+//!   it died and no longer knows it), and how long ago it applied the revocation (`held`: the
+//!   durable write). The leader turns each answer received at its time `r` into the bound
+//!   `(r − held) + remaining` (the voter applied it at or before `r − held`) and, once a
+//!   majority answered, holds the node as certainly fenced from [`fenced_at`]: the largest bound
+//!   plus `margin_ms` (clock-rate drift and the data plane's reaction time).
+//! - **Un-revocation.** A revoked node gets a lease again only when the leader sends
+//!   `Unrevoke(node, stamp)` to every voter, which it does once the node reports an applied
+//!   revision at least the leader's and no placement write is in flight.
+//! - **Stamps.** Revocations and un-revocations carry a [`Stamp`] `(term, seq)`; a voter applies
+//!   one only if its stamp is newer than the last it applied for that node (also durable), so a
+//!   late or reordered message, or one from a deposed leader, changes nothing. A revocation
+//!   answer counts only when the voter applied (or already held) exactly that revocation.
 //!
-//! # Rejoining after a lapse
+//! # Safety argument
 //!
-//! A renewal from an expired node is granted like any other, but by then the leader may have
-//! given its VIPs away in a revision the node has not applied, so the node must not re-arm its
-//! data plane from its stale table. Two rules close this: a grant carries the revision of the
-//! gateway tables the leader had applied, and a node whose deadline had passed takes the grant
-//! only once its own tables are at least that new (`super::core`); and the leader grants no
-//! lease to an expired node while a placement write is still committing, so that revision
-//! includes any reassignment in flight (`node/src/gateway_control.rs`).
+//! Claim: once a majority `M` of the voters answered a revocation, no deadline the node ever
+//! computes lies after [`fenced_at`] − `margin_ms`.
+//!
+//! - A node deadline `d = t_send + min g` stems from a round that a majority `G` granted. `G` and
+//!   `M` intersect in some voter `v`.
+//! - `v` granted the round before it applied the revocation: after applying it, `v` refuses the
+//!   node until a newer un-revocation, which this leader sends only after it stopped relying on
+//!   the fence (and which a deposed leader's stale stamps cannot undo). A restart does not
+//!   change that: the revocation and its stamp are on disk before the answer is sent.
+//! - So when `v` answered, its promise covered that grant: `promised ≥ t_grant + g ≥ t_send + g
+//!   ≥ d`, unless `v` restarted in between, in which case the grant happened before the restart
+//!   and `started_at + lease_ms ≥ t_grant + g ≥ d` (grants are at most `lease_ms`). `v` reported
+//!   at least `d − now_v`, and the leader's bound `r + remaining ≥ now_v + remaining ≥ d` in real
+//!   time.
+//! - Rounds sent after the revocation reached a majority cannot collect a majority of grants at
+//!   all: every majority contains a revoked voter.
+//!
+//! Restart graces are not voter grants: a grace is committed through Raft before it is granted
+//! (by the leader alone), so every later leader knows it, and no leader revokes a graced node
+//! before the grace ends (`super::leader`).
+//!
+//! Limitation: the node counts its majority against the voter set it sees, the leader against
+//! its own; both come from the replicated membership, and a membership change that lands during
+//! one node's lapse could make the two majorities disjoint. Membership changes are operator
+//! actions; drain gateway nodes first.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
+use serde::{Deserialize, Serialize};
 pub use yard_raft_store::NodeId;
 
 /// Lease durations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseConfig {
-    /// The longest lease a grant gives, and how long after a confirmed quorum round the leader
-    /// may still grant.
+    /// The lease each voter grants per renewal: how long a node serves after a renewal round
+    /// it sent, and so the floor of failover time.
     pub lease_ms: u64,
-    /// Safety margin added before treating a lapsed lease as fenced: clock rate drift and the
+    /// Safety margin added before treating a revoked lease as fenced: clock rate drift and the
     /// time the data plane needs to act on its deadline.
     pub margin_ms: u64,
 }
 
-/// The leader-side lease table. Create a fresh one on every election.
-#[derive(Debug, Clone)]
-pub struct LeaseTable {
-    cfg: LeaseConfig,
-    became_leader_at: u64,
-    /// Start of the latest quorum round that confirmed this leadership.
-    confirmed_at: Option<u64>,
-    /// Latest recorded lease end per node (`t_reply + granted`): never earlier than any deadline
-    /// this leader gave the node.
-    ends: BTreeMap<NodeId, u64>,
-    /// The applied revision each node last reported.
-    applied: BTreeMap<NodeId, u64>,
+/// Orders revocations and un-revocations of one node: the issuing leader's term, then a
+/// counter of that leader.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub struct Stamp {
+    pub term: u64,
+    pub seq: u64,
 }
 
-impl LeaseTable {
-    pub fn new(cfg: LeaseConfig, became_leader_at_ms: u64) -> Self {
+/// The durable part of a voter's lease state: per node, the newest stamp applied and whether
+/// the node is revoked. A voter writes it to disk before answering a revocation.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Revocations {
+    pub nodes: BTreeMap<NodeId, (Stamp, bool)>,
+}
+
+impl Revocations {
+    pub fn is_revoked(&self, node: NodeId) -> bool {
+        self.nodes.get(&node).is_some_and(|(_, r)| *r)
+    }
+}
+
+/// What a voter answers to a revocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RevokeOutcome {
+    /// The node is revoked at this stamp (now or already); its promise runs `remaining_ms` more.
+    /// `changed`: the durable state changed and must be written before answering.
+    Revoked { remaining_ms: u64, changed: bool },
+    /// A newer stamp was already applied for the node: this revocation is void.
+    Superseded,
+}
+
+/// One voter's lease state (every voter keeps one, leader or not).
+#[derive(Debug, Clone)]
+pub struct VoterLeases {
+    lease_ms: u64,
+    /// When this voter (process) started: it may have promised up to a lease before.
+    started_at: u64,
+    /// Latest promise per node, on this voter's clock.
+    promised: BTreeMap<NodeId, u64>,
+    durable: Revocations,
+}
+
+impl VoterLeases {
+    /// A voter started at `started_at_ms` with the revocations it had stored.
+    pub fn new(lease_ms: u64, started_at_ms: u64, durable: Revocations) -> Self {
         Self {
-            cfg,
-            became_leader_at: became_leader_at_ms,
-            confirmed_at: None,
-            ends: BTreeMap::new(),
-            applied: BTreeMap::new(),
+            lease_ms,
+            started_at: started_at_ms,
+            promised: BTreeMap::new(),
+            durable,
         }
     }
 
-    /// A quorum round that began at `round_started_at_ms` succeeded. Rounds may be reported out
-    /// of order; the latest start counts.
-    pub fn confirm_leadership(&mut self, round_started_at_ms: u64) {
-        self.confirmed_at = Some(
-            self.confirmed_at
-                .map_or(round_started_at_ms, |c| c.max(round_started_at_ms)),
-        );
-    }
-
-    /// What a renewal answered at `now_ms` may be granted, or `None` when leadership has not been
-    /// confirmed recently enough.
-    pub fn grantable(&self, now_ms: u64) -> Option<u64> {
-        let until = self.confirmed_at?.saturating_add(self.cfg.lease_ms);
-        let granted = until.saturating_sub(now_ms).min(self.cfg.lease_ms);
-        (granted > 0).then_some(granted)
-    }
-
-    /// A renewal from `node` reporting it has applied `applied_revision`, answered at `now_ms`;
-    /// returns the granted ms or `None` (leadership not confirmed recently enough: the node must
-    /// not extend its lease). The applied revision is recorded either way: it is what placement
-    /// uses to confirm a release, and the latest report (not the highest) is kept, so a node that
-    /// went back (e.g. restarted from an older snapshot) is not taken for having released.
-    pub fn renew(&mut self, node: NodeId, applied_revision: u64, now_ms: u64) -> Option<u64> {
-        self.applied.insert(node, applied_revision);
-        let granted = self.grantable(now_ms)?;
-        let end = now_ms.saturating_add(granted);
-        let e = self.ends.entry(node).or_insert(end);
-        *e = (*e).max(end);
-        Some(granted)
-    }
-
-    /// Records that `node` may serve until `until_ms` without renewing: a restart grace that was
-    /// committed through Raft before it was granted (so every later leader knows of it and
-    /// holds the node the same way, from its own election on).
-    pub fn hold(&mut self, node: NodeId, until_ms: u64) {
-        let e = self.ends.entry(node).or_insert(until_ms);
-        *e = (*e).max(until_ms);
-    }
-
-    /// Whether `node` is certain to have fenced itself at `now_ms` (see [`expired`](Self::expired)).
-    pub fn is_expired(&self, node: NodeId, now_ms: u64) -> bool {
-        self.expired(&BTreeSet::from([node]), now_ms)
-            .contains(&node)
-    }
-
-    /// Nodes whose recorded lease end is after `now_ms`.
-    pub fn live(&self, now_ms: u64) -> BTreeSet<NodeId> {
-        self.ends
-            .iter()
-            .filter(|(_, end)| **end > now_ms)
-            .map(|(n, _)| *n)
-            .collect()
-    }
-
-    /// The end of the takeover wait: until then a predecessor's grant may still run.
-    fn takeover_until(&self) -> u64 {
-        self.became_leader_at
-            .saturating_add(self.cfg.lease_ms)
-            .saturating_add(self.cfg.margin_ms)
-    }
-
-    /// Nodes certain to have fenced themselves at `now_ms`: recorded end + margin < now, and the
-    /// takeover wait (`became_leader_at + lease_ms + margin_ms < now`) is over. Classifies every
-    /// node in `known` (e.g. every owner in the VIP table: a node that never renewed to this
-    /// leader is expired once the takeover wait is over) and every node that ever renewed.
-    pub fn expired(&self, known: &BTreeSet<NodeId>, now_ms: u64) -> BTreeSet<NodeId> {
-        if self.takeover_until() >= now_ms {
-            return BTreeSet::new();
+    /// A renewal from `node` at `now_ms`: the granted ms, or `None` when the node is revoked.
+    pub fn grant(&mut self, node: NodeId, now_ms: u64) -> Option<u64> {
+        if self.durable.is_revoked(node) {
+            return None;
         }
-        known
-            .iter()
-            .chain(self.ends.keys())
-            .filter(|n| {
-                self.ends
-                    .get(n)
-                    .is_none_or(|end| end.saturating_add(self.cfg.margin_ms) < now_ms)
-            })
-            .copied()
-            .collect()
+        let end = now_ms.saturating_add(self.lease_ms);
+        let p = self.promised.entry(node).or_insert(end);
+        *p = (*p).max(end);
+        Some(self.lease_ms)
     }
 
-    /// The applied revision each node last reported.
-    pub fn applied(&self) -> &BTreeMap<NodeId, u64> {
-        &self.applied
+    /// Until when this voter may have promised `node` a lease (its clock), including grants
+    /// made before a restart it no longer remembers.
+    pub fn promised(&self, node: NodeId) -> u64 {
+        let before_start = self.started_at.saturating_add(self.lease_ms);
+        self.promised
+            .get(&node)
+            .map_or(before_start, |p| (*p).max(before_start))
     }
 
-    /// The earliest instant after `now_ms` at which [`live`](Self::live) or
-    /// [`expired`](Self::expired) may answer differently — a lease lapsing, a lapsed lease
-    /// becoming certainly fenced, or the takeover wait ending — for the shell's timer; `None` if
-    /// nothing is pending.
-    pub fn next_expiry(&self, now_ms: u64) -> Option<u64> {
-        let takeover = self.takeover_until().saturating_add(1);
-        self.ends
-            .values()
-            .flat_map(|end| {
-                [
-                    *end,
-                    end.saturating_add(self.cfg.margin_ms).saturating_add(1),
-                ]
-            })
-            .chain(std::iter::once(takeover))
-            .filter(|t| *t > now_ms)
-            .min()
+    /// Revokes `node` at `stamp` (see the module doc).
+    pub fn revoke(&mut self, node: NodeId, stamp: Stamp, now_ms: u64) -> RevokeOutcome {
+        let remaining_ms = self.promised(node).saturating_sub(now_ms);
+        match self.durable.nodes.get(&node) {
+            Some((s, _)) if *s > stamp => RevokeOutcome::Superseded,
+            Some((s, true)) if *s == stamp => RevokeOutcome::Revoked {
+                remaining_ms,
+                changed: false,
+            },
+            Some((s, false)) if *s == stamp => RevokeOutcome::Superseded,
+            _ => {
+                self.durable.nodes.insert(node, (stamp, true));
+                RevokeOutcome::Revoked {
+                    remaining_ms,
+                    changed: true,
+                }
+            }
+        }
     }
+
+    /// Lifts the revocation of `node` if `stamp` is newer than the last one applied. Returns
+    /// whether a revocation was lifted: only then must the state be written before answering.
+    /// (The newer stamp of a node that was not revoked need not survive a restart: forgetting
+    /// it can only let a stale revocation through, and revoking is always safe.)
+    pub fn unrevoke(&mut self, node: NodeId, stamp: Stamp) -> bool {
+        match self.durable.nodes.get(&node) {
+            Some((s, _)) if *s >= stamp => false,
+            prior => {
+                let lifted = prior.is_some_and(|(_, revoked)| *revoked);
+                self.durable.nodes.insert(node, (stamp, false));
+                lifted
+            }
+        }
+    }
+
+    pub fn is_revoked(&self, node: NodeId) -> bool {
+        self.durable.is_revoked(node)
+    }
+
+    /// What must be on disk.
+    pub fn durable(&self) -> &Revocations {
+        &self.durable
+    }
+}
+
+/// A node's renewal round: given the number of voters it sees and the grants it received (each
+/// `(granted_ms, voter's revision)`), the round's grant `(min granted, max revision)` when a
+/// majority granted, else `None`. The node's deadline is then
+/// [`node_deadline`]`(t_send, granted)`.
+pub fn quorum_grant(voters: usize, grants: &[(u64, u64)]) -> Option<(u64, u64)> {
+    if voters == 0 || grants.len() < majority(voters) {
+        return None;
+    }
+    let granted = grants.iter().map(|g| g.0).min()?;
+    let revision = grants.iter().map(|g| g.1).max()?;
+    Some((granted, revision))
+}
+
+/// The smallest majority of `voters`.
+pub fn majority(voters: usize) -> usize {
+    voters / 2 + 1
+}
+
+/// The leader's bound from one revocation answer: the voter's promise ran `remaining_ms` more
+/// when it applied the revocation, at or before `received_at_ms` (leader clock; the shell passes
+/// the receipt time less the time the voter held the answer back).
+pub fn answer_bound(received_at_ms: u64, remaining_ms: u64) -> u64 {
+    received_at_ms.saturating_add(remaining_ms)
+}
+
+/// When a node revoked at a majority is certainly fenced: the largest answer bound plus the
+/// margin (`None` without answers).
+pub fn fenced_at(bounds: impl IntoIterator<Item = u64>, margin_ms: u64) -> Option<u64> {
+    bounds
+        .into_iter()
+        .max()
+        .map(|b| b.saturating_add(margin_ms))
 }
 
 /// The node's own view: its lease deadline after a grant received for a renewal sent at
@@ -192,260 +249,232 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const CFG: LeaseConfig = LeaseConfig {
-        lease_ms: 1000,
-        margin_ms: 100,
-    };
+    const S1: Stamp = Stamp { term: 1, seq: 1 };
+    const S2: Stamp = Stamp { term: 1, seq: 2 };
 
-    fn set(ids: &[NodeId]) -> BTreeSet<NodeId> {
-        ids.iter().copied().collect()
+    #[test]
+    fn a_voter_grants_until_revoked_and_reports_its_promise() {
+        let mut v = VoterLeases::new(90, 0, Revocations::default());
+        assert_eq!(v.grant(7, 1000), Some(90));
+        assert_eq!(v.grant(7, 1030), Some(90));
+        assert_eq!(v.promised(7), 1120);
+        assert_eq!(
+            v.revoke(7, S1, 1050),
+            RevokeOutcome::Revoked {
+                remaining_ms: 70,
+                changed: true
+            }
+        );
+        assert_eq!(v.grant(7, 1060), None, "refused once revoked");
+        assert_eq!(v.promised(7), 1120, "a refusal promises nothing");
+        // The same revocation again: same answer, nothing to write.
+        assert_eq!(
+            v.revoke(7, S1, 1100),
+            RevokeOutcome::Revoked {
+                remaining_ms: 20,
+                changed: false
+            }
+        );
+        assert!(v.unrevoke(7, S2));
+        assert_eq!(v.grant(7, 1200), Some(90));
     }
 
     #[test]
-    fn no_grant_before_leadership_is_confirmed() {
-        let mut t = LeaseTable::new(CFG, 0);
-        assert_eq!(t.renew(1, 3, 10), None);
-        assert_eq!(t.applied()[&1], 3, "the report is kept even when refused");
-        assert!(t.live(10).is_empty());
+    fn a_restarted_voter_refuses_and_reports_its_start_plus_a_lease() {
+        let mut v = VoterLeases::new(90, 0, Revocations::default());
+        v.grant(7, 1000);
+        v.revoke(7, S1, 1010);
+        // Restart at 1050 with what was on disk: still refusing.
+        let mut v = VoterLeases::new(90, 1050, v.durable().clone());
+        assert_eq!(v.grant(7, 1060), None);
+        // A node it never saw since the restart: it may have granted just before dying.
+        assert_eq!(
+            v.revoke(8, S1, 1100),
+            RevokeOutcome::Revoked {
+                remaining_ms: 40,
+                changed: true
+            }
+        );
+        assert_eq!(
+            v.revoke(9, S1, 2000),
+            RevokeOutcome::Revoked {
+                remaining_ms: 0,
+                changed: true
+            }
+        );
     }
 
     #[test]
-    fn grant_is_capped_by_the_confirmation() {
-        let mut t = LeaseTable::new(CFG, 0);
-        t.confirm_leadership(100);
-        assert_eq!(t.renew(1, 0, 100), Some(1000));
-        assert_eq!(t.renew(1, 0, 400), Some(700));
-        assert_eq!(t.renew(1, 0, 1099), Some(1));
-        // Stale confirmation: refused.
-        assert_eq!(t.renew(1, 0, 1100), None);
-        assert_eq!(t.renew(1, 0, 5000), None);
-        t.confirm_leadership(5000);
-        assert_eq!(t.renew(1, 0, 5010), Some(990));
+    fn only_lifting_a_revocation_needs_a_write() {
+        let mut v = VoterLeases::new(90, 0, Revocations::default());
+        assert!(!v.unrevoke(7, S1), "nothing was revoked");
+        assert_eq!(v.revoke(7, S1, 0), RevokeOutcome::Superseded);
+        v.revoke(7, S2, 0);
+        assert!(v.unrevoke(7, Stamp { term: 1, seq: 3 }));
+        assert!(
+            !v.unrevoke(7, Stamp { term: 1, seq: 4 }),
+            "a repair of a live node"
+        );
     }
 
     #[test]
-    fn confirmations_out_of_order_keep_the_latest() {
-        let mut t = LeaseTable::new(CFG, 0);
-        t.confirm_leadership(500);
-        t.confirm_leadership(200);
-        assert_eq!(t.grantable(600), Some(900));
+    fn stale_stamps_change_nothing() {
+        let mut v = VoterLeases::new(90, 0, Revocations::default());
+        assert!(!v.unrevoke(7, S2));
+        // A revocation older than the un-revocation (reordered, or a deposed leader's): void.
+        assert_eq!(v.revoke(7, S1, 10), RevokeOutcome::Superseded);
+        assert!(!v.is_revoked(7));
+        // A revocation answered with the same stamp as an un-revocation is void too.
+        assert_eq!(v.revoke(7, S2, 10), RevokeOutcome::Superseded);
+        let s3 = Stamp { term: 2, seq: 0 };
+        assert!(matches!(v.revoke(7, s3, 10), RevokeOutcome::Revoked { .. }));
+        assert!(
+            !v.unrevoke(7, S2),
+            "an older un-revocation does not lift it"
+        );
+        assert!(v.is_revoked(7));
     }
 
     #[test]
-    fn live_until_the_recorded_end() {
-        let mut t = LeaseTable::new(CFG, 0);
-        t.confirm_leadership(200);
-        t.renew(1, 0, 200);
-        assert_eq!(t.live(1199), set(&[1]));
-        assert!(t.live(1200).is_empty());
+    fn a_round_needs_a_majority_and_takes_the_shortest_grant() {
+        assert_eq!(quorum_grant(3, &[(90, 5)]), None);
+        assert_eq!(quorum_grant(3, &[(90, 5), (80, 7)]), Some((80, 7)));
+        assert_eq!(quorum_grant(5, &[(90, 5), (80, 7)]), None);
+        assert_eq!(quorum_grant(1, &[(90, 5)]), Some((90, 5)));
+        assert_eq!(quorum_grant(0, &[]), None);
+        assert_eq!(quorum_grant(4, &[(90, 1), (90, 1)]), None);
+        assert_eq!(majority(4), 3);
     }
 
     #[test]
-    fn takeover_wait_of_a_new_leader() {
-        let mut t = LeaseTable::new(CFG, 5000);
-        t.confirm_leadership(5000);
-        let known = set(&[1, 2]);
-        // Node 1 renews once, early; node 2 never does.
-        t.renew(1, 0, 5000);
-        for now in [5000, 6000, 6100] {
-            assert!(t.expired(&known, now).is_empty(), "at {now}");
-        }
-        // 5000 + 1000 + 100 < 6101: the predecessor's grants are over; 1's own lease ended at
-        // 6000, + margin = 6100 < 6101.
-        assert_eq!(t.expired(&known, 6101), set(&[1, 2]));
-    }
-
-    #[test]
-    fn a_node_that_stops_renewing_expires_exactly_after_end_plus_margin() {
-        let mut t = LeaseTable::new(CFG, 0);
-        t.confirm_leadership(2000);
-        t.renew(1, 0, 2000); // ends at 3000
-        t.renew(2, 0, 2500); // ends at 3000 too: capped by the confirmation
-        t.confirm_leadership(2900);
-        t.renew(2, 0, 2950); // ends at 3900
-        let known = set(&[1, 2]);
-        assert!(t.expired(&known, 3100).is_empty());
-        assert_eq!(t.expired(&known, 3101), set(&[1]));
-        assert_eq!(t.expired(&known, 4000), set(&[1]));
-        assert_eq!(t.expired(&known, 4001), set(&[1, 2]));
-        assert!(t.live(3000).contains(&2) && !t.live(3000).contains(&1));
-    }
-
-    #[test]
-    fn a_node_never_seen_is_expired_only_after_the_takeover_wait() {
-        let t = LeaseTable::new(CFG, 300);
-        let known = set(&[7]);
-        assert!(t.expired(&known, 1400).is_empty());
-        assert_eq!(t.expired(&known, 1401), set(&[7]));
-        assert!(t.live(1401).is_empty());
-    }
-
-    #[test]
-    fn renewed_nodes_are_classified_even_if_not_known() {
-        let mut t = LeaseTable::new(CFG, 0);
-        t.confirm_leadership(0);
-        t.renew(4, 0, 0);
-        assert_eq!(t.expired(&BTreeSet::new(), 1101), set(&[4]));
-    }
-
-    #[test]
-    fn next_expiry_is_the_next_change() {
-        let mut t = LeaseTable::new(CFG, 0);
-        assert_eq!(t.next_expiry(0), Some(1101), "the takeover wait");
-        t.confirm_leadership(500);
-        t.renew(1, 0, 600); // ends 1500, fenced from 1601
-        assert_eq!(t.next_expiry(600), Some(1101));
-        assert_eq!(t.next_expiry(1101), Some(1500));
-        assert_eq!(t.next_expiry(1500), Some(1601));
-        assert_eq!(t.next_expiry(1601), None);
-        // Each answer is a real change point.
-        assert!(t.live(1499).contains(&1) && t.live(1500).is_empty());
-        assert!(t.expired(&set(&[1]), 1600).is_empty());
-        assert_eq!(t.expired(&set(&[1]), 1601), set(&[1]));
-    }
-
-    #[test]
-    fn a_held_node_stays_live_through_its_grace_and_expires_after_it() {
-        let mut t = LeaseTable::new(CFG, 0);
-        t.confirm_leadership(0);
-        t.hold(7, 5_000);
-        assert!(t.live(4_999).contains(&7));
-        assert!(!t.is_expired(7, 5_000 + 100));
-        assert!(t.is_expired(7, 5_000 + 101));
-        // A renewal never shortens a hold.
-        t.renew(7, 0, 1_000);
-        assert!(t.live(4_999).contains(&7));
-    }
-
-    #[test]
-    fn node_side_helpers() {
+    fn the_fence_is_the_latest_bound_plus_the_margin() {
+        assert_eq!(answer_bound(1000, 60), 1060);
+        assert_eq!(fenced_at([1060, 1090, 1010], 10), Some(1100));
+        assert_eq!(fenced_at([], 10), None);
         assert_eq!(node_deadline(100, 900), 1000);
     }
 
-    // ----- safety across a change of leader -----
-
-    #[derive(Debug, Clone)]
-    enum Op {
-        /// Leader `leader` learns that a round started at `started` succeeded (at `at`).
-        Confirm { leader: u8, started: u64, at: u64 },
-        /// `node` sends a renewal to `leader` at `t_send`; the leader answers at `t_reply`.
-        Renew {
-            leader: u8,
-            node: NodeId,
-            t_send: u64,
-            t_reply: u64,
-            applied: u64,
-        },
-        /// The new leader classifies every node at `at`.
-        Check { at: u64 },
-    }
-
-    impl Op {
-        fn at(&self) -> u64 {
-            match self {
-                Op::Confirm { at, .. } | Op::Check { at } => *at,
-                Op::Renew { t_reply, .. } => *t_reply,
-            }
-        }
-    }
+    // ----- safety: no node deadline outlives a completed revocation -----
 
     #[derive(Debug, Clone)]
     struct Scenario {
-        cfg: LeaseConfig,
-        t_e: u64,
-        ops: Vec<Op>,
+        voters: usize,
+        lease: u64,
+        margin: u64,
+        /// Renewal rounds: send time and, per voter, the delay until it handles the renewal
+        /// (`None`: lost).
+        rounds: Vec<(u64, Vec<Option<u64>>)>,
+        /// The revocation: send time and, per voter, (delay to the voter, delay back), `None`
+        /// when lost.
+        revoke_at: u64,
+        revoke: Vec<Option<(u64, u64)>>,
+        /// Voter restarts: (voter, time).
+        restarts: Vec<(usize, u64)>,
     }
 
-    /// Old leader elected at 0, confirmed by rounds started up to `t_q`; new leader elected at
-    /// `t_e > t_q`, confirmed by rounds started from `t_e` on. Both grant to renewals with random
-    /// delays at any time (the old one does not know it was deposed). One clock for everyone.
     fn scenario() -> impl Strategy<Value = Scenario> {
-        (10..500u64, 0..50u64, 0..1000u64)
-            .prop_flat_map(|(lease, margin, t_q)| {
-                // Mostly a quick election, so the old leader's grants overlap the new term.
-                let gap = prop_oneof![3 => 1..lease, 1 => 1..4 * lease];
-                (Just((lease, margin, t_q)), gap)
-            })
-            .prop_flat_map(|((lease, margin, t_q), gap)| {
-                let t_e = t_q + gap;
-                let from = t_q.saturating_sub(lease);
-                let horizon = t_e + 3 * lease + margin;
-                let confirm = prop_oneof![
-                    (from..=t_q, 0..100u64).prop_map(move |(s, d)| Op::Confirm {
-                        leader: 1,
-                        started: s,
-                        at: s + d
-                    }),
-                    (t_e..horizon, 0..100u64).prop_map(move |(s, d)| Op::Confirm {
-                        leader: 2,
-                        started: s,
-                        at: s + d
-                    }),
-                ];
-                let delay = prop_oneof![3 => 0..lease / 4 + 1, 1 => 0..2 * lease];
-                let renew = (1..=2u8, 1..5u64, from..horizon, delay, 0..100u64).prop_map(
-                    |(leader, node, t_send, delay, applied)| Op::Renew {
-                        leader,
-                        node,
-                        t_send,
-                        t_reply: t_send + delay,
-                        applied,
-                    },
-                );
-                let check = (t_e..horizon + lease).prop_map(|at| Op::Check { at });
-                prop::collection::vec(prop_oneof![2 => confirm, 6 => renew, 3 => check], 0..120)
-                    .prop_map(move |mut ops| {
-                        // The old leader's last successful round started at t_q.
-                        ops.push(Op::Confirm {
-                            leader: 1,
-                            started: t_q,
-                            at: t_q,
-                        });
+        (
+            prop_oneof![Just(3usize), Just(5usize)],
+            10..200u64,
+            0..20u64,
+        )
+            .prop_flat_map(|(voters, lease, margin)| {
+                let delay = prop::option::weighted(0.85, 0..2 * lease);
+                let round = (0..2000u64, prop::collection::vec(delay, voters));
+                let answer = prop::option::weighted(0.8, (0..2 * lease, 0..2 * lease));
+                (
+                    prop::collection::vec(round, 0..40),
+                    0..2000u64,
+                    prop::collection::vec(answer, voters),
+                    prop::collection::vec((0..voters, 0..2500u64), 0..3),
+                )
+                    .prop_map(move |(rounds, revoke_at, revoke, restarts)| {
                         Scenario {
-                            cfg: LeaseConfig {
-                                lease_ms: lease,
-                                margin_ms: margin,
-                            },
-                            t_e,
-                            ops,
+                            voters,
+                            lease,
+                            margin,
+                            rounds,
+                            revoke_at,
+                            revoke,
+                            restarts,
                         }
                     })
             })
     }
 
+    #[derive(Debug, Clone, Copy)]
+    enum Ev {
+        Grant { round: usize, voter: usize },
+        Revoke { voter: usize },
+        Restart { voter: usize },
+    }
+
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(512))]
+        #![proptest_config(ProptestConfig::with_cases(1024))]
 
         #[test]
-        fn expired_nodes_hold_no_running_lease(mut s in scenario()) {
-            // Events at the same instant: confirmations and grants happen before a check.
-            s.ops.sort_by_key(|op| (op.at(), matches!(op, Op::Check { .. })));
-            let mut old = LeaseTable::new(s.cfg, 0);
-            let mut new = LeaseTable::new(s.cfg, s.t_e);
-            let known: BTreeSet<NodeId> = (1..5).collect();
-            // Every deadline each node has been handed, by either leader.
-            let mut deadlines: BTreeMap<NodeId, Vec<u64>> = BTreeMap::new();
-            for op in &s.ops {
-                match *op {
-                    Op::Confirm { leader, started, .. } => {
-                        if leader == 1 { old.confirm_leadership(started) } else { new.confirm_leadership(started) }
+        fn no_deadline_outlives_a_completed_revocation(s in scenario()) {
+            // Every voter event in time order (ties: as generated), one clock for everyone.
+            let mut events: Vec<(u64, Ev)> = Vec::new();
+            for (round, (t_send, delays)) in s.rounds.iter().enumerate() {
+                for (voter, d) in delays.iter().enumerate() {
+                    if let Some(d) = d {
+                        events.push((t_send + d, Ev::Grant { round, voter }));
                     }
-                    Op::Renew { leader, node, t_send, t_reply, applied } => {
-                        let table = if leader == 1 { &mut old } else { &mut new };
-                        if let Some(g) = table.renew(node, applied, t_reply) {
-                            prop_assert!(g <= s.cfg.lease_ms);
-                            deadlines.entry(node).or_default().push(node_deadline(t_send, g));
+                }
+            }
+            for (voter, a) in s.revoke.iter().enumerate() {
+                if let Some((to, _)) = a {
+                    events.push((s.revoke_at + to, Ev::Revoke { voter }));
+                }
+            }
+            for (voter, at) in &s.restarts {
+                events.push((*at, Ev::Restart { voter: *voter }));
+            }
+            events.sort_by_key(|e| e.0);
+            let mut voters: Vec<VoterLeases> = (0..s.voters)
+                .map(|_| VoterLeases::new(s.lease, 0, Revocations::default()))
+                .collect();
+            let mut grants: Vec<Vec<(u64, u64)>> = vec![Vec::new(); s.rounds.len()];
+            // The leader's answers: (received at, remaining).
+            let mut answers: Vec<(u64, u64)> = Vec::new();
+            for (at, ev) in events {
+                match ev {
+                    Ev::Grant { round, voter } => {
+                        if let Some(g) = voters[voter].grant(7, at) {
+                            grants[round].push((g, 0));
                         }
                     }
-                    Op::Check { at } => {
-                        for n in new.expired(&known, at) {
-                            for d in deadlines.get(&n).into_iter().flatten() {
-                                prop_assert!(*d < at, "node {} expired at {} holds a lease until {}", n, at, d);
-                            }
+                    Ev::Revoke { voter } => {
+                        if let RevokeOutcome::Revoked { remaining_ms, .. } =
+                            voters[voter].revoke(7, S1, at)
+                        {
+                            let back = s.revoke[voter].unwrap().1;
+                            answers.push((at + back, remaining_ms));
                         }
-                        // Live and expired never overlap.
-                        prop_assert!(new.live(at).is_disjoint(&new.expired(&known, at)));
                     }
+                    Ev::Restart { voter } => {
+                        let durable = voters[voter].durable().clone();
+                        voters[voter] = VoterLeases::new(s.lease, at, durable);
+                    }
+                }
+            }
+            // The leader holds the node fenced once a majority answered, from the answers it
+            // had then (the first `majority` to arrive).
+            answers.sort_by_key(|a| a.0);
+            if answers.len() < majority(s.voters) {
+                return Ok(());
+            }
+            let counted = &answers[..majority(s.voters)];
+            let fence = fenced_at(counted.iter().map(|(r, rem)| answer_bound(*r, *rem)), s.margin)
+                .unwrap();
+            for (round, (t_send, _)) in s.rounds.iter().enumerate() {
+                if let Some((g, _)) = quorum_grant(s.voters, &grants[round]) {
+                    let d = node_deadline(*t_send, g);
+                    prop_assert!(
+                        d + s.margin <= fence,
+                        "round {} sent at {} holds until {}, fenced from {}", round, t_send, d, fence
+                    );
                 }
             }
         }

@@ -1,11 +1,14 @@
 //! The gateway: XDP east-west forwarding through a cluster of gateway nodes that owns a pool of
-//! VIPs. The leader places VIPs ([`placement`]) and grants leases ([`lease`]); every gateway node
-//! keeps its XDP maps equal to the replicated tables and its lease.
+//! VIPs. Every voter grants leases ([`lease`]); the leader revokes lapsed nodes, damps their
+//! return ([`leader`], [`damping`]) and places VIPs ([`placement`]); every gateway node keeps
+//! its XDP maps equal to the replicated tables and its lease.
 
 pub mod actor;
 pub mod announce;
 pub mod core;
+pub mod damping;
 pub mod dataplane;
+pub mod leader;
 pub mod lease;
 pub mod neigh;
 pub mod placement;

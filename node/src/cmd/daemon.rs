@@ -24,8 +24,9 @@ use yard_actors::gateway::actor::{
     RenewFuture, Renewer,
 };
 use yard_actors::gateway::core::CoreConfig;
+use yard_actors::gateway::damping::DampingConfig;
 use yard_actors::gateway::dataplane::XdpDataPlane;
-use yard_actors::gateway::lease::LeaseConfig;
+use yard_actors::gateway::lease::{quorum_grant, LeaseConfig};
 use yard_actors::health::HealthRegistry;
 use yard_actors::liveness::{LivenessActor, ProbeTarget, Prober, Reachability};
 use yard_actors::probe::actor::{
@@ -178,14 +179,23 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
     let reachability = Reachability::default();
     let rpc_timeout = Duration::from_millis(cfg.transport.rpc_timeout_ms);
     let renew_every = Duration::from_millis(cfg.liveness.interval_ms);
-    let gateway_control = Arc::new(GatewayControl::new(
-        LeaseConfig {
-            lease_ms: cfg.liveness.lease_ms,
-            margin_ms: cfg.liveness.lease_margin_ms,
-        },
-        renew_every,
-        cfg.gateway.leader_holds_vips,
-    ));
+    let gateway_control = Arc::new(
+        GatewayControl::new(
+            LeaseConfig {
+                lease_ms: cfg.liveness.lease_ms,
+                margin_ms: cfg.liveness.lease_margin_ms,
+            },
+            renew_every,
+            cfg.gateway.leader_holds_vips,
+        )
+        .with_damping(DampingConfig {
+            holddown_ms: cfg.gateway.holddown_ms,
+            max_holddown_ms: cfg.gateway.holddown_max_ms,
+            half_life_ms: cfg.gateway.holddown_half_life_ms,
+        })
+        .with_state_file(cfg.node.data_dir.join("gateway-revocations.json"))
+        .map_err(anyhow::Error::msg)?,
+    );
     let diagnosis_control = Arc::new(DiagnosisControl::new(DiagnosisSettings {
         analyzer: cfg.analyzer.to_core(),
         evaluate_every: Duration::from_millis(cfg.analyzer.evaluate_ms),
@@ -223,8 +233,8 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
         tokio::spawn(diagnosis_control.run(raft, feed));
     }
     let control = {
-        let (raft, feed) = (raft.clone(), node.feed().clone());
-        tokio::spawn(async move { gateway_control.run(raft, feed).await })
+        let node = node.clone();
+        tokio::spawn(async move { gateway_control.run(node).await })
     };
     let gateway = if cfg.gateway.enabled {
         let g = &cfg.gateway;
@@ -261,6 +271,8 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
             node: node.clone(),
             transport: transport.clone(),
             timeout: Duration::from_millis(cfg.liveness.lease_ms),
+            call_timeout: rpc_timeout,
+            busy: Arc::default(),
             rt: tokio::runtime::Handle::current(),
         });
         Some((settings, dataplane, iface, renewer, view))
@@ -434,11 +446,17 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Renews this node's gateway lease with the leader it knows of, on the node's runtime.
+/// Renews this node's gateway lease with every voter, on the node's runtime; asks the leader
+/// for restart graces.
 struct LeaseRenewer {
     node: Node,
     transport: Arc<dyn Transport>,
+    /// A renewal round's time, and the grace request's.
     timeout: Duration,
+    /// One call to one voter.
+    call_timeout: Duration,
+    /// Voters with a renewal call still running.
+    busy: Arc<std::sync::Mutex<std::collections::BTreeSet<NodeId>>>,
     rt: tokio::runtime::Handle,
 }
 
@@ -474,11 +492,66 @@ impl LeaseRenewer {
         });
         Box::pin(async move { task.await.ok().flatten() })
     }
+
+    /// One renewal round: `req` to every voter in parallel; the round's grant as soon as a
+    /// majority granted (`lease::quorum_grant`), `None` once that cannot happen any more or the
+    /// round's time (`self.timeout`, one lease) is up.
+    ///
+    /// Each call runs in a task of its own to its end (`call_timeout`), also after the round
+    /// returned: cancelling the slowest voter's call at every round would abort its connection
+    /// mid-handshake each time, so it would never connect (and the aborted handshakes cost both
+    /// sides CPU). A voter whose previous call is still running is skipped for this round, so a
+    /// dead voter costs one call at a time.
+    fn round(&self, req: Request) -> RenewFuture {
+        let (node, timeout, call_timeout, busy) = (
+            self.node.clone(),
+            self.timeout,
+            self.call_timeout,
+            self.busy.clone(),
+        );
+        let task = self.rt.spawn(async move {
+            let voters = node.voter_ids();
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+            for voter in voters.iter().copied() {
+                if !busy.lock().unwrap_or_else(|e| e.into_inner()).insert(voter) {
+                    continue;
+                }
+                let (node, req, tx, busy) = (node.clone(), req.clone(), tx.clone(), busy.clone());
+                tokio::spawn(async move {
+                    let reply = node.call_node(voter, req, call_timeout).await;
+                    busy.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&voter);
+                    let _ = tx.send(reply);
+                });
+            }
+            drop(tx);
+            let mut grants = Vec::new();
+            let deadline = tokio::time::sleep(timeout);
+            tokio::pin!(deadline);
+            loop {
+                tokio::select! {
+                    _ = &mut deadline => return None,
+                    reply = rx.recv() => {
+                        // Every call answered: no majority this round.
+                        let reply = reply?;
+                        if let Ok(Reply::LeaseGranted { granted_ms, revision }) = reply {
+                            grants.push((granted_ms, revision));
+                        }
+                        if let Some(grant) = quorum_grant(voters.len(), &grants) {
+                            return Some(grant);
+                        }
+                    }
+                }
+            }
+        });
+        Box::pin(async move { task.await.ok().flatten() })
+    }
 }
 
 impl Renewer for LeaseRenewer {
     fn renew(&self, applied: u64, lease_left_ms: u64) -> RenewFuture {
-        self.ask(Request::GatewayRenew {
+        self.round(Request::GatewayRenew {
             applied,
             lease_left_ms,
         })
