@@ -147,6 +147,10 @@ struct Unrevoking {
 /// Sends of one un-revocation to voters that do not ack.
 const UNREVOKE_SENDS: u32 = 3;
 
+/// Leases a new leader waits for a node its voter never heard from (see `renewing`); the
+/// nodes' calls to one voter time out after 4 leases (`node/src/cmd/daemon.rs`).
+pub const UNHEARD_LEASES: u64 = 6;
+
 /// Leases between repairs of a live node's un-revocation at every voter.
 const REPAIR_EVERY_LEASES: u64 = 20;
 
@@ -363,18 +367,17 @@ impl LeaderCore {
             .is_some_and(|g| !g.back && g.until >= now_ms)
     }
 
-    /// Whether this leader's voter granted `node` within a lease before `now_ms` (at takeover,
-    /// a node never heard gets one lease to show up).
+    /// Whether this leader's voter granted `node` within a lease before `now_ms`. At takeover,
+    /// a node this voter never heard from (it just started: a restarted node can win the next
+    /// election at once) gets `UNHEARD_LEASES` to show up: the node's calls to this voter's
+    /// previous incarnation must time out before it dials the new one.
     fn renewing(&self, node: NodeId, now_ms: u64) -> bool {
         let lease = self.cfg.lease.lease_ms;
-        let since = self
-            .heard
-            .get(&node)
-            .and_then(|h| h.granted)
-            .into_iter()
-            .chain(self.leading.map(|(_, at)| at))
-            .max();
-        since.is_some_and(|t| t.saturating_add(lease) > now_ms)
+        let lead_at = self.leading.map_or(0, |(_, at)| at);
+        match self.heard.get(&node).and_then(|h| h.granted) {
+            Some(t) => t.max(lead_at).saturating_add(lease) > now_ms,
+            None => lead_at.saturating_add(UNHEARD_LEASES * lease) > now_ms,
+        }
     }
 
     /// Whether `node` asks to come back: it renewed (refused) within a lease.
@@ -614,11 +617,14 @@ impl LeaderCore {
         let mut times: Vec<u64> = Vec::new();
         for (node, state) in &self.states {
             match state {
-                LeaseState::Live => {
-                    if let Some(g) = self.heard.get(node).and_then(|h| h.granted) {
-                        times.push(g.saturating_add(lease));
+                LeaseState::Live => match self.heard.get(node).and_then(|h| h.granted) {
+                    Some(g) => times.push(g.saturating_add(lease)),
+                    None => {
+                        if let Some((_, at)) = self.leading {
+                            times.push(at.saturating_add(UNHEARD_LEASES * lease));
+                        }
                     }
-                }
+                },
                 LeaseState::Revoking { sent_at, .. } => times.push(sent_at.saturating_add(lease)),
                 LeaseState::Fenced { at } => times.push(at.saturating_add(1)),
             }
@@ -978,7 +984,7 @@ mod tests {
             0,
             "no takeover wait needed, and no revocation of a renewing node"
         );
-        w.run(200);
+        w.run(UNHEARD_LEASES * LEASE + 100);
         let revoked: BTreeSet<NodeId> = w
             .effects
             .iter()
@@ -1145,6 +1151,23 @@ mod tests {
         w.run(200);
         assert_eq!(w.fences.len(), 1);
         assert_eq!(w.owned_by(3), 0);
+    }
+
+    #[test]
+    fn a_fresh_leader_gives_nodes_it_never_heard_time_to_reach_it() {
+        let mut w = settled();
+        // Voter 1 restarts and leads at once: its core never heard anyone, and node 3's calls
+        // to it are stuck on the dead connection for a while.
+        w.core = LeaderCore::new(cfg(DampingConfig::default(), true), 1);
+        let now = w.now;
+        w.core.gain(2, now, &BTreeMap::new());
+        w.silent.insert(3);
+        w.run(UNHEARD_LEASES * LEASE - 10);
+        assert_eq!(w.count(|e| matches!(e, Effect::Revoke { .. })), 0);
+        w.silent.remove(&3);
+        w.run(200);
+        assert_eq!(w.count(|e| matches!(e, Effect::Revoke { .. })), 0);
+        assert_eq!(w.owned_by(3), 2);
     }
 
     #[test]

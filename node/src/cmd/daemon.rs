@@ -271,7 +271,10 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
             node: node.clone(),
             transport: transport.clone(),
             timeout: Duration::from_millis(cfg.liveness.lease_ms),
-            call_timeout: rpc_timeout,
+            // A call stuck on a dead voter's connection blocks renewals to its successor
+            // (one call per voter at a time): bounded at 4 leases, within the new leader's
+            // patience for nodes it never heard (`leader::UNHEARD_LEASES`).
+            call_timeout: Duration::from_millis(4 * cfg.liveness.lease_ms).min(rpc_timeout),
             busy: Arc::default(),
             rt: tokio::runtime::Handle::current(),
         });
