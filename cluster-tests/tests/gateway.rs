@@ -767,11 +767,12 @@ fn owner_changes(samples: &[VipTable]) -> Vec<(Ipv4Addr, u32)> {
 }
 
 /// One gateway owner's control traffic (QUIC, UDP 7480) 40% lossy both ways for 15 s, the data
-/// plane untouched: the VIP table must not flap. Each VIP may change owner at most twice over
-/// the fault and the 5 s after it (away once, back once). Ownership damping (a hold-down after
-/// a lease lapse) is what bounds this; without it a lossy owner's VIPs bounce on every lapse.
+/// plane untouched: the VIP table must not flap. Each VIP may change owner at most four times
+/// over the fault and the 5 s after it: away and back for at most two lapses, since the
+/// hold-down (5 s after a first lapse) doubles with each further one. Without damping a lossy
+/// owner's VIPs bounced on every lapse: 13 to 25 owner changes per VIP in this test.
 #[test]
-fn a_lossy_control_link_moves_each_vip_at_most_twice() {
+fn a_lossy_control_link_moves_each_vip_at_most_four_times() {
     require_root();
     let topo = Topology::new(3).unwrap();
     let c = gateway_cluster(
@@ -830,7 +831,7 @@ fn a_lossy_control_link_moves_each_vip_at_most_twice() {
     );
     assert!(samples.len() > 50, "too few samples: {}", samples.len());
     for (v, n) in &changes {
-        assert!(*n <= 2, "{v} changed owner {n} times: {changes:?}");
+        assert!(*n <= 4, "{v} changed owner {n} times: {changes:?}");
     }
 }
 

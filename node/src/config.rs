@@ -320,7 +320,7 @@ impl Default for GatewaySection {
             linger_ms: 3_000,
             restart_grace_ms: 10_000,
             leader_holds_vips: false,
-            holddown_ms: 1_000,
+            holddown_ms: 5_000,
             holddown_max_ms: 60_000,
             holddown_half_life_ms: 30_000,
         }
