@@ -10,7 +10,7 @@ use yard_raft_store::SessionTag;
 
 use crate::rpc::{AdminReply, AdminRequest, Reply, Request};
 use crate::tls::{self, Identity, Trust};
-use crate::transport::{Quic, QuicTransport, Target, Transport, TransportError};
+use crate::transport::{Quic, QuicTransport, Target, TransportError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -46,8 +46,10 @@ impl ClientError {
     }
 }
 
-/// How long a handshake with one endpoint may take before the next is tried. A handshake on
-/// any network a cluster runs on takes milliseconds; a dead endpoint never answers.
+/// How long a handshake with one endpoint may take while another endpoint is still to be tried
+/// in this pass. A handshake on any network a cluster runs on takes milliseconds, a dead
+/// endpoint never answers; the last endpoint of a pass gets the whole remaining time (a loaded
+/// host's handshake can take longer than this).
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(1_000);
 /// Pause between two attempts of a tagged write that met an unknown outcome everywhere.
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
@@ -180,12 +182,11 @@ impl AdminClient {
         }
         let endpoint = quinn::Endpoint::client(std::net::SocketAddr::from(([0, 0, 0, 0], 0)))
             .map_err(ClientError::Socket)?;
-        let transport = Quic(QuicTransport::with_connect_timeout(
+        let transport = Quic(QuicTransport::new(
             endpoint,
             client,
             cluster.to_owned(),
             crate::frame::DEFAULT_MAX_FRAME,
-            CONNECT_TIMEOUT,
         ));
         Ok(Self {
             transport,
@@ -204,12 +205,19 @@ impl AdminClient {
         let mut last = None;
         for k in 0..n {
             let i = (first + k) % n;
+            let handshake = if k + 1 < n {
+                CONNECT_TIMEOUT
+            } else {
+                self.timeout
+            };
             match self
                 .transport
-                .call(
+                .clone()
+                .call_bounded(
                     Target::any(self.endpoints[i].clone()),
                     req.clone(),
                     self.timeout,
+                    handshake,
                 )
                 .await
             {
@@ -236,18 +244,30 @@ impl AdminClient {
         let deadline = Instant::now() + self.timeout;
         let n = self.endpoints.len();
         let mut i = self.preferred.load(Ordering::Relaxed) % n;
-        let mut last: ClientError;
+        let mut last = ClientError::NoEndpoint;
         // Whether any attempt may have reached a node (anything but a failed handshake).
         let mut maybe_sent = false;
-        loop {
+        for attempt in 0.. {
             let remaining = deadline.saturating_duration_since(Instant::now());
             let request = Request::AdminOnce {
                 tag,
                 req: req.clone(),
             };
+            // Short handshakes while the first pass has endpoints left to try.
+            let handshake = if attempt + 1 < n {
+                CONNECT_TIMEOUT
+            } else {
+                remaining
+            };
             let reply = self
                 .transport
-                .call(Target::any(self.endpoints[i].clone()), request, remaining)
+                .clone()
+                .call_bounded(
+                    Target::any(self.endpoints[i].clone()),
+                    request,
+                    remaining,
+                    handshake,
+                )
                 .await;
             last = match reply {
                 Ok(Reply::Admin(r)) => {

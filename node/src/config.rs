@@ -149,7 +149,7 @@ pub struct GatewaySection {
     /// an election and the new leader's takeover wait).
     pub leader_holds_vips: bool,
     /// Ownership damping: a node whose lease lapsed receives VIPs again only after this long
-    /// of healthy renewals (its first lapse; each lapse soon after doubles it).
+    /// of healthy renewals (its first lapse; each lapse soon after quadruples it).
     pub holddown_ms: u64,
     /// The longest hold-down however often a node lapses.
     pub holddown_max_ms: u64,
@@ -320,7 +320,7 @@ impl Default for GatewaySection {
             linger_ms: 3_000,
             restart_grace_ms: 10_000,
             leader_holds_vips: false,
-            holddown_ms: 5_000,
+            holddown_ms: 3_000,
             holddown_max_ms: 60_000,
             holddown_half_life_ms: 30_000,
         }

@@ -73,11 +73,19 @@ pub struct QuicTransport {
     client: quinn::ClientConfig,
     cluster: String,
     max_frame: u32,
-    /// Bounds a handshake below the call's own timeout (clients: a dead endpoint among several
-    /// must not use up the whole request budget before the next is tried).
-    connect_timeout: Duration,
     conns: Mutex<HashMap<Target, quinn::Connection>>,
+    /// Handshakes in flight, one per target, each run to its end by a task of its own: callers
+    /// wait for it with their own timeouts, and one that gives up leaves it running, so the
+    /// connection is there for the next call. (Aborting handshakes at a short RPC timeout made
+    /// a loaded host start a new handshake per call, none of which finished in time.)
+    dialing: Mutex<HashMap<Target, Dial>>,
 }
+
+/// A handshake's outcome, once known.
+type Dial = tokio::sync::watch::Receiver<Option<Result<quinn::Connection, String>>>;
+
+/// How long a handshake may run in the background before it counts as failed.
+const HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
 
 impl QuicTransport {
     pub fn new(
@@ -86,25 +94,13 @@ impl QuicTransport {
         cluster: String,
         max_frame: u32,
     ) -> Arc<Self> {
-        Self::with_connect_timeout(endpoint, client, cluster, max_frame, Duration::MAX)
-    }
-
-    /// A transport whose handshakes give up after `connect_timeout` even when the call allows
-    /// longer.
-    pub fn with_connect_timeout(
-        endpoint: quinn::Endpoint,
-        client: quinn::ClientConfig,
-        cluster: String,
-        max_frame: u32,
-        connect_timeout: Duration,
-    ) -> Arc<Self> {
         Arc::new(Self {
             endpoint,
             client,
             cluster,
             max_frame,
-            connect_timeout,
             conns: Mutex::new(HashMap::new()),
+            dialing: Mutex::new(HashMap::new()),
         })
     }
 
@@ -123,27 +119,67 @@ impl QuicTransport {
             .remove(target);
     }
 
-    async fn connect(&self, target: &Target) -> Result<quinn::Connection, TransportError> {
+    async fn connect(
+        self: &Arc<Self>,
+        target: &Target,
+    ) -> Result<quinn::Connection, TransportError> {
         if let Some(conn) = self.cached(target) {
             return Ok(conn);
         }
-        let unreachable = |reason: String| TransportError::Unreachable {
-            addr: target.addr.clone(),
-            reason,
+        let mut dial = {
+            let mut dialing = self.dialing.lock().unwrap_or_else(|e| e.into_inner());
+            match dialing.get(target) {
+                Some(d) => d.clone(),
+                None => {
+                    let (tx, rx) = tokio::sync::watch::channel(None);
+                    dialing.insert(target.clone(), rx.clone());
+                    let (this, target) = (self.clone(), target.clone());
+                    tokio::spawn(async move {
+                        let result = tokio::time::timeout(HANDSHAKE_LIMIT, this.dial(&target))
+                            .await
+                            .unwrap_or_else(|_| {
+                                Err(format!(
+                                    "no handshake within {} s",
+                                    HANDSHAKE_LIMIT.as_secs()
+                                ))
+                            });
+                        if let Ok(conn) = &result {
+                            this.conns
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .insert(target.clone(), conn.clone());
+                        }
+                        this.dialing
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .remove(&target);
+                        let _ = tx.send(Some(result));
+                    });
+                    rx
+                }
+            }
         };
-        let addr = resolve(&target.addr).await.map_err(unreachable)?;
+        let outcome = match dial.wait_for(Option::is_some).await {
+            Ok(done) => done.clone(),
+            Err(_) => Some(Err("the handshake task ended".to_owned())),
+        };
+        outcome
+            .unwrap_or_else(|| Err("no handshake".to_owned()))
+            .map_err(|reason| TransportError::Unreachable {
+                addr: target.addr.clone(),
+                reason,
+            })
+    }
+
+    /// One handshake with `target`.
+    async fn dial(&self, target: &Target) -> Result<quinn::Connection, String> {
+        let addr = resolve(&target.addr).await?;
         let name = tls::expected_server_name(&self.cluster, target.id);
-        let conn = self
-            .endpoint
+        self.endpoint
             .connect_with(self.client.clone(), addr, &name)
-            .map_err(|e| unreachable(e.to_string()))?
+            .map_err(|e| e.to_string())?
             .await
-            .map_err(|e| unreachable(e.to_string()))?;
-        self.conns
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(target.clone(), conn.clone());
-        Ok(conn)
+            .map_err(|e| e.to_string())
     }
 
     async fn exchange(
@@ -171,11 +207,10 @@ impl QuicTransport {
     }
 
     async fn connect_within(
-        &self,
+        self: &Arc<Self>,
         target: &Target,
         timeout: Duration,
     ) -> Result<quinn::Connection, TransportError> {
-        let timeout = timeout.min(self.connect_timeout);
         tokio::time::timeout(timeout, self.connect(target))
             .await
             .unwrap_or_else(|_| {
@@ -208,8 +243,9 @@ impl QuicTransport {
         target: Target,
         req: Request,
         timeout: Duration,
+        handshake: Duration,
     ) -> Result<Reply, TransportError> {
-        let conn = self.connect_within(&target, timeout).await?;
+        let conn = self.connect_within(&target, timeout.min(handshake)).await?;
         match self.exchange_within(&conn, &target, &req, timeout).await {
             Ok(reply) => Ok(reply),
             // A cached connection may have died since it was cached. Dial once more, but only
@@ -221,8 +257,12 @@ impl QuicTransport {
                 let conn = self.connect_within(&target, timeout).await?;
                 self.exchange_within(&conn, &target, &req, timeout).await
             }
+            // A slow answer is no reason to drop a live connection (a new handshake costs
+            // more than waiting); a dead one is closed by QUIC's keep-alive and idle timeout.
             Err(e) => {
-                self.evict(&target);
+                if conn.close_reason().is_some() {
+                    self.evict(&target);
+                }
                 Err(e)
             }
         }
@@ -244,18 +284,30 @@ impl Transport for Quic {
         req: Request,
         timeout: Duration,
     ) -> BoxFut<Result<Reply, TransportError>> {
-        let this = self.0.clone();
-        Box::pin(async move {
-            METRICS.rpc_sent.inc();
-            let result = this.clone().call_inner(target.clone(), req, timeout).await;
-            if result.is_err() {
-                METRICS.rpc_failed.inc();
-            }
-            if matches!(result, Err(TransportError::Timeout { .. })) {
-                this.evict(&target);
-            }
-            result
-        })
+        Box::pin(self.clone().call_bounded(target, req, timeout, timeout))
+    }
+}
+
+impl Quic {
+    /// [`Transport::call`] with the handshake bounded by `handshake` (clients with several
+    /// endpoints: a dead one must not use up the whole request budget before the next is tried).
+    pub async fn call_bounded(
+        self,
+        target: Target,
+        req: Request,
+        timeout: Duration,
+        handshake: Duration,
+    ) -> Result<Reply, TransportError> {
+        let this = self.0;
+        METRICS.rpc_sent.inc();
+        let result = this
+            .clone()
+            .call_inner(target.clone(), req, timeout, handshake)
+            .await;
+        if result.is_err() {
+            METRICS.rpc_failed.inc();
+        }
+        result
     }
 }
 

@@ -16,7 +16,7 @@
 //!   its hold-down converge instead of grow).
 //! - The penalty just after a lapse sets the hold-down: `holddown_ms · 2^(p − 1)`, capped at
 //!   `max_holddown_ms`. The first lapse (or one long after the last) waits the base; each lapse
-//!   that follows soon after doubles it. In BGP terms the node is *suppressed* while the
+//!   that follows soon after quadruples it. In BGP terms the node is *suppressed* while the
 //!   penalty is above the level the hold-down timer stands for, and *reused* when it ends.
 //! - The hold-down runs from the moment the node is healthy again ([`Damping::restored`]) and a
 //!   lapse inside it starts over (with the larger penalty), so only *sustained* health counts.
@@ -43,10 +43,10 @@ pub struct DampingConfig {
 impl Default for DampingConfig {
     fn default() -> Self {
         // A node whose control traffic is lossy lapses every few seconds (measured: 40% loss
-        // on its control port, a lapse every 2-3 s): a first hold-down longer than that keeps
-        // it from getting VIPs back between two lapses.
+        // on its control port, a lapse every few seconds): a first hold-down of that order keeps
+        // it from getting VIPs back between most lapses, and the next one is four times longer.
         Self {
-            holddown_ms: 5_000,
+            holddown_ms: 3_000,
             max_holddown_ms: 60_000,
             half_life_ms: 30_000,
         }
@@ -90,7 +90,9 @@ impl Damping {
     pub fn lapse(&mut self, node: NodeId, now_ms: u64) -> u64 {
         let prior = self.nodes.get(&node);
         let penalty = prior.map_or(0.0, |t| self.decayed(t, now_ms)) + 1.0;
-        let factor = (penalty - 1.0).exp2();
+        // Quadrupled per recent lapse: a lossy owner that got its VIPs back once does not get
+        // them back again within the same fault (doubling still let it return a third time).
+        let factor = 4f64.powf(penalty - 1.0);
         let holddown = ((self.cfg.holddown_ms as f64) * factor)
             .min(self.cfg.max_holddown_ms as f64)
             .max(self.cfg.holddown_ms.min(self.cfg.max_holddown_ms) as f64)
@@ -233,12 +235,12 @@ mod tests {
         }
         let p = d.penalty(1, 1_000);
         assert!((p - 4.0).abs() < 1e-9, "{p}");
-        // Back at 1000 with a hold-down of 8 s: no forgiveness before 9000, half the penalty
-        // one half-life after, nothing to speak of ten later.
-        assert_eq!(d.holddown_ms(1), Some(8_000));
-        assert!((d.penalty(1, 9_000) - p).abs() < 1e-9);
-        assert!((d.penalty(1, 39_000) - p / 2.0).abs() < 1e-9);
-        assert!(d.penalty(1, 309_000) < 0.01);
+        // Back at 1000 with the longest hold-down (1 s x 4^3, capped at 60 s): no forgiveness
+        // before 61000, half the penalty one half-life after, nothing to speak of ten later.
+        assert_eq!(d.holddown_ms(1), Some(60_000));
+        assert!((d.penalty(1, 61_000) - p).abs() < 1e-9);
+        assert!((d.penalty(1, 91_000) - p / 2.0).abs() < 1e-9);
+        assert!(d.penalty(1, 361_000) < 0.01);
         // A lapse after a long healthy spell waits the base again.
         assert_eq!(d.lapse(1, 600_000), 1_000);
         d.restored(1, 600_000);

@@ -78,7 +78,7 @@ struct Args {
     poll_ms: u64,
     /// How many times a VIP may change owner within one phase (a fault and the calm after
     /// it): away from the faulted owner and back, for at most two lapses (a flapping owner's
-    /// hold-down doubles with each lapse, so a third return does not fit in a phase).
+    /// hold-down quadruples with each lapse, so a third return does not fit in a phase).
     #[arg(long, default_value_t = 4)]
     max_owner_changes: u32,
     /// How soon after the last fault heals every VIP must be answered by its owner, ms.
