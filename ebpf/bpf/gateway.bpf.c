@@ -98,6 +98,13 @@ _Static_assert(sizeof(struct vxlanhdr) == 8, "VXLAN header");
 	 sizeof(struct vxlanhdr) + sizeof(struct ethhdr))
 
 /* Counts one exit reason for this frame and returns its verdict. */
+/* Whether two MAC addresses are equal. */
+static __always_inline int same_mac(const unsigned char *a, const unsigned char *b)
+{
+	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3] && a[4] == b[4] &&
+	       a[5] == b[5];
+}
+
 static __always_inline int verdict(__u32 idx, __u64 len, int action)
 {
 	struct gw_counter *c = bpf_map_lookup_elem(&gw_counters, &idx);
@@ -246,6 +253,14 @@ int yard_gateway(struct xdp_md *ctx)
 	struct gw_vip *vip = bpf_map_lookup_elem(&gw_vips, &daddr);
 	if (!vip_mode_known(vip))
 		OUT(GW_PASS_NOT_VIP, XDP_PASS); /* the node's own traffic: untouched */
+	/*
+	 * A bridge floods a unicast frame whose destination it has not learned to every port, so
+	 * every gateway serving the VIP (the owner and one still forwarding it after a handoff)
+	 * sees it: only the gateway it was addressed to may forward it, or the tenant receives it
+	 * twice. The others leave it to the stack, which ignores frames for another host.
+	 */
+	if (!same_mac(eth->h_dest, cfg->mac))
+		OUT(GW_PASS_NOT_VIP, XDP_PASS);
 	if (ip->ihl > 5)
 		OUT(GW_DROP_IP_OPTIONS, XDP_DROP);
 	if (ip->frag_off & IP_FRAG_MASK_BE)

@@ -25,6 +25,19 @@ fn forwards_to_the_endpoints_host() {
     assert_eq!(&out.frame[offsets::INNER_PAYLOAD..], PAYLOAD);
 }
 
+/// A bridge floods a frame for a MAC it has not learned to every port: the copy that reaches a
+/// gateway it was not addressed to is left to the stack, so the tenant receives it once.
+#[test]
+fn a_flooded_copy_for_another_gateway_is_not_forwarded() {
+    let gw = fixture();
+    let mut input = tunnel(VIP, VNI_A, TENANT).build();
+    input[0..6].copy_from_slice(&[0x02, 0, 0, 0, 0xff, 0x02]);
+    let (out, c) = run(&gw, &input);
+    assert_eq!(c, Counter::PassNotVip);
+    assert_eq!(out.action, XdpAction::Pass);
+    assert_eq!(out.frame, input, "passed untouched");
+}
+
 #[test]
 fn vni_isolation_same_ip_two_vnis_two_hosts() {
     let gw = fixture();

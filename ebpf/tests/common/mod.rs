@@ -391,6 +391,10 @@ pub fn model(s: &ModelState, f: &[u8]) -> (Counter, Option<Vec<u8>>) {
     if vip_mode(ip4(f, 30)).is_none() {
         return (PassNotVip, None);
     }
+    // A flooded copy addressed to another host is left to the stack.
+    if f[0..6] != s.mac {
+        return (PassNotVip, None);
+    }
     if f[14] & 0xf > 5 {
         return (DropIpOptions, None);
     }
