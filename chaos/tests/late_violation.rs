@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use yard_chaos::{check, key_set, run_workload, ClientError, KvClient, Recorder, WorkloadConfig};
+use yard_chaos::{
+    check, key_set, run_workload, ClientError, KvClient, OpMix, Recorder, WorkloadConfig,
+};
 
 /// An in-memory store that injects slow requests and lost replies, and, when `stale_after` is
 /// set, serves reads from a replica that lags the primary once that many requests have run.
@@ -92,6 +94,14 @@ fn config() -> WorkloadConfig {
         ops_per_client: 250,
         op_timeout: Duration::from_millis(50),
         seed: 5,
+        // Reads, writes and swaps only: the shrinker's budget was sized on such histories.
+        mix: OpMix {
+            read: 2,
+            write: 1,
+            cas: 1,
+            delete: 0,
+            increment: 0,
+        },
         ..WorkloadConfig::default()
     }
 }
