@@ -77,6 +77,24 @@ pub fn stall_within(step: &Step) -> Option<(Duration, Duration)> {
     (!len.is_zero()).then_some((offset, len))
 }
 
+impl FaultKind {
+    /// One of each kind, with the parameters the CI schedule uses.
+    pub fn every() -> Vec<FaultKind> {
+        vec![
+            FaultKind::Kill9,
+            FaultKind::Pause,
+            FaultKind::LinkDown,
+            FaultKind::Partition,
+            FaultKind::Loss { pct: 30 },
+            FaultKind::ControlLoss { pct: 40 },
+            FaultKind::ControlOneway,
+            FaultKind::Stall,
+            FaultKind::Kill9Stall,
+            FaultKind::LinkDownStall,
+        ]
+    }
+}
+
 impl fmt::Display for FaultKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -315,18 +333,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn all_kinds() -> Vec<FaultKind> {
-        vec![
-            FaultKind::Kill9,
-            FaultKind::Pause,
-            FaultKind::LinkDown,
-            FaultKind::Partition,
-            FaultKind::Loss { pct: 30 },
-            FaultKind::ControlLoss { pct: 40 },
-            FaultKind::ControlOneway,
-            FaultKind::Stall,
-            FaultKind::Kill9Stall,
-            FaultKind::LinkDownStall,
-        ]
+        FaultKind::every()
     }
 
     fn config(seed: u64, hosts: usize, secs: u64) -> ScheduleConfig {

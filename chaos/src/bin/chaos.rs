@@ -197,20 +197,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
             .map_or(1, |d| d.as_nanos() as u64)
     });
     let total = Duration::from_secs(args.seconds);
-    let kinds = args.kinds.clone().unwrap_or_else(|| {
-        vec![
-            FaultKind::Kill9,
-            FaultKind::Pause,
-            FaultKind::LinkDown,
-            FaultKind::Partition,
-            FaultKind::Loss { pct: 30 },
-            FaultKind::ControlLoss { pct: 40 },
-            FaultKind::ControlOneway,
-            FaultKind::Stall,
-            FaultKind::Kill9Stall,
-            FaultKind::LinkDownStall,
-        ]
-    });
+    let kinds = args.kinds.clone().unwrap_or_else(FaultKind::every);
     // Only the yard nodes are scheduled: the client and compute hosts are never faulted.
     let mut config = ScheduleConfig::new(seed, args.hosts, total, kinds);
     config.min_fault = Duration::from_secs(3);
@@ -1129,18 +1116,7 @@ mod tests {
 
     #[test]
     fn fault_kinds_parse_from_their_short_names() {
-        for k in [
-            FaultKind::Kill9,
-            FaultKind::Pause,
-            FaultKind::LinkDown,
-            FaultKind::Partition,
-            FaultKind::Loss { pct: 30 },
-            FaultKind::ControlLoss { pct: 40 },
-            FaultKind::ControlOneway,
-            FaultKind::Stall,
-            FaultKind::Kill9Stall,
-            FaultKind::LinkDownStall,
-        ] {
+        for k in FaultKind::every() {
             assert_eq!(parse_kind(&k.to_string()), Ok(k));
         }
         assert!(parse_kind("loss-x%").is_err());
