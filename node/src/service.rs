@@ -149,28 +149,28 @@ impl Node {
         &self.inner.feed
     }
 
-    /// A member's address and name, from the membership in force.
-    pub fn member(&self, id: NodeId) -> Option<NodeInfo> {
-        self.inner
+    /// Reads the membership in force.
+    fn with_membership<T>(
+        &self,
+        f: impl FnOnce(&openraft::Membership<NodeId, NodeInfo>) -> T,
+    ) -> T {
+        f(self
+            .inner
             .raft
             .metrics()
             .borrow()
             .membership_config
-            .membership()
-            .get_node(&id)
-            .cloned()
+            .membership())
+    }
+
+    /// A member's address and name, from the membership in force.
+    pub fn member(&self, id: NodeId) -> Option<NodeInfo> {
+        self.with_membership(|m| m.get_node(&id).cloned())
     }
 
     /// The voters of the membership in force (both halves of a joint configuration).
     pub fn voter_ids(&self) -> BTreeSet<NodeId> {
-        self.inner
-            .raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .membership()
-            .voter_ids()
-            .collect()
+        self.with_membership(|m| m.voter_ids().collect())
     }
 
     /// Sends `req` to node `id` as this node (straight to its own handler when `id` is this
@@ -197,15 +197,7 @@ impl Node {
 
     /// Every member's id (voters and learners).
     pub fn member_ids(&self) -> BTreeSet<NodeId> {
-        self.inner
-            .raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .membership()
-            .nodes()
-            .map(|(id, _)| *id)
-            .collect()
+        self.with_membership(|m| m.nodes().map(|(id, _)| *id).collect())
     }
 
     /// Initialises a one-node cluster of this node unless the store already belongs to one.
