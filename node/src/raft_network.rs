@@ -2,9 +2,12 @@
 //! dialled by the target's id so the certificate must name exactly that node.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, Unreachable};
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, Timeout, Unreachable,
+};
+use openraft::network::{Backoff, RPCOption, RPCTypes, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
@@ -18,6 +21,14 @@ use crate::transport::{Target, Transport, TransportError};
 #[derive(Clone)]
 pub struct RaftNet {
     pub transport: Arc<dyn Transport>,
+    /// This node's id (openraft's timeout errors name both ends).
+    pub id: NodeId,
+    /// How long replication to an unreachable peer pauses before trying again. It must stay
+    /// well below the election timeout: openraft sends that peer no heartbeat meanwhile, so a
+    /// peer that is alive but was briefly unreachable (a handshake lost to congestion) would
+    /// stand for election and depose a healthy leader (openraft's default is 500 ms). One
+    /// heartbeat interval is what the daemon uses.
+    pub retry_after: Duration,
 }
 
 impl RaftNetworkFactory<TypeConfig> for RaftNet {
@@ -26,14 +37,20 @@ impl RaftNetworkFactory<TypeConfig> for RaftNet {
     async fn new_client(&mut self, target: NodeId, node: &NodeInfo) -> Self::Network {
         PeerLink {
             transport: self.transport.clone(),
+            id: self.id,
+            peer: target,
             target: Target::node(target, node.addr.clone()),
+            retry_after: self.retry_after,
         }
     }
 }
 
 pub struct PeerLink {
     transport: Arc<dyn Transport>,
+    id: NodeId,
+    peer: NodeId,
     target: Target,
+    retry_after: Duration,
 }
 
 type RpcErr<E = openraft::error::Infallible> = RPCError<NodeId, NodeInfo, RaftError<NodeId, E>>;
@@ -41,6 +58,7 @@ type RpcErr<E = openraft::error::Infallible> = RPCError<NodeId, NodeInfo, RaftEr
 impl PeerLink {
     async fn send<E: std::error::Error>(
         &self,
+        action: RPCTypes,
         req: RaftRequest,
         option: &RPCOption,
     ) -> Result<RaftReply, RpcErr<E>> {
@@ -56,10 +74,21 @@ impl PeerLink {
             Ok(other) => Err(RPCError::Network(NetworkError::new(
                 &std::io::Error::other(format!("unexpected reply to a raft request: {other:?}")),
             ))),
-            // Unreachable makes openraft back off instead of hammering a dead peer.
-            Err(e @ (TransportError::Unreachable { .. } | TransportError::Timeout { .. })) => {
+            // Unreachable makes openraft back off (`backoff`) instead of hammering a dead peer.
+            Err(e @ TransportError::Unreachable { .. }) => {
                 Err(RPCError::Unreachable(Unreachable::new(&e)))
             }
+            // A slow answer is not a dead peer: the next heartbeat goes out on time. Reported
+            // as unreachable, a follower behind a congested link (its answers queued past the
+            // RPC timeout, one heartbeat) got no heartbeat for a whole backoff, stood for
+            // election and deposed the leader again and again (the probe's slow-link test saw
+            // nine terms in half a minute).
+            Err(TransportError::Timeout { .. }) => Err(RPCError::Timeout(Timeout {
+                action,
+                id: self.id,
+                target: self.peer,
+                timeout: option.hard_ttl(),
+            })),
             Err(e) => Err(RPCError::Network(NetworkError::new(&e))),
         }
     }
@@ -77,7 +106,7 @@ impl RaftNetwork<TypeConfig> for PeerLink {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RpcErr> {
-        match self.send(RaftRequest::AppendEntries(rpc), &option).await? {
+        match self.send(RPCTypes::AppendEntries, RaftRequest::AppendEntries(rpc), &option).await? {
             RaftReply::AppendEntries(r) => Ok(r),
             other => Err(mismatch(other)),
         }
@@ -89,7 +118,7 @@ impl RaftNetwork<TypeConfig> for PeerLink {
         option: RPCOption,
     ) -> Result<InstallSnapshotResponse<NodeId>, RpcErr<InstallSnapshotError>> {
         match self
-            .send(RaftRequest::InstallSnapshot(rpc), &option)
+            .send(RPCTypes::InstallSnapshot, RaftRequest::InstallSnapshot(rpc), &option)
             .await?
         {
             RaftReply::InstallSnapshot(r) => Ok(r),
@@ -102,9 +131,13 @@ impl RaftNetwork<TypeConfig> for PeerLink {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RpcErr> {
-        match self.send(RaftRequest::Vote(rpc), &option).await? {
+        match self.send(RPCTypes::Vote, RaftRequest::Vote(rpc), &option).await? {
             RaftReply::Vote(r) => Ok(r),
             other => Err(mismatch(other)),
         }
+    }
+
+    fn backoff(&self) -> Backoff {
+        Backoff::new(std::iter::repeat(self.retry_after))
     }
 }

@@ -50,6 +50,8 @@ async fn start(
     let cfg = Arc::new(raft.to_openraft("test").unwrap());
     let net_factory = yard::raft_network::RaftNet {
         transport: transport.clone(),
+        id,
+        retry_after: Duration::from_millis(raft.heartbeat_ms),
     };
     let raft = yard_raft_store::Raft::new(id, cfg, net_factory, log, sm)
         .await

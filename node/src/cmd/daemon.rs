@@ -170,6 +170,8 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
     let raft_cfg = Arc::new(cfg.raft.to_openraft(&cluster)?);
     let net = yard::raft_network::RaftNet {
         transport: transport.clone(),
+        id: cfg.node.id,
+        retry_after: Duration::from_millis(cfg.raft.heartbeat_ms),
     };
     let raft = yard_raft_store::Raft::new(cfg.node.id, raft_cfg, net, log, sm)
         .await
