@@ -106,7 +106,14 @@ impl RaftNetwork<TypeConfig> for PeerLink {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RpcErr> {
-        match self.send(RPCTypes::AppendEntries, RaftRequest::AppendEntries(rpc), &option).await? {
+        match self
+            .send(
+                RPCTypes::AppendEntries,
+                RaftRequest::AppendEntries(rpc),
+                &option,
+            )
+            .await?
+        {
             RaftReply::AppendEntries(r) => Ok(r),
             other => Err(mismatch(other)),
         }
@@ -118,7 +125,11 @@ impl RaftNetwork<TypeConfig> for PeerLink {
         option: RPCOption,
     ) -> Result<InstallSnapshotResponse<NodeId>, RpcErr<InstallSnapshotError>> {
         match self
-            .send(RPCTypes::InstallSnapshot, RaftRequest::InstallSnapshot(rpc), &option)
+            .send(
+                RPCTypes::InstallSnapshot,
+                RaftRequest::InstallSnapshot(rpc),
+                &option,
+            )
             .await?
         {
             RaftReply::InstallSnapshot(r) => Ok(r),
@@ -131,7 +142,10 @@ impl RaftNetwork<TypeConfig> for PeerLink {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RpcErr> {
-        match self.send(RPCTypes::Vote, RaftRequest::Vote(rpc), &option).await? {
+        match self
+            .send(RPCTypes::Vote, RaftRequest::Vote(rpc), &option)
+            .await?
+        {
             RaftReply::Vote(r) => Ok(r),
             other => Err(mismatch(other)),
         }

@@ -396,6 +396,8 @@ struct MemState {
     handlers: HashMap<String, Arc<dyn Handler>>,
     /// Directed links (from, to) that drop everything.
     cut: HashSet<(String, String)>,
+    /// Directed links (caller, callee) whose answers arrive this much late.
+    late_answers: HashMap<(String, String), Duration>,
     delay: Duration,
 }
 
@@ -428,8 +430,19 @@ impl MemNetwork {
         }
     }
 
+    /// Answers that `callee` sends to calls from `caller` arrive `by` late, after `callee`
+    /// acted on the call: a congested link out of `callee`, which still hears everything.
+    pub fn delay_answers(&self, caller: &str, callee: &str, by: Duration) {
+        self.lock()
+            .late_answers
+            .insert((caller.to_owned(), callee.to_owned()), by);
+    }
+
+    /// Lifts every cut and every late answer.
     pub fn heal(&self) {
-        self.lock().cut.clear();
+        let mut st = self.lock();
+        st.cut.clear();
+        st.late_answers.clear();
     }
 
     pub fn set_delay(&self, delay: Duration) {
@@ -454,12 +467,14 @@ impl Transport for MemTransport {
         req: Request,
         timeout: Duration,
     ) -> BoxFut<Result<Reply, TransportError>> {
-        let (handler, cut, delay) = {
+        let (handler, cut, delay, late) = {
             let st = self.net.lock();
+            let link = (self.from.clone(), target.addr.clone());
             (
                 st.handlers.get(&target.addr).cloned(),
-                st.cut.contains(&(self.from.clone(), target.addr.clone())),
+                st.cut.contains(&link),
                 st.delay,
+                st.late_answers.get(&link).copied().unwrap_or_default(),
             )
         };
         let role = self.role;
@@ -488,7 +503,9 @@ impl Transport for MemTransport {
             let req: Request = frame::decode_body(&bytes[4..]).map_err(frame_err)?;
             let exchange = async {
                 tokio::time::sleep(delay).await;
-                handler.handle(role, req).await
+                let reply = handler.handle(role, req).await;
+                tokio::time::sleep(late).await;
+                reply
             };
             let reply = tokio::time::timeout(timeout, exchange).await.map_err(|_| {
                 TransportError::Timeout {

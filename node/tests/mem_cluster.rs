@@ -37,6 +37,17 @@ fn raft_section(snapshot_every: u64, logs_kept: u64) -> RaftSection {
     }
 }
 
+/// Elections quicker than openraft's default unreachable backoff (a follower stands after
+/// 250-300 ms without a heartbeat: the lease, 150 ms, plus 100-150 ms), still slow enough for a
+/// loaded test machine.
+fn quick_elections() -> RaftSection {
+    RaftSection {
+        election_timeout_min_ms: 100,
+        election_timeout_max_ms: 150,
+        ..raft_section(10_000, 1_000)
+    }
+}
+
 async fn start(
     net: &MemNetwork,
     id: NodeId,
@@ -235,6 +246,81 @@ async fn leader_loss_elects_a_new_leader_and_keeps_acknowledged_writes() {
         );
     }
     put(&net, &survivors[1].addr, "after", "x").await.unwrap();
+}
+
+/// A follower whose answers come back later than Raft's RPC timeout (a congested link out of
+/// its host) still hears every heartbeat, so it must not stand for election: one term for the
+/// whole slow spell, and writes go on. openraft pauses heartbeats to a peer reported
+/// unreachable for a backoff; when a late answer was reported so, the follower went 500 ms
+/// without a heartbeat (past its election timeout) and deposed the leader again and again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_behind_a_congested_link_deposes_no_leader() {
+    let net = MemNetwork::default();
+    let raft = quick_elections();
+    let nodes = cluster(&net, 3, &raft).await;
+    let all: Vec<&TestNode> = nodes.iter().collect();
+    let leader = wait_leader(&all, None).await;
+    let term = |n: &TestNode| n.node.raft().metrics().borrow().current_term;
+    let before = term(&nodes[0]);
+    let leader_addr = addr(leader);
+    let slow = nodes.iter().find(|n| n.node.id() != leader).unwrap();
+    // Three heartbeats late: every answer misses the one-heartbeat RPC timeout.
+    net.delay_answers(
+        &leader_addr,
+        &slow.addr,
+        Duration::from_millis(3 * raft.heartbeat_ms),
+    );
+    let spell = Instant::now();
+    let mut i = 0;
+    while spell.elapsed() < Duration::from_secs(3) {
+        put(&net, &leader_addr, &format!("slow{i}"), "x")
+            .await
+            .unwrap();
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    net.heal();
+    for n in &nodes {
+        assert_eq!(
+            term(n),
+            before,
+            "node {} saw a new term while a follower was slow",
+            n.node.id()
+        );
+    }
+    assert_eq!(wait_leader(&all, None).await, leader);
+    assert!(i > 10, "only {i} writes in 3 s");
+}
+
+/// A follower that cannot be reached for a moment (its address refuses calls for less than an
+/// election timeout) is heartbeaten again as soon as it answers: no new term. openraft's
+/// default pause after an unreachable peer (500 ms, past the election timeout) made the
+/// follower stand for election and depose the leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_unreachable_for_a_moment_deposes_no_leader() {
+    let net = MemNetwork::default();
+    let raft = quick_elections();
+    let nodes = cluster(&net, 3, &raft).await;
+    let all: Vec<&TestNode> = nodes.iter().collect();
+    let leader = wait_leader(&all, None).await;
+    let term = |n: &TestNode| n.node.raft().metrics().borrow().current_term;
+    let before = term(&nodes[0]);
+    let follower = nodes.iter().find(|n| n.node.id() != leader).unwrap();
+    for _ in 0..5 {
+        net.unregister(&follower.addr);
+        tokio::time::sleep(Duration::from_millis(raft.heartbeat_ms)).await;
+        net.register(&follower.addr, Arc::new(follower.node.clone()));
+        tokio::time::sleep(Duration::from_millis(raft.election_timeout_max_ms * 2)).await;
+    }
+    for n in &nodes {
+        assert_eq!(
+            term(n),
+            before,
+            "node {} saw a new term after a follower's blips",
+            n.node.id()
+        );
+    }
+    put(&net, &addr(leader), "after-blips", "x").await.unwrap();
 }
 
 /// Sends one session-tagged write to `to` as an admin client would.
