@@ -347,6 +347,38 @@ fn transport_config() -> Arc<quinn::TransportConfig> {
     Arc::new(t)
 }
 
+/// This node's QUIC endpoint settings: a stateless-reset key and a connection-id key derived
+/// from the node's private key, the same in every incarnation of the node.
+///
+/// Why: a node killed and started again (a crash, an upgrade) knows none of its peers'
+/// connections, and with a random key per process it cannot prove to them that they are gone.
+/// They kept sending on the dead connection until QUIC's idle timeout (seconds), so a restarted
+/// Raft leader heard no lease renewals and revoked the leases of nodes that were renewing all
+/// along. With the key derived from the identity, the new process answers the first packet on
+/// an old connection with a stateless reset (RFC 9000 §10.3) and the peer dials again at once.
+/// quinn answers only packets whose connection id its generator recognises as its own, so the
+/// generator's key is derived the same way. The keys stay secret: they are hashes of the
+/// private key, which never leaves the node.
+pub fn endpoint_config(identity: &Identity) -> quinn::EndpointConfig {
+    let derive = |purpose: &[u8]| {
+        let mut seed = ring::digest::Context::new(&ring::digest::SHA256);
+        seed.update(purpose);
+        seed.update(identity.key.secret_der());
+        seed.finish()
+    };
+    let reset = derive(b"yard quic stateless reset key v1\0");
+    let cid = derive(b"yard quic connection id key v1\0");
+    let cid_key = u64::from_le_bytes(cid.as_ref()[..8].try_into().expect("a sha-256 has 8 bytes"));
+    let mut cfg = quinn::EndpointConfig::new(Arc::new(ring::hmac::Key::new(
+        ring::hmac::HMAC_SHA256,
+        reset.as_ref(),
+    )));
+    cfg.cid_generator(move || {
+        Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cid_key))
+    });
+    cfg
+}
+
 /// The server side: presents `identity`, asks every client for a CA-signed certificate but lets
 /// certificate-less clients through to redeem a join token.
 pub fn server_config(identity: &Identity) -> Result<quinn::ServerConfig, TlsError> {

@@ -322,6 +322,23 @@ async fn resolve(addr: &str) -> Result<SocketAddr, String> {
         .ok_or_else(|| format!("{addr} resolves to no address"))
 }
 
+/// Binds this node's QUIC endpoint on `addr`, serving with `server`, with the node's own
+/// stateless-reset key ([`crate::tls::endpoint_config`]) so that after a restart its peers'
+/// connections to the previous process are reset instead of timing out.
+pub fn bind_node_endpoint(
+    addr: SocketAddr,
+    identity: &crate::tls::Identity,
+    server: quinn::ServerConfig,
+) -> std::io::Result<quinn::Endpoint> {
+    let socket = std::net::UdpSocket::bind(addr)?;
+    quinn::Endpoint::new(
+        crate::tls::endpoint_config(identity),
+        Some(server),
+        socket,
+        Arc::new(quinn::TokioRuntime),
+    )
+}
+
 /// Accepts connections on `endpoint` until it closes, answering each stream with `handler`.
 pub async fn serve(
     endpoint: quinn::Endpoint,

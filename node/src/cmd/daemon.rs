@@ -154,7 +154,7 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
     let cluster = cfg.node.cluster.clone();
     let server_cfg = tls::server_config(&identity)?;
     let client_cfg = tls::client_config(&cluster, Trust::Ca(identity.ca.clone()), Some(&identity))?;
-    let endpoint = quinn::Endpoint::server(server_cfg, cfg.node.listen)
+    let endpoint = yard::transport::bind_node_endpoint(cfg.node.listen, &identity, server_cfg)
         .with_context(|| format!("cannot listen on node.listen {}", cfg.node.listen))?;
     let max_frame = cfg.transport.max_frame_bytes;
     let transport: Arc<dyn Transport> = Arc::new(Quic(QuicTransport::new(
