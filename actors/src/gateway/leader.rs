@@ -174,6 +174,10 @@ pub struct LeaderCore {
     ending: BTreeSet<NodeId>,
     in_flight: bool,
     damping: Damping,
+    /// The latest tick, and since when this leader has been ticking without a gap longer than
+    /// a lease (see `renewing`).
+    last_tick: Option<u64>,
+    watching_since: u64,
 }
 
 impl LeaderCore {
@@ -192,6 +196,8 @@ impl LeaderCore {
             ending: BTreeSet::new(),
             in_flight: false,
             damping: Damping::new(cfg.damping),
+            last_tick: None,
+            watching_since: 0,
         }
     }
 
@@ -235,6 +241,7 @@ impl LeaderCore {
         self.graced.clear();
         self.ending.clear();
         self.in_flight = false;
+        self.last_tick = None;
     }
 
     /// A renewal from `node` reached this node's voter at `now_ms`, reporting `applied` and the
@@ -371,13 +378,33 @@ impl LeaderCore {
     /// a node this voter never heard from (it just started: a restarted node can win the next
     /// election at once) gets `UNHEARD_LEASES` to show up: the node's calls to this voter's
     /// previous incarnation must time out before it dials the new one.
+    ///
+    /// Nor does a node lapse for silence this leader did not watch: after a gap between ticks
+    /// longer than a lease (the leader's process was stopped or starved, as when the whole
+    /// machine stalls), every node gets a lease from the first tick after it. Otherwise the
+    /// first tick after a stall found every node silent, revoked them all and damped them for
+    /// a stall that was no node's doing (a chaos run left two of three nodes held down past its
+    /// end). Deciding a lapse later never weakens safety: that rests on the voters' promises.
     fn renewing(&self, node: NodeId, now_ms: u64) -> bool {
         let lease = self.cfg.lease.lease_ms;
         let lead_at = self.leading.map_or(0, |(_, at)| at);
         match self.heard.get(&node).and_then(|h| h.granted) {
-            Some(t) => t.max(lead_at).saturating_add(lease) > now_ms,
+            Some(t) => {
+                t.max(lead_at)
+                    .max(self.watching_since)
+                    .saturating_add(lease)
+                    > now_ms
+            }
             None => lead_at.saturating_add(UNHEARD_LEASES * lease) > now_ms,
         }
+    }
+
+    /// Whether this leader's voter granted `node` within the last lease.
+    fn granted_within_lease(&self, node: NodeId, now_ms: u64) -> bool {
+        self.heard
+            .get(&node)
+            .and_then(|h| h.granted)
+            .is_some_and(|t| t.saturating_add(self.cfg.lease.lease_ms) > now_ms)
     }
 
     /// Whether `node` asks to come back: it renewed (refused) within a lease.
@@ -395,6 +422,13 @@ impl LeaderCore {
             return out;
         }
         let lease = self.cfg.lease.lease_ms;
+        if self
+            .last_tick
+            .is_some_and(|t| now_ms.saturating_sub(t) > lease)
+        {
+            self.watching_since = now_ms;
+        }
+        self.last_tick = Some(now_ms);
         let all_voters: Vec<NodeId> = input.voters.iter().copied().collect();
 
         // Restart graces: over when run out or when the restarted daemon is back; one the tables
@@ -569,11 +603,16 @@ impl LeaderCore {
             .filter(|(_, s)| matches!(s, LeaseState::Fenced { at } if *at < now_ms))
             .map(|(n, _)| *n)
             .collect();
+        // Live: may receive VIPs. That takes a grant heard within a lease, not the benefit of
+        // the doubt `renewing` gives a node at takeover or after a stall (it only keeps the node
+        // from lapsing): a new leader handed VIPs to a node whose link had been down for six
+        // seconds, because its voter had heard from it once, long ago. A node neither live nor
+        // lapsed is unknown to the planner: it keeps its VIPs and receives none.
         let live: BTreeSet<NodeId> = known
             .iter()
             .filter(|n| {
                 matches!(self.states.get(n), Some(LeaseState::Live))
-                    && (self.renewing(**n, now_ms) || self.is_graced(**n, now_ms))
+                    && (self.granted_within_lease(**n, now_ms) || self.is_graced(**n, now_ms))
             })
             .copied()
             .collect();
@@ -1094,6 +1133,87 @@ mod tests {
         assert!(w.core.grace_requested(3, 1_000, w.now).is_err());
         w.core.lose();
         assert!(w.core.grace_requested(2, 1_000, w.now).is_err());
+    }
+
+    /// Every process stopped for 2 s (a stalled machine), then running again: the nodes renew
+    /// at once, so nobody lapses, nobody is fenced or held down, and no VIP moves.
+    #[test]
+    fn a_whole_machine_stall_lapses_no_node() {
+        let mut w = World::new(DampingConfig::default(), true);
+        w.run(500);
+        let before = w.tables.vips.clone();
+        let effects = w.effects.len();
+        w.now += 2_000;
+        w.run(1_000);
+        let lapses: Vec<&Effect> = w.effects[effects..]
+            .iter()
+            .filter(|e| matches!(e, Effect::Lapsed { .. } | Effect::Revoke { .. }))
+            .collect();
+        assert!(lapses.is_empty(), "{lapses:?}");
+        assert!(w.fences.is_empty(), "{:?}", w.fences);
+        assert!((1..=3).all(|n| !w.core.held_down(n, w.now)));
+        assert_eq!(w.tables.vips, before);
+    }
+
+    /// The same stall, but node 3 stays silent after it: it lapses one lease after the leader
+    /// runs again, not at once and not never.
+    #[test]
+    fn a_node_silent_after_a_stall_lapses_a_lease_after_the_leader_resumes() {
+        let mut w = World::new(DampingConfig::default(), true);
+        w.run(500);
+        let effects = w.effects.len();
+        w.now += 2_000;
+        w.silent.insert(3);
+        let resumed = w.now;
+        w.run(LEASE / 2);
+        assert!(
+            !w.effects[effects..]
+                .iter()
+                .any(|e| matches!(e, Effect::Lapsed { node: 3, .. })),
+            "node 3 lapsed for silence the leader did not watch"
+        );
+        w.run(2 * LEASE);
+        let lapsed_at = w.effects[effects..]
+            .iter()
+            .position(|e| matches!(e, Effect::Lapsed { node: 3, .. }));
+        assert!(lapsed_at.is_some(), "node 3 never lapsed");
+        assert!(w.now - resumed >= LEASE);
+    }
+
+    /// A node whose link went down lapses and loses its VIPs; then leadership changes. The new
+    /// leader's voter heard from the node before the silence (every voter hears renewals) but
+    /// not within a lease: it must not rebalance VIPs onto it while it stays silent.
+    #[test]
+    fn a_new_leader_gives_no_vip_to_a_node_it_has_not_heard_lately() {
+        let damping = DampingConfig {
+            holddown_ms: 200,
+            max_holddown_ms: 800,
+            half_life_ms: 1_000,
+        };
+        let mut w = World::new(damping, true);
+        w.run(500);
+        assert_eq!(w.owned_by(3), 2);
+        w.silent.insert(3);
+        w.run(1_000);
+        assert_eq!(w.owned_by(3), 0, "{:?}", w.tables.vips);
+        // Another node's core takes over: it never saw node 3 lapse (no hold-down), and its
+        // voter last heard node 3 before the silence.
+        let silent_since = w.now - 1_000;
+        w.core = LeaderCore::new(cfg(damping, true), 1);
+        w.core.renewal(3, w.revision, LEASE, true, silent_since);
+        let now = w.now;
+        w.core.gain(2, now, &w.tables.graces.clone());
+        w.run(LEASE / 2);
+        assert_eq!(
+            w.owned_by(3),
+            0,
+            "the new leader gave VIPs to a silent node: {:?}",
+            w.tables.vips
+        );
+        // Once it renews again (and its hold-down has passed) it gets its share back.
+        w.silent.remove(&3);
+        w.run(damping.max_holddown_ms + 1_000);
+        assert_eq!(w.owned_by(3), 2, "{:?}", w.tables.vips);
     }
 
     #[test]
