@@ -88,13 +88,17 @@ async fn pace(next: &mut tokio::time::Instant, period: Duration, lateness: &Atom
 /// private bpffs, mounted here before any node starts), for [`ClusterOptions::extra_config`].
 ///
 /// [`ClusterOptions::extra_config`]: yard_cluster_tests::yard::ClusterOptions
-pub fn gateway_config(topo: &Topology, nodes: usize) -> anyhow::Result<String> {
+pub fn gateway_config(
+    topo: &Topology,
+    nodes: usize,
+    holddown_max_ms: u64,
+) -> anyhow::Result<String> {
     for i in 1..=nodes {
         topo.bpffs(i)
             .with_context(|| format!("cannot mount a bpffs for host {i}"))?;
     }
     Ok(format!(
-        "[gateway]\nenabled = true\ninterface = \"eth0\"\nxdp_mode = \"generic\"\npin_dir = \"{}/bpffs-{}/gateway\"\n",
+        "[gateway]\nenabled = true\ninterface = \"eth0\"\nxdp_mode = \"generic\"\npin_dir = \"{}/bpffs-{}/gateway\"\nholddown_max_ms = {holddown_max_ms}\n",
         topo.dir().display(),
         yard_cluster_tests::yard::HOST_PLACEHOLDER
     ))

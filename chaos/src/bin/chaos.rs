@@ -84,6 +84,13 @@ struct Args {
     /// How soon after the last fault heals every VIP must be answered by its owner, ms.
     #[arg(long, default_value_t = 5000)]
     converge_ms: u64,
+    /// The nodes' longest ownership hold-down (`gateway.holddown_max_ms`), ms. A node that
+    /// flapped in the schedule's last fault receives VIPs again only after it, so the final
+    /// balance check waits this long plus 15 s: a schedule of many faults in a few minutes
+    /// holds a node down to the cap, and the default cap (60 s) would make the run a minute
+    /// longer.
+    #[arg(long, default_value_t = 20_000)]
+    holddown_max_ms: u64,
     /// The fault kinds to draw from, by their short names (comma-separated, e.g.
     /// `kill-9,stall,ctl-loss-30%`); the CI list when absent. The same seed and kinds give the
     /// same schedule, so an old run is reproduced with the kinds it had.
@@ -218,7 +225,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
     let client_host = n + 1;
     let topo = Topology::new(if gateway { n + 3 } else { n + 1 })?;
     let extra_config = if gateway {
-        gateway_config(&topo, n)?
+        gateway_config(&topo, n, args.holddown_max_ms)?
     } else {
         String::new()
     };
@@ -477,6 +484,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
             poll: args.poll_ms as Ms,
             max_owner_changes: args.max_owner_changes,
             converge: args.converge_ms as Ms,
+            settle: Duration::from_millis(args.holddown_max_ms) + Duration::from_secs(15),
         };
         ctx.gateway_verdicts(&cluster, gw, &mut checks)?;
     }
@@ -594,6 +602,8 @@ struct Judge<'a> {
     poll: Ms,
     max_owner_changes: u32,
     converge: Ms,
+    /// How long the final placement may take to settle (the longest hold-down and then some).
+    settle: Duration,
 }
 
 /// One probe stream's loss windows on the run clock.
@@ -621,7 +631,7 @@ impl Judge<'_> {
         // (d) The end state, all healed: one owner per VIP, balanced, answered for by exactly
         // that owner, and the probes flowing without loss over a quiet second.
         let final_start = self.clock.now();
-        let placed = wait_vips(cluster, 1, Duration::from_secs(30), |rows| {
+        let placed = wait_vips(cluster, 1, self.settle, |rows| {
             rows.len() == vips.len() && balanced_without_leader(cluster, rows, self.nodes)
         });
         let placement_ok = match &placed {
