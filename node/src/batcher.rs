@@ -68,12 +68,15 @@ async fn run(
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
-        let mut batch = vec![first];
-        while batch.len() < max_batch {
-            match rx.try_recv() {
-                Ok(p) => batch.push(p),
-                Err(_) => break,
-            }
+        // A write whose requester stopped waiting (its deadline passed while it queued) is not
+        // proposed: it was answered as failed or unknown, and applying it now, perhaps much
+        // later under another leadership of this node, would surprise every reader.
+        let batch: Vec<Pending> = std::iter::once(first)
+            .chain(std::iter::from_fn(|| rx.try_recv().ok()).take(max_batch - 1))
+            .filter(|p| !p.reply.is_closed())
+            .collect();
+        if batch.is_empty() {
+            continue;
         }
         let raft = raft.clone();
         tokio::spawn(async move {
