@@ -192,18 +192,23 @@ impl QuicTransport {
             addr: target.addr.clone(),
             source,
         };
-        let (mut send, mut recv) =
-            conn.open_bi()
-                .await
-                .map_err(|e| TransportError::Unreachable {
-                    addr: target.addr.clone(),
-                    reason: e.to_string(),
-                })?;
-        frame::write(&mut send, req).await.map_err(frame_err)?;
-        let _ = send.finish();
-        frame::read(&mut recv, self.max_frame)
+        let (send, mut recv) = conn
+            .open_bi()
             .await
-            .map_err(frame_err)
+            .map_err(|e| TransportError::Unreachable {
+                addr: target.addr.clone(),
+                reason: e.to_string(),
+            })?;
+        let mut request = Abandon(Some(send));
+        let send = request.0.as_mut().expect("just set");
+        frame::write(send, req).await.map_err(frame_err)?;
+        let _ = send.finish();
+        let reply = frame::read(&mut recv, self.max_frame)
+            .await
+            .map_err(frame_err)?;
+        // Answered: the request was delivered, nothing to abandon.
+        request.0 = None;
+        Ok(reply)
     }
 
     async fn connect_within(
@@ -265,6 +270,25 @@ impl QuicTransport {
                 }
                 Err(e)
             }
+        }
+    }
+}
+
+/// A request stream that is reset unless its reply arrived: when the caller gives up (its
+/// timeout, or it was dropped), QUIC abandons the request instead of retransmitting it.
+///
+/// Why: behind a partition, QUIC keeps a request's bytes and retransmits them until the
+/// connection idles out (3 s), so a request whose caller had long given up reached the peer
+/// when the partition healed: a write its client was told had failed applied seconds later,
+/// after newer writes (seen as a minority-side `kv put` overwriting the majority's value in the
+/// namespace suite). A reset discards the unsent and unacknowledged data; a request the peer
+/// already received in full is not recalled, which is why a timed-out write stays "unknown".
+struct Abandon(Option<quinn::SendStream>);
+
+impl Drop for Abandon {
+    fn drop(&mut self) {
+        if let Some(send) = &mut self.0 {
+            let _ = send.reset(quinn::VarInt::from_u32(0));
         }
     }
 }
