@@ -37,6 +37,14 @@ fn raft_section(snapshot_every: u64, logs_kept: u64) -> RaftSection {
     }
 }
 
+/// Every node's current term, in node order.
+fn terms(nodes: &[TestNode]) -> Vec<u64> {
+    nodes
+        .iter()
+        .map(|n| n.node.raft().metrics().borrow().current_term)
+        .collect()
+}
+
 /// Elections quicker than openraft's default unreachable backoff (a follower stands after
 /// 250-300 ms without a heartbeat: the lease, 150 ms, plus 100-150 ms), still slow enough for a
 /// loaded test machine.
@@ -260,8 +268,7 @@ async fn a_follower_behind_a_congested_link_deposes_no_leader() {
     let nodes = cluster(&net, 3, &raft).await;
     let all: Vec<&TestNode> = nodes.iter().collect();
     let leader = wait_leader(&all, None).await;
-    let term = |n: &TestNode| n.node.raft().metrics().borrow().current_term;
-    let before = term(&nodes[0]);
+    let before = terms(&nodes);
     let leader_addr = addr(leader);
     let slow = nodes.iter().find(|n| n.node.id() != leader).unwrap();
     // Three heartbeats late: every answer misses the one-heartbeat RPC timeout.
@@ -280,14 +287,11 @@ async fn a_follower_behind_a_congested_link_deposes_no_leader() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     net.heal();
-    for n in &nodes {
-        assert_eq!(
-            term(n),
-            before,
-            "node {} saw a new term while a follower was slow",
-            n.node.id()
-        );
-    }
+    assert_eq!(
+        terms(&nodes),
+        before,
+        "a new term while a follower was slow"
+    );
     assert_eq!(wait_leader(&all, None).await, leader);
     assert!(i > 10, "only {i} writes in 3 s");
 }
@@ -303,8 +307,7 @@ async fn a_follower_unreachable_for_a_moment_deposes_no_leader() {
     let nodes = cluster(&net, 3, &raft).await;
     let all: Vec<&TestNode> = nodes.iter().collect();
     let leader = wait_leader(&all, None).await;
-    let term = |n: &TestNode| n.node.raft().metrics().borrow().current_term;
-    let before = term(&nodes[0]);
+    let before = terms(&nodes);
     let follower = nodes.iter().find(|n| n.node.id() != leader).unwrap();
     for _ in 0..5 {
         net.unregister(&follower.addr);
@@ -312,14 +315,7 @@ async fn a_follower_unreachable_for_a_moment_deposes_no_leader() {
         net.register(&follower.addr, Arc::new(follower.node.clone()));
         tokio::time::sleep(Duration::from_millis(raft.election_timeout_max_ms * 2)).await;
     }
-    for n in &nodes {
-        assert_eq!(
-            term(n),
-            before,
-            "node {} saw a new term after a follower's blips",
-            n.node.id()
-        );
-    }
+    assert_eq!(terms(&nodes), before, "a new term after a follower's blips");
     put(&net, &addr(leader), "after-blips", "x").await.unwrap();
 }
 

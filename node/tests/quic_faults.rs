@@ -91,16 +91,41 @@ fn client(identity: &Identity) -> Quic {
     ))
 }
 
+/// Node 1's and node 2's identities from one CA, and a free loopback port for node 1.
+struct Fixture {
+    _dir: tempfile::TempDir,
+    server_id: Identity,
+    client_id: Identity,
+    addr: SocketAddr,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = CertAuthority::generate(CLUSTER).unwrap();
+        let server_id = identity(&ca, dir.path(), "n1", 1);
+        let client_id = identity(&ca, dir.path(), "n2", 2);
+        let addr = UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        Self {
+            _dir: dir,
+            server_id,
+            client_id,
+            addr,
+        }
+    }
+}
+
 #[test]
 fn a_restarted_node_is_reached_again_well_before_the_idle_timeout() {
-    let dir = tempfile::tempdir().unwrap();
-    let ca = CertAuthority::generate(CLUSTER).unwrap();
-    let server_id = identity(&ca, dir.path(), "n1", 1);
-    let client_id = identity(&ca, dir.path(), "n2", 2);
-    let addr = UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let Fixture {
+        _dir,
+        server_id,
+        client_id,
+        addr,
+    } = Fixture::new();
 
     let client_rt = tokio::runtime::Runtime::new().unwrap();
     let client = client_rt.block_on(async { client(&client_id) });
@@ -188,14 +213,12 @@ impl Drop for Relay {
 
 #[test]
 fn a_request_whose_caller_gave_up_behind_a_partition_never_arrives() {
-    let dir = tempfile::tempdir().unwrap();
-    let ca = CertAuthority::generate(CLUSTER).unwrap();
-    let server_id = identity(&ca, dir.path(), "n1", 1);
-    let client_id = identity(&ca, dir.path(), "n2", 2);
-    let addr = UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let Fixture {
+        _dir,
+        server_id,
+        client_id,
+        addr,
+    } = Fixture::new();
     let served = Arc::new(AtomicUsize::new(0));
     let _server = start_counting_server(&server_id, addr, served.clone());
     let relay = Relay::start(addr);
