@@ -37,6 +37,13 @@ fn raft_section(snapshot_every: u64, logs_kept: u64) -> RaftSection {
     }
 }
 
+/// Three nodes with `raft` timings, and their leader once they agree on one.
+async fn led_cluster(net: &MemNetwork, raft: &RaftSection) -> (Vec<TestNode>, NodeId) {
+    let nodes = cluster(net, 3, raft).await;
+    let leader = wait_leader(&nodes.iter().collect::<Vec<_>>(), None).await;
+    (nodes, leader)
+}
+
 /// Every node's current term, in node order.
 fn terms(nodes: &[TestNode]) -> Vec<u64> {
     nodes
@@ -265,9 +272,8 @@ async fn leader_loss_elects_a_new_leader_and_keeps_acknowledged_writes() {
 async fn a_follower_behind_a_congested_link_deposes_no_leader() {
     let net = MemNetwork::default();
     let raft = quick_elections();
-    let nodes = cluster(&net, 3, &raft).await;
+    let (nodes, leader) = led_cluster(&net, &raft).await;
     let all: Vec<&TestNode> = nodes.iter().collect();
-    let leader = wait_leader(&all, None).await;
     let before = terms(&nodes);
     let leader_addr = addr(leader);
     let slow = nodes.iter().find(|n| n.node.id() != leader).unwrap();
@@ -304,9 +310,7 @@ async fn a_follower_behind_a_congested_link_deposes_no_leader() {
 async fn a_follower_unreachable_for_a_moment_deposes_no_leader() {
     let net = MemNetwork::default();
     let raft = quick_elections();
-    let nodes = cluster(&net, 3, &raft).await;
-    let all: Vec<&TestNode> = nodes.iter().collect();
-    let leader = wait_leader(&all, None).await;
+    let (nodes, leader) = led_cluster(&net, &raft).await;
     let before = terms(&nodes);
     let follower = nodes.iter().find(|n| n.node.id() != leader).unwrap();
     for _ in 0..5 {

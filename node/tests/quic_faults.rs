@@ -120,21 +120,17 @@ impl Fixture {
 
 #[test]
 fn a_restarted_node_is_reached_again_well_before_the_idle_timeout() {
-    let Fixture {
-        _dir,
-        server_id,
-        client_id,
-        addr,
-    } = Fixture::new();
+    let f = Fixture::new();
+    let addr = f.addr;
 
     let client_rt = tokio::runtime::Runtime::new().unwrap();
-    let client = client_rt.block_on(async { client(&client_id) });
+    let client = client_rt.block_on(async { client(&f.client_id) });
     let target = Target::node(1, addr.to_string());
     let probe = |timeout: Duration| {
         client_rt.block_on(client.call(target.clone(), Request::Probe, timeout))
     };
 
-    let first = start_server(&server_id, addr);
+    let first = start_server(&f.server_id, addr);
     assert!(matches!(
         probe(Duration::from_secs(5)),
         Ok(Reply::Pong { id: 1 })
@@ -143,7 +139,7 @@ fn a_restarted_node_is_reached_again_well_before_the_idle_timeout() {
     first.shutdown_background();
     std::thread::sleep(Duration::from_millis(200));
 
-    let _second = start_server(&server_id, addr);
+    let _second = start_server(&f.server_id, addr);
     let restarted = Instant::now();
     let mut outcomes = Vec::new();
     loop {
@@ -213,18 +209,14 @@ impl Drop for Relay {
 
 #[test]
 fn a_request_whose_caller_gave_up_behind_a_partition_never_arrives() {
-    let Fixture {
-        _dir,
-        server_id,
-        client_id,
-        addr,
-    } = Fixture::new();
+    let f = Fixture::new();
+    let addr = f.addr;
     let served = Arc::new(AtomicUsize::new(0));
-    let _server = start_counting_server(&server_id, addr, served.clone());
+    let _server = start_counting_server(&f.server_id, addr, served.clone());
     let relay = Relay::start(addr);
 
     let client_rt = tokio::runtime::Runtime::new().unwrap();
-    let client = client_rt.block_on(async { client(&client_id) });
+    let client = client_rt.block_on(async { client(&f.client_id) });
     let target = Target::node(1, relay.addr.to_string());
     let probe = |timeout: Duration| {
         client_rt.block_on(client.call(target.clone(), Request::Probe, timeout))
