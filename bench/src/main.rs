@@ -209,24 +209,18 @@ async fn bench(topo: &Arc<Topology>, args: &Args) -> Result<Report> {
     let yard_bin = args.yard_bin.clone().unwrap_or_default();
     progress("starting a 3-node yard cluster (bootstrap n1, join n2, n3)");
     let mut yard = YardSystem::start(topo, &yard_bin, SERVERS.len()).await?;
-    progress("starting a 3-member etcd cluster (default timings)");
-    let mut etcd = EtcdCluster::start(
-        topo,
-        &args.etcd_bin,
-        &SERVERS,
-        EtcdProfile::DEFAULTS,
-        Duration::from_secs(60),
-    )
-    .await?;
-    progress("starting a 3-member etcd cluster (timings matched to yard's)");
-    let mut matched = EtcdCluster::start(
-        topo,
-        &args.etcd_bin,
-        &SERVERS,
-        EtcdProfile::MATCHED,
-        Duration::from_secs(60),
-    )
-    .await?;
+    let start_etcd = |profile, timings: &str| {
+        progress(&format!("starting a 3-member etcd cluster ({timings})"));
+        EtcdCluster::start(
+            topo,
+            &args.etcd_bin,
+            &SERVERS,
+            profile,
+            Duration::from_secs(60),
+        )
+    };
+    let mut etcd = start_etcd(EtcdProfile::DEFAULTS, "default timings").await?;
+    let mut matched = start_etcd(EtcdProfile::MATCHED, "timings matched to yard's").await?;
 
     progress(&format!("idling {} s for memory readings", args.idle_secs));
     tokio::time::sleep(Duration::from_secs(args.idle_secs)).await;

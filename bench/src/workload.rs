@@ -229,12 +229,11 @@ pub async fn leader_kill_trial<C: Cluster>(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
-    let victim = cluster.process(leader).clone();
-    victim
-        .kill9()
-        .with_context(|| format!("{system}: cannot kill the leader on host {leader}"))?;
-    let killed_at = Instant::now();
-    let killed_at_unix_ms = unix_ms();
+    let Killed {
+        victim,
+        at: killed_at,
+        at_unix_ms: killed_at_unix_ms,
+    } = kill_leader(cluster, leader)?;
     let _ = shared.kill_at.set(killed_at);
 
     let give_up = killed_at + Duration::from_secs(settings.give_up_s);
@@ -259,6 +258,29 @@ pub async fn leader_kill_trial<C: Cluster>(
         acks_before_kill: shared.acks_before.load(Ordering::Relaxed),
         failed_attempts: shared.failed_after.load(Ordering::Relaxed),
         rejoin_ms,
+    })
+}
+
+/// The leader's process, killed with SIGKILL, and when.
+struct Killed {
+    victim: yard_cluster_tests::Process,
+    at: Instant,
+    at_unix_ms: u64,
+}
+
+/// Kills the member on host `leader` with SIGKILL: both kill trials start this way.
+fn kill_leader<C: Cluster>(cluster: &C, leader: usize) -> Result<Killed> {
+    let victim = cluster.process(leader).clone();
+    victim.kill9().with_context(|| {
+        format!(
+            "{}: cannot kill the leader on host {leader}",
+            cluster.name()
+        )
+    })?;
+    Ok(Killed {
+        victim,
+        at: Instant::now(),
+        at_unix_ms: unix_ms(),
     })
 }
 
@@ -317,12 +339,11 @@ pub async fn cli_kill_trial<C: Cluster>(
             String::from_utf8_lossy(&warm.stderr).trim()
         );
     }
-    let victim = cluster.process(leader).clone();
-    victim
-        .kill9()
-        .with_context(|| format!("{system}: cannot kill the leader on host {leader}"))?;
-    let killed_at = Instant::now();
-    let killed_at_unix_ms = unix_ms();
+    let Killed {
+        victim,
+        at: killed_at,
+        at_unix_ms: killed_at_unix_ms,
+    } = kill_leader(cluster, leader)?;
     let give_up = killed_at + Duration::from_secs(settings.give_up_s);
     let (mut errors, mut first_error, mut recovery_ms) = (0, None, None);
     let mut attempt = 0;

@@ -88,8 +88,8 @@ struct Args {
     /// flapped in the schedule's last fault receives VIPs again only after it, so the final
     /// balance check waits this long plus 15 s: a schedule of many faults in a few minutes
     /// holds a node down to the cap, and the default cap (60 s) would make the run a minute
-    /// longer.
-    #[arg(long, default_value_t = 20_000)]
+    /// longer. Between the first hold-down (3 s) and one hour, as the node's config requires.
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(3_000..=3_600_000))]
     holddown_max_ms: u64,
     /// The fault kinds to draw from, by their short names (comma-separated, e.g.
     /// `kill-9,stall,ctl-loss-30%`); the CI list when absent. The same seed and kinds give the
