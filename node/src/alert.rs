@@ -146,7 +146,10 @@ impl WebhookClient {
             .uri(self.webhook.uri.clone())
             .header(header::HOST, host)
             .header(header::CONTENT_TYPE, "application/json")
-            .header(header::USER_AGENT, concat!("yard/", env!("CARGO_PKG_VERSION")))
+            .header(
+                header::USER_AGENT,
+                concat!("yard/", env!("CARGO_PKG_VERSION")),
+            )
             .body(Full::new(Bytes::from(body)))?;
         let response = self.client.request(request).await?;
         Ok(response.status().as_u16())

@@ -671,7 +671,11 @@ mod tests {
 
         let dir = tempfile::tempdir().unwrap();
         let ca = dir.path().join("ca.pem");
-        std::fs::write(&ca, crate::tls::CertAuthority::generate("t").unwrap().cert_pem).unwrap();
+        std::fs::write(
+            &ca,
+            crate::tls::CertAuthority::generate("t").unwrap().cert_pem,
+        )
+        .unwrap();
         let with_ca = format!(
             "[analyzer]\nalert_webhook = \"https://alerts/x\"\nalert_webhook_ca = \"{}\"\n",
             ca.display()
@@ -680,9 +684,12 @@ mod tests {
             load_toml(&with_ca).unwrap().analyzer.alert_webhook_ca,
             Some(ca.clone())
         );
-        let err = load_toml(&format!("[analyzer]\nalert_webhook_ca = \"{}\"\n", ca.display()))
-            .unwrap_err()
-            .to_string();
+        let err = load_toml(&format!(
+            "[analyzer]\nalert_webhook_ca = \"{}\"\n",
+            ca.display()
+        ))
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("analyzer.alert_webhook_ca"), "{err}");
         std::fs::write(&ca, "garbage").unwrap();
         let err = load_toml(&with_ca).unwrap_err().to_string();

@@ -107,9 +107,11 @@ async fn healthz() -> &'static str {
 async fn readyz(State(e): State<Endpoints>) -> Response {
     match e.readiness.readiness() {
         Readiness::Ready => "ready\n".into_response(),
-        Readiness::NotReady(why) => {
-            (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")).into_response()
-        }
+        Readiness::NotReady(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        )
+            .into_response(),
     }
 }
 
@@ -157,9 +159,7 @@ mod tests {
         ];
         assert_eq!(
             readiness(Some(1), &["gateway"], &fenced),
-            Readiness::NotReady(
-                "actor gateway is unhealthy: lease lapsed: serving nothing".into()
-            )
+            Readiness::NotReady("actor gateway is unhealthy: lease lapsed: serving nothing".into())
         );
         // No leader outweighs everything else: it is the first thing an operator must fix.
         assert_eq!(

@@ -11,8 +11,8 @@ use std::time::Duration;
 use prometheus::core::Collector;
 use prometheus::proto::MetricFamily;
 use prometheus::{
-    exponential_buckets, CounterVec, GaugeVec, Histogram, HistogramOpts, HistogramVec,
-    IntCounter, Opts, Registry, TextEncoder,
+    exponential_buckets, CounterVec, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter,
+    Opts, Registry, TextEncoder,
 };
 
 /// A monotonically increasing counter (`inc`, `get`).
@@ -296,8 +296,7 @@ impl Family {
         };
         // Every sample must carry the first sample's label names, in that order.
         let values = |labels: &[(String, String)]| -> Result<Vec<String>, MetricsError> {
-            if labels.len() != names.len() || labels.iter().zip(&names).any(|((k, _), n)| k != n)
-            {
+            if labels.len() != names.len() || labels.iter().zip(&names).any(|((k, _), n)| k != n) {
                 return Err(MetricsError::Labels {
                     name: self.name.to_owned(),
                     labels: labels

@@ -226,7 +226,10 @@ async fn the_http_port_serves_metrics_health_and_readiness() {
         let bucket = format!(
             "yard_gateway_failover_phase_duration_seconds_bucket{{phase=\"{phase}\",le=\"+Inf\"}} "
         );
-        assert!(lines.iter().any(|l| l.starts_with(&bucket)), "{bucket}\n{text}");
+        assert!(
+            lines.iter().any(|l| l.starts_with(&bucket)),
+            "{bucket}\n{text}"
+        );
     }
 
     let (status, body) = get(port, "/nothing").await;

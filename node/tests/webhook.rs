@@ -16,11 +16,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use yard::alert::{parse_webhook, AlertHook, WebhookClient};
 
 /// A test CA's PEM and a server certificate chain and key for 127.0.0.1 that it signed.
-fn test_pki() -> (
-    String,
-    Vec<CertificateDer<'static>>,
-    PrivateKeyDer<'static>,
-) {
+fn test_pki() -> (String, Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
     let ca_key = KeyPair::generate().unwrap();
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params
@@ -74,7 +70,8 @@ fn receive_one(stream: &mut (impl Read + Write)) -> std::io::Result<String> {
         }
         got.extend_from_slice(&buf[..n]);
     }
-    stream.write_all(b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")?;
+    stream
+        .write_all(b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")?;
     stream.flush()?;
     Ok(String::from_utf8_lossy(&got).into_owned())
 }
@@ -96,7 +93,8 @@ fn https_receiver(
     let handle = std::thread::spawn(move || {
         let (tcp, _) = listener.accept()?;
         tcp.set_read_timeout(Some(Duration::from_secs(10)))?;
-        let conn = rustls::ServerConnection::new(Arc::new(config)).map_err(std::io::Error::other)?;
+        let conn =
+            rustls::ServerConnection::new(Arc::new(config)).map_err(std::io::Error::other)?;
         let mut tls = rustls::StreamOwned::new(conn, tcp);
         receive_one(&mut tls)
     });

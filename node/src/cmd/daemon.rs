@@ -477,9 +477,8 @@ fn webhook_client(cfg: &Config) -> anyhow::Result<Option<Arc<yard::alert::Webhoo
         webhook.uri.host().unwrap_or_default().to_owned(),
         webhook.is_https(),
     );
-    let client =
-        yard::alert::WebhookClient::new(webhook, cfg.analyzer.alert_webhook_ca.as_deref())
-            .context("cannot set up the alert webhook's client")?;
+    let client = yard::alert::WebhookClient::new(webhook, cfg.analyzer.alert_webhook_ca.as_deref())
+        .context("cannot set up the alert webhook's client")?;
     tracing::info!(host, https, "alert webhook configured");
     Ok(Some(Arc::new(client)))
 }
