@@ -20,6 +20,7 @@
 #
 # Inspect a node by hand with e.g.
 #   ip netns exec ydlc-2 curl -s 198.18.0.2:9480/metrics
+#   ip netns exec ydlc-2 curl -s 198.18.0.2:9480/readyz     # 503 and the reason until it is ready
 set -euo pipefail
 
 YARD_BIN=${YARD_BIN:-target/release/yard}

@@ -2,54 +2,165 @@
 //! verdict's JSON to a webhook, so paging, cordoning a node or killing a job can follow a
 //! diagnosis without anyone polling `yard diagnose`.
 //!
-//! Plain `http://` only (a local relay or an in-cluster receiver); the hook is best effort and
-//! bounded in time, and a failing hook is logged, never retried in a loop.
+//! The webhook speaks `https://` (real receivers — chat, paging, Alertmanager relays — are
+//! https) or plain `http://` (a local relay), through hyper and rustls on the same `ring`
+//! provider as the QUIC transport. Server certificates are checked against the bundled public
+//! roots plus, for a private receiver, the CAs of `analyzer.alert_webhook_ca`. The hook is best
+//! effort and bounded in time, and a failing hook is logged, never retried in a loop.
 
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::{header, Method, Request, Uri};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
+use tokio::io::AsyncWriteExt;
 
 /// Longest a hook may take before it is abandoned.
 const HOOK_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A webhook target: `host:port` and the request path.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Webhook {
-    pub authority: String,
-    pub path: String,
+/// Why a webhook cannot be set up or delivered.
+#[derive(Debug, thiserror::Error)]
+pub enum AlertError {
+    #[error("the webhook url must look like https://host[:port]/path or http://host[:port]/path")]
+    Url,
+    #[error("cannot read the webhook ca file {path}: {source}")]
+    CaRead {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the webhook ca file {path} holds no pem certificate")]
+    CaEmpty { path: PathBuf },
+    #[error("the webhook ca file {path} has a certificate that cannot be trusted: {reason}")]
+    CaBad { path: PathBuf, reason: String },
+    #[error("cannot set up tls for the webhook: {0}")]
+    Tls(#[from] rustls::Error),
+    #[error("the webhook request cannot be built: {0}")]
+    Request(#[from] hyper::http::Error),
+    #[error("the webhook did not answer: {0}")]
+    Send(#[from] hyper_util::client::legacy::Error),
 }
 
-/// Parses `http://host:port/path` (port defaults to 80, path to `/`); anything else is `None`.
-pub fn parse_webhook(url: &str) -> Option<Webhook> {
-    let rest = url.strip_prefix("http://")?;
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, "/"),
-    };
-    if authority.is_empty() || authority.contains(char::is_whitespace) || path.contains(' ') {
-        return None;
+/// A webhook target: an `http` or `https` URL with a host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Webhook {
+    pub uri: Uri,
+}
+
+impl Webhook {
+    pub fn is_https(&self) -> bool {
+        self.uri.scheme_str() == Some("https")
     }
-    let authority = if authority
-        .rsplit_once(':')
-        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
-    {
-        authority.to_owned()
-    } else if authority.contains(':') {
-        return None;
-    } else {
-        format!("{authority}:80")
-    };
-    Some(Webhook {
-        authority,
+}
+
+/// Parses `https://host[:port]/path` or `http://host[:port]/path` (the path defaults to `/`);
+/// any other scheme, a missing host or a malformed URL is refused.
+pub fn parse_webhook(url: &str) -> Result<Webhook, AlertError> {
+    let uri: Uri = url.parse().map_err(|_| AlertError::Url)?;
+    let scheme_ok = matches!(uri.scheme_str(), Some("http" | "https"));
+    let host_ok = uri.host().is_some_and(|h| !h.is_empty());
+    // Credentials in the URL would be sent in the clear to logs; receivers take a token in
+    // the path instead.
+    let userinfo = uri.authority().is_some_and(|a| a.as_str().contains('@'));
+    if !scheme_ok || !host_ok || userinfo {
+        return Err(AlertError::Url);
+    }
+    Ok(Webhook { uri })
+}
+
+/// Reads every PEM certificate in `path` (at least one).
+pub fn load_ca_file(path: &Path) -> Result<Vec<CertificateDer<'static>>, AlertError> {
+    let pem = std::fs::read(path).map_err(|source| AlertError::CaRead {
         path: path.to_owned(),
-    })
+        source,
+    })?;
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(&pem)
+        .filter_map(Result::ok)
+        .collect();
+    if certs.is_empty() {
+        return Err(AlertError::CaEmpty {
+            path: path.to_owned(),
+        });
+    }
+    Ok(certs)
+}
+
+/// An HTTP(S) client for one webhook.
+pub struct WebhookClient {
+    webhook: Webhook,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+}
+
+impl std::fmt::Debug for WebhookClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookClient")
+            .field("uri", &self.webhook.uri)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WebhookClient {
+    /// A client trusting the bundled public roots plus `extra_ca` (a private receiver's CA).
+    pub fn new(webhook: Webhook, extra_ca: Option<&Path>) -> Result<Self, AlertError> {
+        let mut roots = rustls::RootCertStore {
+            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+        };
+        if let Some(path) = extra_ca {
+            for cert in load_ca_file(path)? {
+                roots.add(cert).map_err(|e| AlertError::CaBad {
+                    path: path.to_owned(),
+                    reason: e.to_string(),
+                })?;
+            }
+        }
+        let tls = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .build();
+        let client = Client::builder(TokioExecutor::new()).build(connector);
+        Ok(Self { webhook, client })
+    }
+
+    /// POSTs `body` as JSON; the receiver's status code.
+    pub async fn post(&self, body: String) -> Result<u16, AlertError> {
+        let host = self
+            .webhook
+            .uri
+            .authority()
+            .map(|a| a.as_str().to_owned())
+            .unwrap_or_default();
+        let request = Request::builder()
+            .method(Method::POST)
+            .uri(self.webhook.uri.clone())
+            .header(header::HOST, host)
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(
+                header::USER_AGENT,
+                concat!("yard/", env!("CARGO_PKG_VERSION")),
+            )
+            .body(Full::new(Bytes::from(body)))?;
+        let response = self.client.request(request).await?;
+        Ok(response.status().as_u16())
+    }
 }
 
 /// Where new verdicts go.
 #[derive(Debug, Clone, Default)]
 pub struct AlertHook {
     pub command: Option<String>,
-    pub webhook: Option<Webhook>,
+    pub webhook: Option<Arc<WebhookClient>>,
 }
 
 impl AlertHook {
@@ -77,7 +188,7 @@ impl AlertHook {
         if let Some(hook) = self.webhook.clone() {
             let job = job.to_owned();
             tokio::spawn(async move {
-                match tokio::time::timeout(HOOK_TIMEOUT, post(&hook, &verdict_json)).await {
+                match tokio::time::timeout(HOOK_TIMEOUT, hook.post(verdict_json)).await {
                     Ok(Ok(status)) if (200..300).contains(&status) => {
                         tracing::info!(job, status, "alert webhook delivered")
                     }
@@ -110,52 +221,36 @@ async fn run_command(
     child.wait().await
 }
 
-/// One HTTP/1.1 POST; returns the status code.
-async fn post(hook: &Webhook, body: &str) -> std::io::Result<u16> {
-    let mut stream = tokio::net::TcpStream::connect(&hook.authority).await?;
-    let request = format!(
-        "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
-        hook.path,
-        hook.authority,
-        body.len(),
-        body
-    );
-    stream.write_all(request.as_bytes()).await?;
-    let mut head = vec![0u8; 64];
-    let n = stream.read(&mut head).await?;
-    let line = String::from_utf8_lossy(&head[..n]);
-    line.split_whitespace()
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .ok_or_else(|| std::io::Error::other("the webhook did not answer with an http status line"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn webhook_urls_parse_or_are_refused() {
-        assert_eq!(
-            parse_webhook("http://198.18.0.9:8080/hooks/yard"),
-            Some(Webhook {
-                authority: "198.18.0.9:8080".into(),
-                path: "/hooks/yard".into()
-            })
-        );
-        assert_eq!(
-            parse_webhook("http://alerts").unwrap().authority,
-            "alerts:80"
-        );
-        assert_eq!(parse_webhook("http://alerts").unwrap().path, "/");
-        assert!(parse_webhook("https://alerts/x").is_none());
-        assert!(parse_webhook("http://").is_none());
-        assert!(parse_webhook("http://a:b:c/").is_none());
-        assert!(parse_webhook("ftp://x").is_none());
+        let w = parse_webhook("http://198.18.0.9:8080/hooks/yard").unwrap();
+        assert_eq!(w.uri.host(), Some("198.18.0.9"));
+        assert_eq!(w.uri.port_u16(), Some(8080));
+        assert_eq!(w.uri.path(), "/hooks/yard");
+        assert!(!w.is_https());
+        let w = parse_webhook("https://alerts.example/v1/hook?token=x").unwrap();
+        assert!(w.is_https());
+        assert_eq!(w.uri.path_and_query().unwrap().as_str(), "/v1/hook?token=x");
+        assert_eq!(parse_webhook("http://alerts").unwrap().uri.path(), "/");
+        for bad in [
+            "ftp://x/y",
+            "alerts:80/x",
+            "http://",
+            "http://a:b:c/",
+            "https://user:pw@alerts/x",
+            "/just/a/path",
+            "http://has space/x",
+        ] {
+            assert!(parse_webhook(bad).is_err(), "{bad}");
+        }
     }
 
     #[tokio::test]
-    async fn the_command_gets_the_verdict_and_the_webhook_gets_a_post() {
+    async fn the_command_gets_the_verdict_on_stdin_and_in_the_environment() {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("got");
         let status = run_command(
@@ -174,29 +269,20 @@ mod tests {
             std::fs::read_to_string(&out).unwrap(),
             "{\"class\":\"hang\"}job-7"
         );
+    }
 
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let server = tokio::spawn(async move {
-            let (mut s, _) = listener.accept().await.unwrap();
-            let mut buf = vec![0u8; 4096];
-            let mut got = Vec::new();
-            while !String::from_utf8_lossy(&got).contains("\"slow\"}") {
-                let n = s.read(&mut buf).await.unwrap();
-                if n == 0 {
-                    break;
-                }
-                got.extend_from_slice(&buf[..n]);
-            }
-            s.write_all(b"HTTP/1.1 204 No Content\r\n\r\n")
-                .await
-                .unwrap();
-            String::from_utf8(got).unwrap()
-        });
-        let hook = parse_webhook(&format!("http://{addr}/v")).unwrap();
-        assert_eq!(post(&hook, "{\"class\":\"slow\"}").await.unwrap(), 204);
-        let request = server.await.unwrap();
-        assert!(request.starts_with("POST /v HTTP/1.1\r\n"), "{request}");
-        assert!(request.ends_with("{\"class\":\"slow\"}"), "{request}");
+    #[test]
+    fn a_ca_file_without_certificates_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ca.pem");
+        std::fs::write(&path, "not a certificate\n").unwrap();
+        assert!(matches!(
+            load_ca_file(&path),
+            Err(AlertError::CaEmpty { .. })
+        ));
+        assert!(matches!(
+            load_ca_file(&dir.path().join("missing.pem")),
+            Err(AlertError::CaRead { .. })
+        ));
     }
 }

@@ -207,8 +207,11 @@ pub struct AnalyzerSection {
     /// Run on each new verdict: `sh -c COMMAND` with the verdict JSON on stdin and in
     /// `YARD_VERDICT`.
     pub alert_command: Option<String>,
-    /// POST each new verdict's JSON to this `http://host:port/path`.
+    /// POST each new verdict's JSON to this `https://host[:port]/path` (or `http://`).
     pub alert_webhook: Option<String>,
+    /// PEM file of CA certificates trusted for the webhook besides the bundled public roots:
+    /// for a receiver whose certificate a private CA signed.
+    pub alert_webhook_ca: Option<PathBuf>,
 }
 
 impl Default for AnalyzerSection {
@@ -223,6 +226,7 @@ impl Default for AnalyzerSection {
             job_idle_ms: 600_000,
             alert_command: None,
             alert_webhook: None,
+            alert_webhook_ca: None,
         }
     }
 }
@@ -448,11 +452,22 @@ impl Config {
             );
         }
         if let Some(url) = &a.alert_webhook {
-            if crate::alert::parse_webhook(url).is_none() {
+            if crate::alert::parse_webhook(url).is_err() {
                 return bad(
                     "analyzer.alert_webhook",
-                    "must look like http://host:port/path",
+                    "must be an https:// or http:// url with a host, like https://host:port/path",
                 );
+            }
+        }
+        if let Some(ca) = &a.alert_webhook_ca {
+            if a.alert_webhook.is_none() {
+                return bad(
+                    "analyzer.alert_webhook_ca",
+                    "is only used with analyzer.alert_webhook, which is not set",
+                );
+            }
+            if let Err(e) = crate::alert::load_ca_file(ca) {
+                return bad("analyzer.alert_webhook_ca", &e.to_string());
             }
         }
         if self.admin.max_in_flight == 0 {
@@ -635,5 +650,52 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("raft.heartbeat_ms"), "{err}");
+    }
+
+    #[test]
+    fn webhook_urls_and_ca_files_are_checked() {
+        let cfg = load_toml("[analyzer]\nalert_webhook = \"https://alerts.example:8443/hook\"\n")
+            .unwrap();
+        assert_eq!(
+            cfg.analyzer.alert_webhook.as_deref(),
+            Some("https://alerts.example:8443/hook")
+        );
+        assert!(load_toml("[analyzer]\nalert_webhook = \"http://127.0.0.1:9/x\"\n").is_ok());
+        let err = load_toml("[analyzer]\nalert_webhook = \"ftp://alerts/x\"\n")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "invalid configuration: analyzer.alert_webhook: must be an https:// or http:// url with a host, like https://host:port/path"
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(
+            &ca,
+            crate::tls::CertAuthority::generate("t").unwrap().cert_pem,
+        )
+        .unwrap();
+        let with_ca = format!(
+            "[analyzer]\nalert_webhook = \"https://alerts/x\"\nalert_webhook_ca = \"{}\"\n",
+            ca.display()
+        );
+        assert_eq!(
+            load_toml(&with_ca).unwrap().analyzer.alert_webhook_ca,
+            Some(ca.clone())
+        );
+        let err = load_toml(&format!(
+            "[analyzer]\nalert_webhook_ca = \"{}\"\n",
+            ca.display()
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("analyzer.alert_webhook_ca"), "{err}");
+        std::fs::write(&ca, "garbage").unwrap();
+        let err = load_toml(&with_ca).unwrap_err().to_string();
+        assert!(
+            err.contains("analyzer.alert_webhook_ca") && err.contains("no pem certificate"),
+            "{err}"
+        );
     }
 }

@@ -20,7 +20,7 @@ use yard_raft_store::diagnosis::DiagnosisCommand;
 use yard_raft_store::{ChangeFeed, Command, Raft};
 
 use crate::alert::AlertHook;
-use crate::metrics::Family;
+use crate::metrics::{Family, METRICS};
 
 /// Members kept per job for naming ranks in pictures (more are counted, not stored).
 const MAX_MEMBERS_KEPT: usize = 65_536;
@@ -168,6 +168,8 @@ impl DiagnosisControl {
                 continue;
             }
             let commits = {
+                // The pass is what grows with jobs and ranks; the commits after it wait on Raft.
+                let _pass_timer = METRICS.analyzer_pass.start_timer();
                 let mut st = self.state();
                 Self::enter_term(&mut st, m.current_term);
                 let idle = self.settings.job_idle;

@@ -10,6 +10,7 @@
 //!   voter or write never holds back the decisions about other nodes. The core itself is owned by
 //!   the loop, never shared behind a lock.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -22,7 +23,7 @@ use yard_actors::gateway::lease::{LeaseConfig, Revocations, RevokeOutcome, Stamp
 use yard_raft_store::gateway::GatewayCommand;
 use yard_raft_store::{Command, NodeId, Raft};
 
-use crate::metrics::METRICS;
+use crate::metrics::{FailoverPhase, METRICS};
 use crate::rpc::{Reply, Request};
 use crate::service::Node;
 
@@ -80,6 +81,9 @@ pub struct GatewayControl {
     file_lock: tokio::sync::Mutex<()>,
     tx: mpsc::Sender<Input>,
     rx: Mutex<Option<mpsc::Receiver<Input>>>,
+    /// When this leader saw each node's lease lapse (ms on `epoch`), until the node is fenced
+    /// or restored: the start of the fence phase that the failover histogram records.
+    lapsed_at: Mutex<BTreeMap<NodeId, u64>>,
 }
 
 impl GatewayControl {
@@ -99,6 +103,7 @@ impl GatewayControl {
             file_lock: tokio::sync::Mutex::new(()),
             tx,
             rx: Mutex::new(Some(rx)),
+            lapsed_at: Mutex::default(),
         }
     }
 
@@ -135,6 +140,20 @@ impl GatewayControl {
 
     fn voter(&self) -> std::sync::MutexGuard<'_, VoterLeases> {
         self.voter.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lapsed_at(&self) -> std::sync::MutexGuard<'_, BTreeMap<NodeId, u64>> {
+        self.lapsed_at.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `node` is fenced from `at_ms`: records the fence phase if this leader saw the lapse.
+    fn fenced(&self, node: NodeId, at_ms: u64) {
+        if let Some(lapsed) = self.lapsed_at().remove(&node) {
+            METRICS.observe_failover(
+                FailoverPhase::Fence,
+                Duration::from_millis(at_ms.saturating_sub(lapsed)),
+            );
+        }
     }
 
     /// A renewal from `node` at this voter: the granted milliseconds, or why none was granted.
@@ -276,6 +295,7 @@ impl GatewayControl {
                 at,
             } => match core.revoke_answer(node, stamp, voter, remaining_ms, at) {
                 Some(Effect::Fenced { node, at_ms }) => {
+                    self.fenced(node, at_ms);
                     tracing::info!(
                         node,
                         fenced_at_ms = at_ms,
@@ -460,12 +480,14 @@ impl GatewayControl {
                 let (raft, tx) = (raft.clone(), self.tx.clone());
                 let moves = changes.len();
                 tokio::spawn(async move {
+                    let proposed = Instant::now();
                     let written = raft
                         .client_write(Command::Gateway(GatewayCommand::Assign(changes)))
                         .await;
                     match written {
                         Ok(resp) => {
                             METRICS.gateway_placements.inc();
+                            METRICS.observe_failover(FailoverPhase::Placement, proposed.elapsed());
                             let revision = match resp.data {
                                 yard_raft_store::Response::Written { revision } => revision,
                                 _ => 0,
@@ -498,10 +520,12 @@ impl GatewayControl {
                 owned,
                 holddown_ms,
             } => {
+                self.lapsed_at().insert(node, self.now_ms());
                 // The message is what the failover benchmark looks for (detection).
                 tracing::info!(node, owned, holddown_ms, "gateway lease lapsed");
             }
             Effect::Fenced { node, at_ms } => {
+                self.fenced(node, at_ms);
                 tracing::info!(
                     node,
                     fenced_at_ms = at_ms,
@@ -509,6 +533,7 @@ impl GatewayControl {
                 );
             }
             Effect::Restored { node } => {
+                self.lapsed_at().remove(&node);
                 tracing::info!(
                     node,
                     "gateway lease restored; held down before it receives vips"

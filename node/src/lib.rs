@@ -12,6 +12,7 @@ pub mod diagnosis_service;
 pub mod frame;
 pub mod gateway_control;
 pub mod gateway_service;
+pub mod http;
 pub mod latency;
 pub mod metrics;
 pub mod raft_network;

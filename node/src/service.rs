@@ -364,6 +364,7 @@ impl Node {
                     return Reply::Error(format!("node {} is not the leader; node {id} is", p.id));
                 }
                 METRICS.forwarded.inc();
+                let _forward_timer = METRICS.forward_latency.start_timer();
                 let request = match tag {
                     Some(tag) => Request::AdminOnce {
                         tag,
@@ -526,6 +527,7 @@ impl Node {
     ) -> Reply {
         match &req {
             AdminRequest::KvPut { key, value } => {
+                let _put_timer = METRICS.put_latency.start_timer();
                 let cmd = Command::Put {
                     key: key.clone(),
                     value: value.clone(),

@@ -327,7 +327,9 @@ impl Identity {
     }
 }
 
-fn provider() -> Arc<CryptoProvider> {
+/// The crypto provider of every TLS configuration the node builds (QUIC and the alert
+/// webhook): `ring`, so the process carries one TLS implementation.
+pub(crate) fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 

@@ -1,6 +1,6 @@
 //! Real `yard` processes on loopback: crash recovery after `kill -9` mid-write, a foreign CA
-//! refused, garbage and oversize frames refused with the node still serving, config errors
-//! that name the key.
+//! refused, garbage and oversize frames refused with the node still serving, the health and
+//! readiness probes, config errors that name the key.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -285,12 +285,62 @@ async fn garbage_and_oversize_frames_are_refused_and_the_node_keeps_serving() {
     assert_eq!(line, "yard_transport_frame_errors_total 3");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_answers_kubernetes_probes_and_exports_histograms() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path());
+    let client = d.client();
+    wait_serving(&client).await;
+    let health = http_get(d.metrics, "/healthz").await;
+    assert!(health.starts_with("HTTP/1.1 200 "), "{health}");
+    // Ready once the actors it starts (admin, liveness) have reported as well.
+    let start = Instant::now();
+    loop {
+        let ready = http_get(d.metrics, "/readyz").await;
+        if ready.starts_with("HTTP/1.1 200 ") {
+            break;
+        }
+        assert!(ready.starts_with("HTTP/1.1 503 "), "{ready}");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "never ready: {ready}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(matches!(
+        client
+            .admin(AdminRequest::KvPut {
+                key: "k".into(),
+                value: "v".into()
+            })
+            .await,
+        Ok(AdminReply::Written { .. })
+    ));
+    let body = http_get(d.metrics, "/metrics").await;
+    assert!(body.starts_with("HTTP/1.1 200 "), "{body}");
+    assert!(
+        body.lines()
+            .any(|l| l == "yard_kv_put_duration_seconds_count 1"),
+        "{body}"
+    );
+    for family in [
+        "yard_forward_duration_seconds",
+        "yard_gateway_failover_phase_duration_seconds",
+        "yard_analyzer_pass_duration_seconds",
+    ] {
+        assert!(
+            body.contains(&format!("# TYPE {family} histogram\n")),
+            "{family}: {body}"
+        );
+    }
+}
+
 async fn http_get(port: u16, path: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
         .await
         .unwrap();
     let mut out = String::new();

@@ -121,6 +121,12 @@ impl GatewayView {
         self.inner.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// Replaces the snapshot whole: for a data plane other than the actor's (a tool, a test of
+    /// what status and metrics make of a snapshot).
+    pub fn publish(&self, snapshot: GatewaySnapshot) {
+        self.update(|s| *s = snapshot);
+    }
+
     fn update(&self, f: impl FnOnce(&mut GatewaySnapshot)) {
         f(&mut self.inner.write().unwrap_or_else(|e| e.into_inner()));
     }

@@ -14,6 +14,7 @@ use yard::client::AdminClient;
 use yard::config::{Config, LogFormat, XdpMode};
 use yard::diagnosis_control::{DiagnosisControl, DiagnosisSettings};
 use yard::gateway_control::GatewayControl;
+use yard::http::{Endpoints, NodeReadiness};
 use yard::rpc::{RedeemRequest, Reply, Request};
 use yard::service::{Node, NodeParts, RaftGauges};
 use yard::tls::PeerRole;
@@ -204,11 +205,7 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
         job_idle: Duration::from_millis(cfg.analyzer.job_idle_ms),
         hook: AlertHook {
             command: cfg.analyzer.alert_command.clone(),
-            webhook: cfg
-                .analyzer
-                .alert_webhook
-                .as_deref()
-                .and_then(yard::alert::parse_webhook),
+            webhook: webhook_client(&cfg)?,
         },
     }));
     let node = Node::new(NodeParts {
@@ -339,10 +336,27 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("cannot listen on metrics.listen {addr}"))?;
-        tokio::spawn(yard::metrics::serve(
-            listener,
-            Arc::new(RaftGauges(node.clone())),
-        ));
+        // Each actor this process starts must have reported before the node counts as ready.
+        let mut expected_actors = vec!["admin", "liveness"];
+        if cfg.gateway.enabled {
+            expected_actors.push("gateway");
+        }
+        if cfg.probe.enabled {
+            expected_actors.push("probe");
+        }
+        let endpoints = Endpoints {
+            gauges: Arc::new(RaftGauges(node.clone())),
+            readiness: Arc::new(NodeReadiness {
+                node: node.clone(),
+                expected_actors,
+            }),
+        };
+        tokio::spawn(async move {
+            if let Err(e) = yard::http::serve(listener, endpoints).await {
+                tracing::error!(error = %e, %addr, "the metrics port stopped serving");
+            }
+        });
+        tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
     }
     tracing::info!(id = cfg.node.id, listen = %cfg.node.listen, advertise = %cfg.advertise(), "node started");
 
@@ -449,6 +463,24 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
     server.abort();
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The alert webhook's client, when one is configured (the URL and CA file were checked when
+/// the config loaded; building the TLS client can still fail).
+fn webhook_client(cfg: &Config) -> anyhow::Result<Option<Arc<yard::alert::WebhookClient>>> {
+    let Some(url) = cfg.analyzer.alert_webhook.as_deref() else {
+        return Ok(None);
+    };
+    let webhook = yard::alert::parse_webhook(url).context("analyzer.alert_webhook is invalid")?;
+    // Only the host is logged: receivers such as chat hooks keep their secret in the path.
+    let (host, https) = (
+        webhook.uri.host().unwrap_or_default().to_owned(),
+        webhook.is_https(),
+    );
+    let client = yard::alert::WebhookClient::new(webhook, cfg.analyzer.alert_webhook_ca.as_deref())
+        .context("cannot set up the alert webhook's client")?;
+    tracing::info!(host, https, "alert webhook configured");
+    Ok(Some(Arc::new(client)))
 }
 
 /// Renews this node's gateway lease with every voter, on the node's runtime; asks the leader
