@@ -6,8 +6,15 @@
 //! A new leader starts with empty analyzers; nodes replay what a fresh analyzer needs (members,
 //! groups, each rank's latest phase) when they see the leader change. Until a job has been
 //! watched for a warm-up period, this leader never clears verdicts its predecessor committed.
+//!
+//! Summaries and analysis are kept apart so that neither waits on the other: a summary only
+//! joins an inbox (a short lock, on the runtime), and each pass, on a blocking thread, takes
+//! the inbox into the analyzers and evaluates them. An analysis pass grows with jobs and ranks
+//! (tens of milliseconds at 16k ranks); on the runtime, or under a lock that summaries take,
+//! it would hold up Raft's heartbeats and every request behind it.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -53,20 +60,46 @@ type VerdictKey = (
     Option<String>,
 );
 
+/// One node's summary as it arrived: analysed by the next pass, at its arrival time.
+struct Arrival {
+    term: u64,
+    now_ns: u64,
+    wall: Instant,
+    batches: Vec<JobBatch>,
+}
+
+/// What summaries write into; never held across analysis.
 #[derive(Default)]
-struct State {
+struct Inbox {
+    arrivals: Vec<Arrival>,
+}
+
+/// The analyzers; only passes and `window` (both on blocking threads) take it.
+#[derive(Default)]
+struct Analysis {
     term: Option<u64>,
     jobs: HashMap<String, Job>,
-    events_total: u64,
-    verdicts_raised: u64,
-    commit_failures: u64,
+}
+
+/// A changed verdict set of one job, to be committed.
+struct Commit {
+    job: String,
+    verdicts: Vec<Verdict>,
+    keys: Vec<VerdictKey>,
+    /// The verdicts not in the set this leader last committed (logged and sent to the hook).
+    new: Vec<Verdict>,
 }
 
 /// The leader-side diagnosis service.
 pub struct DiagnosisControl {
     settings: DiagnosisSettings,
     epoch: Instant,
-    state: Mutex<State>,
+    inbox: Mutex<Inbox>,
+    analysis: Mutex<Analysis>,
+    events_total: AtomicU64,
+    verdicts_raised: AtomicU64,
+    commit_failures: AtomicU64,
+    jobs_watched: AtomicU64,
 }
 
 impl DiagnosisControl {
@@ -74,12 +107,21 @@ impl DiagnosisControl {
         Self {
             settings,
             epoch: Instant::now(),
-            state: Mutex::default(),
+            inbox: Mutex::default(),
+            analysis: Mutex::default(),
+            events_total: AtomicU64::new(0),
+            verdicts_raised: AtomicU64::new(0),
+            commit_failures: AtomicU64::new(0),
+            jobs_watched: AtomicU64::new(0),
         }
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn inbox(&self) -> MutexGuard<'_, Inbox> {
+        self.inbox.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn analysis(&self) -> MutexGuard<'_, Analysis> {
+        self.analysis.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The analyzer's clock: nanoseconds since this control started (monotonic).
@@ -87,55 +129,155 @@ impl DiagnosisControl {
         self.epoch.elapsed().as_nanos() as u64
     }
 
-    /// Starts afresh when this node leads in a new term: whichever of the first summary and
-    /// the first evaluation sees the term first, so a summary that arrives right after the
-    /// election (the nodes' replays do) is kept, not cleared by the loop's first tick.
-    fn enter_term(st: &mut State, term: u64) {
-        if st.term != Some(term) {
+    /// Starts afresh when this node leads in a new term. Summaries carry the term they arrived
+    /// in, so one that arrives right after the election (the nodes' replays do), before the
+    /// term's first pass, is kept, not cleared by that pass.
+    fn enter_term(a: &mut Analysis, term: u64) {
+        if a.term != Some(term) {
             tracing::info!(term, "analyzer: leading");
-            st.term = Some(term);
-            st.jobs.clear();
+            a.term = Some(term);
+            a.jobs.clear();
         }
     }
 
-    /// Takes one node's summary while this node leads in `term` (the service checks).
+    /// Takes one node's summary while this node leads in `term` (the service checks). Only
+    /// queues it: never waits on an analysis pass.
     pub fn ingest(&self, term: u64, batches: Vec<JobBatch>) {
-        let now = self.now_ns();
-        let wall = Instant::now();
+        let events: usize = batches.iter().map(|b| b.events.len()).sum();
+        let arrival = Arrival {
+            term,
+            now_ns: self.now_ns(),
+            wall: Instant::now(),
+            batches,
+        };
+        self.inbox().arrivals.push(arrival);
+        self.events_total
+            .fetch_add(events as u64, Ordering::Relaxed);
+    }
+
+    /// Feeds queued summaries of `term` into the analyzers (older terms' are dropped, newer
+    /// ones wait for their term's pass).
+    fn take_arrivals(&self, a: &mut Analysis, term: u64) {
+        let arrivals = {
+            let mut inbox = self.inbox();
+            let (mine, later): (Vec<Arrival>, Vec<Arrival>) = std::mem::take(&mut inbox.arrivals)
+                .into_iter()
+                .filter(|r| r.term >= term)
+                .partition(|r| r.term == term);
+            inbox.arrivals = later;
+            mine
+        };
         let cfg = &self.settings.analyzer;
-        let mut st = self.state();
-        Self::enter_term(&mut st, term);
-        for batch in batches {
-            let job = st.jobs.entry(batch.job.clone()).or_insert_with(|| {
-                tracing::info!(job = %batch.job, "analyzer: new job");
-                Job {
-                    analyzer: JobAnalyzer::new(batch.job.clone(), cfg.clone()),
-                    members: BTreeMap::new(),
-                    last_event: wall,
-                    since: wall,
-                    committed: None,
-                    events: 0,
-                }
-            });
-            job.last_event = wall;
-            job.events += batch.events.len() as u64;
-            for ev in &batch.events {
-                if let Event::Member(m) = ev {
-                    if job.members.len() < MAX_MEMBERS_KEPT || job.members.contains_key(&m.rank) {
-                        job.members.insert(m.rank, m.clone());
+        for arrival in arrivals {
+            for batch in arrival.batches {
+                let job = a.jobs.entry(batch.job.clone()).or_insert_with(|| {
+                    tracing::info!(job = %batch.job, "analyzer: new job");
+                    Job {
+                        analyzer: JobAnalyzer::new(batch.job.clone(), cfg.clone()),
+                        members: BTreeMap::new(),
+                        last_event: arrival.wall,
+                        since: arrival.wall,
+                        committed: None,
+                        events: 0,
                     }
+                });
+                job.last_event = arrival.wall;
+                job.events += batch.events.len() as u64;
+                for ev in &batch.events {
+                    if let Event::Member(m) = ev {
+                        if job.members.len() < MAX_MEMBERS_KEPT || job.members.contains_key(&m.rank)
+                        {
+                            job.members.insert(m.rank, m.clone());
+                        }
+                    }
+                    job.analyzer.ingest(ev, arrival.now_ns);
                 }
-                job.analyzer.ingest(ev, now);
             }
-            st.events_total += batch.events.len() as u64;
         }
+    }
+
+    /// One analysis pass for `term` (on a blocking thread): records what the last commits
+    /// achieved, takes the queued summaries, forgets idle jobs, evaluates every job and
+    /// returns the verdict sets that changed. `stored_verdicts(job)` says whether the
+    /// replicated table holds verdicts for the job (a predecessor's, maybe).
+    fn pass(
+        &self,
+        term: u64,
+        committed: Vec<(String, Vec<VerdictKey>)>,
+        warmup: Duration,
+        stored_verdicts: impl Fn(&str) -> bool,
+    ) -> Vec<Commit> {
+        let _pass_timer = METRICS.analyzer_pass.start_timer();
+        let mut a = self.analysis();
+        Self::enter_term(&mut a, term);
+        for (job, keys) in committed {
+            if let Some(j) = a.jobs.get_mut(&job) {
+                j.committed = Some(keys);
+            }
+        }
+        self.take_arrivals(&mut a, term);
+        let idle = self.settings.job_idle;
+        a.jobs.retain(|name, j| {
+            let keep = j.last_event.elapsed() < idle;
+            if !keep {
+                tracing::info!(job = %name, "analyzer: job idle; forgetting it");
+            }
+            keep
+        });
+        self.jobs_watched
+            .store(a.jobs.len() as u64, Ordering::Relaxed);
+        let now = self.now_ns();
+        let mut commits = Vec::new();
+        for (name, job) in &mut a.jobs {
+            let verdicts = job.analyzer.evaluate(now).to_vec();
+            let keys: Vec<VerdictKey> = verdicts.iter().map(Verdict::key).collect();
+            if job.committed.as_ref() == Some(&keys) {
+                continue;
+            }
+            // Nothing seen by this leader yet: clear a predecessor's verdicts only after
+            // watching the job long enough to have seen a fault if any.
+            if verdicts.is_empty()
+                && job.committed.is_none()
+                && job.since.elapsed() < warmup
+                && stored_verdicts(name)
+            {
+                continue;
+            }
+            let new: Vec<Verdict> = verdicts
+                .iter()
+                .filter(|v| {
+                    job.committed
+                        .as_ref()
+                        .is_none_or(|old| !old.contains(&v.key()))
+                })
+                .cloned()
+                .collect();
+            commits.push(Commit {
+                job: name.clone(),
+                verdicts,
+                keys,
+                new,
+            });
+        }
+        commits
+    }
+
+    /// Drops every job and queued summary: this node no longer leads.
+    fn stop_leading(&self) {
+        self.inbox().arrivals.clear();
+        let mut a = self.analysis();
+        if a.term.take().is_some() {
+            tracing::info!("analyzer: no longer leading; dropping job state");
+        }
+        a.jobs.clear();
+        self.jobs_watched.store(0, Ordering::Relaxed);
     }
 
     /// The collective records and members around a job's top verdict (for `--svg`), if this
-    /// leader watches the job.
+    /// leader watches the job. Waits for a running pass: call it off the runtime.
     pub fn window(&self, job: &str, verdict: Option<&Verdict>) -> Option<(Vec<Coll>, Vec<Member>)> {
-        let st = self.state();
-        let j = st.jobs.get(job)?;
+        let a = self.analysis();
+        let j = a.jobs.get(job)?;
         let colls = verdict.map(|v| j.analyzer.window(v)).unwrap_or_default();
         let mut ranks: Vec<u32> = colls.iter().map(|c| c.rank).collect();
         ranks.sort_unstable();
@@ -147,7 +289,8 @@ impl DiagnosisControl {
         Some((colls, members))
     }
 
-    /// The leader loop: re-evaluates every job and commits changed verdict sets.
+    /// The leader loop: re-evaluates every job (off the runtime) and commits changed verdict
+    /// sets.
     pub async fn run(self: Arc<Self>, raft: Raft, feed: ChangeFeed) {
         let warmup = Duration::from_nanos(
             self.settings
@@ -156,103 +299,83 @@ impl DiagnosisControl {
                 .max(self.settings.analyzer.heartbeat_timeout_ns)
                 * 2,
         );
+        // What the last pass's commits achieved, for the next pass to record.
+        let mut committed: Vec<(String, Vec<VerdictKey>)> = Vec::new();
+        let mut leading = false;
         loop {
             tokio::time::sleep(self.settings.evaluate_every).await;
             let m = raft.metrics().borrow().clone();
             if m.state != ServerState::Leader {
-                let mut st = self.state();
-                if st.term.take().is_some() {
-                    tracing::info!("analyzer: no longer leading; dropping job state");
+                if std::mem::take(&mut leading) {
+                    committed.clear();
+                    let this = self.clone();
+                    let _ = tokio::task::spawn_blocking(move || this.stop_leading()).await;
                 }
-                st.jobs.clear();
                 continue;
             }
-            let commits = {
-                // The pass is what grows with jobs and ranks; the commits after it wait on Raft.
-                let _pass_timer = METRICS.analyzer_pass.start_timer();
-                let mut st = self.state();
-                Self::enter_term(&mut st, m.current_term);
-                let idle = self.settings.job_idle;
-                st.jobs.retain(|name, j| {
-                    let keep = j.last_event.elapsed() < idle;
-                    if !keep {
-                        tracing::info!(job = %name, "analyzer: job idle; forgetting it");
-                    }
-                    keep
-                });
-                let now = self.now_ns();
-                let mut commits = Vec::new();
-                for (name, job) in st.jobs.iter_mut() {
-                    let verdicts = job.analyzer.evaluate(now).to_vec();
-                    let keys: Vec<VerdictKey> = verdicts.iter().map(Verdict::key).collect();
-                    if job.committed.as_ref() == Some(&keys) {
-                        continue;
-                    }
-                    if verdicts.is_empty() && job.committed.is_none() {
-                        // Nothing seen by this leader yet: clear a predecessor's verdicts only
-                        // after watching the job long enough to have seen a fault if any.
-                        let stored = feed.read(|d| {
-                            d.diagnosis
-                                .jobs
-                                .get(name)
-                                .is_some_and(|j| !j.verdicts.is_empty())
-                        });
-                        if stored && job.since.elapsed() < warmup {
-                            continue;
-                        }
-                    }
-                    let new: Vec<Verdict> = verdicts
-                        .iter()
-                        .filter(|v| {
-                            job.committed
-                                .as_ref()
-                                .is_none_or(|old| !old.contains(&v.key()))
-                        })
-                        .cloned()
-                        .collect();
-                    commits.push((name.clone(), verdicts, keys, new));
+            leading = true;
+            let this = self.clone();
+            let pass_feed = feed.clone();
+            let done = std::mem::take(&mut committed);
+            let pass = tokio::task::spawn_blocking(move || {
+                this.pass(m.current_term, done, warmup, |job| {
+                    pass_feed.read(|d| {
+                        d.diagnosis
+                            .jobs
+                            .get(job)
+                            .is_some_and(|j| !j.verdicts.is_empty())
+                    })
+                })
+            });
+            let commits = match pass.await {
+                Ok(commits) => commits,
+                Err(e) => {
+                    tracing::error!(error = %e, "analysis pass failed");
+                    continue;
                 }
-                commits
             };
-            for (job, verdicts, keys, new) in commits {
+            for c in commits {
                 let cmd = Command::Diagnosis(DiagnosisCommand::SetVerdicts {
-                    job: job.clone(),
-                    verdicts: verdicts.clone(),
+                    job: c.job.clone(),
+                    verdicts: c.verdicts.clone(),
                     now_unix_ms: now_unix_ms(),
                 });
                 match raft.client_write(cmd).await {
                     Ok(_) => {
-                        let mut st = self.state();
-                        if let Some(j) = st.jobs.get_mut(&job) {
-                            j.committed = Some(keys);
-                        }
-                        st.verdicts_raised += new.len() as u64;
-                        drop(st);
-                        for v in &new {
-                            tracing::warn!(
-                                job = %job,
-                                class = %v.class,
-                                subtype = %v.subtype,
-                                culprits = ?v.culprits,
-                                links = ?v.links.iter().map(|l| l.name.as_str()).collect::<Vec<_>>(),
-                                confidence = v.confidence,
-                                "diagnosis verdict"
-                            );
-                            if !self.settings.hook.is_empty() {
-                                let body = serde_json::json!({"job": job, "verdict": v});
-                                self.settings.hook.fire(&job, body.to_string());
-                            }
-                        }
-                        if verdicts.is_empty() {
-                            tracing::info!(job = %job, "diagnosis: job healthy again");
-                        }
+                        self.verdicts_raised
+                            .fetch_add(c.new.len() as u64, Ordering::Relaxed);
+                        self.announce(&c);
+                        committed.push((c.job, c.keys));
                     }
                     Err(e) => {
-                        self.state().commit_failures += 1;
-                        tracing::warn!(job = %job, error = %e, "cannot commit verdicts");
+                        self.commit_failures.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(job = %c.job, error = %e, "cannot commit verdicts");
                     }
                 }
             }
+        }
+    }
+
+    /// Logs a committed verdict set's new verdicts and sends each to the alert hook.
+    fn announce(&self, c: &Commit) {
+        let job = &c.job;
+        for v in &c.new {
+            tracing::warn!(
+                job = %job,
+                class = %v.class,
+                subtype = %v.subtype,
+                culprits = ?v.culprits,
+                links = ?v.links.iter().map(|l| l.name.as_str()).collect::<Vec<_>>(),
+                confidence = v.confidence,
+                "diagnosis verdict"
+            );
+            if !self.settings.hook.is_empty() {
+                let body = serde_json::json!({"job": job, "verdict": v});
+                self.settings.hook.fire(job, body.to_string());
+            }
+        }
+        if c.verdicts.is_empty() {
+            tracing::info!(job = %job, "diagnosis: job healthy again");
         }
     }
 }
@@ -267,15 +390,12 @@ impl DiagnosisControl {
     /// Metric families: the analyzer's own counters (non-zero on the leader) and every job's
     /// current verdicts from the replicated table (the same on every node).
     pub fn families(&self, feed: &ChangeFeed) -> Vec<Family> {
-        let (events, raised, failures, jobs) = {
-            let st = self.state();
-            (
-                st.events_total,
-                st.verdicts_raised,
-                st.commit_failures,
-                st.jobs.len(),
-            )
-        };
+        let (events, raised, failures, jobs) = (
+            self.events_total.load(Ordering::Relaxed),
+            self.verdicts_raised.load(Ordering::Relaxed),
+            self.commit_failures.load(Ordering::Relaxed),
+            self.jobs_watched.load(Ordering::Relaxed),
+        );
         let verdicts = feed.read(|d| {
             let mut counts: BTreeMap<String, f64> = BTreeMap::new();
             for (job, j) in &d.diagnosis.jobs {
@@ -318,4 +438,98 @@ fn escape_label(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn control() -> Arc<DiagnosisControl> {
+        Arc::new(DiagnosisControl::new(DiagnosisSettings {
+            analyzer: AnalyzerConfig::default(),
+            evaluate_every: Duration::from_millis(100),
+            job_idle: Duration::from_secs(600),
+            hook: AlertHook::default(),
+        }))
+    }
+
+    fn summary(job: &str) -> Vec<JobBatch> {
+        vec![JobBatch {
+            job: job.into(),
+            events: vec![Event::Heartbeat { rank: 0, t_ns: 1 }],
+        }]
+    }
+
+    fn watched(c: &DiagnosisControl) -> Vec<String> {
+        let mut jobs: Vec<String> = c.analysis().jobs.keys().cloned().collect();
+        jobs.sort();
+        jobs
+    }
+
+    #[test]
+    fn a_summary_never_waits_on_an_analysis_pass() {
+        let c = control();
+        // An analysis pass in progress holds the analyzers.
+        let pass = c.analysis();
+        let (done, finished) = std::sync::mpsc::channel();
+        let ingesting = c.clone();
+        let t = std::thread::spawn(move || {
+            ingesting.ingest(3, summary("train"));
+            done.send(()).unwrap();
+        });
+        assert!(
+            finished.recv_timeout(Duration::from_secs(10)).is_ok(),
+            "ingest waited for the analysis pass"
+        );
+        drop(pass);
+        t.join().unwrap();
+        assert_eq!(c.families_counter("events"), 1.0);
+    }
+
+    #[test]
+    fn a_pass_takes_its_terms_summaries_keeps_later_ones_and_drops_older_ones() {
+        let c = control();
+        // A replay that arrived right after the election, before the term's first pass.
+        c.ingest(5, summary("replayed"));
+        c.ingest(4, summary("stale"));
+        c.ingest(6, summary("next-term"));
+        let commits = c.pass(5, Vec::new(), Duration::ZERO, |_| false);
+        assert_eq!(watched(&c), ["replayed"]);
+        // The job's first (empty) verdict set is recorded once, then only changes are.
+        assert_eq!(commits.len(), 1);
+        assert_eq!(commits[0].job, "replayed");
+        assert!(commits[0].verdicts.is_empty() && commits[0].new.is_empty());
+        let done = vec![(commits[0].job.clone(), commits[0].keys.clone())];
+        assert!(c.pass(5, done, Duration::ZERO, |_| false).is_empty());
+        // The next term starts afresh and takes what arrived in it.
+        c.pass(6, Vec::new(), Duration::ZERO, |_| false);
+        assert_eq!(watched(&c), ["next-term"]);
+        c.stop_leading();
+        assert!(watched(&c).is_empty());
+        assert_eq!(c.families_counter("jobs"), 0.0);
+    }
+
+    #[test]
+    fn a_new_leader_keeps_its_predecessors_verdicts_through_the_warm_up() {
+        let c = control();
+        c.ingest(7, summary("train"));
+        let hour = Duration::from_secs(3600);
+        assert!(
+            c.pass(7, Vec::new(), hour, |job| job == "train").is_empty(),
+            "cleared a predecessor's verdicts before watching the job for the warm-up"
+        );
+        // Nothing stored: the job's (empty) set is recorded at once.
+        assert_eq!(c.pass(7, Vec::new(), hour, |_| false).len(), 1);
+    }
+
+    impl DiagnosisControl {
+        /// One sample of `yard_analyzer_state`, as a scrape reads it.
+        fn families_counter(&self, what: &str) -> f64 {
+            match what {
+                "events" => self.events_total.load(Ordering::Relaxed) as f64,
+                "jobs" => self.jobs_watched.load(Ordering::Relaxed) as f64,
+                _ => unreachable!("no such sample"),
+            }
+        }
+    }
 }

@@ -47,8 +47,15 @@ impl Node {
                 .jobs
                 .iter()
                 .find(|j| j.job == job)
-                .and_then(|j| j.verdicts.first());
-            view.timeline = self.diagnosis().window(job, top);
+                .and_then(|j| j.verdicts.first())
+                .cloned();
+            // The window waits for a running analysis pass: off the runtime.
+            let control = self.diagnosis().clone();
+            let job = job.to_owned();
+            view.timeline = tokio::task::spawn_blocking(move || control.window(&job, top.as_ref()))
+                .await
+                .ok()
+                .flatten();
         }
         Reply::Admin(AdminReply::Diagnosis(view))
     }
