@@ -87,13 +87,14 @@ fn entry(key: &str, v: &yard_raft_store::Versioned) -> KvEntry {
 }
 
 /// Client-write proposals the leader keeps in Raft at once (see `batcher`). openraft 0.9's
-/// core flushes each proposal's log append before it takes the next, so every proposal costs
-/// an fsync on the leader and on each follower: two in flight let one proposal's follower
-/// flushes overlap the next one's leader flush, and make each proposal carry what queued
-/// meanwhile. Measured with `kv-vs-etcd --rounds 4 --kill-trials 0 --cli-trials 0`, two runs
-/// each, interleaved: yard/etcd 1.14 and 1.05 with 8 in flight, 1.33 and 1.45 with 2 (the CPU
-/// was saturated in every round; fewer fsyncs leave more of it for the requests).
-const PROPOSALS_IN_FLIGHT: usize = 2;
+/// core flushes each proposal's log append before it takes the next and replicates one
+/// payload per follower at a time, so every proposal costs an fsync and a round of
+/// AppendEntries on each node: one at a time makes each proposal carry everything that queued
+/// while the previous one committed (about 7 writes with 16 clients, against 4.5 with two in
+/// flight). Measured with `kv-vs-etcd --rounds 2 --kill-trials 0 --cli-trials 0 --ops 6000`
+/// (one runtime worker, two runs each, interleaved): 3,300 puts/s with one, 2,300 with two;
+/// with eight the CPU went to fsyncs (1.14x etcd against 1.45x with two, an earlier run).
+const PROPOSALS_IN_FLIGHT: usize = 1;
 
 /// The most client writes one proposal carries.
 const MAX_WRITES_PER_PROPOSAL: usize = 512;

@@ -49,7 +49,7 @@ pub fn start(args: StartArgs) -> anyhow::Result<()> {
     let cfg = Config::load(args.config.as_deref())?;
     init_logging(&cfg, args.log_json)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(cfg.node.worker_threads)
         .enable_all()
         .thread_name("yard-rt")
         .build()
