@@ -655,6 +655,27 @@ mod tests {
     }
 
     #[test]
+    fn runtime_threads_default_to_one_and_are_bounded() {
+        assert_eq!(load_toml("").unwrap().node.worker_threads, 1);
+        assert_eq!(
+            load_toml("[node]\nworker_threads = 4\n")
+                .unwrap()
+                .node
+                .worker_threads,
+            4
+        );
+        for n in ["0", "257"] {
+            let err = load_toml(&format!("[node]\nworker_threads = {n}\n"))
+                .unwrap_err()
+                .to_string();
+            assert_eq!(
+                err,
+                "invalid configuration: node.worker_threads: must be between 1 and 256"
+            );
+        }
+    }
+
+    #[test]
     fn inconsistent_timeouts_are_refused() {
         let err = load_toml("[raft]\nheartbeat_ms = 500\n")
             .unwrap_err()
