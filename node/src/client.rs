@@ -317,6 +317,12 @@ impl AdminClient {
         })
     }
 
+    /// Closes the client's connections and tells the nodes (a CLI process calls this before it
+    /// exits): a request it gave up on is then dropped by the node serving it.
+    pub async fn close(&self) {
+        self.transport.0.close().await;
+    }
+
     /// Sends an admin request and unwraps the reply. Key-value writes carry the client's
     /// session (see [`write_once`](Self::write_once)).
     pub async fn admin(&self, req: AdminRequest) -> Result<AdminReply, ClientError> {

@@ -293,6 +293,16 @@ impl Drop for Abandon {
     }
 }
 
+impl QuicTransport {
+    /// Closes every connection and waits (briefly) until the peers were told: a process about
+    /// to exit calls this, so that requests it gave up on are dropped by the nodes at once
+    /// (see `serve_stream`) rather than when QUIC's idle timeout notices it is gone.
+    pub async fn close(&self) {
+        self.endpoint.close(0u32.into(), b"done");
+        let _ = tokio::time::timeout(Duration::from_millis(250), self.endpoint.wait_idle()).await;
+    }
+}
+
 /// Arc wrapper so the transport can hand out `'static` futures.
 #[derive(Clone)]
 pub struct Quic(pub Arc<QuicTransport>);
@@ -411,7 +421,21 @@ async fn serve_stream(
 ) {
     METRICS.rpc_served.inc();
     let reply = match frame::read::<Request, _>(&mut recv, max_frame).await {
-        Ok(req) => handler.handle(role, req).await,
+        // A requester that gave up (its timeout reset the stream, or its connection closed)
+        // stops the request here too. Why: a write held up on this node (behind a partition,
+        // or queued for a proposal) was otherwise carried out after its client had been told
+        // it failed, e.g. forwarded to the majority's new leader once a partition healed, where
+        // it overwrote newer writes.
+        Ok(req) => {
+            let stopped = send.stopped();
+            tokio::select! {
+                reply = handler.handle(role, req) => reply,
+                _ = stopped => {
+                    tracing::debug!(%remote, "the requester gave up; request dropped");
+                    return;
+                }
+            }
+        }
         Err(e) => {
             METRICS.frame_errors.inc();
             tracing::warn!(%remote, error = %e, "bad frame");

@@ -19,6 +19,7 @@ use yard::rpc::{Reply, Request};
 use yard::tls::{self, CertAuthority, Identity, PeerRole, Trust};
 use yard::transport::{
     bind_node_endpoint, serve, BoxFut, Handler, Quic, QuicTransport, Target, Transport,
+    TransportError,
 };
 
 const CLUSTER: &str = "restart";
@@ -248,4 +249,102 @@ fn a_request_whose_caller_gave_up_behind_a_partition_never_arrives() {
         Ok(Reply::Pong { id: 1 })
     ));
     assert_eq!(served.load(Ordering::SeqCst), 2);
+}
+
+/// Never answers; counts the requests it started and the ones whose work was dropped.
+struct Stall {
+    started: Arc<AtomicUsize>,
+    dropped: Arc<AtomicUsize>,
+}
+
+struct CountDrop(Arc<AtomicUsize>);
+
+impl Drop for CountDrop {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Handler for Stall {
+    fn handle(&self, _role: PeerRole, _req: Request) -> BoxFut<Reply> {
+        self.started.fetch_add(1, Ordering::SeqCst);
+        let guard = CountDrop(self.dropped.clone());
+        Box::pin(async move {
+            let _guard = guard;
+            std::future::pending().await
+        })
+    }
+}
+
+/// Waits up to 5 s for `counter` to reach `n`.
+fn reaches(counter: &AtomicUsize, n: usize) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(5) {
+        if counter.load(Ordering::SeqCst) >= n {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
+/// A request whose caller gave up is dropped by the server, not carried out later: when the
+/// caller's timeout abandons the stream, and when a client process closes its connections on
+/// the way out (the CLI does). A write held up on a node behind a partition was otherwise
+/// forwarded to the new leader once the partition healed, after its client had been told it
+/// failed.
+#[test]
+fn a_request_its_caller_gave_up_on_is_dropped_by_the_server() {
+    let f = Fixture::new();
+    let (started, dropped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let server_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let endpoint = server_rt
+        .block_on(async {
+            bind_node_endpoint(
+                f.addr,
+                &f.server_id,
+                tls::server_config(&f.server_id).unwrap(),
+            )
+        })
+        .unwrap();
+    server_rt.spawn(serve(
+        endpoint,
+        Arc::new(Stall {
+            started: started.clone(),
+            dropped: dropped.clone(),
+        }),
+        CLUSTER.into(),
+        MAX_FRAME,
+    ));
+
+    let client_rt = tokio::runtime::Runtime::new().unwrap();
+    let client = client_rt.block_on(async { client(&f.client_id) });
+    let target = Target::node(1, f.addr.to_string());
+
+    // The caller's timeout.
+    let reply =
+        client_rt.block_on(client.call(target.clone(), Request::Probe, Duration::from_millis(300)));
+    assert!(
+        matches!(reply, Err(TransportError::Timeout { .. })),
+        "{reply:?}"
+    );
+    assert!(reaches(&started, 1));
+    assert!(
+        reaches(&dropped, 1),
+        "the server kept working on a request its caller had abandoned"
+    );
+
+    // The client closing while its request is still in flight.
+    let pending = client_rt.spawn(client.call(target, Request::Probe, Duration::from_secs(60)));
+    assert!(reaches(&started, 2));
+    client_rt.block_on(client.0.close());
+    assert!(
+        reaches(&dropped, 2),
+        "the server kept working on a request of a client that closed"
+    );
+    pending.abort();
 }

@@ -337,8 +337,10 @@ async fn client_command(args: &Args, out: Out) -> anyhow::Result<ExitCode> {
             unreachable!("handled above")
         }
     };
-    let reply = client.admin(req.clone()).await?;
-    Ok(render(&req, reply, out))
+    let reply = client.admin(req.clone()).await;
+    // Before exiting: a node still working on a request this process gave up on drops it.
+    client.close().await;
+    Ok(render(&req, reply?, out))
 }
 
 fn render(req: &AdminRequest, reply: AdminReply, out: Out) -> ExitCode {
