@@ -36,8 +36,11 @@ const HOSTS: [usize; 3] = [1, 2, 3];
 const SLOW_FACTOR: f64 = 3.0;
 
 /// Host 2's egress limit in the slow-link scenario: the ring's traffic through it takes
-/// several times longer, and the nodes' own traffic still fits.
-const THROTTLE_MBIT: u32 = 20;
+/// several times longer, and the nodes' own traffic still fits. At 20 mbit the slowdown was
+/// too close to the baseline's noise on a loaded 2-core machine: this test failed (no verdict)
+/// in 2 of 4 runs of its binary, at this commit's parent and at the last landed commit alike;
+/// at 10 mbit it passed 5 of 5.
+const THROTTLE_MBIT: u32 = 10;
 
 #[test]
 fn probe_diagnoses_a_ring_job_on_three_hosts() {
