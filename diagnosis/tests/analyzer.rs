@@ -179,24 +179,182 @@ fn ranks_that_exit_are_not_dead() {
     assert!(vs.is_empty(), "{vs:#?}");
 }
 
+fn group(name: &str, ranks: Vec<u32>) -> Event {
+    Event::Group(Group {
+        name: Arc::from(name),
+        desc: name.into(),
+        ranks,
+    })
+}
+
+fn coll(rank: u32, pg: &str, seq: u64, phase: Phase, t: u64) -> Event {
+    Event::Coll(Coll {
+        rank,
+        pg: Arc::from(pg),
+        seq,
+        op: Op::AllReduce,
+        dtype: Dtype::Float32,
+        count: 256,
+        bytes: 1024,
+        peer: None,
+        phase,
+        t_ns: t,
+    })
+}
+
+fn member(rank: u32, pid: u32) -> Event {
+    Event::Member(yard_diagnosis::event::Member {
+        rank,
+        world_size: 2,
+        host: format!("h{rank}"),
+        addr: String::new(),
+        nic: String::new(),
+        switch: String::new(),
+        pid,
+    })
+}
+
+/// Issue 10: a node's replay re-announced the ranks of a finished job, and two seconds later
+/// each was a dead process. The same process introducing itself again after its goodbye is a
+/// replay; it runs again only when it heartbeats (a restarted container can reuse the pid).
+#[test]
+fn a_replayed_introduction_of_an_exited_rank_does_not_revive_it() {
+    let mut a = JobAnalyzer::new("j", cfg());
+    a.ingest(&member(0, 7), T0);
+    a.ingest(&member(1, 8), T0);
+    a.ingest(&group("0", vec![0, 1]), T0);
+    a.ingest(&Event::Exit { rank: 0, t_ns: 0 }, T0 + S);
+    a.ingest(&Event::Exit { rank: 1, t_ns: 0 }, T0 + S);
+    // The replay.
+    a.ingest(&member(0, 7), T0 + 2 * S);
+    a.ingest(&member(1, 8), T0 + 2 * S);
+    a.ingest(&group("0", vec![0, 1]), T0 + 2 * S);
+    let vs = a.evaluate(T0 + 10 * S).to_vec();
+    assert!(vs.is_empty(), "a finished job's ranks called dead: {vs:#?}");
+
+    // Rank 1's container restarts with the same pid: its heartbeat says it runs, and its
+    // silence afterwards is a dead process again.
+    a.ingest(&member(1, 8), T0 + 10 * S);
+    a.ingest(&Event::Heartbeat { rank: 1, t_ns: 0 }, T0 + 10 * S);
+    let vs = a.evaluate(T0 + 20 * S).to_vec();
+    assert_eq!(vs.len(), 1, "{vs:#?}");
+    assert_eq!(vs[0].subtype, Subtype::DeadProcess);
+    assert_eq!(vs[0].culprits, vec![1]);
+}
+
+/// Issue 10: one event with rank 1,048,575 grew a job to a million rank entries.
+#[test]
+fn a_rank_outside_the_declared_world_is_refused_and_counted() {
+    let mut a = JobAnalyzer::new("j", cfg());
+    a.ingest(&member(0, 7), T0);
+    a.ingest(&member(1, 8), T0);
+    let before = a.retained_records();
+    a.ingest(
+        &Event::Heartbeat {
+            rank: 1_048_575,
+            t_ns: 0,
+        },
+        T0,
+    );
+    assert_eq!(a.retained_records(), before, "the job grew");
+    assert_eq!(a.rejected_events(), 1);
+    let err = a
+        .try_ingest(&Event::Heartbeat { rank: 2, t_ns: 0 }, T0)
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "rank 2 is outside the job's declared world size 2"
+    );
+    for ev in [
+        group("0", vec![0, 1, 5]),
+        coll(0, "0", 1, Phase::Enqueue, T0),
+        Event::Peer(yard_diagnosis::event::PeerProgress {
+            rank: 0,
+            pg: Arc::from("0"),
+            seq: 1,
+            peer: 9,
+            dir: yard_diagnosis::event::Dir::Send,
+            bytes: 1,
+            busy_ns: 1,
+            t_ns: 1,
+        }),
+    ] {
+        let ok = !matches!(ev, Event::Group(_) | Event::Peer(_));
+        assert_eq!(a.try_ingest(&ev, T0).is_ok(), ok, "{ev:?}");
+    }
+    let Event::Coll(mut send) = coll(0, "0", 2, Phase::Enqueue, T0) else {
+        unreachable!()
+    };
+    send.op = Op::Send;
+    send.peer = Some(3);
+    assert!(a.try_ingest(&Event::Coll(send), T0).is_err());
+    assert_eq!(a.rejected_events(), 5);
+    // A member outside the world it declares itself.
+    let mut bad = JobAnalyzer::new("k", cfg());
+    let Event::Member(mut m) = member(4, 1) else {
+        unreachable!()
+    };
+    m.world_size = 4;
+    assert_eq!(
+        bad.try_ingest(&Event::Member(m), T0)
+            .unwrap_err()
+            .to_string(),
+        "rank 4 is outside the job's declared world size 4"
+    );
+}
+
+#[test]
+fn before_a_world_is_declared_ranks_have_a_fixed_cap() {
+    let mut a = JobAnalyzer::new("j", cfg());
+    let last = yard_diagnosis::analyzer::UNDECLARED_MAX_RANKS;
+    assert!(a
+        .try_ingest(
+            &Event::Heartbeat {
+                rank: last - 1,
+                t_ns: 0
+            },
+            T0
+        )
+        .is_ok());
+    let err = a
+        .try_ingest(
+            &Event::Heartbeat {
+                rank: 1_048_575,
+                t_ns: 0,
+            },
+            T0,
+        )
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "rank 1048575 is beyond the 65536 ranks a job may use before it declares its world size"
+    );
+    assert!(a.retained_records() <= last as usize);
+    // A declared world lifts the cap.
+    let Event::Member(mut m) = member(0, 1) else {
+        unreachable!()
+    };
+    m.world_size = 100_000;
+    a.ingest(&Event::Member(m), T0);
+    assert!(a
+        .try_ingest(
+            &Event::Heartbeat {
+                rank: 99_999,
+                t_ns: 0
+            },
+            T0
+        )
+        .is_ok());
+    assert_eq!(a.rejected_events(), 1);
+}
+
 /// A summary can carry a rank's last heartbeat after its EXIT; that is not a sign of life, and
 /// only a new introduction (a restarted process) revives the rank.
 #[test]
 fn a_heartbeat_after_exit_does_not_revive_a_rank_but_a_new_member_does() {
-    let member = |rank| {
-        Event::Member(yard_diagnosis::event::Member {
-            rank,
-            world_size: 2,
-            host: format!("h{rank}"),
-            addr: String::new(),
-            nic: String::new(),
-            switch: String::new(),
-            pid: 1,
-        })
-    };
     let mut a = JobAnalyzer::new("j", cfg());
-    a.ingest(&member(0), T0);
-    a.ingest(&member(1), T0);
+    a.ingest(&member(0, 1), T0);
+    a.ingest(&member(1, 1), T0);
     a.ingest(&Event::Exit { rank: 1, t_ns: 0 }, T0 + S);
     a.ingest(&Event::Heartbeat { rank: 1, t_ns: 0 }, T0 + S);
     a.ingest(&Event::Heartbeat { rank: 0, t_ns: 0 }, T0 + 10 * S);
@@ -204,7 +362,8 @@ fn a_heartbeat_after_exit_does_not_revive_a_rank_but_a_new_member_does() {
         a.evaluate(T0 + 10 * S).is_empty(),
         "an exited rank is not dead"
     );
-    a.ingest(&member(1), T0 + 10 * S);
+    // The restarted process (another pid).
+    a.ingest(&member(1, 2), T0 + 10 * S);
     a.ingest(&Event::Heartbeat { rank: 0, t_ns: 0 }, T0 + 20 * S);
     let vs = a.evaluate(T0 + 20 * S).to_vec();
     assert_eq!(vs.len(), 1, "{vs:#?}");
@@ -217,27 +376,6 @@ fn a_heartbeat_after_exit_does_not_revive_a_rank_but_a_new_member_does() {
 #[test]
 fn a_victim_blocked_in_another_group_is_not_blamed() {
     let mut a = JobAnalyzer::new("j", cfg());
-    let group = |name: &str, ranks: Vec<u32>| {
-        Event::Group(Group {
-            name: Arc::from(name),
-            desc: name.into(),
-            ranks,
-        })
-    };
-    let coll = |rank, pg: &str, seq, phase, t| {
-        Event::Coll(Coll {
-            rank,
-            pg: Arc::from(pg),
-            seq,
-            op: Op::AllReduce,
-            dtype: Dtype::Float32,
-            count: 256,
-            bytes: 1024,
-            peer: None,
-            phase,
-            t_ns: t,
-        })
-    };
     a.ingest(&group("tp", vec![2, 3]), T0);
     a.ingest(&group("dp", vec![0, 1, 2, 4]), T0);
     let mut t = T0;

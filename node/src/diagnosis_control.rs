@@ -100,7 +100,13 @@ pub struct DiagnosisControl {
     verdicts_raised: AtomicU64,
     commit_failures: AtomicU64,
     jobs_watched: AtomicU64,
+    /// Events refused for naming a rank outside their job's world.
+    events_rejected: AtomicU64,
 }
+
+/// A job's refused events are logged at the first and then every this many (one bad client
+/// can send thousands a second).
+const LOG_REJECTED_EVERY: u64 = 1000;
 
 impl DiagnosisControl {
     pub fn new(settings: DiagnosisSettings) -> Self {
@@ -113,6 +119,7 @@ impl DiagnosisControl {
             verdicts_raised: AtomicU64::new(0),
             commit_failures: AtomicU64::new(0),
             jobs_watched: AtomicU64::new(0),
+            events_rejected: AtomicU64::new(0),
         }
     }
 
@@ -190,7 +197,13 @@ impl DiagnosisControl {
                             job.members.insert(m.rank, m.clone());
                         }
                     }
-                    job.analyzer.ingest(ev, arrival.now_ns);
+                    if let Err(e) = job.analyzer.try_ingest(ev, arrival.now_ns) {
+                        self.events_rejected.fetch_add(1, Ordering::Relaxed);
+                        let rejected = job.analyzer.rejected_events();
+                        if rejected % LOG_REJECTED_EVERY == 1 {
+                            tracing::warn!(job = %batch.job, rejected, error = %e, "analyzer: event refused");
+                        }
+                    }
                 }
             }
         }
@@ -390,11 +403,12 @@ impl DiagnosisControl {
     /// Metric families: the analyzer's own counters (non-zero on the leader) and every job's
     /// current verdicts from the replicated table (the same on every node).
     pub fn families(&self, feed: &ChangeFeed) -> Vec<Family> {
-        let (events, raised, failures, jobs) = (
+        let (events, raised, failures, jobs, rejected) = (
             self.events_total.load(Ordering::Relaxed),
             self.verdicts_raised.load(Ordering::Relaxed),
             self.commit_failures.load(Ordering::Relaxed),
             self.jobs_watched.load(Ordering::Relaxed),
+            self.events_rejected.load(Ordering::Relaxed),
         );
         let verdicts = feed.read(|d| {
             let mut counts: BTreeMap<String, f64> = BTreeMap::new();
@@ -420,10 +434,11 @@ impl DiagnosisControl {
             },
             Family {
                 name: "yard_analyzer_state",
-                help: "the analyzer on this node: events taken, verdicts raised, commit failures, jobs watched (non-zero only while leading)",
+                help: "the analyzer on this node: events taken, events refused (a rank outside the job's world), verdicts raised, commit failures, jobs watched (non-zero only while leading)",
                 kind: "gauge",
                 samples: vec![
                     ("what=\"events\"".into(), events as f64),
+                    ("what=\"events_rejected\"".into(), rejected as f64),
                     ("what=\"verdicts_raised\"".into(), raised as f64),
                     ("what=\"commit_failures\"".into(), failures as f64),
                     ("what=\"jobs\"".into(), jobs as f64),
@@ -522,12 +537,111 @@ mod tests {
         assert_eq!(c.pass(7, Vec::new(), hour, |_| false).len(), 1);
     }
 
+    fn member(rank: u32) -> Event {
+        Event::Member(Member {
+            rank,
+            world_size: 2,
+            host: "h1".into(),
+            addr: "198.18.0.1".into(),
+            nic: String::new(),
+            switch: String::new(),
+            pid: 100 + rank,
+        })
+    }
+
+    fn batch(job: &str, events: Vec<Event>) -> Vec<JobBatch> {
+        vec![JobBatch {
+            job: job.into(),
+            events,
+        }]
+    }
+
+    fn quick() -> Arc<DiagnosisControl> {
+        Arc::new(DiagnosisControl::new(DiagnosisSettings {
+            analyzer: AnalyzerConfig {
+                heartbeat_timeout_ns: 20_000_000,
+                ..AnalyzerConfig::default()
+            },
+            evaluate_every: Duration::from_millis(100),
+            job_idle: Duration::from_secs(600),
+            hook: AlertHook::default(),
+        }))
+    }
+
+    /// Issue 10: after a node's replay (its summary lost, or before this fix, any replay)
+    /// re-announced the ranks of a finished job, the leader committed every one of them as
+    /// a dead process and sent each to the alert hook.
+    #[test]
+    fn a_replay_of_a_finished_job_raises_no_dead_process() {
+        let c = quick();
+        c.ingest(
+            1,
+            batch(
+                "done",
+                vec![
+                    member(0),
+                    member(1),
+                    Event::Exit { rank: 0, t_ns: 5 },
+                    Event::Exit { rank: 1, t_ns: 5 },
+                ],
+            ),
+        );
+        let first = c.pass(1, Vec::new(), Duration::ZERO, |_| false);
+        assert!(first.iter().all(|c| c.verdicts.is_empty()));
+        let done: Vec<_> = first.into_iter().map(|c| (c.job, c.keys)).collect();
+        // A replay as a node sends it: introductions again (older nodes) and goodbyes.
+        c.ingest(
+            1,
+            batch(
+                "done",
+                vec![
+                    member(0),
+                    member(1),
+                    Event::Exit { rank: 0, t_ns: 5 },
+                    member(1),
+                ],
+            ),
+        );
+        c.pass(1, done, Duration::ZERO, |_| false);
+        std::thread::sleep(Duration::from_millis(60));
+        let later = c.pass(1, Vec::new(), Duration::ZERO, |_| false);
+        let dead: Vec<&Verdict> = later.iter().flat_map(|c| &c.new).collect();
+        assert!(
+            dead.is_empty(),
+            "a finished job's ranks were called dead: {dead:#?}"
+        );
+    }
+
+    /// Issue 10: one event with rank 1,048,575 grew its job to a million rank entries.
+    #[test]
+    fn an_event_outside_the_jobs_world_is_refused_and_counted() {
+        let c = quick();
+        c.ingest(
+            1,
+            batch(
+                "j",
+                vec![
+                    member(0),
+                    Event::Heartbeat {
+                        rank: 1_048_575,
+                        t_ns: 1,
+                    },
+                ],
+            ),
+        );
+        c.pass(1, Vec::new(), Duration::ZERO, |_| false);
+        assert_eq!(c.families_counter("events_rejected"), 1.0);
+        let a = c.analysis();
+        assert!(a.jobs["j"].analyzer.retained_records() < 100);
+    }
+
     impl DiagnosisControl {
         /// One sample of `yard_analyzer_state`, as a scrape reads it.
         fn families_counter(&self, what: &str) -> f64 {
             match what {
                 "events" => self.events_total.load(Ordering::Relaxed) as f64,
                 "jobs" => self.jobs_watched.load(Ordering::Relaxed) as f64,
+                "events_rejected" => self.events_rejected.load(Ordering::Relaxed) as f64,
                 _ => unreachable!("no such sample"),
             }
         }

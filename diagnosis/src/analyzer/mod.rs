@@ -23,6 +23,7 @@ mod text;
 use crate::event::{Coll, Event, Op, Phase, Rank, Trace};
 use crate::verdict::{Class, Subtype, Verdict};
 use state::State;
+pub use state::{Rejected, UNDECLARED_MAX_RANKS};
 
 /// Thresholds. Every time is nanoseconds on the analyzer's own clock.
 #[derive(Clone, Debug, PartialEq)]
@@ -73,6 +74,8 @@ pub struct JobAnalyzer {
     state: State,
     offline: Option<Offline>,
     verdicts: Vec<Verdict>,
+    /// Events refused for naming a rank outside the job's world.
+    rejected: u64,
 }
 
 impl JobAnalyzer {
@@ -83,6 +86,7 @@ impl JobAnalyzer {
             state: State::default(),
             offline: None,
             verdicts: Vec::new(),
+            rejected: 0,
         }
     }
 
@@ -94,9 +98,30 @@ impl JobAnalyzer {
         &self.cfg
     }
 
-    /// Takes one event, received at `now_ns` on the analyzer's clock.
+    /// Takes one event, received at `now_ns` on the analyzer's clock. An event naming a rank
+    /// outside the job's world is dropped and counted ([`JobAnalyzer::rejected_events`]); use
+    /// [`JobAnalyzer::try_ingest`] to hear why.
     pub fn ingest(&mut self, ev: &Event, now_ns: u64) {
-        self.state.ingest(ev, now_ns, &self.cfg);
+        let _ = self.try_ingest(ev, now_ns);
+    }
+
+    /// [`JobAnalyzer::ingest`], saying why an event was refused.
+    ///
+    /// Ranks are bounded by the job's declared world size (the largest `world_size` its
+    /// members announced) or, before any member declared one, by [`UNDECLARED_MAX_RANKS`]:
+    /// rank state is indexed by rank, so one event with a huge rank number would otherwise
+    /// grow the job by as many entries.
+    pub fn try_ingest(&mut self, ev: &Event, now_ns: u64) -> Result<(), Rejected> {
+        let r = self.state.ingest(ev, now_ns, &self.cfg);
+        if r.is_err() {
+            self.rejected += 1;
+        }
+        r
+    }
+
+    /// Events refused so far for naming a rank outside the job's world.
+    pub fn rejected_events(&self) -> u64 {
+        self.rejected
     }
 
     /// Re-evaluates at `now_ns` and returns the current verdicts, root cause first. A verdict
@@ -393,6 +418,10 @@ pub fn analyze_trace(trace: &Trace, cfg: &Config) -> Vec<Verdict> {
         missing,
         stuck: trace.stuck,
     });
+    // The record's world is its declaration (its ranks need not be numbered densely).
+    if let Some(&last) = trace.world.iter().max() {
+        a.state.declare_world(last.saturating_add(1));
+    }
     for ev in &trace.events {
         let now = event_time(ev).map_or(0, |t| t.min(trace.taken_ns));
         a.ingest(ev, now);

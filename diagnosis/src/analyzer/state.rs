@@ -19,9 +19,29 @@ use std::collections::HashMap;
 /// while keeping a 16k-rank group at ~30 MB.
 pub(crate) const SEQ_WINDOW: usize = 32;
 
-/// The highest rank accepted: rank state is Vec-indexed, so a corrupt rank number must not
-/// allocate gigabytes.
+/// The highest rank accepted whatever a job declares: rank state is Vec-indexed (about 130
+/// bytes a rank), so even a declared world is capped, at a size no job has reached.
 pub(crate) const MAX_RANK: Rank = (1 << 20) - 1;
+
+/// The ranks a job may use before any of its members declared the world size (the
+/// `world_size` of a rank's HELLO): 65,536, four times the largest job tested (16k ranks),
+/// so that one stray event of a job nobody introduced yet (a group listing, a rank number from
+/// a corrupt client) costs at most ~8 MB rather than the ~130 MB of [`MAX_RANK`]. A bigger job
+/// declares its size in the first event its ranks send, before any group listing.
+pub const UNDECLARED_MAX_RANKS: u32 = 1 << 16;
+
+/// Why an event was not taken. Nothing of it is kept; the analyzer counts it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Rejected {
+    #[error("rank {rank} is outside the job's declared world size {world_size}")]
+    OutsideWorld { rank: Rank, world_size: u32 },
+    #[error(
+        "rank {rank} is beyond the {limit} ranks a job may use before it declares its world size"
+    )]
+    Undeclared { rank: Rank, limit: u32 },
+    #[error("rank {rank} is above the largest rank the analyzer takes ({max})", max = MAX_RANK)]
+    TooLarge { rank: Rank },
+}
 
 /// How many of a rank's latest `End` times are kept to find the end of its previous op in any
 /// group (its compute gap).
@@ -307,6 +327,9 @@ pub(crate) struct RankState {
     /// Receive time of its last event (any event is a heartbeat).
     pub last_seen: u64,
     pub exited: bool,
+    /// The process that said goodbye introduced itself again (a replay of its HELLO): it is
+    /// alive again only once it heartbeats.
+    reannounced: bool,
     pub info: Option<Box<Member>>,
     ends: [u64; END_RING],
     ends_n: u8,
@@ -352,37 +375,107 @@ pub(crate) struct State {
     pub ranks: Vec<RankState>,
     /// (host addr, peer addr) → counters.
     pub counters: HashMap<(String, String), CounterState>,
+    /// The largest world size a member declared (capped at [`MAX_RANK`] + 1).
+    world: Option<u32>,
 }
 
 impl State {
-    /// Takes one event received at `now`.
-    pub(crate) fn ingest(&mut self, ev: &Event, now: u64, cfg: &Config) {
+    /// Takes one event received at `now`, unless it names a rank outside the job's world
+    /// (then nothing of it is kept).
+    pub(crate) fn ingest(&mut self, ev: &Event, now: u64, cfg: &Config) -> Result<(), Rejected> {
+        self.check(ev)?;
         if let Some(rank) = ev.rank() {
-            if rank > MAX_RANK {
-                return;
-            }
             self.heartbeat(rank, now);
         }
         match ev {
             Event::Member(m) => {
                 let r = &mut self.ranks[m.rank as usize];
+                // A new introduction is a new process, alive again even if an earlier one
+                // said goodbye; but the same process introducing itself again after its
+                // goodbye is a replay of its HELLO (a node re-announcing its ranks to the
+                // analyzer), and only its next heartbeat says it runs. Not the pid alone: a
+                // restarted container's rank can be pid 1 again.
+                let same_process = m.pid != 0
+                    && r.info
+                        .as_deref()
+                        .is_some_and(|old| old.pid == m.pid && old.host == m.host);
+                if r.exited && same_process {
+                    r.reannounced = true;
+                } else {
+                    r.exited = false;
+                    r.reannounced = false;
+                }
                 r.info = Some(Box::new(m.clone()));
-                // A new introduction is a new process: it is alive again even if an earlier
-                // one said goodbye.
-                r.exited = false;
             }
             Event::Group(g) => {
                 let pg = self.intern(&g.name, false, now);
-                for &rank in g.ranks.iter().filter(|&&r| r <= MAX_RANK) {
+                for &rank in &g.ranks {
                     self.member(pg, rank, now);
                 }
                 self.pgs[pg].declared = Some(g.ranks.clone());
             }
             Event::Coll(c) => self.coll(c, now, cfg),
             Event::Peer(p) => self.peer(p, now, cfg),
-            Event::Heartbeat { .. } => {}
-            Event::Exit { rank, .. } => self.ranks[*rank as usize].exited = true,
+            Event::Heartbeat { rank, .. } => {
+                let r = &mut self.ranks[*rank as usize];
+                if std::mem::take(&mut r.reannounced) {
+                    r.exited = false;
+                }
+            }
+            Event::Exit { rank, .. } => {
+                let r = &mut self.ranks[*rank as usize];
+                r.exited = true;
+                r.reannounced = false;
+            }
             Event::Counters(c) => self.counters(c, cfg),
+        }
+        Ok(())
+    }
+
+    /// Declares the job's world size (a member's `world_size`, or an offline record's world);
+    /// the largest declaration wins, capped at [`MAX_RANK`] + 1. Zero declares nothing.
+    pub(crate) fn declare_world(&mut self, size: u32) {
+        if size > 0 {
+            let size = size.min(MAX_RANK + 1);
+            self.world = Some(self.world.map_or(size, |w| w.max(size)));
+        }
+    }
+
+    /// Whether every rank `ev` names is inside the job's world; a member declares the world
+    /// first (and must be inside its own).
+    fn check(&mut self, ev: &Event) -> Result<(), Rejected> {
+        if let Event::Member(m) = ev {
+            if m.world_size > 0 && m.rank >= m.world_size {
+                return Err(Rejected::OutsideWorld {
+                    rank: m.rank,
+                    world_size: m.world_size,
+                });
+            }
+            self.declare_world(m.world_size);
+        }
+        let inside = |rank: Rank| -> Result<(), Rejected> {
+            if rank > MAX_RANK {
+                return Err(Rejected::TooLarge { rank });
+            }
+            match self.world {
+                Some(world_size) if rank >= world_size => {
+                    Err(Rejected::OutsideWorld { rank, world_size })
+                }
+                None if rank >= UNDECLARED_MAX_RANKS => Err(Rejected::Undeclared {
+                    rank,
+                    limit: UNDECLARED_MAX_RANKS,
+                }),
+                _ => Ok(()),
+            }
+        };
+        if let Some(rank) = ev.rank() {
+            inside(rank)?;
+        }
+        match ev {
+            Event::Group(g) => g.ranks.iter().try_for_each(|&r| inside(r)),
+            Event::Coll(c) => c.peer.map_or(Ok(()), inside),
+            Event::Peer(p) => inside(p.peer),
+            _ => Ok(()),
         }
     }
 
@@ -540,9 +633,6 @@ impl State {
     }
 
     fn peer(&mut self, p: &PeerProgress, now: u64, cfg: &Config) {
-        if p.peer > MAX_RANK {
-            return;
-        }
         let pgi = self.intern(&p.pg, false, now);
         let m = self.member(pgi, p.rank, now);
         let pg = &mut self.pgs[pgi];

@@ -139,7 +139,9 @@ impl Report {
                 }
             }
         }
-        let world_size = u32::try_from(world.len()).unwrap_or(u32::MAX);
+        // One past the highest global rank (not the count, in case a rank left no trace at all):
+        // the analyzer refuses ranks at or above a declared world size.
+        let world_size = world.last().map_or(0, |&r| r.saturating_add(1));
         let mut head: Vec<Event> = members
             .into_values()
             .filter(|m| !missing.contains(&m.rank))

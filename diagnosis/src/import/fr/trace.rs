@@ -94,7 +94,9 @@ pub fn to_trace(dumps: &[FrDump]) -> Trace {
         .flat_map(|g| g.ranks.iter().copied())
         .chain(dumped.iter().copied())
         .collect();
-    let world_size = u32::try_from(world.len()).unwrap_or(u32::MAX);
+    // One past the highest global rank (not the count, in case a rank left no trace at all):
+    // the analyzer refuses ranks at or above a declared world size.
+    let world_size = world.last().map_or(0, |&r| r.saturating_add(1));
 
     let mut events: Vec<Event> = Vec::new();
     let mut by_rank: Vec<&FrDump> = dumps.iter().collect();
