@@ -171,6 +171,15 @@ pub struct ProbeSection {
     /// The Unix socket ranks report to (clients read `YARD_PROBE_SOCKET`); defaults to
     /// `<data_dir>/probe.sock`.
     pub socket: Option<PathBuf>,
+    /// The socket's permission bits. Connecting needs write permission, and whoever connects
+    /// can report for any job (and so raise verdicts and alerts), so by default only the
+    /// daemon's user and the socket's group may. An integer (`0o660` in TOML) or a string of
+    /// octal digits (`"0660"`, handy in `YARD_PROBE__SOCKET_MODE`).
+    #[serde(deserialize_with = "octal_mode")]
+    pub socket_mode: u32,
+    /// The group owning the socket (a name or a numeric gid): the training users' group.
+    /// None: the daemon's own group.
+    pub socket_group: Option<String>,
     /// How often a summary goes to the analyzer.
     pub report_ms: u64,
     /// Events held between summaries; beyond this new ones are dropped and counted.
@@ -181,11 +190,35 @@ pub struct ProbeSection {
     pub ports: Vec<u16>,
 }
 
+/// A permission mode as TOML writes it (`0o660`, an integer) or as a string of octal digits
+/// (`"0660"`, `"0o660"`), which is what an environment variable can carry.
+fn octal_mode<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Mode {
+        Int(u32),
+        Str(String),
+    }
+    match Mode::deserialize(d)? {
+        Mode::Int(m) => Ok(m),
+        Mode::Str(s) => {
+            let digits = s.strip_prefix("0o").unwrap_or(&s);
+            u32::from_str_radix(digits, 8).map_err(|_| {
+                serde::de::Error::custom(format!(
+                    "{s:?} is not an octal mode like 0o660 or \"0660\""
+                ))
+            })
+        }
+    }
+}
+
 impl Default for ProbeSection {
     fn default() -> Self {
         Self {
             enabled: true,
             socket: None,
+            socket_mode: yard_actors::probe::socket::DEFAULT_SOCKET_MODE,
+            socket_group: None,
             report_ms: 100,
             buffer_events: 262_144,
             interface: String::new(),
@@ -445,6 +478,23 @@ impl Config {
         if self.probe.buffer_events == 0 {
             return bad("probe.buffer_events", "must be at least 1");
         }
+        if self.probe.socket_mode > 0o777 {
+            return bad(
+                "probe.socket_mode",
+                "must be permission bits of at most 0o777, like 0o660 (in TOML write the 0o)",
+            );
+        }
+        if self.probe.socket_mode & 0o222 == 0 {
+            return bad(
+                "probe.socket_mode",
+                "grants nobody write permission, which connecting needs",
+            );
+        }
+        if let Some(group) = &self.probe.socket_group {
+            if let Err(e) = yard_actors::probe::socket::resolve_group(group) {
+                return bad("probe.socket_group", &e.to_string());
+            }
+        }
         let a = &self.analyzer;
         if a.evaluate_ms == 0 || a.hang_floor_ms == 0 || a.heartbeat_timeout_ms == 0 {
             return bad(
@@ -514,6 +564,23 @@ impl Config {
             .socket
             .clone()
             .unwrap_or_else(|| self.node.data_dir.join("probe.sock"))
+    }
+
+    /// Who may connect to the probe socket.
+    pub fn probe_socket_access(
+        &self,
+    ) -> Result<yard_actors::probe::socket::SocketAccess, ConfigError> {
+        let group = match &self.probe.socket_group {
+            Some(g) => Some(
+                yard_actors::probe::socket::resolve_group(g)
+                    .map_err(|e| ConfigError::Invalid(format!("probe.socket_group: {e}")))?,
+            ),
+            None => None,
+        };
+        Ok(yard_actors::probe::socket::SocketAccess {
+            mode: self.probe.socket_mode,
+            group,
+        })
     }
 
     /// The TLS directory in force.
@@ -673,6 +740,67 @@ mod tests {
                 "invalid configuration: node.worker_threads: must be between 1 and 256"
             );
         }
+    }
+
+    #[test]
+    fn the_probe_socket_is_for_its_user_and_group_unless_configured() {
+        let cfg = load_toml("").unwrap();
+        assert_eq!(cfg.probe.socket_mode, 0o660);
+        assert_eq!(cfg.probe.socket_group, None);
+        assert_eq!(
+            cfg.probe_socket_access().unwrap(),
+            yard_actors::probe::socket::SocketAccess {
+                mode: 0o660,
+                group: None
+            }
+        );
+        let cfg = load_toml("[probe]\nsocket_mode = 0o640\nsocket_group = \"root\"\n").unwrap();
+        assert_eq!(cfg.probe.socket_mode, 0o640);
+        assert_eq!(cfg.probe_socket_access().unwrap().group, Some(0));
+        assert_eq!(
+            load_toml("[probe]\nsocket_mode = \"0600\"\nsocket_group = \"1234\"\n")
+                .unwrap()
+                .probe_socket_access()
+                .unwrap(),
+            yard_actors::probe::socket::SocketAccess {
+                mode: 0o600,
+                group: Some(1234)
+            }
+        );
+        for (toml, want) in [
+            (
+                "socket_mode = 660",
+                "invalid configuration: probe.socket_mode: must be permission bits of at most 0o777, like 0o660 (in TOML write the 0o)",
+            ),
+            (
+                "socket_mode = 0o444",
+                "invalid configuration: probe.socket_mode: grants nobody write permission, which connecting needs",
+            ),
+            (
+                "socket_group = \"no-such-group-yard\"",
+                "invalid configuration: probe.socket_group: no group named no-such-group-yard on this host",
+            ),
+        ] {
+            let err = load_toml(&format!("[probe]\n{toml}\n"))
+                .unwrap_err()
+                .to_string();
+            assert_eq!(err, want, "{toml}");
+        }
+        let err = load_toml("[probe]\nsocket_mode = \"rw-rw----\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("probe.socket_mode"), "{err}");
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's own Jail signature
+    fn the_probe_socket_mode_can_come_from_the_environment() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("YARD_PROBE__SOCKET_MODE", "0o600");
+            let cfg = Config::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(cfg.probe.socket_mode, 0o600);
+            Ok(())
+        });
     }
 
     #[test]

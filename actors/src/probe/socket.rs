@@ -82,9 +82,33 @@ pub struct NodeIdentity {
     pub addr: String,
 }
 
-/// Binds the socket at `path`, replacing a stale one left by a previous daemon, and makes it
-/// writable by every local user (ranks rarely run as root).
-pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
+/// Who may connect to the probe socket. Connecting to a Unix socket needs write permission on
+/// it, and whoever connects can report events for any job (and so raise verdicts and alerts),
+/// so by default only the daemon's user and the socket's group may: put the training users in
+/// that group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SocketAccess {
+    /// Permission bits (at most 0o777).
+    pub mode: u32,
+    /// The group that owns the socket; `None`: the daemon's own group.
+    pub group: Option<u32>,
+}
+
+/// The default socket mode: read and write for the daemon's user and the socket's group.
+pub const DEFAULT_SOCKET_MODE: u32 = 0o660;
+
+impl Default for SocketAccess {
+    fn default() -> Self {
+        SocketAccess {
+            mode: DEFAULT_SOCKET_MODE,
+            group: None,
+        }
+    }
+}
+
+/// Binds the socket at `path`, replacing a stale one left by a previous daemon, and gives it
+/// `access`'s mode and group.
+pub fn bind(path: &Path, access: SocketAccess) -> std::io::Result<UnixListener> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -94,9 +118,89 @@ pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
         Err(e) => return Err(e),
     }
     let listener = UnixListener::bind(path)?;
+    // The group first: until the mode is set the socket has the umask's bits, and once it is,
+    // only the intended group may connect.
+    if let Some(gid) = access.group {
+        std::os::unix::fs::chown(path, None, Some(gid))?;
+    }
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(access.mode & 0o777))?;
     Ok(listener)
+}
+
+/// Why a socket group could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum GroupError {
+    #[error("no group named {0} on this host")]
+    Unknown(String),
+    #[error("cannot look up group {name}: {source}")]
+    Lookup {
+        name: String,
+        source: std::io::Error,
+    },
+}
+
+/// The gid of `group`: a group name (looked up through the system's group database, so
+/// directory-service groups work too) or a numeric gid.
+pub fn resolve_group(group: &str) -> Result<u32, GroupError> {
+    if let Ok(gid) = group.parse::<u32>() {
+        return Ok(gid);
+    }
+    match sys::group_id(group) {
+        Ok(Some(gid)) => Ok(gid),
+        Ok(None) => Err(GroupError::Unknown(group.to_owned())),
+        Err(source) => Err(GroupError::Lookup {
+            name: group.to_owned(),
+            source,
+        }),
+    }
+}
+
+// std has no group lookup; getgrnam_r is the reentrant libc call. The unsafe block says why it
+// is sound.
+#[allow(unsafe_code)]
+mod sys {
+    use std::ffi::CString;
+    use std::io;
+
+    /// Largest buffer offered to getgrnam_r (a group with very many members needs a big one).
+    const MAX_BUF: usize = 1 << 20;
+
+    pub fn group_id(name: &str) -> io::Result<Option<u32>> {
+        let cname = CString::new(name).map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "group name contains a nul byte",
+            )
+        })?;
+        let mut buf: Vec<libc::c_char> = vec![0; 4096];
+        loop {
+            // SAFETY: `group` is plain old data (integers and pointers), for which all-zero is
+            // a valid value.
+            let mut grp: libc::group = unsafe { std::mem::zeroed() };
+            let mut found: *mut libc::group = std::ptr::null_mut();
+            // SAFETY: `cname` is nul-terminated, `buf.len()` is the buffer's true length, and
+            // `grp` and `found` are valid for writes. getgrnam_r points `grp`'s strings into
+            // `buf`; only `gr_gid`, an integer, is read afterwards.
+            let rc = unsafe {
+                libc::getgrnam_r(
+                    cname.as_ptr(),
+                    &mut grp,
+                    buf.as_mut_ptr(),
+                    buf.len(),
+                    &mut found,
+                )
+            };
+            match rc {
+                0 if found.is_null() => return Ok(None),
+                0 => return Ok(Some(grp.gr_gid)),
+                libc::ERANGE if buf.len() < MAX_BUF => buf.resize(buf.len() * 2, 0),
+                // "Not found" spellings some C libraries use instead of a null result.
+                libc::ENOENT | libc::ESRCH | libc::EBADF | libc::EPERM => return Ok(None),
+                rc => return Err(io::Error::from_raw_os_error(rc)),
+            }
+        }
+    }
 }
 
 /// Accepts connections until the listener fails.
@@ -235,12 +339,50 @@ mod tests {
         shared.snapshot()
     }
 
+    /// Issue 10: the socket was 0666, so any local user could report events for any job.
+    #[tokio::test]
+    async fn the_socket_is_for_its_user_and_group_only_by_default() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("probe.sock");
+        let _listener = bind(&path, SocketAccess::default()).unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o660);
+
+        // Another group and mode. Only root may give a file to a group it is not in; others
+        // use their own group, which still checks the call.
+        let mine = std::fs::metadata(dir.path()).unwrap();
+        let gid = if mine.uid() == 0 { 4242 } else { mine.gid() };
+        let path = dir.path().join("other.sock");
+        let _listener = bind(
+            &path,
+            SocketAccess {
+                mode: 0o640,
+                group: Some(gid),
+            },
+        )
+        .unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o640);
+        assert_eq!(meta.gid(), gid);
+    }
+
+    #[test]
+    fn groups_resolve_by_name_or_number() {
+        assert_eq!(resolve_group("root").unwrap(), 0);
+        assert_eq!(resolve_group("4242").unwrap(), 4242);
+        assert_eq!(
+            resolve_group("no-such-group-yard").unwrap_err().to_string(),
+            "no group named no-such-group-yard on this host"
+        );
+    }
+
     #[tokio::test]
     async fn events_arrive_and_a_bad_frame_closes_only_its_connection() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("probe.sock");
         let shared = SharedProbe::new(1000);
-        let listener = bind(&path).unwrap();
+        let listener = bind(&path, SocketAccess::default()).unwrap();
         let node = NodeIdentity {
             name: "n1".into(),
             addr: "198.18.0.1".into(),

@@ -132,7 +132,7 @@ fn end_to_end(rt: &tokio::runtime::Runtime, events: u64) -> anyhow::Result<(f64,
     let dir = tempfile_dir()?;
     let path = dir.join("probe.sock");
     let shared = SharedProbe::new(1 << 22);
-    let listener = rt.block_on(async { socket::bind(&path) })?;
+    let listener = rt.block_on(async { socket::bind(&path, socket::SocketAccess::default()) })?;
     let node = NodeIdentity {
         name: "n1".into(),
         addr: "198.18.0.1".into(),

@@ -283,7 +283,8 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
     };
     let probe = if cfg.probe.enabled {
         let path = cfg.probe_socket();
-        let listener = yard_actors::probe::socket::bind(&path)
+        let access = cfg.probe_socket_access()?;
+        let listener = yard_actors::probe::socket::bind(&path, access)
             .with_context(|| format!("cannot listen on probe.socket {}", path.display()))?;
         let shared = SharedProbe::new(cfg.probe.buffer_events);
         shared.lock().ports.extend(cfg.probe.ports.iter().copied());
@@ -315,7 +316,13 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
             timeout: rpc_timeout,
             rt: tokio::runtime::Handle::current(),
         });
-        tracing::info!(socket = %path.display(), ebpf = counters.is_some(), "probe ready");
+        tracing::info!(
+            socket = %path.display(),
+            mode = format_args!("{:o}", access.mode),
+            group = ?access.group,
+            ebpf = counters.is_some(),
+            "probe ready"
+        );
         Some((
             shared,
             reporter,
