@@ -145,6 +145,114 @@ mod tests {
         assert_eq!(j.revision, 4);
     }
 
+    /// Every field and variant a replicated verdict can carry, for the encoding test.
+    fn rich_tables() -> (DiagnosisCommand, DiagnosisTables) {
+        use yard_diagnosis::event::Op;
+        use yard_diagnosis::verdict::{Link, LinkKind, PgRef};
+        let classes = [Class::Hang, Class::Slow, Class::Mismatch];
+        let subtypes = [
+            Subtype::MissingParticipant,
+            Subtype::ExtraParticipant,
+            Subtype::TypeMismatch,
+            Subtype::SizeMismatch,
+            Subtype::DtypeMismatch,
+            Subtype::DeadProcess,
+            Subtype::DataplaneStall,
+            Subtype::ComputeStraggler,
+            Subtype::SlowLink,
+            Subtype::Congestion,
+            Subtype::Undecided,
+        ];
+        let ops = [
+            Op::AllReduce,
+            Op::AllGather,
+            Op::ReduceScatter,
+            Op::Broadcast,
+            Op::Reduce,
+            Op::AllToAll,
+            Op::Barrier,
+            Op::Send,
+            Op::Recv,
+            Op::Gather,
+            Op::Scatter,
+            Op::Coalesced,
+            Op::Other,
+        ];
+        let kinds = [LinkKind::Pair, LinkKind::Nic, LinkKind::Switch];
+        let verdicts: Vec<Verdict> = subtypes
+            .iter()
+            .enumerate()
+            .map(|(i, &subtype)| Verdict {
+                class: classes[i % classes.len()],
+                subtype,
+                culprits: (0..i as u32).map(|r| r * 300).collect(),
+                links: vec![Link {
+                    kind: kinds[i % kinds.len()],
+                    name: format!("rank {i} (h{i}) -> rank 2 (h3)"),
+                    from: (i % 2 == 0).then_some(i as u32),
+                    to: (i % 3 == 0).then_some(70_000),
+                }],
+                pg: (i % 2 == 1).then(|| PgRef {
+                    name: "dp".into(),
+                    ranks: vec![0, 1, 1 << 20],
+                }),
+                seq: (i % 2 == 0).then_some(u64::MAX - i as u64),
+                op: Some(ops[i]),
+                evidence: vec![format!("fact {i}"), "é".into()],
+                confidence: 0.1 * i as f64,
+                detected_ns: 1 << (3 * i),
+            })
+            .chain(std::iter::once(Verdict {
+                op: Some(Op::Other),
+                pg: None,
+                seq: None,
+                links: vec![],
+                ..verdict(3)
+            }))
+            .collect();
+        let cmd = DiagnosisCommand::SetVerdicts {
+            job: "train".into(),
+            verdicts,
+            now_unix_ms: 1_700_000_000_000,
+        };
+        let mut t = DiagnosisTables::default();
+        t.apply(&cmd, 42);
+        (cmd, t)
+    }
+
+    /// Verdicts are in the Raft log and in snapshots: their encoding must never change by
+    /// accident (a moved or reordered type would make every stored entry unreadable). The
+    /// digest pins the bytes; the round trip checks they decode to what was written.
+    #[test]
+    fn the_replicated_verdict_encoding_round_trips_and_is_unchanged() {
+        let (cmd, tables) = rich_tables();
+        let cmd_bytes = crate::codec::encode(&cmd).unwrap();
+        let table_bytes = crate::codec::encode(&tables).unwrap();
+        assert_eq!(
+            crate::codec::decode::<DiagnosisCommand>(&cmd_bytes).unwrap(),
+            cmd
+        );
+        assert_eq!(
+            crate::codec::decode::<DiagnosisTables>(&table_bytes).unwrap(),
+            tables
+        );
+        // FNV-1a over the encodings, recorded when verdicts moved out of yard-diagnosis.
+        let fnv = |b: &[u8]| {
+            b.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &x| {
+                (h ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3)
+            })
+        };
+        assert_eq!(
+            (
+                cmd_bytes.len(),
+                fnv(&cmd_bytes),
+                table_bytes.len(),
+                fnv(&table_bytes)
+            ),
+            (990, 4354710854132877978, 1965, 1055084645771074708)
+        );
+    }
+
     #[test]
     fn a_healthy_job_is_recorded_with_no_verdicts() {
         let mut t = DiagnosisTables::default();
