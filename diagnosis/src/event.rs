@@ -11,109 +11,12 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::sync::Arc;
 
-/// A global rank in the job.
-pub type Rank = u32;
+/// A global rank in the job, and the collective or point-to-point operation: defined with the
+/// verdict types (which name both) in `yard-verdict`.
+pub use yard_verdict::{Op, Rank};
 
 /// A process group's name, shared by all its members (PyTorch's `pg_config` key, e.g. "0").
 pub type PgName = Arc<str>;
-
-/// The collective or point-to-point operation, in Flight Recorder's `profiling_name` vocabulary.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[repr(u8)]
-pub enum Op {
-    AllReduce = 0,
-    AllGather = 1,
-    ReduceScatter = 2,
-    Broadcast = 3,
-    Reduce = 4,
-    AllToAll = 5,
-    Barrier = 6,
-    Send = 7,
-    Recv = 8,
-    Gather = 9,
-    Scatter = 10,
-    Coalesced = 11,
-    Other = 255,
-}
-
-impl Op {
-    /// Every named op (not `Other`), for parsers and generators.
-    pub const ALL: [Op; 12] = [
-        Op::AllReduce,
-        Op::AllGather,
-        Op::ReduceScatter,
-        Op::Broadcast,
-        Op::Reduce,
-        Op::AllToAll,
-        Op::Barrier,
-        Op::Send,
-        Op::Recv,
-        Op::Gather,
-        Op::Scatter,
-        Op::Coalesced,
-    ];
-
-    /// The name used in output and in Flight Recorder (`nccl:<name>`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Op::AllReduce => "all_reduce",
-            Op::AllGather => "all_gather",
-            Op::ReduceScatter => "reduce_scatter",
-            Op::Broadcast => "broadcast",
-            Op::Reduce => "reduce",
-            Op::AllToAll => "all_to_all",
-            Op::Barrier => "barrier",
-            Op::Send => "send",
-            Op::Recv => "recv",
-            Op::Gather => "gather",
-            Op::Scatter => "scatter",
-            Op::Coalesced => "coalesced",
-            Op::Other => "other",
-        }
-    }
-
-    /// Parses a name as [`Op::name`] writes it; also accepts `nccl:`-prefixed Flight Recorder
-    /// names and the `_base`/`_coalesced` suffixes PyTorch adds. Unknown names are `Other`.
-    pub fn parse(name: &str) -> Op {
-        let name = name.strip_prefix("nccl:").unwrap_or(name);
-        let name = name.split_whitespace().next().unwrap_or("");
-        if name.ends_with("coalesced") {
-            return Op::Coalesced;
-        }
-        let name = name.strip_prefix('_').unwrap_or(name);
-        let name = name.strip_suffix("_base").unwrap_or(name);
-        let name = name.strip_suffix("_into_tensor").unwrap_or(name);
-        Op::ALL
-            .into_iter()
-            .find(|op| op.name() == name)
-            .unwrap_or(Op::Other)
-    }
-
-    /// The wire code (`repr(u8)`).
-    pub fn code(self) -> u8 {
-        self as u8
-    }
-
-    /// The op for a wire code; unknown codes are `None` so a decoder can reject the frame.
-    pub fn from_code(code: u8) -> Option<Op> {
-        if code == Op::Other as u8 {
-            return Some(Op::Other);
-        }
-        Op::ALL.into_iter().find(|op| op.code() == code)
-    }
-
-    /// Point-to-point ops pair a send with a recv instead of matching all members.
-    pub fn is_p2p(self) -> bool {
-        matches!(self, Op::Send | Op::Recv)
-    }
-}
-
-impl fmt::Display for Op {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 /// Element type of the tensors, in PyTorch's dtype names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

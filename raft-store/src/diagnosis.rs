@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use yard_diagnosis::verdict::Verdict;
+use yard_verdict::Verdict;
 
 /// Jobs kept; beyond this the least recently updated job is forgotten.
 pub const MAX_JOBS: usize = 1024;
@@ -100,7 +100,7 @@ impl DiagnosisTables {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use yard_diagnosis::verdict::{Class, Subtype};
+    use yard_verdict::{Class, Subtype};
 
     fn verdict(culprit: u32) -> Verdict {
         Verdict {
@@ -147,8 +147,8 @@ mod tests {
 
     /// Every field and variant a replicated verdict can carry, for the encoding test.
     fn rich_tables() -> (DiagnosisCommand, DiagnosisTables) {
-        use yard_diagnosis::event::Op;
-        use yard_diagnosis::verdict::{Link, LinkKind, PgRef};
+        use yard_verdict::Op;
+        use yard_verdict::{Link, LinkKind, PgRef};
         let classes = [Class::Hang, Class::Slow, Class::Mismatch];
         let subtypes = [
             Subtype::MissingParticipant,
