@@ -3,7 +3,7 @@
 # a Debian machine (as root). The Rust toolchain itself comes from rust-toolchain.toml via rustup.
 set -euo pipefail
 
-packages=(clang llvm libbpf-dev iproute2 nftables ethtool procps curl python3 gcc make libc6-dev etcd-server etcd-client protobuf-compiler keepalived iputils-ping)
+packages=(clang llvm libbpf-dev iproute2 nftables ethtool procps curl python3 gcc g++ make libc6-dev etcd-server etcd-client protobuf-compiler keepalived iputils-ping)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,6 +1,8 @@
 //! The NCCL profiler plugin (`clients/nccl-profiler`): built with make/cc into a temp dir,
 //! driven by the C harness the way NCCL drives it for two all_reduce ops, against the Rust
-//! decoder and session. make and cc are required: these tests fail without them.
+//! decoder and session; and its ABI checked against NCCL's own headers. make, cc and c++ are
+//! required, and for the ABI check apt and Debian's archive once (then a cache): these tests
+//! fail without them.
 
 mod clients_support;
 
@@ -140,5 +142,26 @@ fn plugin_without_a_node_drops_and_carries_on() {
     assert!(
         dropped >= 7,
         "every record was dropped and counted, got {dropped}"
+    );
+}
+
+/// `make check-abi`: the plugin's structs, enum values and function table against NCCL's own
+/// profiler headers (from Debian's nvidia-nccl source package), and its exported symbols
+/// against what NCCL's loader looks up. See clients/nccl-profiler/test/check-abi.sh.
+#[test]
+fn plugin_abi_matches_nccls_headers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = Command::new("make")
+        .arg("-C")
+        .arg(plugin_dir())
+        .arg(format!("OUT={}", dir.path().display()))
+        .arg("check-abi")
+        .output()
+        .expect("make must be on PATH to check the NCCL plugin's ABI");
+    assert!(
+        out.status.success(),
+        "the NCCL plugin's ABI check failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
 }

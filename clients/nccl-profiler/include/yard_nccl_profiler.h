@@ -1,9 +1,12 @@
 /*
- * The parts of NCCL's profiler plugin ABI (interface version 5, NCCL >= 2.26) this plugin
- * needs, declared from the public documentation (NCCL's plugins/profiler/README.md). Layouts
- * must match NCCL's exactly: NCCL fills these structs and calls through the function table.
- * Only what the plugin reads is named; the unions keep every member that precedes or sizes a
- * member we read.
+ * NCCL's profiler plugin ABI, interface version 5, declared here in our own words. NCCL
+ * looks up the table by the symbol name `ncclProfiler_v5` since NCCL 2.28.3; 2.29 and later
+ * prefer v6 but still load v5 through an adapter, and 2.27 and older (v4 and before) do not
+ * know v5 at all. Layouts must match NCCL's exactly: NCCL fills these structs and calls
+ * through the function table. So every struct member is declared, read by the plugin or not,
+ * and test/check-abi.sh (`make check-abi`) checks sizes, offsets, types, enum values and
+ * signatures against NCCL's own headers. Of the enums, only the values the plugin uses are
+ * named.
  */
 #ifndef YARD_NCCL_PROFILER_H
 #define YARD_NCCL_PROFILER_H
