@@ -15,6 +15,7 @@ pub mod gateway_service;
 pub mod http;
 pub mod latency;
 pub mod metrics;
+pub mod prevote;
 pub mod raft_network;
 pub mod rpc;
 pub mod service;

@@ -55,6 +55,9 @@ pub enum Request {
         node: NodeId,
         stamp: yard_actors::gateway::lease::Stamp,
     },
+    /// A voter that stopped hearing its leader asks whether this node would vote for it
+    /// (`crate::prevote`): `PreVote { granted }`.
+    PreVote,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -238,6 +241,10 @@ pub enum Reply {
     },
     /// A voter applied an un-revocation.
     LeaseUnrevoked,
+    /// The answer to a pre-vote: whether this node would vote for the asker now.
+    PreVote {
+        granted: bool,
+    },
 }
 
 /// A Raft RPC failed on the receiver (serialised openraft error text).

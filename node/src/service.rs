@@ -963,6 +963,14 @@ impl Handler for Node {
             match (role, req) {
                 (PeerRole::Node(_), Request::Raft(r)) => this.handle_raft(r).await,
                 (PeerRole::Node(_), Request::Probe) => Reply::Pong { id: this.inner.id },
+                (PeerRole::Node(_), Request::PreVote) => {
+                    let cfg = crate::prevote::PreVoteConfig::of(this.inner.raft.config());
+                    Reply::PreVote {
+                        granted: crate::prevote::local_view(&this)
+                            .await
+                            .is_some_and(|v| crate::prevote::grant(&cfg, &v)),
+                    }
+                }
                 (PeerRole::Node(_), Request::ProbeReport { batches }) => {
                     this.handle_probe_report(batches)
                 }
@@ -1037,7 +1045,7 @@ impl Handler for Node {
                 (role, req) => {
                     METRICS.requests_refused.inc();
                     let what = match req {
-                        Request::Raft(_) => "raft traffic",
+                        Request::Raft(_) | Request::PreVote => "raft traffic",
                         Request::Admin(_) | Request::AdminOnce { .. } => "admin requests",
                         Request::Probe => "liveness probes",
                         Request::GatewayRenew { .. }

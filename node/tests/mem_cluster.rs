@@ -123,6 +123,7 @@ async fn start(
     {
         let (ctl, n) = (node.gateway().clone(), node.clone());
         tokio::spawn(async move { ctl.run(n).await });
+        tokio::spawn(yard::prevote::run(node.clone()));
         let (ctl, raft, feed) = (
             node.diagnosis().clone(),
             node.raft().clone(),
@@ -325,6 +326,38 @@ async fn a_follower_unreachable_for_a_moment_deposes_no_leader() {
     }
     assert_eq!(terms(&nodes), before, "a new term after a follower's blips");
     put(&net, &addr(leader), "after-blips", "x").await.unwrap();
+}
+
+/// A follower cut off from the leader alone (it still reaches the third node) for several
+/// election timeouts: it asks for pre-votes, the third node refuses (it hears the leader), so
+/// it never stands, and when the link heals the leader is still the leader in the same term.
+/// Without the pre-vote it stood with ever higher terms and deposed the leader at the heal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_cut_off_from_the_leader_alone_deposes_no_leader() {
+    let net = MemNetwork::default();
+    let raft = slow_follower_timings();
+    let (nodes, leader) = led_cluster(&net, &raft).await;
+    let all: Vec<&TestNode> = nodes.iter().collect();
+    let before = terms(&nodes);
+    let leader_addr = addr(leader);
+    let cut = nodes.iter().find(|n| n.node.id() != leader).unwrap();
+    net.partition(&[&leader_addr], &[&cut.addr]);
+    let spell = Instant::now();
+    let mut i = 0;
+    while spell.elapsed() < Duration::from_millis(raft.election_timeout_max_ms * 8) {
+        put(&net, &leader_addr, &format!("cut{i}"), "x")
+            .await
+            .unwrap();
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    net.heal();
+    tokio::time::sleep(Duration::from_millis(raft.election_timeout_max_ms * 4)).await;
+    assert_eq!(terms(&nodes), before, "a new term after a one-sided cut");
+    assert_eq!(wait_leader(&all, None).await, leader);
+    put(&net, &addr(cut.node.id()), "after-cut", "x")
+        .await
+        .unwrap();
 }
 
 /// Sends one session-tagged write to `to` as an admin client would.

@@ -235,6 +235,7 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
         let node = node.clone();
         tokio::spawn(async move { gateway_control.run(node).await })
     };
+    let prevote = tokio::spawn(yard::prevote::run(node.clone()));
     let gateway = if cfg.gateway.enabled {
         let g = &cfg.gateway;
         let iface = LinuxInterface::open(&g.interface)
@@ -463,6 +464,7 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
     }
     actors.stop();
     control.abort();
+    prevote.abort();
     if let Err(e) = raft.shutdown().await {
         tracing::warn!(error = %e, "raft did not shut down cleanly");
     }

@@ -1,0 +1,430 @@
+//! Pre-vote in front of openraft's elections (Raft dissertation §9.6; openraft 0.9 has none).
+//!
+//! Without it, a follower that alone stops hearing the leader — its control link lossy, or cut
+//! from the leader but not from the others — stands for election with a higher term. The other
+//! voters refuse it (openraft's leader lease), but the higher term deposes the leader the next
+//! time the leader reaches it, and the lossy node may even win the election that follows. So
+//! measured: a gateway owner at 40% control loss won an election, could not hear the healthy
+//! nodes' lease renewals as leader and revoked them, moving all six VIPs at once.
+//!
+//! With it, a node may stand only after a majority of the voters (itself included) said they
+//! would vote: none of them is the leader or has heard from one within the shortest election
+//! timeout. The answer ignores logs and terms: openraft's real vote checks those, and a
+//! pre-vote only has to stop candidacies while a leader is alive, so it adds no way for an
+//! election to be blocked that the real vote does not have already (the same leader lease).
+//!
+//! [`Gate`] is the pure decision, driven by [`run`]: elections are enabled (openraft's
+//! `runtime_config().elect`) for a window after a granted round and disabled otherwise.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use openraft::ServerState;
+use tokio::sync::mpsc;
+use yard_raft_store::NodeId;
+
+use crate::rpc::{Reply, Request};
+use crate::service::Node;
+
+/// What this node knows of its own Raft state, for a pre-vote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalView {
+    /// This node leads.
+    pub leader: bool,
+    /// How long ago this node last heard from a leader it follows (`None`: it follows none,
+    /// e.g. it is a candidate or voted for one).
+    pub heard_ms_ago: Option<u64>,
+    /// The current voters.
+    pub voters: BTreeSet<NodeId>,
+}
+
+/// Timings, all from the Raft section.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PreVoteConfig {
+    /// A leader heard within this long keeps its followers from voting for anyone else: the
+    /// shortest election timeout, as in the dissertation.
+    pub quiet_ms: u64,
+    /// How long elections stay enabled after a granted round: long enough for openraft's own
+    /// timer (leader lease + an election timeout after the last message) and a retry or two
+    /// after a split vote.
+    pub window_ms: u64,
+    /// How often a round is started while no answer made a majority: one heartbeat.
+    pub round_ms: u64,
+}
+
+impl PreVoteConfig {
+    /// The gate's timings for a Raft node configured with `c`.
+    pub fn of(c: &openraft::Config) -> Self {
+        Self {
+            quiet_ms: c.election_timeout_min,
+            window_ms: 4 * c.election_timeout_max,
+            round_ms: c.heartbeat_interval.max(1),
+        }
+    }
+}
+
+/// Whether this node would vote for another now: not while it leads, nor while it hears from
+/// the leader it follows.
+pub fn grant(cfg: &PreVoteConfig, view: &LocalView) -> bool {
+    !view.leader && view.heard_ms_ago.is_none_or(|ms| ms >= cfg.quiet_ms)
+}
+
+/// What the shell must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// Enable or disable openraft's election timer.
+    Elect(bool),
+    /// Ask these voters for their pre-vote in round `round`; feed answers to [`Gate::answer`].
+    Ask { round: u64, to: Vec<NodeId> },
+}
+
+#[derive(Debug, Clone)]
+struct Round {
+    id: u64,
+    started_ms: u64,
+    voters: BTreeSet<NodeId>,
+    granted: BTreeSet<NodeId>,
+}
+
+impl Round {
+    fn won(&self) -> bool {
+        self.granted.intersection(&self.voters).count() * 2 > self.voters.len()
+    }
+}
+
+/// One node's election gate.
+#[derive(Debug, Clone)]
+pub struct Gate {
+    cfg: PreVoteConfig,
+    me: NodeId,
+    /// Elections are enabled until then (ms), after a granted round.
+    allowed_until: u64,
+    round: Option<Round>,
+    rounds: u64,
+    /// The last setting given to openraft (`None`: none yet).
+    elect: Option<bool>,
+}
+
+impl Gate {
+    pub fn new(cfg: PreVoteConfig, me: NodeId) -> Self {
+        Self {
+            cfg,
+            me,
+            allowed_until: 0,
+            round: None,
+            rounds: 0,
+            elect: None,
+        }
+    }
+
+    /// Whether elections are enabled as of the last effect.
+    pub fn electing(&self) -> bool {
+        self.elect == Some(true)
+    }
+
+    fn set(&mut self, on: bool, out: &mut Vec<Effect>) {
+        if self.elect != Some(on) {
+            self.elect = Some(on);
+            out.push(Effect::Elect(on));
+        }
+    }
+
+    /// Re-evaluates at `now_ms` with this node's state.
+    pub fn tick(&mut self, now_ms: u64, view: &LocalView) -> Vec<Effect> {
+        let mut out = Vec::new();
+        if view.leader || !view.voters.contains(&self.me) {
+            // A leader does not elect; a learner cannot. Decided again once that changes.
+            self.round = None;
+            self.allowed_until = 0;
+            self.set(false, &mut out);
+            return out;
+        }
+        if view.heard_ms_ago.is_some_and(|ms| ms < self.cfg.quiet_ms) {
+            self.round = None;
+            self.allowed_until = 0;
+            self.set(false, &mut out);
+            return out;
+        }
+        if now_ms < self.allowed_until {
+            self.set(true, &mut out);
+            return out;
+        }
+        let due = self
+            .round
+            .as_ref()
+            .is_none_or(|r| now_ms >= r.started_ms.saturating_add(self.cfg.round_ms));
+        if due {
+            self.rounds += 1;
+            let round = Round {
+                id: self.rounds,
+                started_ms: now_ms,
+                voters: view.voters.clone(),
+                granted: BTreeSet::from([self.me]),
+            };
+            if round.won() {
+                self.round = None;
+                self.allowed_until = now_ms.saturating_add(self.cfg.window_ms);
+                self.set(true, &mut out);
+                return out;
+            }
+            let to = round
+                .voters
+                .iter()
+                .filter(|v| **v != self.me)
+                .copied()
+                .collect();
+            out.push(Effect::Ask {
+                round: round.id,
+                to,
+            });
+            self.round = Some(round);
+        }
+        self.set(false, &mut out);
+        out
+    }
+
+    /// `from`'s answer in round `round`.
+    pub fn answer(&mut self, round: u64, from: NodeId, granted: bool, now_ms: u64) -> Vec<Effect> {
+        let mut out = Vec::new();
+        let Some(r) = self.round.as_mut().filter(|r| r.id == round) else {
+            return out;
+        };
+        if granted {
+            r.granted.insert(from);
+        }
+        if r.won() {
+            self.round = None;
+            self.allowed_until = now_ms.saturating_add(self.cfg.window_ms);
+            self.set(true, &mut out);
+        }
+        out
+    }
+}
+
+/// This node's view for a pre-vote, read from openraft.
+pub async fn local_view(node: &Node) -> Option<LocalView> {
+    let (leader, heard_ms_ago) = node
+        .raft()
+        .with_raft_state(|s| {
+            let leader = s.server_state == ServerState::Leader;
+            let following = s.vote_ref().is_committed() && !leader;
+            let heard = s
+                .vote_last_modified()
+                .filter(|_| following)
+                .map(|t| t.elapsed().as_millis() as u64);
+            (leader, heard)
+        })
+        .await
+        .ok()?;
+    Some(LocalView {
+        leader,
+        heard_ms_ago,
+        voters: node.voter_ids(),
+    })
+}
+
+/// The gate's loop on this node; returns when the task is aborted.
+pub async fn run(node: Node) {
+    let me = node.id();
+    let cfg = PreVoteConfig::of(node.raft().config());
+    let mut gate = Gate::new(cfg, me);
+    let (tx, mut rx) = mpsc::channel::<(u64, NodeId, bool)>(64);
+    let epoch = tokio::time::Instant::now();
+    let now_ms = move || epoch.elapsed().as_millis() as u64;
+    let mut ticker = tokio::time::interval(Duration::from_millis(cfg.round_ms));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let effects = tokio::select! {
+            _ = ticker.tick() => match local_view(&node).await {
+                Some(view) => gate.tick(now_ms(), &view),
+                None => return,
+            },
+            Some((round, from, granted)) = rx.recv() => gate.answer(round, from, granted, now_ms()),
+        };
+        for effect in effects {
+            match effect {
+                Effect::Elect(on) => {
+                    if on {
+                        tracing::info!(
+                            node = me,
+                            "pre-vote: a majority would vote; elections enabled"
+                        );
+                    } else {
+                        tracing::debug!(node = me, "pre-vote: elections disabled");
+                    }
+                    node.raft().runtime_config().elect(on);
+                }
+                Effect::Ask { round, to } => {
+                    for voter in to {
+                        let (node, tx) = (node.clone(), tx.clone());
+                        // An answer later than a round is useless: the next round asks again.
+                        let timeout = Duration::from_millis(cfg.round_ms.saturating_mul(2));
+                        tokio::spawn(async move {
+                            let granted = matches!(
+                                node.call_node(voter, Request::PreVote, timeout).await,
+                                Ok(Reply::PreVote { granted: true })
+                            );
+                            let _ = tx.send((round, voter, granted)).await;
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CFG: PreVoteConfig = PreVoteConfig {
+        quiet_ms: 50,
+        window_ms: 320,
+        round_ms: 20,
+    };
+
+    fn view(heard: Option<u64>, voters: &[NodeId]) -> LocalView {
+        LocalView {
+            leader: false,
+            heard_ms_ago: heard,
+            voters: voters.iter().copied().collect(),
+        }
+    }
+
+    fn asked(effects: &[Effect]) -> Option<(u64, Vec<NodeId>)> {
+        effects.iter().find_map(|e| match e {
+            Effect::Ask { round, to } => Some((*round, to.clone())),
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn a_voter_refuses_while_it_leads_or_hears_its_leader() {
+        assert!(!grant(
+            &CFG,
+            &LocalView {
+                leader: true,
+                ..view(None, &[1, 2, 3])
+            }
+        ));
+        assert!(!grant(&CFG, &view(Some(49), &[1, 2, 3])));
+        assert!(grant(&CFG, &view(Some(50), &[1, 2, 3])));
+        assert!(grant(&CFG, &view(None, &[1, 2, 3])));
+    }
+
+    #[test]
+    fn a_follower_hearing_its_leader_never_stands() {
+        let mut g = Gate::new(CFG, 2);
+        for t in 0..100 {
+            let fx = g.tick(t * 20, &view(Some(10), &[1, 2, 3]));
+            assert!(asked(&fx).is_none());
+            assert!(!g.electing());
+        }
+    }
+
+    /// The lossy follower: it hears nothing, but the others do and refuse; it never stands.
+    #[test]
+    fn a_follower_the_others_refuse_never_stands() {
+        let mut g = Gate::new(CFG, 2);
+        let mut rounds = 0;
+        for t in 0..200 {
+            let now = t * 10;
+            let fx = g.tick(now, &view(Some(now + 60), &[1, 2, 3]));
+            if let Some((round, to)) = asked(&fx) {
+                rounds += 1;
+                assert_eq!(to, vec![1, 3]);
+                for v in to {
+                    assert!(g.answer(round, v, false, now + 1).is_empty());
+                }
+            }
+            assert!(!g.electing(), "elections enabled at {now} ms");
+        }
+        // One round per heartbeat, not one per tick.
+        assert!((90..=110).contains(&rounds), "{rounds} rounds");
+    }
+
+    #[test]
+    fn one_grant_of_three_voters_opens_elections_for_a_window() {
+        let mut g = Gate::new(CFG, 2);
+        let fx = g.tick(1_000, &view(Some(60), &[1, 2, 3]));
+        let (round, _) = asked(&fx).unwrap();
+        assert!(!g.electing());
+        assert_eq!(g.answer(round, 3, true, 1_005), vec![Effect::Elect(true)]);
+        // A stale round's answer changes nothing.
+        assert!(g.answer(round, 1, true, 1_006).is_empty());
+        assert!(g.tick(1_300, &view(Some(360), &[1, 2, 3])).is_empty());
+        assert!(g.electing());
+        // Past the window, a new round is needed; until it wins, no elections.
+        let fx = g.tick(1_400, &view(Some(460), &[1, 2, 3]));
+        assert!(asked(&fx).is_some());
+        assert!(fx.contains(&Effect::Elect(false)));
+    }
+
+    #[test]
+    fn hearing_a_leader_again_closes_elections_at_once() {
+        let mut g = Gate::new(CFG, 1);
+        let (round, _) = asked(&g.tick(0, &view(None, &[1, 2, 3]))).unwrap();
+        g.answer(round, 2, true, 1);
+        assert!(g.electing());
+        assert_eq!(
+            g.tick(20, &view(Some(0), &[1, 2, 3])),
+            vec![Effect::Elect(false)]
+        );
+        // A late answer of the abandoned round opens nothing.
+        assert!(g.answer(round, 3, true, 21).is_empty());
+        assert!(!g.electing());
+    }
+
+    #[test]
+    fn a_sole_voter_elects_without_asking() {
+        let mut g = Gate::new(CFG, 1);
+        assert_eq!(g.tick(0, &view(None, &[1])), vec![Effect::Elect(true)]);
+    }
+
+    #[test]
+    fn leaders_and_learners_do_not_elect() {
+        let mut g = Gate::new(CFG, 4);
+        assert_eq!(
+            g.tick(0, &view(None, &[1, 2, 3])),
+            vec![Effect::Elect(false)]
+        );
+        let mut g = Gate::new(CFG, 1);
+        let leading = LocalView {
+            leader: true,
+            ..view(None, &[1, 2, 3])
+        };
+        assert_eq!(g.tick(0, &leading), vec![Effect::Elect(false)]);
+    }
+
+    /// Two followers of a dead leader: each refuses the other until both have been silent
+    /// for `quiet_ms`; then the first round either starts wins, within two rounds of that.
+    #[test]
+    fn followers_of_a_dead_leader_open_elections_within_two_rounds_of_the_quiet_time() {
+        let cfg = CFG;
+        let (mut a, mut b) = (Gate::new(cfg, 1), Gate::new(cfg, 2));
+        let voters = [1, 2, 3];
+        // A heard the leader last at 0, B at 15 (a heartbeat later); the leader died then.
+        let (last_a, last_b) = (0u64, 15u64);
+        let mut opened = None;
+        for now in (0..400).step_by(5) {
+            let va = view(Some(now - last_a), &voters);
+            let vb = view(Some(now.saturating_sub(last_b)), &voters);
+            if let Some((round, _)) = asked(&a.tick(now, &va)) {
+                let g = grant(&cfg, &vb);
+                a.answer(round, 2, g, now);
+            }
+            if let Some((round, _)) = asked(&b.tick(now, &vb)) {
+                let g = grant(&cfg, &va);
+                b.answer(round, 1, g, now);
+            }
+            if (a.electing() || b.electing()) && opened.is_none() {
+                opened = Some(now);
+            }
+        }
+        let opened = opened.expect("no follower may elect");
+        assert!(
+            opened <= last_b + cfg.quiet_ms + 2 * cfg.round_ms,
+            "elections opened at {opened} ms"
+        );
+    }
+}
