@@ -37,10 +37,11 @@ pub struct NodeSection {
     pub advertise: Option<String>,
     pub data_dir: PathBuf,
     /// Threads of the async runtime that runs Raft, the transport and the leader's loops.
-    /// Two by default. One spends the least CPU per write on a busy host (measured with
-    /// `kv-vs-etcd`: 3,300 puts/s against 2,440 with two), but with one, the namespace test
-    /// of a lossy control link saw more VIP moves than its damping bound in 2 of 4 runs, so
-    /// one is an opt-in until that is understood.
+    /// One by default: it spends the least CPU per write on a busy host (measured with
+    /// `kv-vs-etcd`: 3,300 puts/s against 2,440 with two). With one, the namespace test of a
+    /// lossy control link once saw more VIP moves than its damping bound: the lossy node
+    /// stood for election, deposed the leader and won; the pre-vote (`crate::prevote`) stops
+    /// that with any number of threads.
     pub worker_threads: usize,
 }
 
@@ -292,7 +293,7 @@ impl Default for NodeSection {
             listen: SocketAddr::from(([127, 0, 0, 1], 7480)),
             advertise: None,
             data_dir: PathBuf::from("/var/lib/yard"),
-            worker_threads: 2,
+            worker_threads: 1,
         }
     }
 }
@@ -723,7 +724,7 @@ mod tests {
 
     #[test]
     fn runtime_threads_default_to_two_and_are_bounded() {
-        assert_eq!(load_toml("").unwrap().node.worker_threads, 2);
+        assert_eq!(load_toml("").unwrap().node.worker_threads, 1);
         assert_eq!(
             load_toml("[node]\nworker_threads = 4\n")
                 .unwrap()

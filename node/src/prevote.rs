@@ -8,8 +8,8 @@
 //! nodes' lease renewals as leader and revoked them, moving all six VIPs at once.
 //!
 //! With it, a node may stand only after a majority of the voters (itself included) said they
-//! would vote: none of them is the leader or has heard from one within the shortest election
-//! timeout. The answer ignores logs and terms: openraft's real vote checks those, and a
+//! would vote: none of them is the leader or has heard from one within openraft's leader
+//! lease. The answer ignores logs and terms: openraft's real vote checks those, and a
 //! pre-vote only has to stop candidacies while a leader is alive, so it adds no way for an
 //! election to be blocked that the real vote does not have already (the same leader lease).
 //!
@@ -41,8 +41,12 @@ pub struct LocalView {
 /// Timings, all from the Raft section.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PreVoteConfig {
-    /// A leader heard within this long keeps its followers from voting for anyone else: the
-    /// shortest election timeout, as in the dissertation.
+    /// A leader heard within this long keeps its followers from voting for anyone else:
+    /// openraft's leader lease (the longest election timeout), which its real vote honours
+    /// too. The dissertation's shortest election timeout (2.5 heartbeats here) let a
+    /// follower whose heartbeats ran late on a loaded machine grant the lossy node's pre-vote.
+    /// A follower of a dead leader still opens elections before openraft's timer runs out
+    /// (lease + an election timeout).
     pub quiet_ms: u64,
     /// How long elections stay enabled after a granted round: long enough for openraft's own
     /// timer (leader lease + an election timeout after the last message) and a retry or two
@@ -56,7 +60,7 @@ impl PreVoteConfig {
     /// The gate's timings for a Raft node configured with `c`.
     pub fn of(c: &openraft::Config) -> Self {
         Self {
-            quiet_ms: c.election_timeout_min,
+            quiet_ms: c.election_timeout_max,
             window_ms: 4 * c.election_timeout_max,
             round_ms: c.heartbeat_interval.max(1),
         }
