@@ -268,6 +268,18 @@ async fn leader_loss_elects_a_new_leader_and_keeps_acknowledged_writes() {
     put(&net, &survivors[1].addr, "after", "x").await.unwrap();
 }
 
+/// Writes `<prefix><i>` to `to` every 50 ms for `spell`, each acknowledged; how many.
+async fn writes_for(net: &MemNetwork, to: &str, prefix: &str, spell: Duration) -> usize {
+    let start = Instant::now();
+    let mut i = 0;
+    while start.elapsed() < spell {
+        put(net, to, &format!("{prefix}{i}"), "x").await.unwrap();
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    i
+}
+
 /// A follower whose answers come back later than Raft's RPC timeout (a congested link out of
 /// its host) still hears every heartbeat, so it must not stand for election: one term for the
 /// whole slow spell, and writes go on. openraft pauses heartbeats to a peer reported
@@ -288,15 +300,7 @@ async fn a_follower_behind_a_congested_link_deposes_no_leader() {
         &slow.addr,
         Duration::from_millis(3 * raft.heartbeat_ms),
     );
-    let spell = Instant::now();
-    let mut i = 0;
-    while spell.elapsed() < Duration::from_secs(3) {
-        put(&net, &leader_addr, &format!("slow{i}"), "x")
-            .await
-            .unwrap();
-        i += 1;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let i = writes_for(&net, &leader_addr, "slow", Duration::from_secs(3)).await;
     net.heal();
     assert_eq!(
         terms(&nodes),
@@ -342,15 +346,8 @@ async fn a_follower_cut_off_from_the_leader_alone_deposes_no_leader() {
     let leader_addr = addr(leader);
     let cut = nodes.iter().find(|n| n.node.id() != leader).unwrap();
     net.partition(&[&leader_addr], &[&cut.addr]);
-    let spell = Instant::now();
-    let mut i = 0;
-    while spell.elapsed() < Duration::from_millis(raft.election_timeout_max_ms * 8) {
-        put(&net, &leader_addr, &format!("cut{i}"), "x")
-            .await
-            .unwrap();
-        i += 1;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let spell = Duration::from_millis(raft.election_timeout_max_ms * 8);
+    writes_for(&net, &leader_addr, "cut", spell).await;
     net.heal();
     tokio::time::sleep(Duration::from_millis(raft.election_timeout_max_ms * 4)).await;
     assert_eq!(terms(&nodes), before, "a new term after a one-sided cut");

@@ -163,21 +163,7 @@ mod tests {
             Subtype::Congestion,
             Subtype::Undecided,
         ];
-        let ops = [
-            Op::AllReduce,
-            Op::AllGather,
-            Op::ReduceScatter,
-            Op::Broadcast,
-            Op::Reduce,
-            Op::AllToAll,
-            Op::Barrier,
-            Op::Send,
-            Op::Recv,
-            Op::Gather,
-            Op::Scatter,
-            Op::Coalesced,
-            Op::Other,
-        ];
+        let ops: Vec<Op> = Op::ALL.into_iter().chain([Op::Other]).collect();
         let kinds = [LinkKind::Pair, LinkKind::Nic, LinkKind::Switch];
         let verdicts: Vec<Verdict> = subtypes
             .iter()
