@@ -138,12 +138,18 @@ impl StateMachineStore {
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
-        let (bytes, last_log_id, last_membership) = {
-            let data = self.inner.data.read().unwrap_or_else(|e| e.into_inner());
-            let bytes = encode(&*data)
-                .map_err(|e| storage_io(ErrorSubject::Snapshot(None), ErrorVerb::Write, &e))?;
-            (bytes, data.last_applied, data.last_membership.clone())
-        };
+        // Off the runtime: with one runtime worker (the node's default) an encoding that grows
+        // with the state would hold back heartbeats and every other task meanwhile. The tables
+        // are copied under the read lock and encoded after it, so applying waits for the copy
+        // only, not for the encoding.
+        let inner = self.inner.clone();
+        let (bytes, last_log_id, last_membership) = tokio::task::spawn_blocking(move || {
+            let data = inner.data.read().unwrap_or_else(|e| e.into_inner()).clone();
+            encode(&data).map(|bytes| (bytes, data.last_applied, data.last_membership))
+        })
+        .await
+        .map_err(|e| storage_io(ErrorSubject::Snapshot(None), ErrorVerb::Write, &e))?
+        .map_err(|e| storage_io(ErrorSubject::Snapshot(None), ErrorVerb::Write, &e))?;
         let seq = self.inner.snapshot_seq.fetch_add(1, Ordering::Relaxed);
         let snapshot_id = match last_log_id {
             Some(id) => format!("{}-{}-{seq}", id.leader_id, id.index),
@@ -211,14 +217,16 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         meta: &SnapshotMeta<NodeId, NodeInfo>,
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError<NodeId>> {
-        let bytes = snapshot.into_inner();
-        let mut new_data: StateMachineData = decode(&bytes).map_err(|e| {
-            storage_io(
-                ErrorSubject::Snapshot(Some(meta.signature())),
-                ErrorVerb::Read,
-                &e,
-            )
-        })?;
+        let subject = || ErrorSubject::Snapshot(Some(meta.signature()));
+        // Decoded off the runtime, for the reason `build_snapshot` encodes off it.
+        let (bytes, decoded) = tokio::task::spawn_blocking(move || {
+            let bytes = snapshot.into_inner();
+            let decoded = decode::<StateMachineData>(&bytes);
+            (bytes, decoded)
+        })
+        .await
+        .map_err(|e| storage_io(subject(), ErrorVerb::Read, &e))?;
+        let mut new_data = decoded.map_err(|e| storage_io(subject(), ErrorVerb::Read, &e))?;
         new_data.last_applied = meta.last_log_id;
         new_data.last_membership = meta.last_membership.clone();
         let stored = StoredSnapshot {
