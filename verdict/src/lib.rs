@@ -71,7 +71,7 @@ impl Op {
     }
 
     /// Parses a name as [`Op::name`] writes it; also accepts `nccl:`-prefixed Flight Recorder
-    /// names and the `_base`/`_coalesced` suffixes PyTorch adds. Unknown names are `Other`.
+    /// names, the `_base`/`_coalesced` suffixes PyTorch adds and its `_allgather_base`. Unknown names are `Other`.
     pub fn parse(name: &str) -> Op {
         let name = name.strip_prefix("nccl:").unwrap_or(name);
         let name = name.split_whitespace().next().unwrap_or("");
@@ -81,6 +81,10 @@ impl Op {
         let name = name.strip_prefix('_').unwrap_or(name);
         let name = name.strip_suffix("_base").unwrap_or(name);
         let name = name.strip_suffix("_into_tensor").unwrap_or(name);
+        // ProcessGroupNCCL names `all_gather_into_tensor` "nccl:_allgather_base".
+        if name == "allgather" {
+            return Op::AllGather;
+        }
         Op::ALL
             .into_iter()
             .find(|op| op.name() == name)
