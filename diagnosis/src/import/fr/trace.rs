@@ -340,6 +340,40 @@ mod tests {
         assert_eq!(numel(&[vec![-1, 5]]), 0);
     }
 
+    fn timed(created: u64, duration_ms: Option<f64>, discovered: Option<u64>) -> FrEntry {
+        FrEntry {
+            time_created_ns: created,
+            duration_ms,
+            time_discovered_completed_ns: discovered,
+            state: STATE_COMPLETED.into(),
+            ..FrEntry::default()
+        }
+    }
+
+    #[test]
+    fn an_op_ends_at_its_creation_plus_its_gpu_duration_capped_by_its_discovery() {
+        assert_eq!(end_time(&timed(1_000, Some(0.5), Some(900_000))), 501_000);
+        assert_eq!(end_time(&timed(1_000, Some(5.0), Some(900_000))), 900_000);
+        assert_eq!(end_time(&timed(1_000, None, Some(900_000))), 900_000);
+        assert_eq!(end_time(&timed(1_000, Some(f64::NAN), None)), 1_000);
+    }
+
+    #[test]
+    fn a_rank_whose_tensors_disagree_in_dtype_has_dtype_other() {
+        let e = |inputs: &[&str], outputs: &[&str]| FrEntry {
+            input_dtypes: inputs.iter().map(|d| d.to_string()).collect(),
+            output_dtypes: outputs.iter().map(|d| d.to_string()).collect(),
+            ..FrEntry::default()
+        };
+        assert_eq!(
+            entry_dtype(&e(&["BFloat16"], &["BFloat16"])),
+            Dtype::BFloat16
+        );
+        assert_eq!(entry_dtype(&e(&["Float"], &["BFloat16"])), Dtype::Other);
+        assert_eq!(entry_dtype(&e(&[], &["Half"])), Dtype::Float16);
+        assert_eq!(entry_dtype(&e(&[], &[])), Dtype::Other);
+    }
+
     #[test]
     fn group_ranks_map_to_global_ranks() {
         assert_eq!(to_global(Some(&[4, 5, 6]), 2), Some(6));
