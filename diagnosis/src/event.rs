@@ -311,6 +311,10 @@ mod tests {
         }
         assert_eq!(Op::parse("nccl:all_reduce"), Op::AllReduce);
         assert_eq!(Op::parse("nccl:_all_gather_base"), Op::AllGather);
+        assert_eq!(Op::parse("nccl:_allgather_base"), Op::AllGather);
+        assert_eq!(Op::parse("gloo:all_reduce"), Op::AllReduce);
+        assert_eq!(Op::parse("ncclx:_broadcast_oop"), Op::Broadcast);
+        assert_eq!(Op::parse("nccl:_reduce_oop"), Op::Reduce);
         assert_eq!(Op::parse("nccl:send 1->2"), Op::Send);
         assert_eq!(Op::parse("nccl:recv 3<-0"), Op::Recv);
         assert_eq!(

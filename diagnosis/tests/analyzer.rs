@@ -926,3 +926,70 @@ fn offline_a_lost_dump_does_not_hide_the_culprit_the_others_name() {
         .iter()
         .any(|e| e == "no flight recorder dump from rank 3"));
 }
+
+/// `split_group` names every DP group alike: groups "1" = [0, 2] and "1" = [1, 3] are two
+/// groups, told apart by their ranks, whose shards (and so sizes) may differ.
+#[test]
+fn groups_sharing_a_name_are_kept_apart_by_their_ranks() {
+    let sized = |rank: u32, seq: u64, phase: Phase, t: u64| {
+        let Event::Coll(mut c) = coll(rank, "1", seq, phase, t) else {
+            unreachable!()
+        };
+        if rank % 2 == 1 {
+            c.count = 512;
+            c.bytes = 2048;
+        }
+        Event::Coll(c)
+    };
+    let mut a = JobAnalyzer::new("j", cfg());
+    for rank in 0..4 {
+        a.ingest(
+            &Event::Member(yard_diagnosis::event::Member {
+                rank,
+                world_size: 4,
+                host: format!("h{rank}"),
+                addr: String::new(),
+                nic: String::new(),
+                switch: String::new(),
+                pid: 10 + rank,
+            }),
+            T0,
+        );
+    }
+    a.ingest(&group("1", vec![0, 2]), T0);
+    a.ingest(&group("1", vec![1, 3]), T0);
+    for seq in 1..=3 {
+        let t = T0 + seq * 100 * MS;
+        for rank in 0..4 {
+            a.ingest(&sized(rank, seq, Phase::Enqueue, t), t);
+            a.ingest(&sized(rank, seq, Phase::End, t + 10 * MS), t + 10 * MS);
+        }
+    }
+    let beat = |a: &mut JobAnalyzer, t: u64| {
+        for rank in 0..4 {
+            a.ingest(&Event::Heartbeat { rank, t_ns: t }, t);
+        }
+    };
+    beat(&mut a, T0 + S);
+    assert!(
+        a.evaluate(T0 + S).is_empty(),
+        "different groups, different sizes"
+    );
+
+    // Seq 4: [0, 2] completes it; in [1, 3] rank 3 never enters it.
+    let t = T0 + S;
+    for rank in [0, 2] {
+        a.ingest(&sized(rank, 4, Phase::Enqueue, t), t);
+        a.ingest(&sized(rank, 4, Phase::End, t + 10 * MS), t + 10 * MS);
+    }
+    a.ingest(&sized(1, 4, Phase::Enqueue, t), t);
+    beat(&mut a, T0 + 10 * S);
+    let vs = a.evaluate(T0 + 10 * S).to_vec();
+    let v = only(&vs);
+    assert_eq!(
+        (v.class, v.subtype, v.culprits.clone()),
+        (Class::Hang, Subtype::MissingParticipant, vec![3])
+    );
+    let pg = v.pg.as_ref().unwrap();
+    assert_eq!((pg.name.as_str(), pg.ranks.clone()), ("1", vec![1, 3]));
+}

@@ -2,14 +2,16 @@
 //! by Python itself, bad files, and the reduction to a trace.
 
 use proptest::prelude::*;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use yard_diagnosis::analyzer::{analyze_trace, Config};
 use yard_diagnosis::event::{Coll, Dtype, Event, Op, Phase, Trace};
 use yard_diagnosis::import::{
     read_dir, read_dump, to_trace, write_json, write_pickle, FrDump, FrEntry, FrPg, FrPgStatus,
     ImportError,
 };
+use yard_diagnosis::verdict::{Class, Subtype, Verdict};
 
 fn entry(pg: &str, seq: u64, name: &str, state: &str, t: u64) -> FrEntry {
     let p2p = name.contains("send") || name.contains("recv");
@@ -483,4 +485,348 @@ fn read_dir_reads_every_dump_and_rejects_bad_ones() {
     let err = read_dir(&empty).unwrap_err();
     assert!(matches!(err, ImportError::EmptyDir { .. }), "{err}");
     assert_names(&err, &empty);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dumps as PyTorch writes them, analysed end to end.
+//
+// `dump_dict` in torch/csrc/distributed/c10d/FlightRecorderDetail.hpp builds a dict with keys
+// in this order: version, pg_config, comm_lib_version, pg_status, entries; each entry holds
+// frames (shared dicts), record_id, pg_id, process_group (a tuple), thread_name, thread_id (a
+// string), collective_seq_id, p2p_seq_id, op_id, profiling_name, time_created_ns, duration_ms
+// (a float, only with timing), input_sizes / output_sizes (lists of lists of ints),
+// input_dtypes / output_dtypes (lists of C++ scalar names), state, the discovery times (ints
+// or None), retired, timeout_ms and is_p2p. `pg_config` is keyed by group name with the ranks
+// as a string; `pg_status` by the decimal pg_id. `pickle_str` (TraceUtils.h) writes it with
+// torch's pickler at protocol 2, and the default writer names the file
+// `nccl_trace_rank_<rank>`. The script below builds exactly that and pickles it with Python's
+// own pickler at protocol 2.
+// ---------------------------------------------------------------------------------------------
+
+const FR_JOB_PY: &str = r#"
+import pickle, sys
+
+MS = 1_000_000
+TIMEOUT_MS = 600_000
+FRAMES = [{"name": "all_reduce", "filename": "torch/distributed/distributed_c10d.py", "line": 2806},
+          {"name": "train_step", "filename": "train.py", "line": 42}]
+
+class Rank:
+    """One rank's flight recorder: its groups, its counters and its ring buffer."""
+    def __init__(self, rank):
+        self.rank = rank
+        self.pg_config = {}
+        self.pg_ids = {}
+        self.status = {}
+        self.entries = []
+        self.coll_seq = {}
+        self.p2p_seq = {}
+        self.op_id = {}
+
+    def group(self, name, desc, ranks):
+        pg_id = len(self.pg_ids)
+        self.pg_ids[name] = pg_id
+        self.pg_config[name] = {"name": name, "desc": desc,
+                                "ranks": "[" + ", ".join(str(r) for r in ranks) + "]"}
+        self.status[pg_id] = [-1, -1, -1]
+        self.coll_seq[name] = 0
+        self.p2p_seq[name] = 0
+        self.op_id[name] = 0
+
+    def record(self, pg, profiling_name, created, end=None, started=None, in_sizes=None,
+               out_sizes=None, in_dtype="Float", out_dtype=None, timed=True):
+        """An op enqueued at `created` that ended at `end` (None: still in flight; then
+        `started` is when the dump found its start event done, or None if not yet)."""
+        p2p = profiling_name.split(":")[1].split(" ")[0] in ("send", "recv")
+        if p2p:
+            self.p2p_seq[pg] += 1
+        else:
+            self.coll_seq[pg] += 1
+        self.op_id[pg] += 1
+        in_sizes = in_sizes if in_sizes is not None else [[1024]]
+        # Fresh lists, as `read_sizes` builds each one anew: torch's pickler memoizes a list
+        # only when the same list is pushed twice (as it does the shared stack frames).
+        out_sizes = [list(s) for s in (out_sizes if out_sizes is not None else in_sizes)]
+        in_sizes = [list(s) for s in in_sizes]
+        out_dtype = out_dtype or in_dtype
+        if end is not None:
+            state = "completed"
+            # The watchdog retires a finished op on one of its polls, up to 100 ms late, and
+            # marks start and completion discovered then.
+            lag = (self.rank * 37 + len(self.entries) * 11) % 100 * MS
+            t_started, t_completed = end + lag, end + lag
+        else:
+            state = "started" if started is not None else "scheduled"
+            t_started, t_completed = started, None
+        pg_id = self.pg_ids[pg]
+        e = {"frames": FRAMES,
+             "record_id": len(self.entries), "pg_id": pg_id,
+             "process_group": (pg, self.pg_config[pg]["desc"]),
+             "thread_name": "pt_main_thread", "thread_id": "139872345",
+             "collective_seq_id": self.coll_seq[pg], "p2p_seq_id": self.p2p_seq[pg],
+             "op_id": self.op_id[pg], "profiling_name": profiling_name,
+             "time_created_ns": created}
+        if end is not None and timed:
+            # c10d keeps the CUDA event time as a float.
+            e["duration_ms"] = (end - created) / MS
+        e.update({"input_sizes": in_sizes, "input_dtypes": [in_dtype] * len(in_sizes),
+                  "output_sizes": out_sizes, "output_dtypes": [out_dtype] * len(out_sizes),
+                  "state": state,
+                  "time_discovered_started_ns": t_started,
+                  "time_discovered_completed_ns": t_completed,
+                  "retired": end is not None, "timeout_ms": TIMEOUT_MS, "is_p2p": p2p})
+        self.entries.append(e)
+        st = self.status[pg_id]
+        if not p2p:
+            seq = self.coll_seq[pg]
+            st[0] = seq
+            if t_started is not None:
+                st[1] = seq
+            if end is not None:
+                st[2] = seq
+
+    def write(self, out):
+        d = {"version": "2.10",
+             "pg_config": self.pg_config,
+             "comm_lib_version": "2.27.5",
+             "pg_status": {str(i): {"last_enqueued_collective": s[0],
+                                    "last_started_collective": s[1],
+                                    "last_completed_collective": s[2]}
+                           for i, s in self.status.items()},
+             "entries": self.entries}
+        with open(f"{out}/nccl_trace_rank_{self.rank}", "wb") as f:
+            f.write(pickle.dumps(d, protocol=2))
+
+def split_job(stuck):
+    """World 4 built with split_group: DP groups [0, 2] and [1, 3] are both named "1", TP
+    groups [0, 1] and [2, 3] both "2". The DP groups hold shards of different sizes. With
+    `stuck`, rank 3 never enters DP all_reduce #10 and the dump comes at rank 1's timeout."""
+    ranks = [Rank(r) for r in range(4)]
+    dp = {0: [0, 2], 2: [0, 2], 1: [1, 3], 3: [1, 3]}
+    tp = {0: [0, 1], 1: [0, 1], 2: [2, 3], 3: [2, 3]}
+    for r in ranks:
+        r.group("0", "default_pg", [0, 1, 2, 3])
+        r.group("1", "dp", dp[r.rank])
+        r.group("2", "tp", tp[r.rank])
+    t = 1_000 * MS
+    for step in range(1, 11):
+        for r in ranks:
+            r.record("2", "nccl:all_reduce", t + r.rank * MS, t + 10 * MS, in_sizes=[[4096]])
+        if step % 2 == 0:
+            # A pipeline hand-off inside each TP group: group rank 0 sends to group rank 1.
+            for r in ranks:
+                name = "nccl:send 0->1" if tp[r.rank][0] == r.rank else "nccl:recv 1<-0"
+                r.record("2", name, t + 11 * MS, t + 12 * MS, in_sizes=[[64]])
+        for r in ranks:
+            shard = [[1024]] if dp[r.rank] == [0, 2] else [[2048]]
+            created = t + 20 * MS + r.rank * MS
+            if stuck and step == 10 and dp[r.rank] == [1, 3]:
+                if r.rank == 1:
+                    r.record("1", "nccl:all_reduce", created, None,
+                             started=created + TIMEOUT_MS * MS, in_sizes=shard)
+                continue
+            r.record("1", "nccl:all_reduce", created, t + 40 * MS, in_sizes=shard)
+        t += 100 * MS
+    return ranks
+
+def completed_mismatch(kind):
+    """World 4, default group only; at all_reduce #4 rank 2 (size, type) or rank 1 (dtype)
+    records something else, and every rank completes every op."""
+    ranks = [Rank(r) for r in range(4)]
+    for r in ranks:
+        r.group("0", "default_pg", [0, 1, 2, 3])
+    t = 1_000 * MS
+    for step in range(1, 9):
+        for r in ranks:
+            args = {}
+            name = "nccl:all_reduce"
+            if step == 4 and kind == "size" and r.rank == 2:
+                args = {"in_sizes": [[1000]]}
+            if step == 4 and kind == "type" and r.rank == 2:
+                name = "nccl:_allgather_base"
+                args = {"in_sizes": [[256]], "out_sizes": [[1024]]}
+            if step == 4 and kind == "dtype" and r.rank == 1:
+                args = {"in_dtype": "BFloat16"}
+            r.record("0", name, t + r.rank * MS, t + 10 * MS, **args)
+        t += 100 * MS
+    return ranks
+
+def on_demand(kind):
+    """World 4, a DP group "0" of everyone: 40 steps of compute (50 ms, a little jitter) and a
+    gradient all_reduce (5 ms once the last rank arrives), with a large all_gather (~1.2 s)
+    every 8 steps. The dump is taken on demand while step 41's all_gather is in flight on every
+    rank (started on three, not yet started on rank 2), 1 s after the last rank entered it.
+    `straggler`: from step 24 on rank 2 computes 30 ms longer. `timeout`: the same in-flight
+    all_gather, but the dump comes at the watchdog's timeout."""
+    ranks = [Rank(r) for r in range(4)]
+    for r in ranks:
+        r.group("0", "default_pg", [0, 1, 2, 3])
+    prev_end = 1_000 * MS
+    for step in range(1, 42):
+        arrive = []
+        for r in ranks:
+            compute = 50 * MS + ((step * 7 + r.rank * 13) % 5) * MS // 10
+            if kind == "straggler" and step >= 24 and r.rank == 2:
+                compute += 30 * MS
+            arrive.append(prev_end + compute)
+        if step % 8 == 1:
+            name, sizes, out, transfer = "nccl:_allgather_base", [[1 << 20]], [[4 << 20]], 1200 * MS
+        else:
+            name, sizes, out, transfer = "nccl:all_reduce", [[1 << 18]], None, 5 * MS
+        end = max(arrive) + transfer
+        if step == 41:
+            dump = max(arrive) + (TIMEOUT_MS * MS if kind == "timeout" else 1000 * MS)
+            for r in ranks:
+                started = None if r.rank == 2 else dump
+                r.record("0", name, arrive[r.rank], None, started=started,
+                         in_sizes=sizes, out_sizes=out)
+        else:
+            for r in ranks:
+                r.record("0", name, arrive[r.rank], end, in_sizes=sizes, out_sizes=out)
+        prev_end = end
+    return ranks
+
+scenario, out = sys.argv[1], sys.argv[2]
+jobs = {
+    "split_healthy": lambda: split_job(False),
+    "split_stuck": lambda: split_job(True),
+    "size": lambda: completed_mismatch("size"),
+    "type": lambda: completed_mismatch("type"),
+    "dtype": lambda: completed_mismatch("dtype"),
+    "in_flight": lambda: on_demand("healthy"),
+    "straggler": lambda: on_demand("straggler"),
+    "timeout": lambda: on_demand("timeout"),
+}
+for r in jobs[scenario]():
+    r.write(out)
+"#;
+
+/// Writes the dumps of one scenario of [`FR_JOB_PY`] into a fresh directory.
+fn python_job(scenario: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let status = Command::new("python3")
+        .arg("-c")
+        .arg(FR_JOB_PY)
+        .arg(scenario)
+        .arg(dir.path())
+        .status()
+        .expect("python3 must be installed to write dumps with the real pickler");
+    assert!(status.success(), "the dump script failed for {scenario}");
+    dir
+}
+
+fn diagnose(dir: &Path) -> Vec<Verdict> {
+    let trace = read_dir(dir).unwrap();
+    analyze_trace(&trace, &Config::default())
+}
+
+fn summary(vs: &[Verdict]) -> Vec<(Class, Subtype, Vec<u32>)> {
+    vs.iter()
+        .map(|v| (v.class, v.subtype, v.culprits.clone()))
+        .collect()
+}
+
+#[test]
+fn split_groups_sharing_a_name_are_told_apart_by_their_ranks() {
+    let dir = python_job("split_healthy");
+    let trace = read_dir(dir.path()).unwrap();
+    let mut groups: Vec<(String, Vec<u32>)> = trace
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Group(g) => Some((g.name.to_string(), g.ranks.clone())),
+            _ => None,
+        })
+        .collect();
+    groups.sort();
+    assert_eq!(
+        groups,
+        vec![
+            ("0".into(), vec![0, 1, 2, 3]),
+            ("1".into(), vec![0, 2]),
+            ("1".into(), vec![1, 3]),
+            ("2".into(), vec![0, 1]),
+            ("2".into(), vec![2, 3]),
+        ]
+    );
+    // Rank 2's `send 0->1` in its TP group [2, 3] goes to global rank 3, not to the group rank
+    // 1 of the other group named "2".
+    let peers: BTreeSet<(u32, Option<u32>)> = colls(&trace)
+        .iter()
+        .filter(|c| c.op == Op::Send)
+        .map(|c| (c.rank, c.peer))
+        .collect();
+    assert_eq!(peers, [(0, Some(1)), (2, Some(3))].into_iter().collect());
+    // The two DP groups all-reduce shards of different sizes: no mismatch between them.
+    assert_eq!(summary(&diagnose(dir.path())), vec![]);
+
+    let dir = python_job("split_stuck");
+    let vs = diagnose(dir.path());
+    assert_eq!(
+        summary(&vs),
+        vec![(Class::Hang, Subtype::MissingParticipant, vec![3])],
+        "{vs:#?}"
+    );
+    let pg = vs[0].pg.as_ref().unwrap();
+    assert_eq!((pg.name.as_str(), pg.ranks.clone()), ("1", vec![1, 3]));
+    assert_eq!(vs[0].seq, Some(10));
+}
+
+#[test]
+fn a_collective_every_rank_completed_with_different_records_is_a_mismatch() {
+    for (scenario, subtype, culprit) in [
+        ("size", Subtype::SizeMismatch, 2),
+        ("type", Subtype::TypeMismatch, 2),
+        ("dtype", Subtype::DtypeMismatch, 1),
+    ] {
+        let dir = python_job(scenario);
+        let trace = read_dir(dir.path()).unwrap();
+        assert!(!trace.stuck, "{scenario}: every op completed");
+        let vs = analyze_trace(&trace, &Config::default());
+        assert_eq!(
+            summary(&vs),
+            vec![(Class::Mismatch, subtype, vec![culprit])],
+            "{scenario}: {vs:#?}"
+        );
+        assert_eq!(vs[0].seq, Some(4), "{scenario}");
+        assert_eq!(vs[0].op, Some(Op::AllReduce), "{scenario}");
+        assert!(
+            vs[0].evidence.iter().any(|e| e.contains("completed #4")),
+            "{scenario}: {:?}",
+            vs[0].evidence
+        );
+    }
+}
+
+#[test]
+fn a_dump_on_demand_names_the_compute_straggler_from_durations() {
+    let dir = python_job("straggler");
+    let trace = read_dir(dir.path()).unwrap();
+    assert!(trace.stuck, "the dump holds an op in flight");
+    let vs = analyze_trace(&trace, &Config::default());
+    assert_eq!(
+        summary(&vs),
+        vec![(Class::Slow, Subtype::ComputeStraggler, vec![2])],
+        "{vs:#?}"
+    );
+    assert!(
+        vs[0].evidence.iter().any(|e| e.contains("waits least")),
+        "{:?}",
+        vs[0].evidence
+    );
+}
+
+#[test]
+fn a_long_collective_in_flight_in_a_dump_on_demand_is_not_a_hang() {
+    let dir = python_job("in_flight");
+    let vs = diagnose(dir.path());
+    assert_eq!(summary(&vs), vec![], "{vs:#?}");
+
+    // The same op in flight for the watchdog's timeout is a hang.
+    let dir = python_job("timeout");
+    let vs = diagnose(dir.path());
+    assert!(
+        !vs.is_empty() && vs.iter().all(|v| v.class == Class::Hang),
+        "{vs:#?}"
+    );
 }

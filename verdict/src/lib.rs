@@ -70,17 +70,24 @@ impl Op {
         }
     }
 
-    /// Parses a name as [`Op::name`] writes it; also accepts `nccl:`-prefixed Flight Recorder
-    /// names and the `_base`/`_coalesced` suffixes PyTorch adds. Unknown names are `Other`.
+    /// Parses a name as [`Op::name`] writes it; also accepts Flight Recorder's names with a
+    /// backend prefix (`nccl:`, `ncclx:`, `gloo:`, `xccl:`, as fr_trace does), the
+    /// `_base`/`_oop`/`_coalesced` forms PyTorch records and its `_allgather_base`. Unknown
+    /// names are `Other`.
     pub fn parse(name: &str) -> Op {
-        let name = name.strip_prefix("nccl:").unwrap_or(name);
+        let name = name.split_once(':').map_or(name, |(_, op)| op);
         let name = name.split_whitespace().next().unwrap_or("");
         if name.ends_with("coalesced") {
             return Op::Coalesced;
         }
         let name = name.strip_prefix('_').unwrap_or(name);
         let name = name.strip_suffix("_base").unwrap_or(name);
+        let name = name.strip_suffix("_oop").unwrap_or(name);
         let name = name.strip_suffix("_into_tensor").unwrap_or(name);
+        // ProcessGroupNCCL names `all_gather_into_tensor` "nccl:_allgather_base".
+        if name == "allgather" {
+            return Op::AllGather;
+        }
         Op::ALL
             .into_iter()
             .find(|op| op.name() == name)

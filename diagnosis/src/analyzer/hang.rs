@@ -79,10 +79,15 @@ pub(crate) fn evaluate(
         if !forced && idle_ns <= threshold(pg, &st, cfg) {
             continue;
         }
+        if forced && healthy_in_flight(state, &st, now, cfg) {
+            continue;
+        }
         out.stuck[i] = true;
         stuck.push(st);
     }
+    let completed = completed_mismatches(state, &stuck);
     if stuck.is_empty() {
+        out.verdicts = completed;
         return out;
     }
 
@@ -193,7 +198,81 @@ pub(crate) fn evaluate(
             out.verdicts.push(v);
         }
     }
+    out.verdicts.extend(completed);
     out
+}
+
+/// Mismatches at seqs every member completed, in streams the stuck rules do not already
+/// report a mismatch for: NCCL finishing an op whose ranks disagree proves nothing is right
+/// (a smaller buffer on one rank reduces garbage into the others'), so it is evidence as much
+/// as a hang is.
+fn completed_mismatches(state: &State, stuck: &[Stuck]) -> Vec<Verdict> {
+    let mut out = Vec::new();
+    for (i, pg) in state.pgs.iter().enumerate() {
+        let Some(cm) = &pg.completed_mismatch else {
+            continue;
+        };
+        let stuck_mismatch = stuck.iter().any(|st| {
+            st.pg == i && majority(pg, &st.entered_m, st.seq).is_some_and(|m| m.1.len() > 1)
+        });
+        if stuck_mismatch {
+            continue;
+        }
+        for mut v in mismatch_verdicts(state, i, cm.seq, cm.sigs.iter().copied()) {
+            v.evidence.push(format!(
+                "every member of {} completed #{}: finishing does not make the ranks agree",
+                text::pg(pg),
+                cm.seq
+            ));
+            out.push(v);
+        }
+    }
+    out
+}
+
+/// A stream caught in flight by a dump taken on demand rather than at a timeout: every
+/// expected participant entered the op, they agree on it, and the last of them entered it
+/// no longer ago than the op's usual duration allows ([`threshold`]). A dump at a watchdog
+/// timeout never looks like this, since the op has then been in flight for the timeout
+/// (FR's dump also marks a started op as discovered at the dump, so the dump's time shows).
+fn healthy_in_flight(state: &State, st: &Stuck, now: u64, cfg: &Config) -> bool {
+    let pg = &state.pgs[st.pg];
+    if !st.behind.is_empty() || !st.unknown.is_empty() || st.entered.is_empty() {
+        return false;
+    }
+    if pg.p2p {
+        // Each end numbers its own ops: every waiting member's pending op must have its peer
+        // in the stream with an op pending too (a peer without a record may be dead).
+        let mut last_arrival = None;
+        for m in 0..pg.members.len() {
+            let Some(seq) = frontier(state, pg, m) else {
+                continue;
+            };
+            let Some(rec) = pg.rec(m, seq).filter(|r| r.has_enq()) else {
+                return false;
+            };
+            let peer_waits = rec
+                .peer
+                .and_then(|p| pg.member_of(p))
+                .is_some_and(|p| frontier(state, pg, p).is_some());
+            if !peer_waits {
+                return false;
+            }
+            last_arrival = last_arrival.max(Some(rec.enq));
+        }
+        return last_arrival.is_some_and(|t| now.saturating_sub(t) <= threshold(pg, st, cfg));
+    }
+    if majority(pg, &st.entered_m, st.seq).is_none_or(|m| m.1.len() > 1) {
+        return false;
+    }
+    let last_arrival = st
+        .entered_m
+        .iter()
+        .filter_map(|&m| pg.rec(m, st.seq))
+        .filter(|r| r.has_enq())
+        .map(|r| r.enq)
+        .max();
+    last_arrival.is_some_and(|t| now.saturating_sub(t) <= threshold(pg, st, cfg))
 }
 
 /// The hang threshold of a stream: the floor, or `hang_factor` times its op's usual transfer
@@ -263,8 +342,7 @@ fn frontier(state: &State, pg: &Pg, m: usize) -> Option<u64> {
 /// records could be mistaken for it.
 fn entered(state: &State, pg: &Pg, m: usize, seq: u64) -> bool {
     let ms = &pg.state[m];
-    ms.last_enq >= Some(seq)
-        || (state.find_pg(&pg.name, true).is_none() && ms.peer_seq >= Some(seq))
+    ms.last_enq >= Some(seq) || (!state.has_p2p_twin(pg) && ms.peer_seq >= Some(seq))
 }
 
 /// Where a stream with an op in flight is stuck: the lowest seq some member entered and has not
@@ -332,7 +410,7 @@ fn stuck_at(state: &State, pgi: usize, idle_ns: u64, unknown: &[Rank]) -> Option
 
 /// The fields collectives must agree on, for comparison: send and recv pair up, and ops whose
 /// per-rank sizes legitimately differ are compared without size.
-fn normalized(sig: Sig) -> Sig {
+pub(crate) fn normalized(sig: Sig) -> Sig {
     let mut s = sig;
     if s.op.is_p2p() {
         s.op = Op::Send;
@@ -343,21 +421,32 @@ fn normalized(sig: Sig) -> Sig {
     s
 }
 
-/// Camps of the `members` (indices) by normalized signature at `seq`, and the majority camp: the largest, ties
-/// broken towards the camp with the lowest rank so the answer never depends on arrival order.
-/// Returns (majority's original signature, camps, tie).
+/// Camps of the `members` (indices) by normalized signature at `seq`, and the majority camp:
+/// the largest, ties broken towards the camp with the lowest rank so the answer never depends
+/// on arrival order. Returns (majority's original signature, camps, tie).
 #[allow(clippy::type_complexity)]
 fn majority(pg: &Pg, members: &[usize], seq: u64) -> Option<(Sig, BTreeMap<Sig, Vec<Rank>>, bool)> {
+    camps(
+        pg,
+        members
+            .iter()
+            .filter_map(|&m| pg.rec(m, seq).map(|rec| (m, rec.sig))),
+    )
+}
+
+/// [`majority`] over (member index, signature) pairs, wherever they were kept.
+#[allow(clippy::type_complexity)]
+fn camps(
+    pg: &Pg,
+    sigs: impl Iterator<Item = (usize, Sig)>,
+) -> Option<(Sig, BTreeMap<Sig, Vec<Rank>>, bool)> {
     let mut camps: BTreeMap<Sig, Vec<Rank>> = BTreeMap::new();
     let mut original: BTreeMap<Sig, Sig> = BTreeMap::new();
-    for &m in members {
-        let Some(rec) = pg.rec(m, seq) else {
-            continue;
-        };
+    for (m, sig) in sigs {
         let r = pg.members[m];
-        let n = normalized(rec.sig);
+        let n = normalized(sig);
         camps.entry(n).or_default().push(r);
-        original.entry(n).or_insert(rec.sig);
+        original.entry(n).or_insert(sig);
     }
     for v in camps.values_mut() {
         v.sort_unstable();
@@ -408,7 +497,23 @@ fn base_verdict(state: &State, st: &Stuck, class: Class, subtype: Subtype) -> Ve
 /// Rule a: entered ranks disagree about the op at the stuck seq.
 fn mismatch(state: &State, st: &Stuck) -> Vec<Verdict> {
     let pg = &state.pgs[st.pg];
-    let Some((maj, camps, tie)) = majority(pg, &st.entered_m, st.seq) else {
+    let sigs = st
+        .entered_m
+        .iter()
+        .filter_map(|&m| pg.rec(m, st.seq).map(|rec| (m, rec.sig)));
+    mismatch_verdicts(state, st.pg, st.seq, sigs)
+}
+
+/// Mismatch verdicts of stream `pgi` at `seq` from its members' signatures there: the
+/// minority camps are blamed, one verdict per kind of disagreement.
+fn mismatch_verdicts(
+    state: &State,
+    pgi: usize,
+    seq: u64,
+    sigs: impl Iterator<Item = (usize, Sig)>,
+) -> Vec<Verdict> {
+    let pg = &state.pgs[pgi];
+    let Some((maj, camps, tie)) = camps(pg, sigs) else {
         return Vec::new();
     };
     if camps.len() < 2 {
@@ -448,7 +553,7 @@ fn mismatch(state: &State, st: &Stuck) -> Vec<Verdict> {
         e.1.push(format!(
             "{} enqueued {what} at #{} while {} of {total} ranks enqueued {} {} {}",
             text::ranks(ranks),
-            st.seq,
+            seq,
             maj_ranks.len(),
             maj.op,
             maj.dtype,
@@ -458,8 +563,21 @@ fn mismatch(state: &State, st: &Stuck) -> Vec<Verdict> {
     by_subtype
         .into_iter()
         .map(|(subtype, (culprits, mut evidence))| {
-            let mut v = base_verdict(state, st, Class::Mismatch, subtype);
-            v.op = Some(maj.op);
+            let mut v = Verdict {
+                class: Class::Mismatch,
+                subtype,
+                culprits: Vec::new(),
+                links: Vec::new(),
+                pg: Some(PgRef {
+                    name: pg.name.to_string(),
+                    ranks: pg.ranks(),
+                }),
+                seq: Some(seq),
+                op: Some(maj.op),
+                evidence: Vec::new(),
+                confidence: 0.0,
+                detected_ns: 0,
+            };
             let minority = culprits.len();
             v.culprits = sorted(culprits);
             if tie {

@@ -198,7 +198,7 @@ impl JobAnalyzer {
         dedup_keep_order(&mut focus);
         let p2p = verdict.op.is_some_and(Op::is_p2p);
         let pgi = match &verdict.pg {
-            Some(p) => self.state.find_pg(&p.name, p2p),
+            Some(p) => self.state.find_pg(&p.name, &p.ranks, p2p),
             None => focus.iter().find_map(|&r| {
                 let pgs = &self.state.ranks.get(r as usize)?.pgs;
                 let busy = pgs

@@ -9,8 +9,11 @@
 //! (its last `End` arrives), which spreads their cost evenly over the events.
 
 use super::baseline::{Baseline, Hits, Recent};
+use super::hang::normalized;
 use super::Config;
-use crate::event::{Coll, Dtype, Event, LinkCounters, Member, Op, PeerProgress, PgName, Phase};
+use crate::event::{
+    Coll, Dtype, Event, Group, LinkCounters, Member, Op, PeerProgress, PgName, Phase,
+};
 use crate::event::{Dir, Rank};
 use std::collections::HashMap;
 
@@ -202,6 +205,10 @@ pub(crate) struct Pg {
     pub p2p: bool,
     /// Membership in group-rank order, once a `Group` event declared it.
     pub declared: Option<Vec<Rank>>,
+    /// The rank set (sorted) of the group this stream belongs to (for a point-to-point
+    /// stream, its collective twin's declaration): with it, streams that share a name are
+    /// told apart, whatever order a declaration lists the ranks in.
+    pub scope: Option<Vec<Rank>>,
     pub members: Vec<Rank>,
     pub state: Vec<MemberState>,
     recs: Vec<Rec>,
@@ -222,6 +229,19 @@ pub(crate) struct Pg {
     pub gap_median: f32,
     /// Reused buffer of (member, gap) of the seq being judged.
     gaps: Vec<(usize, f32)>,
+    /// The first seq every member completed while disagreeing about the op: a mismatch is a
+    /// program bug whether or not NCCL happened to finish, and, as in FR's analyzer, only
+    /// the first one is kept because pairing after it is unreliable.
+    pub completed_mismatch: Option<Box<CompletedMismatch>>,
+}
+
+/// Members' signatures at a completed seq whose members disagreed, kept when it completed
+/// (the ring of records is overwritten long before an evaluation may ask).
+#[derive(Clone, Debug)]
+pub(crate) struct CompletedMismatch {
+    pub seq: u64,
+    /// (member index, signature).
+    pub sigs: Vec<(usize, Sig)>,
 }
 
 impl Pg {
@@ -230,6 +250,7 @@ impl Pg {
             name,
             p2p,
             declared: None,
+            scope: None,
             members: Vec::new(),
             state: Vec::new(),
             recs: Vec::new(),
@@ -244,6 +265,7 @@ impl Pg {
             gap_seq: 0,
             gap_median: 0.0,
             gaps: Vec::new(),
+            completed_mismatch: None,
         }
     }
 
@@ -310,6 +332,14 @@ impl Pg {
     }
 }
 
+/// A group's ranks as a set: sorted, without repeats.
+fn rank_set(ranks: &[Rank]) -> Vec<Rank> {
+    let mut set = ranks.to_vec();
+    set.sort_unstable();
+    set.dedup();
+    set
+}
+
 fn slot(seq: u64) -> usize {
     (seq % SEQ_WINDOW as u64) as usize
 }
@@ -370,8 +400,12 @@ pub(crate) struct CounterState {
 #[derive(Debug, Default)]
 pub(crate) struct State {
     pub pgs: Vec<Pg>,
-    coll_index: HashMap<PgName, u32>,
-    p2p_index: HashMap<PgName, u32>,
+    /// Streams by name. A name usually has one stream, but `torch.distributed.split_group`
+    /// and `new_group` give every DP group (every TP group, …) the same name, so a group is
+    /// its name *and* its rank set; a rank is in at most one group of a name, which is how
+    /// a rank's op finds its stream (as FR's analyzer keys groups by name and rank).
+    coll_index: HashMap<PgName, Vec<u32>>,
+    p2p_index: HashMap<PgName, Vec<u32>>,
     pub ranks: Vec<RankState>,
     /// (host addr, peer addr) → counters.
     pub counters: HashMap<(String, String), CounterState>,
@@ -407,13 +441,7 @@ impl State {
                 }
                 r.info = Some(Box::new(m.clone()));
             }
-            Event::Group(g) => {
-                let pg = self.intern(&g.name, false, now);
-                for &rank in &g.ranks {
-                    self.member(pg, rank, now);
-                }
-                self.pgs[pg].declared = Some(g.ranks.clone());
-            }
+            Event::Group(g) => self.group(g, now),
             Event::Coll(c) => self.coll(c, now, cfg),
             Event::Peer(p) => self.peer(p, now, cfg),
             Event::Heartbeat { rank, .. } => {
@@ -504,19 +532,81 @@ impl State {
         // (coalesced heartbeats travel last), and only a new Member revives a rank.
     }
 
-    fn intern(&mut self, name: &PgName, p2p: bool, now: u64) -> usize {
+    /// The stream of `name` whose scope is `scope`, created if there is none.
+    fn intern(&mut self, name: &PgName, p2p: bool, scope: Option<&[Rank]>, now: u64) -> usize {
         let index = if p2p {
             &mut self.p2p_index
         } else {
             &mut self.coll_index
         };
-        if let Some(&i) = index.get(&**name) {
+        let streams = index.entry(name.clone()).or_default();
+        if let Some(&i) = streams
+            .iter()
+            .find(|&&i| self.pgs[i as usize].scope.as_deref() == scope)
+        {
             return i as usize;
         }
         let i = self.pgs.len();
-        index.insert(name.clone(), i as u32);
-        self.pgs.push(Pg::new(name.clone(), p2p, now));
+        streams.push(i as u32);
+        let mut pg = Pg::new(name.clone(), p2p, now);
+        pg.scope = scope.map(<[Rank]>::to_vec);
+        self.pgs.push(pg);
         i
+    }
+
+    /// A group declaration: the stream of this name with this rank set, or an undeclared one
+    /// whose members all belong to it (ops that arrived before the declaration), or a new one.
+    fn group(&mut self, g: &Group, now: u64) {
+        let scope = rank_set(&g.ranks);
+        let adopt = |pgs: &[Pg], index: &HashMap<PgName, Vec<u32>>| {
+            index.get(&g.name).and_then(|streams| {
+                streams.iter().map(|&i| i as usize).find(|&i| {
+                    pgs[i].scope.is_none() && pgs[i].members.iter().all(|r| g.ranks.contains(r))
+                })
+            })
+        };
+        let exists = self.coll_index.get(&g.name).is_some_and(|s| {
+            s.iter()
+                .any(|&i| self.pgs[i as usize].scope.as_ref() == Some(&scope))
+        });
+        if !exists {
+            if let Some(i) = adopt(&self.pgs, &self.coll_index) {
+                self.pgs[i].scope = Some(scope.clone());
+            }
+            if let Some(i) = adopt(&self.pgs, &self.p2p_index) {
+                self.pgs[i].scope = Some(scope.clone());
+            }
+        }
+        let pg = self.intern(&g.name, false, Some(&scope), now);
+        for &rank in &g.ranks {
+            self.member(pg, rank, now);
+        }
+        self.pgs[pg].declared = Some(g.ranks.clone());
+    }
+
+    /// The stream and member index of `rank`'s op in the group it calls `name`: a stream of
+    /// that name it is already in, else the one of the group of that name that lists it, else
+    /// the name's undeclared stream.
+    fn stream(&mut self, rank: Rank, name: &PgName, p2p: bool, now: u64) -> (usize, usize) {
+        if let Some(r) = self.ranks.get(rank as usize) {
+            let found = r.pgs.iter().find(|(p, _)| {
+                let pg = &self.pgs[*p as usize];
+                pg.p2p == p2p && pg.name == *name
+            });
+            if let Some(&(p, m)) = found {
+                return (p as usize, m as usize);
+            }
+        }
+        let scope = self.coll_index.get(name).and_then(|streams| {
+            streams
+                .iter()
+                .filter_map(|&i| self.pgs[i as usize].scope.as_ref())
+                .find(|ranks| ranks.binary_search(&rank).is_ok())
+                .cloned()
+        });
+        let pg = self.intern(name, p2p, scope.as_deref(), now);
+        let m = self.member(pg, rank, now);
+        (pg, m)
     }
 
     /// The member index of `rank` in stream `pg`, adding it if new.
@@ -530,19 +620,31 @@ impl State {
         m
     }
 
-    /// The stream a global rank's op belongs to, if known.
-    pub(crate) fn find_pg(&self, name: &str, p2p: bool) -> Option<usize> {
+    /// The stream a verdict names: of that name and kind, the one with exactly these ranks
+    /// if there is one, else the first.
+    pub(crate) fn find_pg(&self, name: &str, ranks: &[Rank], p2p: bool) -> Option<usize> {
         let index = if p2p {
             &self.p2p_index
         } else {
             &self.coll_index
         };
-        index.get(name).map(|&i| i as usize)
+        let streams = index.get(name)?;
+        streams
+            .iter()
+            .find(|&&i| self.pgs[i as usize].ranks() == ranks)
+            .or(streams.first())
+            .map(|&i| i as usize)
+    }
+
+    /// Whether collective stream `pg` has a point-to-point stream of the same group.
+    pub(crate) fn has_p2p_twin(&self, pg: &Pg) -> bool {
+        self.p2p_index
+            .get(&pg.name)
+            .is_some_and(|s| s.iter().any(|&i| self.pgs[i as usize].scope == pg.scope))
     }
 
     fn coll(&mut self, c: &Coll, now: u64, cfg: &Config) {
-        let pgi = self.intern(&c.pg, c.op.is_p2p(), now);
-        let m = self.member(pgi, c.rank, now);
+        let (pgi, m) = self.stream(c.rank, &c.pg, c.op.is_p2p(), now);
         let pg = &mut self.pgs[pgi];
         let idx = m * SEQ_WINDOW + slot(c.seq);
         let rec = &mut pg.recs[idx];
@@ -633,8 +735,7 @@ impl State {
     }
 
     fn peer(&mut self, p: &PeerProgress, now: u64, cfg: &Config) {
-        let pgi = self.intern(&p.pg, false, now);
-        let m = self.member(pgi, p.rank, now);
+        let (pgi, m) = self.stream(p.rank, &p.pg, false, now);
         let pg = &mut self.pgs[pgi];
         let ms = &mut pg.state[m];
         ms.peer_seq = ms.peer_seq.max(Some(p.seq));
@@ -723,13 +824,21 @@ fn finish_pair(pair: &mut PairState, cfg: &Config) {
 fn complete_seq(pg: &mut Pg, ranks: &[RankState], seq: u64, cfg: &Config) {
     let mut transfer: Option<u64> = None;
     let mut sig = None;
+    let mut agree = true;
     for m in 0..pg.members.len() {
         if let Some(rec) = pg.rec(m, seq) {
-            sig.get_or_insert(rec.sig);
+            let first = *sig.get_or_insert(rec.sig);
+            agree &= normalized(first) == normalized(rec.sig);
             if let Some(d) = rec.duration() {
                 transfer = Some(transfer.map_or(d, |t| t.min(d)));
             }
         }
+    }
+    if !agree && pg.completed_mismatch.is_none() {
+        let sigs = (0..pg.members.len())
+            .filter_map(|m| pg.rec(m, seq).map(|r| (m, r.sig)))
+            .collect();
+        pg.completed_mismatch = Some(Box::new(CompletedMismatch { seq, sigs }));
     }
     let (Some(t), Some(sig)) = (transfer, sig) else {
         return;

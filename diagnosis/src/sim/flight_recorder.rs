@@ -125,6 +125,17 @@ impl Recorder {
                 member_of[r as usize].push(g);
             }
         }
+        // The watchdog dumps once the oldest op in flight has been so for the timeout; the
+        // dump then marks every started op as discovered started (FR's `dump_entries` queries
+        // the events of what is still in flight), so the dump's time shows in the record.
+        let dump_ns = self
+            .ops
+            .iter()
+            .flatten()
+            .filter(|s| s.ended.is_none())
+            .map(|s| s.first.t_ns)
+            .min()
+            .map(|t| t.saturating_add(TIMEOUT_MS * 1_000_000));
         let mut dumps = Vec::new();
         for (rank, ops) in self.ops.into_iter().enumerate() {
             let rank = rank as Rank;
@@ -176,7 +187,8 @@ impl Recorder {
                     }
                 }
                 if record_id >= skip {
-                    dump.entries.push(entry(topo, g, record_id as u64, seen));
+                    dump.entries
+                        .push(entry(topo, g, record_id as u64, seen, dump_ns));
                 }
             }
             dumps.push(dump);
@@ -193,8 +205,8 @@ fn desc(topo: &Topology, g: usize) -> String {
     }
 }
 
-/// The ring-buffer entry PyTorch would record for one op.
-fn entry(topo: &Topology, g: usize, record_id: u64, seen: &Seen) -> FrEntry {
+/// The ring-buffer entry PyTorch would record for one op, in a dump taken at `dump_ns`.
+fn entry(topo: &Topology, g: usize, record_id: u64, seen: &Seen, dump_ns: Option<u64>) -> FrEntry {
     let c = &seen.first;
     let group = &topo.groups[g];
     let group_rank = |r: Rank| group.ranks.iter().position(|&x| x == r).unwrap_or(0);
@@ -223,7 +235,10 @@ fn entry(topo: &Topology, g: usize, record_id: u64, seen: &Seen) -> FrEntry {
         op_id: c.seq,
         profiling_name,
         time_created_ns: c.t_ns,
-        time_discovered_started_ns: seen.started,
+        time_discovered_started_ns: match (seen.started, seen.ended) {
+            (Some(_), None) => dump_ns.or(seen.started),
+            (started, _) => started,
+        },
         time_discovered_completed_ns: seen.ended,
         input_sizes: vec![vec![count]],
         input_dtypes: vec![cpp_dtype(c.dtype).into()],
@@ -232,10 +247,9 @@ fn entry(topo: &Topology, g: usize, record_id: u64, seen: &Seen) -> FrEntry {
         state: state.into(),
         retired: seen.ended.is_some(),
         timeout_ms: TIMEOUT_MS,
-        duration_ms: match (seen.started, seen.ended) {
-            (Some(s), Some(e)) => Some(e.saturating_sub(s) as f64 / 1e6),
-            _ => None,
-        },
+        // GPU time from the start event, which fires when this rank's stream reaches the op
+        // (its arrival), to the end: waiting for later peers included.
+        duration_ms: seen.ended.map(|e| e.saturating_sub(c.t_ns) as f64 / 1e6),
         is_p2p,
     }
 }

@@ -66,7 +66,16 @@ fn looks_like_dump(path: &Path) -> bool {
 
 /// Reduces dumps to events: a `Member` per dumped rank, a `Group` per process group, and per
 /// entry a `Coll` `Enqueue` (at `time_created_ns`), `Start` (at `time_discovered_started_ns`, if
-/// discovered) and `End` (if `completed`).
+/// discovered) and `End` (if `completed`, see [`end_time`]). Collective events are ordered by
+/// time, as the ranks lived them, so that the analyzer sees each seq completed while all its
+/// members' records of it are still in its window, however long the buffers are.
+///
+/// **Groups are a name and a rank set.** `torch.distributed.split_group` and `new_group` give
+/// every DP group the same name ("1"), every TP group another ("2"), and so on: `pg_config` is
+/// keyed by name *within one dump*, and across dumps the same name stands for as many groups as
+/// there are rank sets (FR's analyzer, `build_groups_memberships`, keys them by name plus
+/// ranks for this reason). So a `Group` is emitted per distinct (name, ranks), and an entry's
+/// group is found in its own rank's `pg_config`, never by name across ranks.
 ///
 /// Ring-buffer wrap: each rank's buffer holds only its latest entries, and busy ranks lose
 /// older ones sooner. So per process group (and separately for its point-to-point sequence) the
@@ -77,16 +86,19 @@ fn looks_like_dump(path: &Path) -> bool {
 ///
 /// `world` is every rank of every group plus the dumped ranks; `missing` the world's ranks
 /// without a dump; `taken_ns` the latest time in any dump; `stuck` is set when any entry is not
-/// completed, as FR dumps are taken on a timeout.
+/// completed, as FR dumps are taken on a timeout (the analyzer still tells a dump taken on
+/// demand, with an op legitimately in flight, by that op's age).
 pub fn to_trace(dumps: &[FrDump]) -> Trace {
     // The first dump to describe a group wins; ranks agree on membership in a sane job.
-    let mut groups: BTreeMap<&str, Group> = BTreeMap::new();
+    let mut groups: BTreeMap<(&str, &[Rank]), Group> = BTreeMap::new();
     for pg in dumps.iter().flat_map(|d| d.pg_config.values()) {
-        groups.entry(pg.name.as_str()).or_insert_with(|| Group {
-            name: Arc::from(pg.name.as_str()),
-            desc: pg.desc.clone(),
-            ranks: pg.ranks.clone(),
-        });
+        groups
+            .entry((pg.name.as_str(), pg.ranks.as_slice()))
+            .or_insert_with(|| Group {
+                name: Arc::from(pg.name.as_str()),
+                desc: pg.desc.clone(),
+                ranks: pg.ranks.clone(),
+            });
     }
     let dumped: BTreeSet<Rank> = dumps.iter().map(|d| d.rank).collect();
     let world: BTreeSet<Rank> = groups
@@ -113,33 +125,36 @@ pub fn to_trace(dumps: &[FrDump]) -> Trace {
         })
     }));
     events.extend(groups.values().cloned().map(Event::Group));
+    let declarations = events.len();
 
     let floors = retained_floors(dumps);
     let mut names: HashMap<&str, PgName> = HashMap::new();
     let mut taken_ns = 0;
     let mut stuck = false;
     for dump in by_rank {
+        let own = own_groups(dump);
         for e in &dump.entries {
             taken_ns = taken_ns
                 .max(e.time_created_ns)
                 .max(e.time_discovered_started_ns.unwrap_or(0))
                 .max(e.time_discovered_completed_ns.unwrap_or(0));
             stuck |= e.state != STATE_COMPLETED;
-            let key = seq_key(e);
-            if floors
-                .get(&(key.0, key.1))
-                .is_some_and(|&floor| key.2 < floor)
-            {
+            let group_ranks = own.get(e.process_group.0.as_str()).copied();
+            let key = seq_key(e, group_ranks);
+            if floors.get(&key.0).is_some_and(|&floor| key.1 < floor) {
                 continue;
             }
             let pg = names
                 .entry(e.process_group.0.as_str())
                 .or_insert_with(|| Arc::from(e.process_group.0.as_str()))
                 .clone();
-            let group_ranks = groups.get(e.process_group.0.as_str()).map(|g| &g.ranks[..]);
             push_entry(&mut events, dump.rank, pg, group_ranks, e);
         }
     }
+    events[declarations..].sort_by_key(|ev| match ev {
+        Event::Coll(c) => c.t_ns,
+        _ => 0,
+    });
 
     Trace {
         job: "fr".to_string(),
@@ -151,29 +166,41 @@ pub fn to_trace(dumps: &[FrDump]) -> Trace {
     }
 }
 
-/// (group, is point-to-point, seq): the sequence an entry belongs to and its place in it.
-fn seq_key(e: &FrEntry) -> (&str, bool, u64) {
+/// A rank's groups by the name its entries use (its `pg_config` is keyed by name).
+fn own_groups(dump: &FrDump) -> HashMap<&str, &[Rank]> {
+    dump.pg_config
+        .values()
+        .map(|pg| (pg.name.as_str(), pg.ranks.as_slice()))
+        .collect()
+}
+
+/// The sequence an entry belongs to, ((group name, group ranks if known, point-to-point)), and
+/// its place in it.
+type SeqKey<'a> = ((&'a str, Option<&'a [Rank]>, bool), u64);
+
+fn seq_key<'a>(e: &'a FrEntry, group: Option<&'a [Rank]>) -> SeqKey<'a> {
     let p2p = is_p2p(e);
     let seq = if p2p {
         e.p2p_seq_id
     } else {
         e.collective_seq_id
     };
-    (e.process_group.0.as_str(), p2p, seq)
+    ((e.process_group.0.as_str(), group, p2p), seq)
 }
 
 fn is_p2p(e: &FrEntry) -> bool {
     e.is_p2p || Op::parse(&e.profiling_name).is_p2p()
 }
 
-/// Per (group, p2p): the highest over ranks of each rank's lowest retained seq.
-fn retained_floors(dumps: &[FrDump]) -> HashMap<(&str, bool), u64> {
-    let mut floors: HashMap<(&str, bool), u64> = HashMap::new();
+/// Per sequence: the highest over ranks of each rank's lowest retained seq.
+fn retained_floors(dumps: &[FrDump]) -> HashMap<(&str, Option<&[Rank]>, bool), u64> {
+    let mut floors: HashMap<(&str, Option<&[Rank]>, bool), u64> = HashMap::new();
     for dump in dumps {
-        let mut lowest: HashMap<(&str, bool), u64> = HashMap::new();
+        let own = own_groups(dump);
+        let mut lowest: HashMap<(&str, Option<&[Rank]>, bool), u64> = HashMap::new();
         for e in &dump.entries {
-            let (pg, p2p, seq) = seq_key(e);
-            let low = lowest.entry((pg, p2p)).or_insert(seq);
+            let (key, seq) = seq_key(e, own.get(e.process_group.0.as_str()).copied());
+            let low = lowest.entry(key).or_insert(seq);
             *low = (*low).min(seq);
         }
         for (key, low) in lowest {
@@ -192,16 +219,13 @@ fn push_entry(
     e: &FrEntry,
 ) {
     let op = Op::parse(&e.profiling_name);
-    let (_, p2p, seq) = seq_key(e);
-    let peer = if p2p {
+    let (_, seq) = seq_key(e, group);
+    let peer = if is_p2p(e) {
         p2p_peer(&e.profiling_name).and_then(|g| to_global(group, g))
     } else {
         None
     };
-    let dtype = e
-        .input_dtypes
-        .first()
-        .map_or(Dtype::Other, |d| Dtype::parse(d));
+    let dtype = entry_dtype(e);
     let count = numel(&e.input_sizes);
     let coll = |phase, t_ns| {
         Event::Coll(Coll {
@@ -222,11 +246,49 @@ fn push_entry(
         events.push(coll(Phase::Start, t));
     }
     if e.state == STATE_COMPLETED {
-        let t = e
-            .time_discovered_completed_ns
-            .or(e.time_discovered_started_ns)
-            .unwrap_or(e.time_created_ns);
-        events.push(coll(Phase::End, t));
+        events.push(coll(Phase::End, end_time(e)));
+    }
+}
+
+/// When a completed op ended on its rank. With `TORCH_NCCL_ENABLE_TIMING`, `duration_ms` is the
+/// GPU time between the op's start event, which fires when the rank's stream reaches the op
+/// (the rank arrives), and its end event: creation plus duration is then the end as the rank
+/// lived it, waiting for late peers included. The watchdog's discovery time is only an upper
+/// bound, late by up to a polling period (100 ms), which would drown a compute straggler's
+/// lateness; it is used when there is no duration, and caps one that disagrees with it.
+fn end_time(e: &FrEntry) -> u64 {
+    let discovered = e
+        .time_discovered_completed_ns
+        .or(e.time_discovered_started_ns);
+    let timed = e
+        .duration_ms
+        .filter(|d| d.is_finite() && *d >= 0.0)
+        .map(|d| e.time_created_ns.saturating_add((d * 1e6).round() as u64));
+    match (timed, discovered) {
+        (Some(t), Some(d)) => t.min(d),
+        (Some(t), None) => t,
+        (None, Some(d)) => d,
+        (None, None) => e.time_created_ns,
+    }
+}
+
+/// The entry's element type. A rank whose own input and output dtypes differ disagrees with
+/// itself, which FR's matcher counts as a dtype mismatch: it is given [`Dtype::Other`], so it
+/// stands apart from ranks whose tensors are all of one type.
+fn entry_dtype(e: &FrEntry) -> Dtype {
+    let first = e.input_dtypes.first().or(e.output_dtypes.first());
+    let Some(first) = first else {
+        return Dtype::Other;
+    };
+    let uniform = e
+        .input_dtypes
+        .iter()
+        .chain(&e.output_dtypes)
+        .all(|d| d == first);
+    if uniform {
+        Dtype::parse(first)
+    } else {
+        Dtype::Other
     }
 }
 
@@ -276,6 +338,40 @@ mod tests {
         assert_eq!(numel(&[vec![]]), 1);
         assert_eq!(numel(&[]), 0);
         assert_eq!(numel(&[vec![-1, 5]]), 0);
+    }
+
+    fn timed(created: u64, duration_ms: Option<f64>, discovered: Option<u64>) -> FrEntry {
+        FrEntry {
+            time_created_ns: created,
+            duration_ms,
+            time_discovered_completed_ns: discovered,
+            state: STATE_COMPLETED.into(),
+            ..FrEntry::default()
+        }
+    }
+
+    #[test]
+    fn an_op_ends_at_its_creation_plus_its_gpu_duration_capped_by_its_discovery() {
+        assert_eq!(end_time(&timed(1_000, Some(0.5), Some(900_000))), 501_000);
+        assert_eq!(end_time(&timed(1_000, Some(5.0), Some(900_000))), 900_000);
+        assert_eq!(end_time(&timed(1_000, None, Some(900_000))), 900_000);
+        assert_eq!(end_time(&timed(1_000, Some(f64::NAN), None)), 1_000);
+    }
+
+    #[test]
+    fn a_rank_whose_tensors_disagree_in_dtype_has_dtype_other() {
+        let e = |inputs: &[&str], outputs: &[&str]| FrEntry {
+            input_dtypes: inputs.iter().map(|d| d.to_string()).collect(),
+            output_dtypes: outputs.iter().map(|d| d.to_string()).collect(),
+            ..FrEntry::default()
+        };
+        assert_eq!(
+            entry_dtype(&e(&["BFloat16"], &["BFloat16"])),
+            Dtype::BFloat16
+        );
+        assert_eq!(entry_dtype(&e(&["Float"], &["BFloat16"])), Dtype::Other);
+        assert_eq!(entry_dtype(&e(&[], &["Half"])), Dtype::Float16);
+        assert_eq!(entry_dtype(&e(&[], &[])), Dtype::Other);
     }
 
     #[test]
