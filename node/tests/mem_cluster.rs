@@ -67,6 +67,46 @@ fn slow_follower_timings() -> RaftSection {
     }
 }
 
+/// A led three-node cluster at [`slow_follower_timings`], for the tests that fault one
+/// follower's link: the terms before the fault, and that follower.
+struct SpellCluster {
+    net: MemNetwork,
+    raft: RaftSection,
+    nodes: Vec<TestNode>,
+    leader: NodeId,
+    before: Vec<u64>,
+}
+
+impl SpellCluster {
+    async fn start() -> Self {
+        let net = MemNetwork::default();
+        let raft = slow_follower_timings();
+        let (nodes, leader) = led_cluster(&net, &raft).await;
+        let before = terms(&nodes);
+        Self {
+            net,
+            raft,
+            nodes,
+            leader,
+            before,
+        }
+    }
+
+    fn follower(&self) -> &TestNode {
+        self.nodes
+            .iter()
+            .find(|n| n.node.id() != self.leader)
+            .unwrap()
+    }
+
+    /// Neither a new term nor a new leader since the cluster formed.
+    async fn assert_same_leader(&self, why: &str) {
+        assert_eq!(terms(&self.nodes), self.before, "{why}");
+        let all: Vec<&TestNode> = self.nodes.iter().collect();
+        assert_eq!(wait_leader(&all, None).await, self.leader);
+    }
+}
+
 async fn start(
     net: &MemNetwork,
     id: NodeId,
@@ -287,27 +327,18 @@ async fn writes_for(net: &MemNetwork, to: &str, prefix: &str, spell: Duration) -
 /// without a heartbeat (past its election timeout) and deposed the leader again and again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_behind_a_congested_link_deposes_no_leader() {
-    let net = MemNetwork::default();
-    let raft = slow_follower_timings();
-    let (nodes, leader) = led_cluster(&net, &raft).await;
-    let all: Vec<&TestNode> = nodes.iter().collect();
-    let before = terms(&nodes);
-    let leader_addr = addr(leader);
-    let slow = nodes.iter().find(|n| n.node.id() != leader).unwrap();
+    let c = SpellCluster::start().await;
+    let leader_addr = addr(c.leader);
     // Three heartbeats late: every answer misses the one-heartbeat RPC timeout.
-    net.delay_answers(
+    c.net.delay_answers(
         &leader_addr,
-        &slow.addr,
-        Duration::from_millis(3 * raft.heartbeat_ms),
+        &c.follower().addr,
+        Duration::from_millis(3 * c.raft.heartbeat_ms),
     );
-    let i = writes_for(&net, &leader_addr, "slow", Duration::from_secs(3)).await;
-    net.heal();
-    assert_eq!(
-        terms(&nodes),
-        before,
-        "a new term while a follower was slow"
-    );
-    assert_eq!(wait_leader(&all, None).await, leader);
+    let i = writes_for(&c.net, &leader_addr, "slow", Duration::from_secs(3)).await;
+    c.net.heal();
+    c.assert_same_leader("a new term while a follower was slow")
+        .await;
     assert!(i > 10, "only {i} writes in 3 s");
 }
 
@@ -317,19 +348,20 @@ async fn a_follower_behind_a_congested_link_deposes_no_leader() {
 /// follower stand for election and depose the leader.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_unreachable_for_a_moment_deposes_no_leader() {
-    let net = MemNetwork::default();
-    let raft = slow_follower_timings();
-    let (nodes, leader) = led_cluster(&net, &raft).await;
-    let before = terms(&nodes);
-    let follower = nodes.iter().find(|n| n.node.id() != leader).unwrap();
+    let c = SpellCluster::start().await;
+    let follower = c.follower();
     for _ in 0..5 {
-        net.unregister(&follower.addr);
-        tokio::time::sleep(Duration::from_millis(raft.heartbeat_ms)).await;
-        net.register(&follower.addr, Arc::new(follower.node.clone()));
-        tokio::time::sleep(Duration::from_millis(raft.election_timeout_max_ms * 2)).await;
+        c.net.unregister(&follower.addr);
+        tokio::time::sleep(Duration::from_millis(c.raft.heartbeat_ms)).await;
+        c.net
+            .register(&follower.addr, Arc::new(follower.node.clone()));
+        tokio::time::sleep(Duration::from_millis(c.raft.election_timeout_max_ms * 2)).await;
     }
-    assert_eq!(terms(&nodes), before, "a new term after a follower's blips");
-    put(&net, &addr(leader), "after-blips", "x").await.unwrap();
+    c.assert_same_leader("a new term after a follower's blips")
+        .await;
+    put(&c.net, &addr(c.leader), "after-blips", "x")
+        .await
+        .unwrap();
 }
 
 /// A follower cut off from the leader alone (it still reaches the third node) for several
@@ -338,21 +370,17 @@ async fn a_follower_unreachable_for_a_moment_deposes_no_leader() {
 /// Without the pre-vote it stood with ever higher terms and deposed the leader at the heal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_cut_off_from_the_leader_alone_deposes_no_leader() {
-    let net = MemNetwork::default();
-    let raft = slow_follower_timings();
-    let (nodes, leader) = led_cluster(&net, &raft).await;
-    let all: Vec<&TestNode> = nodes.iter().collect();
-    let before = terms(&nodes);
-    let leader_addr = addr(leader);
-    let cut = nodes.iter().find(|n| n.node.id() != leader).unwrap();
-    net.partition(&[&leader_addr], &[&cut.addr]);
-    let spell = Duration::from_millis(raft.election_timeout_max_ms * 8);
-    writes_for(&net, &leader_addr, "cut", spell).await;
-    net.heal();
-    tokio::time::sleep(Duration::from_millis(raft.election_timeout_max_ms * 4)).await;
-    assert_eq!(terms(&nodes), before, "a new term after a one-sided cut");
-    assert_eq!(wait_leader(&all, None).await, leader);
-    put(&net, &addr(cut.node.id()), "after-cut", "x")
+    let c = SpellCluster::start().await;
+    let leader_addr = addr(c.leader);
+    let cut = c.follower();
+    c.net.partition(&[&leader_addr], &[&cut.addr]);
+    let spell = Duration::from_millis(c.raft.election_timeout_max_ms * 8);
+    writes_for(&c.net, &leader_addr, "cut", spell).await;
+    c.net.heal();
+    tokio::time::sleep(Duration::from_millis(c.raft.election_timeout_max_ms * 4)).await;
+    c.assert_same_leader("a new term after a one-sided cut")
+        .await;
+    put(&c.net, &addr(cut.node.id()), "after-cut", "x")
         .await
         .unwrap();
 }

@@ -150,19 +150,7 @@ mod tests {
         use yard_verdict::Op;
         use yard_verdict::{Link, LinkKind, PgRef};
         let classes = [Class::Hang, Class::Slow, Class::Mismatch];
-        let subtypes = [
-            Subtype::MissingParticipant,
-            Subtype::ExtraParticipant,
-            Subtype::TypeMismatch,
-            Subtype::SizeMismatch,
-            Subtype::DtypeMismatch,
-            Subtype::DeadProcess,
-            Subtype::DataplaneStall,
-            Subtype::ComputeStraggler,
-            Subtype::SlowLink,
-            Subtype::Congestion,
-            Subtype::Undecided,
-        ];
+        let subtypes = Subtype::ALL;
         let ops: Vec<Op> = Op::ALL.into_iter().chain([Op::Other]).collect();
         let kinds = [LinkKind::Pair, LinkKind::Nic, LinkKind::Switch];
         let verdicts: Vec<Verdict> = subtypes

@@ -171,6 +171,21 @@ pub enum Subtype {
 }
 
 impl Subtype {
+    /// Every subtype, for tests and generators that must cover them all.
+    pub const ALL: [Subtype; 11] = [
+        Subtype::MissingParticipant,
+        Subtype::ExtraParticipant,
+        Subtype::TypeMismatch,
+        Subtype::SizeMismatch,
+        Subtype::DtypeMismatch,
+        Subtype::DeadProcess,
+        Subtype::DataplaneStall,
+        Subtype::ComputeStraggler,
+        Subtype::SlowLink,
+        Subtype::Congestion,
+        Subtype::Undecided,
+    ];
+
     /// The name in output and in the JSON form (`"missing_participant"`, …).
     pub fn name(self) -> &'static str {
         match self {
@@ -312,19 +327,7 @@ mod tests {
     /// `Display` spells every subtype as its JSON form does.
     #[test]
     fn subtype_names_are_their_json_names() {
-        for s in [
-            Subtype::MissingParticipant,
-            Subtype::ExtraParticipant,
-            Subtype::TypeMismatch,
-            Subtype::SizeMismatch,
-            Subtype::DtypeMismatch,
-            Subtype::DeadProcess,
-            Subtype::DataplaneStall,
-            Subtype::ComputeStraggler,
-            Subtype::SlowLink,
-            Subtype::Congestion,
-            Subtype::Undecided,
-        ] {
+        for s in Subtype::ALL {
             assert_eq!(serde_json::to_value(s).unwrap(), s.to_string());
         }
     }
