@@ -743,3 +743,203 @@ impl Scorecard {
         s
     }
 }
+
+// ---- the job kinds people run ------------------------------------------------------------------
+
+/// One scenario of [`kinds_catalogue`]: the spec and whether its Flight Recorder dumps are
+/// scored too (hangs the dumps can show, healthy jobs and controls; not slowdowns, which a dump
+/// taken at a timeout does not see).
+#[derive(Clone, Debug)]
+pub struct KindScenario {
+    pub name: String,
+    pub spec: SimSpec,
+    pub offline: bool,
+}
+
+/// Pipeline (coalesced p2p), HSDP, Megatron TP with sequence parallelism and DiLoCo jobs on 16
+/// ranks (4 nodes × 4 GPUs), each healthy and with the faults that job kind typically meets:
+/// a stage rank that never posts its p2p op, a slow link on a pipeline boundary, a compute
+/// straggler in one shard, a rank missing from a shard or TP collective; and as negative
+/// controls a healthy job dumped on demand while ops are legitimately in flight (a DiLoCo
+/// outer all-reduce of seconds over a slow link, a pipeline's pending recvs). Names read
+/// `<kind>-<fault>-s<seed>`.
+pub fn kinds_catalogue(seeds: u64) -> Result<Vec<KindScenario>, SimError> {
+    use crate::sim::{kind_spec, DumpTrigger, JobKind};
+    let (nodes, gpus) = (4, 4);
+    let mut out = Vec::new();
+    for seed in 1..=seeds {
+        let mut rng = StdRng::seed_from_u64(seed.wrapping_mul(0x9e37_79b9));
+        for kind in [
+            JobKind::Pipeline,
+            JobKind::Hsdp,
+            JobKind::TpSp,
+            JobKind::Diloco,
+        ] {
+            let mut base = kind_spec(kind, nodes, gpus);
+            base.steps = if kind == JobKind::Diloco { 12 } else { STEPS };
+            base.step_compute_ns = 100_000_000;
+            base.links.nodes_per_tor = 2;
+            base.seed = seed;
+            let topo = Topology::new(&base)?;
+            let step_ns = u64::from(base.pp) * base.step_compute_ns;
+            let at_step = |step: u32| u64::from(step) * step_ns + step_ns / 2;
+            let kind_name = match kind {
+                JobKind::Pipeline => "pipeline",
+                JobKind::Hsdp => "hsdp",
+                JobKind::TpSp => "tp_sp",
+                JobKind::Diloco => "diloco",
+                JobKind::Megatron => "megatron",
+            };
+            let group_of = |r: Rank, kind: crate::sim::GroupKind| -> String {
+                topo.groups
+                    .iter()
+                    .find(|g| g.kind == kind && g.ranks.contains(&r))
+                    .map(|g| g.name.to_string())
+                    .unwrap_or_default()
+            };
+            let mut scenarios: Vec<(&str, Option<Fault>, DumpTrigger, bool)> =
+                vec![("healthy", None, DumpTrigger::Timeout, true)];
+            match kind {
+                JobKind::Pipeline => {
+                    // A middle stage posts four p2p ops a step (recv and send, both passes).
+                    let stage = rng.gen_range(1..topo.pp - 1);
+                    let rank = topo.stage_ranks(stage).start + rng.gen_range(0..topo.dp);
+                    let pg = group_of(rank, crate::sim::GroupKind::Pp);
+                    scenarios.push((
+                        "skip_p2p",
+                        Some(Fault::SkipCollective {
+                            rank,
+                            pg,
+                            seq: 4 * u64::from(HANG_STEP) + 1 + rng.gen_range(0..4),
+                        }),
+                        DumpTrigger::Timeout,
+                        true,
+                    ));
+                    scenarios.push((
+                        "crash_stage",
+                        Some(Fault::ProcessCrash {
+                            rank,
+                            onset_ns: at_step(HANG_STEP),
+                        }),
+                        DumpTrigger::Timeout,
+                        true,
+                    ));
+                    let boundary = rng.gen_range(0..topo.pp - 1);
+                    scenarios.push((
+                        "slow_pp_link",
+                        Some(Fault::SlowLink {
+                            from_node: boundary,
+                            to_node: boundary + 1,
+                            factor: rng.gen_range(20.0..40.0),
+                            onset_ns: at_step(SLOW_STEP),
+                        }),
+                        DumpTrigger::Timeout,
+                        false,
+                    ));
+                    let at = at_step(STEPS / 2) + rng.gen_range(0..step_ns / 2);
+                    scenarios.push(("on_demand", None, DumpTrigger::OnDemand { at_ns: at }, true));
+                }
+                JobKind::Hsdp | JobKind::TpSp => {
+                    let rank = rng.gen_range(0..topo.world);
+                    let (pg, per_step) = if kind == JobKind::Hsdp {
+                        // All-gather per layer forward, all-gather and reduce-scatter backward.
+                        (
+                            group_of(rank, crate::sim::GroupKind::Tp),
+                            3 * u64::from(base.layers),
+                        )
+                    } else {
+                        // All-gather and reduce-scatter per layer, forward and backward.
+                        (
+                            group_of(rank, crate::sim::GroupKind::Tp),
+                            4 * u64::from(base.layers),
+                        )
+                    };
+                    scenarios.push((
+                        "skip_collective",
+                        Some(Fault::SkipCollective {
+                            rank,
+                            pg,
+                            seq: per_step * u64::from(HANG_STEP) + 1 + rng.gen_range(0..per_step),
+                        }),
+                        DumpTrigger::Timeout,
+                        true,
+                    ));
+                    scenarios.push((
+                        "slow_compute",
+                        Some(Fault::SlowCompute {
+                            rank,
+                            factor: rng.gen_range(1.6..3.0),
+                            onset_ns: at_step(SLOW_STEP),
+                        }),
+                        DumpTrigger::Timeout,
+                        false,
+                    ));
+                }
+                JobKind::Diloco | JobKind::Megatron => {
+                    // Dumped on demand halfway through an outer all-reduce: the first (no
+                    // earlier one to compare with) or the last.
+                    for (name, nth) in [("on_demand_first_outer", 0), ("on_demand_outer", 2)] {
+                        let (start, end) = op_span(&base, "dp", nth)?;
+                        let at = (start + end) / 2 - base.epoch_ns;
+                        scenarios.push((name, None, DumpTrigger::OnDemand { at_ns: at }, true));
+                    }
+                }
+            }
+            for (fault_name, fault, dump, offline) in scenarios {
+                let mut spec = base.clone();
+                spec.fault = fault;
+                spec.dump = dump;
+                let name = format!("{kind_name}-{fault_name}-s{seed}");
+                spec.job = name.clone();
+                out.push(KindScenario {
+                    name,
+                    spec,
+                    offline,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// When rank 0's `nth` op (from 0) in a group whose name starts with `prefix` started and
+/// ended, in a healthy run of `spec` (true clock: the run has no skew).
+fn op_span(spec: &SimSpec, prefix: &str, nth: usize) -> Result<(u64, u64), SimError> {
+    use crate::event::{Event, Phase};
+    let mut healthy = spec.clone();
+    healthy.fault = None;
+    healthy.clock_skew_ns = 0;
+    let mut starts = Vec::new();
+    let mut ends = Vec::new();
+    simulate_into(&healthy, &mut |_, ev| {
+        if let Event::Coll(c) = ev {
+            if c.rank == 0 && c.pg.starts_with(prefix) {
+                match c.phase {
+                    Phase::Start => starts.push(c.t_ns),
+                    Phase::End => ends.push(c.t_ns),
+                    Phase::Enqueue => {}
+                }
+            }
+        }
+    })?;
+    starts.sort_unstable();
+    ends.sort_unstable();
+    match (starts.get(nth), ends.get(nth)) {
+        (Some(&s), Some(&e)) => Ok((s, e)),
+        _ => Err(SimError::Param(format!(
+            "no op {nth} in a group named {prefix}…"
+        ))),
+    }
+}
+
+/// Runs [`kinds_catalogue`] live, and offline where its dumps are scored.
+pub fn run_kinds(seeds: u64, cfg: &Config) -> Result<Vec<Outcome>, SimError> {
+    let mut outcomes = Vec::new();
+    for s in kinds_catalogue(seeds)? {
+        outcomes.push(run_scenario(&s.spec, cfg)?);
+        if s.offline {
+            outcomes.push(run_offline(&s.spec, cfg)?);
+        }
+    }
+    Ok(outcomes)
+}

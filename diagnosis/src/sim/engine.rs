@@ -501,6 +501,7 @@ impl<'a> Engine<'a> {
             self.coll(r, &rec, Phase::End, end);
             self.ready[r as usize] = end;
         }
+        self.report_long_transfer(&rec, &loads, start, duration);
         for load in &loads {
             self.traffic(load.from, load.to, load.bytes, end);
             self.peer(
@@ -642,6 +643,24 @@ impl<'a> Engine<'a> {
         };
         let duration = steps * slowest_lat + (moved / slowest_bw) as u64;
         (duration, loads)
+    }
+
+    /// Per-peer progress of a transfer that runs longer than a report period (a DiLoCo outer
+    /// all-reduce over a slow link): the probe reports the bytes moved so far every period, as
+    /// NCCL's profiler reports proxy steps, so a long op that moves data is seen to progress.
+    fn report_long_transfer(&mut self, rec: &OpRec, loads: &[PairLoad], start: u64, duration: u64) {
+        let reports = duration / STALL_REPORT_NS;
+        for k in 1..=reports {
+            let done = k * STALL_REPORT_NS;
+            let t = start.saturating_add(done);
+            for load in loads {
+                let bytes =
+                    (u128::from(load.bytes) * u128::from(done) / u128::from(duration)) as u64;
+                let busy = load.busy_ns.min(done);
+                self.peer(rec, load.from, load.to, Dir::Send, bytes, busy, t);
+                self.peer(rec, load.to, load.from, Dir::Recv, bytes, busy, t);
+            }
+        }
     }
 
     /// Per-peer progress of an op whose kernel hung on `victim`: the victim sends nothing, the

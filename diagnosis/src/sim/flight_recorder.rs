@@ -9,7 +9,7 @@
 
 use super::faults::Fault;
 use super::topology::Topology;
-use super::{simulate_into, SimError, SimSpec, Simulation};
+use super::{simulate_into, DumpTrigger, JobKind, SimError, SimSpec, Simulation};
 use crate::event::{Coll, Dtype, Event, Op, Phase, Rank};
 use crate::import::fr::{
     FrDump, FrEntry, FrPg, FrPgStatus, FR_VERSION, STATE_COMPLETED, STATE_SCHEDULED, STATE_STARTED,
@@ -39,7 +39,7 @@ pub fn fr_dumps(sim: &Simulation, spec: &SimSpec) -> Result<Vec<FrDump>, SimErro
         simulate_into(&clean, &mut |_, ev| book.record(ev))?;
     }
     let missing = missing_dumps(spec, topo.world);
-    Ok(book.into_dumps(&topo, spec.noise.fr_buffer, &missing))
+    Ok(book.into_dumps(&topo, spec, &missing))
 }
 
 /// Ranks whose dump does not exist: a crashed rank and `missing_dumps` more chosen by seed.
@@ -118,7 +118,14 @@ impl Recorder {
         }
     }
 
-    fn into_dumps(self, topo: &Topology, buffer: usize, missing: &BTreeSet<Rank>) -> Vec<FrDump> {
+    fn into_dumps(
+        mut self,
+        topo: &Topology,
+        spec: &SimSpec,
+        missing: &BTreeSet<Rank>,
+    ) -> Vec<FrDump> {
+        let buffer = spec.noise.fr_buffer;
+        let coalesced_p2p = spec.kind == JobKind::Pipeline;
         let mut member_of: Vec<Vec<usize>> = vec![Vec::new(); topo.world as usize];
         for (g, group) in topo.groups.iter().enumerate() {
             for &r in &group.ranks {
@@ -128,14 +135,29 @@ impl Recorder {
         // The watchdog dumps once the oldest op in flight has been so for the timeout; the
         // dump then marks every started op as discovered started (FR's `dump_entries` queries
         // the events of what is still in flight), so the dump's time shows in the record.
-        let dump_ns = self
-            .ops
-            .iter()
-            .flatten()
-            .filter(|s| s.ended.is_none())
-            .map(|s| s.first.t_ns)
-            .min()
-            .map(|t| t.saturating_add(TIMEOUT_MS * 1_000_000));
+        // A dump on demand sees each rank as it was then (on its own clock): later ops are not
+        // recorded yet, and an op that had not started or ended then shows as such.
+        let dump_ns = match spec.dump {
+            DumpTrigger::Timeout => self
+                .ops
+                .iter()
+                .flatten()
+                .filter(|s| s.ended.is_none())
+                .map(|s| s.first.t_ns)
+                .min()
+                .map(|t| t.saturating_add(TIMEOUT_MS * 1_000_000)),
+            DumpTrigger::OnDemand { at_ns } => {
+                let at = spec.epoch_ns.saturating_add(at_ns);
+                for ops in &mut self.ops {
+                    ops.retain(|s| s.first.t_ns <= at);
+                    for s in ops.iter_mut() {
+                        s.started = s.started.filter(|&t| t <= at);
+                        s.ended = s.ended.filter(|&t| t <= at);
+                    }
+                }
+                Some(at)
+            }
+        };
         let mut dumps = Vec::new();
         for (rank, ops) in self.ops.into_iter().enumerate() {
             let rank = rank as Rank;
@@ -171,7 +193,8 @@ impl Recorder {
             } else {
                 ops.len().saturating_sub(buffer)
             };
-            for (record_id, seen) in ops.iter().enumerate() {
+            let mut record_id = 0u64;
+            for (i, seen) in ops.iter().enumerate() {
                 let Some(&g) = self.group_index.get(&*seen.first.pg) else {
                     continue;
                 };
@@ -186,9 +209,31 @@ impl Recorder {
                             status.last_completed_collective.max(seq);
                     }
                 }
-                if record_id >= skip {
-                    dump.entries
-                        .push(entry(topo, g, record_id as u64, seen, dump_ns));
+                if i < skip {
+                    record_id += 1;
+                    continue;
+                }
+                let mut e = entry(topo, g, record_id, seen, dump_ns);
+                record_id += 1;
+                if coalesced_p2p && e.is_p2p {
+                    // `batch_isend_irecv`: the op itself is recorded without CUDA events, so it
+                    // stays "scheduled" forever; the `nccl:coalesced` entry that closes the
+                    // batch, under the same `p2p_seq_id`, carries the batch's real state.
+                    let closing = FrEntry {
+                        record_id,
+                        profiling_name: "nccl:coalesced".into(),
+                        ..e.clone()
+                    };
+                    record_id += 1;
+                    e.state = STATE_SCHEDULED.into();
+                    e.time_discovered_started_ns = None;
+                    e.time_discovered_completed_ns = None;
+                    e.duration_ms = None;
+                    e.retired = closing.retired;
+                    dump.entries.push(e);
+                    dump.entries.push(closing);
+                } else {
+                    dump.entries.push(e);
                 }
             }
             dumps.push(dump);

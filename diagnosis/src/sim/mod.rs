@@ -21,6 +21,7 @@ mod workload;
 pub use faults::{Fault, Label, LabelLink, MismatchKind};
 pub use flight_recorder::{fr_dumps, missing_dumps};
 pub use topology::{GroupKind, SimGroup, Topology};
+pub use workload::kind_spec;
 
 use crate::event::Event;
 use crate::import;
@@ -37,6 +38,41 @@ pub enum Algo {
     Ring,
     /// A binary tree: reduce up, then broadcast down; every edge carries S each way.
     Tree,
+}
+
+/// Which training recipe the job runs: it decides the ops each group carries, how Flight
+/// Recorder records them and how the groups are named.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobKind {
+    /// Megatron TP×PP×DP: TP all-reduces per pass, blocking PP send/recv, a DP all-reduce.
+    #[default]
+    Megatron,
+    /// Megatron with sequence parallelism: each TP all-reduce becomes an all-gather before the
+    /// layer and a reduce-scatter after it.
+    TpSp,
+    /// A pipeline whose stage hand-offs go through `batch_isend_irecv`: Flight Recorder then
+    /// writes each send or recv plus one `nccl:coalesced` entry under one `p2p_seq_id`.
+    Pipeline,
+    /// HSDP: the TP groups are shard groups (an all-gather per layer forward and backward, a
+    /// reduce-scatter per layer backward), the DP groups replica groups (an all-reduce of the
+    /// reduced shard at step end).
+    Hsdp,
+    /// DiLoCo-style: inner steps touch only the node-local group; every `outer_every` steps the
+    /// DP groups all-reduce the pseudo-gradient over slow links, which legitimately takes long.
+    Diloco,
+}
+
+/// When the Flight Recorder dumps are taken.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "trigger", rename_all = "snake_case")]
+pub enum DumpTrigger {
+    /// By the watchdog, once the oldest op in flight has been so for the timeout.
+    #[default]
+    Timeout,
+    /// On demand (`_dump_nccl_trace`, a debug endpoint) at this offset from the job's start,
+    /// whatever is in flight.
+    OnDemand { at_ns: u64 },
 }
 
 /// Bytes each rank contributes to one op, by group kind.
@@ -81,6 +117,16 @@ pub struct Noise {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SimSpec {
     pub job: String,
+    #[serde(default)]
+    pub kind: JobKind,
+    /// Layers per stage (the per-layer collectives of `TpSp` and `Hsdp`).
+    #[serde(default = "default_layers")]
+    pub layers: u32,
+    /// DiLoCo's inner steps per outer all-reduce.
+    #[serde(default = "default_outer_every")]
+    pub outer_every: u32,
+    #[serde(default)]
+    pub dump: DumpTrigger,
     pub nodes: u32,
     pub gpus_per_node: u32,
     pub tp: u32,
@@ -121,6 +167,10 @@ impl SimSpec {
         let dp = world / tp.max(1) / pp.max(1);
         SimSpec {
             job: "sim".into(),
+            kind: JobKind::Megatron,
+            layers: default_layers(),
+            outer_every: default_outer_every(),
+            dump: DumpTrigger::Timeout,
             nodes,
             gpus_per_node,
             tp,
@@ -158,6 +208,14 @@ impl SimSpec {
     pub fn world(&self) -> u32 {
         self.nodes.saturating_mul(self.gpus_per_node)
     }
+}
+
+fn default_layers() -> u32 {
+    4
+}
+
+fn default_outer_every() -> u32 {
+    4
 }
 
 /// Why a simulation cannot run.

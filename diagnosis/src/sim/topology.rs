@@ -3,7 +3,7 @@
 //! data-parallel, then pipeline stage), so a TP group is a run of consecutive ranks inside one
 //! node and DP/PP groups stride across nodes.
 
-use super::{LinkSpec, SimError, SimSpec};
+use super::{JobKind, LinkSpec, SimError, SimSpec};
 use crate::event::{Group, Member, PgName, Rank};
 use std::collections::HashMap;
 
@@ -82,12 +82,19 @@ impl Topology {
         let (tp, pp, dp) = (spec.tp, spec.pp, spec.dp);
         let rank = |p: u32, d: u32, t: u32| t + tp * (d + dp * p);
         let mut groups = Vec::new();
+        // HSDP names its node-local groups after what they hold (a shard of the model) and
+        // its cross-node groups after what they join (replicas), as FSDP's device mesh does.
+        let prefix = |kind: GroupKind| match (spec.kind, kind) {
+            (JobKind::Hsdp, GroupKind::Tp) => "shard",
+            (JobKind::Hsdp, GroupKind::Dp) => "replica",
+            _ => kind.prefix(),
+        };
         let mut push = |kind: GroupKind, index: u32, ranks: Vec<Rank>| {
             if ranks.len() > 1 {
                 let name: PgName = if kind == GroupKind::World {
                     "world".into()
                 } else {
-                    format!("{}{index}", kind.prefix()).into()
+                    format!("{}{index}", prefix(kind)).into()
                 };
                 groups.push(SimGroup { name, kind, ranks });
             }
@@ -116,7 +123,7 @@ impl Topology {
             .enumerate()
             .map(|(i, g)| (g.name.clone(), i))
             .collect();
-        let pp_base = by_name.get("pp0").copied();
+        let pp_base = groups.iter().position(|g| g.kind == GroupKind::Pp);
         Ok(Topology {
             world,
             gpus_per_node: spec.gpus_per_node,
@@ -207,7 +214,10 @@ impl Topology {
         let group = &self.groups[g];
         Group {
             name: group.name.clone(),
-            desc: group.kind.prefix().to_string(),
+            desc: group
+                .name
+                .trim_end_matches(|c: char| c.is_ascii_digit())
+                .to_string(),
             ranks: group.ranks.clone(),
         }
     }

@@ -133,19 +133,42 @@ pub fn to_trace(dumps: &[FrDump]) -> Trace {
     let mut stuck = false;
     for dump in by_rank {
         let own = own_groups(dump);
-        for e in &dump.entries {
+        let batches = coalesced_batches(dump, &own);
+        let mut batch_done: BTreeSet<SeqKey> = BTreeSet::new();
+        for orig in &dump.entries {
+            let group_ranks = own.get(orig.process_group.0.as_str()).copied();
+            let key = seq_key(orig, group_ranks);
+            let merged: FrEntry;
+            let e = match batches.get(&key) {
+                // The batch is one op at its seq: its first send or recv, in the state of
+                // the entry that closed it. The closing entry and further ops of the batch
+                // add nothing the analyzer can key apart (they share the seq).
+                Some(closing) if is_p2p(orig) => {
+                    if Op::parse(&orig.profiling_name) == Op::Coalesced || !batch_done.insert(key) {
+                        continue;
+                    }
+                    merged = FrEntry {
+                        state: closing.state.clone(),
+                        time_discovered_started_ns: closing.time_discovered_started_ns,
+                        time_discovered_completed_ns: closing.time_discovered_completed_ns,
+                        duration_ms: closing.duration_ms,
+                        retired: closing.retired,
+                        ..orig.clone()
+                    };
+                    &merged
+                }
+                _ => orig,
+            };
             taken_ns = taken_ns
                 .max(e.time_created_ns)
                 .max(e.time_discovered_started_ns.unwrap_or(0))
                 .max(e.time_discovered_completed_ns.unwrap_or(0));
             stuck |= e.state != STATE_COMPLETED;
-            let group_ranks = own.get(e.process_group.0.as_str()).copied();
-            let key = seq_key(e, group_ranks);
             if floors.get(&key.0).is_some_and(|&floor| key.1 < floor) {
                 continue;
             }
             let pg = names
-                .entry(e.process_group.0.as_str())
+                .entry(orig.process_group.0.as_str())
                 .or_insert_with(|| Arc::from(e.process_group.0.as_str()))
                 .clone();
             push_entry(&mut events, dump.rank, pg, group_ranks, e);
@@ -164,6 +187,22 @@ pub fn to_trace(dumps: &[FrDump]) -> Trace {
         taken_ns,
         stuck,
     }
+}
+
+/// A rank's point-to-point batches (`batch_isend_irecv`, coalescing managers): per sequence
+/// key, the `nccl:coalesced` entry that closed it. PyTorch numbers a batch's ops and its
+/// closing entry with one `p2p_seq_id` and records the ops themselves without CUDA events, so
+/// they stay "scheduled" for good; only the closing entry's state says whether the batch ran.
+/// Read naively, every healthy pipeline job looks hung in every batch.
+fn coalesced_batches<'a>(
+    dump: &'a FrDump,
+    own: &HashMap<&'a str, &'a [Rank]>,
+) -> HashMap<SeqKey<'a>, &'a FrEntry> {
+    dump.entries
+        .iter()
+        .filter(|e| is_p2p(e) && Op::parse(&e.profiling_name) == Op::Coalesced)
+        .map(|e| (seq_key(e, own.get(e.process_group.0.as_str()).copied()), e))
+        .collect()
 }
 
 /// A rank's groups by the name its entries use (its `pg_config` is keyed by name).
