@@ -1,5 +1,6 @@
-"""yard_probe.torch.wrap against a tiny fake ``torch`` injected into sys.modules (torch is not
-installed here, and the wrapper must not need it until wrap() runs)."""
+"""yard_probe.torch.wrap against a tiny fake ``torch`` injected into sys.modules: fast, and
+proof that the wrapper needs no torch until wrap() runs. Real torch is tested in
+``test_torch_real.py``."""
 
 import os
 import sys
