@@ -151,6 +151,31 @@ class RealTorchTest(unittest.TestCase):
             self.assertEqual((hello["world_size"], hello["job"]), (WORLD, "torch-real"))
             self.check_rank(rank, frames, version)
         self.assertEqual(seen_ranks, set(range(WORLD)))
+        self.check_no_end_before_all_started(by_conn)
+
+    def check_no_end_before_all_started(self, by_conn):
+        """An all_reduce, all_gather or barrier cannot finish on any rank before every rank
+        started it: each END's time must follow every rank's START of that seq (one host,
+        one CLOCK_REALTIME). Catches an end reported when an async op was only issued."""
+        starts, ends = {}, {}
+        for frames in by_conn.values():
+            rank = frames[0][1]["rank"]
+            names = {m["handle"]: m["name"] for k, m in frames if k == "group"}
+            for k, c in frames:
+                if k != "coll" or c["op"] not in (AR, AG, BAR) or names[c["handle"]] != "0":
+                    continue
+                if c["phase"] == wire.START:
+                    starts.setdefault(c["seq"], []).append(c["t_ns"])
+                elif c["phase"] == wire.END:
+                    ends.setdefault(c["seq"], []).append((rank, c["t_ns"]))
+        self.assertEqual(sorted(ends), [1, 2, 3, 4, 6])
+        for seq, done in ends.items():
+            self.assertEqual(len(starts[seq]), WORLD, "seq %d" % seq)
+            for rank, t in done:
+                self.assertGreaterEqual(
+                    t, max(starts[seq]),
+                    "rank %d reported seq %d ended %.1f ms before the last rank started it"
+                    % (rank, seq, (max(starts[seq]) - t) / 1e6))
 
     def check_rank(self, rank, frames, version):
         """One rank's frames: its groups, and each op's three phases in order, as expected."""

@@ -53,6 +53,10 @@ def script(rank, world):
         check(bool((b == 1).all()), "broadcast from rank 1 in the subgroup")
 
     d = torch.full((100,), float(rank), dtype=torch.float64)
+    if rank == 0:
+        # Late on purpose: no rank's all_reduce can end before this one starts it, which the
+        # test checks on the reported times (an async op taken for a sync one ends at once).
+        time.sleep(0.3)
     work = dist.all_reduce(d, dist.ReduceOp.SUM, None, True)  # async_op by position
     check(type(work).__module__.startswith("torch"), "a work with a future comes back as is")
     work.wait()
