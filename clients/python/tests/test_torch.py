@@ -116,6 +116,8 @@ class TorchWrapTest(unittest.TestCase):
         dist.reduce_scatter_tensor(f32, FakeTensor(40, 4, self.torch.float32))
         dist.broadcast(f32, 0, group=tp)
         dist.barrier()
+        # Wrapped again mid-job (a library calling wrap too): groups and counters carry on.
+        self.assertTrue(yard_torch.wrap(probe))
         dist.send(f32, 3, group=tp)
         dist.recv(f32, src=3, group=tp)
         work = dist.all_reduce(f32, async_op=True)

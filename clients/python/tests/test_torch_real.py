@@ -65,6 +65,8 @@ def expected(rank):
 
 
 def free_port():
+    """A port nobody listens on now, for rank 0's TCP store (the kernel picks it, so parallel
+    runs do not collide)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -33,6 +33,7 @@ PROGRESS_PREFIX = "torch-rank progress:"
 
 
 def check(ok, what):
+    """Fails the rank (exit 1, the reason on stderr): the harness shows the log."""
     if not ok:
         print("torch_job: rank check failed: %s" % what, file=sys.stderr, flush=True)
         sys.exit(1)
@@ -128,6 +129,8 @@ def train(rank, world, elements, compute_ms):
 
 
 def main():
+    """Probe first, then ``wrap``, then ``init_process_group``: the order a training script
+    would use, and wrap must not need an initialised group."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("mode", choices=["script", "train"])
     ap.add_argument("--rank", type=int, required=True)

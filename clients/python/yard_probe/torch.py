@@ -193,6 +193,8 @@ class _Groups:
 
 
 def _arg(args, kwargs, index, name):
+    """An argument given by keyword or by position: real code passes ``group`` and
+    ``async_op`` both ways."""
     if name in kwargs:
         return kwargs[name]
     if index is not None and index < len(args):
@@ -218,6 +220,7 @@ def _size(sized_by):
 
 def _wrapper(probe, groups, fn_name, spec, original):
     def reported(*args, **kwargs):
+        """The original call between enqueue/start and end reports."""
         group = groups.get(_arg(args, kwargs, spec.group, "group"))
         if group is None:  # not a member: torch does nothing, and neither do we
             return original(*args, **kwargs)
