@@ -29,7 +29,10 @@ End: for a synchronous call, when it returned; for ``async_op=True`` (given by k
 position) and ``isend``/``irecv``, when the work's future completes, or, where the backend's
 work has no future (gloo's send/recv in 1.13), when ``wait()`` returns. The work object is returned unchanged where a future exists, so
 ``isinstance`` and every method keep working. An op whose call raised gets no end: it did
-not finish.
+not finish. Beware that this includes ops a backend refuses up front: gloo in 1.13 raises "not
+supported" for ``all_gather_into_tensor``, ``reduce_scatter_tensor`` and ``reduce_scatter``
+before moving a byte, so a job that catches that and falls back to another call leaves a
+started op without an end, which the analyzer will take for a hang.
 
 Caveat: a synchronous NCCL call returns once the op is *enqueued* on the GPU stream, so "end"
 there means the host call returned. A rank blocked in an op still shows it as started and not
