@@ -143,6 +143,15 @@ class _Groups:
                 self.by_id[id(pg)] = entry
             return entry[1]
 
+    def global_rank(self, pg, group_rank):
+        """The global rank of ``group_rank`` in ``pg`` (None: the default group), for the
+        ``group_dst``/``group_src`` keywords of torch >= 2.6; None if torch cannot say."""
+        getter = getattr(self.dist, "get_global_rank", None)
+        try:
+            return int(getter(pg if pg is not None else self._default_group(), group_rank))
+        except Exception:
+            return None
+
     def _default_group(self):
         if self.c10d is not None and hasattr(self.c10d, "_get_default_group"):
             return self.c10d._get_default_group()
@@ -224,7 +233,8 @@ def _size(sized_by):
 def _wrapper(probe, groups, fn_name, spec, original):
     def reported(*args, **kwargs):
         """The original call between enqueue/start and end reports."""
-        group = groups.get(_arg(args, kwargs, spec.group, "group"))
+        pg = _arg(args, kwargs, spec.group, "group")
+        group = groups.get(pg)
         if group is None:  # not a member: torch does nothing, and neither do we
             return original(*args, **kwargs)
         sized_by = None
@@ -234,7 +244,10 @@ def _wrapper(probe, groups, fn_name, spec, original):
         peer = None
         if spec.peer is not None:
             peer = _arg(args, kwargs, spec.peer[1], spec.peer[0])
-            peer = None if peer is None else int(peer)
+            if peer is not None:
+                peer = int(peer)
+            elif kwargs.get("group_" + spec.peer[0]) is not None:
+                peer = groups.global_rank(pg, int(kwargs["group_" + spec.peer[0]]))
         if spec.async_at == ALWAYS:
             is_async = True
         elif spec.async_at is None:
