@@ -184,7 +184,10 @@ class _Groups:
         getter = getattr(self.c10d, "_get_process_group_name", None)
         if getter is not None:
             try:
-                return str(getter(pg))
+                name = getter(pg)
+                # 2.x answers "None" for a group it does not know rather than raising.
+                if name is not None and str(name) not in ("", "None"):
+                    return str(name)
             except Exception:  # an unregistered group: try the tables, then our own numbering
                 pass
         world = getattr(self.c10d, "_world", None)
