@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs, idempotently, every system package Switchyard's build, tests and benchmarks use on
 # a Debian machine (as root). The Rust toolchain itself comes from rust-toolchain.toml via rustup.
+# python3-torch (CPU, gloo) is for the Python client's tests against real torch.distributed; it
+# installs for Debian's /usr/bin/python3, which those tests run explicitly.
 set -euo pipefail
 
-packages=(clang llvm libbpf-dev iproute2 nftables ethtool procps curl python3 gcc g++ make libc6-dev etcd-server etcd-client protobuf-compiler keepalived iputils-ping)
+packages=(clang llvm libbpf-dev iproute2 nftables ethtool procps curl python3 gcc g++ make libc6-dev etcd-server etcd-client protobuf-compiler keepalived iputils-ping python3-torch)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

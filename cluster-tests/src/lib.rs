@@ -17,6 +17,7 @@ pub mod probe;
 mod process;
 pub mod ring;
 mod topology;
+pub mod torch;
 pub mod yard;
 
 pub use error::{Error, Result};

@@ -69,8 +69,14 @@ pub fn progress_line(done: u64, mean_ms: f64, state: &str) -> String {
 
 /// The last progress line in a `ring-rank` log, if any.
 pub fn parse_progress(log: &str) -> Option<RankProgress> {
+    parse_progress_with(PROGRESS_PREFIX, log)
+}
+
+/// The last progress line starting with `prefix` (then ` done=N mean_ms=X ...`, the format
+/// of [`progress_line`]) in a rank's log, if any: for other rank programs that print the same.
+pub fn parse_progress_with(prefix: &str, log: &str) -> Option<RankProgress> {
     log.lines().rev().find_map(|line| {
-        let rest = line.strip_prefix(PROGRESS_PREFIX)?;
+        let rest = line.strip_prefix(prefix)?;
         let field = |name: &str| {
             rest.split_whitespace()
                 .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
@@ -82,11 +88,13 @@ pub fn parse_progress(log: &str) -> Option<RankProgress> {
     })
 }
 
-/// One `ring-rank` per listed host, rank `r` on `hosts[r]`, all in one job.
+/// One `ring-rank` per listed host, rank `r` on `hosts[r]`, all in one job; or any other job
+/// of rank processes that print progress lines in that format ([`RingJob::from_ranks`]).
 #[derive(Debug)]
 pub struct RingJob {
     job: String,
     ranks: Vec<Process>,
+    progress_prefix: &'static str,
 }
 
 impl RingJob {
@@ -133,10 +141,18 @@ impl RingJob {
             ];
             ranks.push(topo.spawn(h, bin, &args, &[], &format!("ring-{job}-{r}.log"))?);
         }
-        Ok(Self {
+        Ok(Self::from_ranks(job, ranks, PROGRESS_PREFIX))
+    }
+
+    /// A job of rank processes already started (rank `r` is `ranks[r]`) whose logs carry
+    /// progress lines beginning with `progress_prefix` in [`progress_line`]'s format, and
+    /// which stop cleanly on SIGTERM.
+    pub fn from_ranks(job: &str, ranks: Vec<Process>, progress_prefix: &'static str) -> Self {
+        Self {
             job: job.to_owned(),
             ranks,
-        })
+            progress_prefix,
+        }
     }
 
     /// The job's name.
@@ -159,7 +175,7 @@ impl RingJob {
 
     /// Rank `r`'s latest progress line, if it printed one yet.
     pub fn progress(&self, r: usize) -> Option<RankProgress> {
-        parse_progress(&self.ranks[r].log())
+        parse_progress_with(self.progress_prefix, &self.ranks[r].log())
     }
 
     /// Waits until every rank has completed at least `n` all-reduces (failing at once if one

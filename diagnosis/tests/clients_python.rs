@@ -1,6 +1,8 @@
 //! The Python package (`clients/python/yard_probe`) against the Rust decoder and session, so
 //! the two implementations of the wire format are proven to agree; and the package's own
 //! unittest suite, so CI runs it. python3 on PATH is required: these tests fail without it.
+//! The suite's `test_torch_real.py` also needs real torch at `/usr/bin/python3` (or
+//! `$YARD_TORCH_PYTHON`): Debian's `python3-torch`, which `deploy/install-deps.sh` installs.
 
 mod clients_support;
 

@@ -1,5 +1,6 @@
-"""yard_probe.torch.wrap against a tiny fake ``torch`` injected into sys.modules (torch is not
-installed here, and the wrapper must not need it until wrap() runs)."""
+"""yard_probe.torch.wrap against a tiny fake ``torch`` injected into sys.modules: fast, and
+proof that the wrapper needs no torch until wrap() runs. Real torch is tested in
+``test_torch_real.py``."""
 
 import os
 import sys
@@ -67,6 +68,7 @@ def make_fake_torch():
                  "barrier", "send", "recv"):
         setattr(dist, name, op(name))
     dist.get_process_group_ranks = lambda pg: list(pg.ranks)
+    dist.get_global_rank = lambda pg, group_rank: pg.ranks[group_rank]
     c10d._get_default_group = lambda: world
     c10d._get_process_group_name = lambda pg: pg.name
     dist.distributed_c10d = c10d
@@ -115,6 +117,8 @@ class TorchWrapTest(unittest.TestCase):
         dist.reduce_scatter_tensor(f32, FakeTensor(40, 4, self.torch.float32))
         dist.broadcast(f32, 0, group=tp)
         dist.barrier()
+        # Wrapped again mid-job (a library calling wrap too): groups and counters carry on.
+        self.assertTrue(yard_torch.wrap(probe))
         dist.send(f32, 3, group=tp)
         dist.recv(f32, src=3, group=tp)
         work = dist.all_reduce(f32, async_op=True)
@@ -148,7 +152,24 @@ class TorchWrapTest(unittest.TestCase):
 
         yard_torch.unwrap()
         self.assertEqual(self.torch.distributed.all_reduce.__name__, "all_reduce")
+        self.assertFalse(hasattr(self.torch.distributed, "_yard_probe_groups"))
         self.assertFalse(hasattr(self.torch.distributed.all_reduce, "_yard_probe_original"))
+
+    def test_a_peer_given_by_group_rank_is_reported_as_its_global_rank(self):
+        """torch >= 2.6 takes ``group_dst``/``group_src`` (a rank within the group) instead
+        of ``dst``/``src``; the wire carries global ranks."""
+        node = FakeNode()
+        probe = Probe("job-g", rank=5, world_size=8, socket=node.path, heartbeat=False)
+        self.assertTrue(yard_torch.wrap(probe))
+        pp = FakeGroup("3", [4, 5, 6, 7], "pp")
+        f32 = FakeTensor(10, 4, self.torch.float32)
+        self.torch.distributed.send(f32, group=pp, group_dst=2)
+        self.torch.distributed.recv(f32, group=pp, group_src=0)
+        node.wait_for(lambda s: count("coll")(s) == 6)
+        probe.close()
+        ends = [(c["op"], c["seq"], c["peer"]) for c in node.of_kind("coll")
+                if c["phase"] == wire.END]
+        self.assertEqual(ends, [(wire.OPS["send"], 1, 6), (wire.OPS["recv"], 2, 4)])
 
 
 if __name__ == "__main__":

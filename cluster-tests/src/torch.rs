@@ -1,0 +1,120 @@
+//! Real PyTorch jobs on a yard cluster: one gloo rank per host (`clients/python/tests/
+//! torch_job.py train`, run by Debian's `/usr/bin/python3` with `python3-torch`), each wrapped
+//! by `yard_probe.torch` and reporting to its host's node, all-reducing over the hosts'
+//! 198.18.0.0/16 addresses.
+//!
+//! The ranks are [`Process`]es of the [`Topology`], so a test that panics still has them
+//! killed; [`RingJob`] gives the same progress, waiting and clean stop as for `ring-rank`.
+
+use std::borrow::Borrow;
+use std::path::{Path, PathBuf};
+
+use crate::ring::RingJob;
+use crate::yard::YardCluster;
+use crate::{Result, Topology};
+
+/// The port rank 0's TCP store listens on (torchrun's default master port).
+pub const MASTER_PORT: u16 = 29500;
+
+/// What the rank script prints before each progress figure (the format of
+/// [`crate::ring::progress_line`]).
+pub const PROGRESS_PREFIX: &str = "torch-rank progress:";
+
+/// The Python client's directory, the ranks' `PYTHONPATH`.
+pub fn python_client_dir() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../clients/python"))
+}
+
+/// The rank script.
+pub fn rank_script() -> PathBuf {
+    python_client_dir().join("tests").join("torch_job.py")
+}
+
+/// The interpreter that has torch: `$YARD_TORCH_PYTHON`, else `/usr/bin/python3` (Debian's
+/// `python3-torch` installs for it, not for another python3 that may come first on PATH).
+pub fn torch_python() -> PathBuf {
+    std::env::var_os("YARD_TORCH_PYTHON")
+        .filter(|p| !p.is_empty())
+        .map_or_else(|| PathBuf::from("/usr/bin/python3"), PathBuf::from)
+}
+
+/// Settings of a torch job.
+#[derive(Debug, Clone)]
+pub struct TorchOptions {
+    /// f32 elements each all-reduce sums (one more carries the stop flag).
+    pub elements: u64,
+    /// Simulated compute between two all-reduces.
+    pub compute_ms: u64,
+    /// gloo's collective timeout: how long ranks wait for a frozen peer before failing.
+    pub timeout_s: u64,
+    /// The interface gloo binds to and the NIC ranks report to the probe.
+    pub nic: String,
+}
+
+impl Default for TorchOptions {
+    /// 256 KiB all-reduces every 20 ms of compute, gloo giving up after 60 s, on "eth0".
+    fn default() -> Self {
+        Self {
+            elements: 64 << 10,
+            compute_ms: 20,
+            timeout_s: 60,
+            nic: "eth0".into(),
+        }
+    }
+}
+
+/// Starts rank `r` of `job` in host `hosts[r]` with `python` running `script` in train mode:
+/// rendezvous at `hosts[0]`'s address, port [`MASTER_PORT`], gloo bound to `opts.nic`,
+/// reports to that host's node. Logs are `torch-<job>-<r>.log` in the run directory.
+pub fn start_job<T: Borrow<Topology>>(
+    cluster: &YardCluster<T>,
+    python: &Path,
+    script: &Path,
+    job: &str,
+    hosts: &[usize],
+    opts: &TorchOptions,
+) -> Result<RingJob> {
+    let topo = cluster.topology();
+    for &h in hosts {
+        topo.check_host(h)?;
+    }
+    let Some(&first) = hosts.first() else {
+        return Ok(RingJob::from_ranks(job, Vec::new(), PROGRESS_PREFIX));
+    };
+    let init = format!("tcp://{}:{MASTER_PORT}", topo.addr(first));
+    let pythonpath = python_client_dir().display().to_string();
+    let envs = [
+        ("PYTHONPATH", pythonpath.as_str()),
+        ("GLOO_SOCKET_IFNAME", opts.nic.as_str()),
+        ("OMP_NUM_THREADS", "1"),
+        ("PYTHONUNBUFFERED", "1"),
+    ];
+    let world = hosts.len().to_string();
+    let mut ranks = Vec::with_capacity(hosts.len());
+    for (r, &h) in hosts.iter().enumerate() {
+        let args = [
+            script.display().to_string(),
+            "train".to_owned(),
+            "--rank".to_owned(),
+            r.to_string(),
+            "--world".to_owned(),
+            world.clone(),
+            "--init".to_owned(),
+            init.clone(),
+            "--job".to_owned(),
+            job.to_owned(),
+            "--socket".to_owned(),
+            cluster.probe_socket(h).display().to_string(),
+            "--nic".to_owned(),
+            opts.nic.clone(),
+            "--elements".to_owned(),
+            opts.elements.to_string(),
+            "--compute-ms".to_owned(),
+            opts.compute_ms.to_string(),
+            "--timeout-s".to_owned(),
+            opts.timeout_s.to_string(),
+        ];
+        ranks.push(topo.spawn(h, python, &args, &envs, &format!("torch-{job}-{r}.log"))?);
+    }
+    Ok(RingJob::from_ranks(job, ranks, PROGRESS_PREFIX))
+}
