@@ -13,6 +13,10 @@
 //! pre-vote only has to stop candidacies while a leader is alive, so it adds no way for an
 //! election to be blocked that the real vote does not have already (the same leader lease).
 //!
+//! In a rolling upgrade, a node that does not know the `PreVote` request answers it with an
+//! error, which counts as a refusal: upgraded nodes stand only once a majority of the voters
+//! is upgraded, while the others elect as before.
+//!
 //! [`Gate`] is the pure decision, driven by [`run`]: elections are enabled (openraft's
 //! `runtime_config().elect`) for a window after a granted round and disabled otherwise.
 

@@ -8,7 +8,7 @@
 use super::state::{Pg, Sig, State, SEQ_WINDOW};
 use super::{text, Config, Offline};
 use crate::event::{Op, Rank};
-use crate::verdict::{Class, Link, LinkKind, PgRef, Subtype, Verdict};
+use crate::verdict::{Class, Link, LinkKind, Subtype, Verdict};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Confidence below which a verdict is weak: it is ordered after every stronger one, since
@@ -476,22 +476,7 @@ fn op_at(st: &Stuck) -> String {
 }
 
 fn base_verdict(state: &State, st: &Stuck, class: Class, subtype: Subtype) -> Verdict {
-    let pg = &state.pgs[st.pg];
-    Verdict {
-        class,
-        subtype,
-        culprits: Vec::new(),
-        links: Vec::new(),
-        pg: Some(PgRef {
-            name: pg.name.to_string(),
-            ranks: pg.ranks(),
-        }),
-        seq: Some(st.seq),
-        op: st.sig.map(|s| s.op),
-        evidence: Vec::new(),
-        confidence: 0.0,
-        detected_ns: 0,
-    }
+    state.pgs[st.pg].verdict(class, subtype, st.seq, st.sig.map(|s| s.op))
 }
 
 /// Rule a: entered ranks disagree about the op at the stuck seq.
@@ -563,21 +548,7 @@ fn mismatch_verdicts(
     by_subtype
         .into_iter()
         .map(|(subtype, (culprits, mut evidence))| {
-            let mut v = Verdict {
-                class: Class::Mismatch,
-                subtype,
-                culprits: Vec::new(),
-                links: Vec::new(),
-                pg: Some(PgRef {
-                    name: pg.name.to_string(),
-                    ranks: pg.ranks(),
-                }),
-                seq: Some(seq),
-                op: Some(maj.op),
-                evidence: Vec::new(),
-                confidence: 0.0,
-                detected_ns: 0,
-            };
+            let mut v = pg.verdict(Class::Mismatch, subtype, seq, Some(maj.op));
             let minority = culprits.len();
             v.culprits = sorted(culprits);
             if tie {

@@ -15,7 +15,7 @@ use super::paths::{host, Component, Paths};
 use super::state::{KeyStats, Pg, State};
 use super::{text, Config};
 use crate::event::{Op, Rank};
-use crate::verdict::{Class, Link, LinkKind, PgRef, Subtype, Verdict};
+use crate::verdict::{Class, Link, LinkKind, Subtype, Verdict};
 
 /// Slow verdicts of every stream not marked stuck. The same cause seen in several groups (a
 /// straggler is in a TP, a DP and a PP group; a NIC carries several DP rings) is reported once.
@@ -79,21 +79,7 @@ fn merge(out: &mut Vec<Verdict>, v: Verdict, pg: &Pg) {
 }
 
 fn base_verdict(pg: &Pg, seq: u64, op: Op, subtype: Subtype) -> Verdict {
-    Verdict {
-        class: Class::Slow,
-        subtype,
-        culprits: Vec::new(),
-        links: Vec::new(),
-        pg: Some(PgRef {
-            name: pg.name.to_string(),
-            ranks: pg.ranks(),
-        }),
-        seq: Some(seq),
-        op: Some(op),
-        evidence: Vec::new(),
-        confidence: 0.0,
-        detected_ns: 0,
-    }
+    pg.verdict(Class::Slow, subtype, seq, Some(op))
 }
 
 fn ratio(x: f32, base: Option<f32>) -> f32 {

@@ -15,6 +15,7 @@ use crate::event::{
     Coll, Dtype, Event, Group, LinkCounters, Member, Op, PeerProgress, PgName, Phase,
 };
 use crate::event::{Dir, Rank};
+use crate::verdict::{Class, PgRef, Subtype, Verdict};
 use std::collections::HashMap;
 
 /// How many recent sequence numbers of each group are kept per member. The slow rules look at
@@ -245,6 +246,26 @@ pub(crate) struct CompletedMismatch {
 }
 
 impl Pg {
+    /// A verdict about this group's `seq` (`op` as the majority ran it), its culprits,
+    /// links and evidence still to be filled in.
+    pub fn verdict(&self, class: Class, subtype: Subtype, seq: u64, op: Option<Op>) -> Verdict {
+        Verdict {
+            class,
+            subtype,
+            culprits: Vec::new(),
+            links: Vec::new(),
+            pg: Some(PgRef {
+                name: self.name.to_string(),
+                ranks: self.ranks(),
+            }),
+            seq: Some(seq),
+            op,
+            evidence: Vec::new(),
+            confidence: 0.0,
+            detected_ns: 0,
+        }
+    }
+
     fn new(name: PgName, p2p: bool, now: u64) -> Pg {
         Pg {
             name,
