@@ -77,6 +77,73 @@ pub fn grant(cfg: &PreVoteConfig, view: &LocalView) -> bool {
     !view.leader && view.heard_ms_ago.is_none_or(|ms| ms >= cfg.quiet_ms)
 }
 
+/// Silence is believed only for time this node was watching. After a stall of the whole
+/// process or machine (a paused VM, an overloaded host: every task frozen together), each
+/// node's last message from the leader looks old at once, and the first pre-vote asked after
+/// it would be granted before the leader's next heartbeat could arrive: an election for
+/// nothing (seen once in the in-memory suite on a loaded machine). So a gap between the gate's
+/// ticks longer than half the quiet time restarts the watch, and silence counts from there.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Watch {
+    last_tick: Option<u64>,
+    since: u64,
+}
+
+impl Watch {
+    /// The gate ticked at `now_ms`.
+    pub fn tick(&mut self, now_ms: u64, cfg: &PreVoteConfig) {
+        if self
+            .last_tick
+            .is_none_or(|t| now_ms.saturating_sub(t) > cfg.quiet_ms / 2)
+        {
+            self.since = now_ms;
+        }
+        self.last_tick = Some(now_ms);
+    }
+
+    /// How long ago the leader was last heard, as far as this node watched.
+    pub fn heard(&self, heard_ms_ago: Option<u64>, now_ms: u64) -> Option<u64> {
+        heard_ms_ago.map(|ms| ms.min(now_ms.saturating_sub(self.since)))
+    }
+}
+
+/// A [`Watch`] on its clock, shared by the gate's loop and the `PreVote` handler.
+#[derive(Debug)]
+pub struct SharedWatch {
+    epoch: tokio::time::Instant,
+    watch: std::sync::Mutex<Watch>,
+}
+
+impl Default for SharedWatch {
+    fn default() -> Self {
+        Self {
+            epoch: tokio::time::Instant::now(),
+            watch: std::sync::Mutex::default(),
+        }
+    }
+}
+
+impl SharedWatch {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Watch> {
+        self.watch.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn tick(&self, cfg: &PreVoteConfig) -> u64 {
+        let now = self.now_ms();
+        self.lock().tick(now, cfg);
+        now
+    }
+
+    fn heard(&self, heard_ms_ago: Option<u64>) -> Option<u64> {
+        let now = self.now_ms();
+        self.lock().heard(heard_ms_ago, now)
+    }
+}
+
 /// What the shell must do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {
@@ -226,7 +293,7 @@ pub async fn local_view(node: &Node) -> Option<LocalView> {
         .ok()?;
     Some(LocalView {
         leader,
-        heard_ms_ago,
+        heard_ms_ago: node.prevote_watch().heard(heard_ms_ago),
         voters: node.voter_ids(),
     })
 }
@@ -237,17 +304,19 @@ pub async fn run(node: Node) {
     let cfg = PreVoteConfig::of(node.raft().config());
     let mut gate = Gate::new(cfg, me);
     let (tx, mut rx) = mpsc::channel::<(u64, NodeId, bool)>(64);
-    let epoch = tokio::time::Instant::now();
-    let now_ms = move || epoch.elapsed().as_millis() as u64;
+    let watch = node.prevote_watch();
     let mut ticker = tokio::time::interval(Duration::from_millis(cfg.round_ms));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let effects = tokio::select! {
-            _ = ticker.tick() => match local_view(&node).await {
-                Some(view) => gate.tick(now_ms(), &view),
-                None => return,
-            },
-            Some((round, from, granted)) = rx.recv() => gate.answer(round, from, granted, now_ms()),
+            _ = ticker.tick() => {
+                let now = watch.tick(&cfg);
+                match local_view(&node).await {
+                    Some(view) => gate.tick(now, &view),
+                    None => return,
+                }
+            }
+            Some((round, from, granted)) = rx.recv() => gate.answer(round, from, granted, watch.now_ms()),
         };
         for effect in effects {
             match effect {
@@ -381,6 +450,30 @@ mod tests {
         // A late answer of the abandoned round opens nothing.
         assert!(g.answer(round, 3, true, 21).is_empty());
         assert!(!g.electing());
+    }
+
+    #[test]
+    fn silence_counts_only_while_watching() {
+        let mut w = Watch::default();
+        for t in (0..=200).step_by(20) {
+            w.tick(t, &CFG);
+        }
+        // Ticking steadily: the leader's silence is believed as it is.
+        assert_eq!(w.heard(Some(120), 200), Some(120));
+        assert_eq!(w.heard(None, 200), None);
+        // A stall: no tick for 400 ms. The silence before the stall is not believed; it is
+        // believed again once it was watched for the quiet time.
+        w.tick(600, &CFG);
+        assert_eq!(w.heard(Some(420), 600), Some(0));
+        assert!(!grant(&CFG, &view(w.heard(Some(420), 600), &[1, 2, 3])));
+        for t in (620..=660).step_by(20) {
+            w.tick(t, &CFG);
+        }
+        assert_eq!(w.heard(Some(480), 660), Some(60));
+        assert!(grant(&CFG, &view(w.heard(Some(480), 660), &[1, 2, 3])));
+        // A gap up to half the quiet time is ordinary lateness.
+        w.tick(685, &CFG);
+        assert_eq!(w.heard(Some(505), 685), Some(85));
     }
 
     #[test]

@@ -61,6 +61,8 @@ pub struct Node {
     gateway_view: Arc<std::sync::OnceLock<GatewayView>>,
     /// This node's probe, when it runs.
     probe_view: Arc<std::sync::OnceLock<yard_actors::probe::socket::SharedProbe>>,
+    /// How long the pre-vote gate has been watching (`crate::prevote::Watch`).
+    prevote_watch: Arc<crate::prevote::SharedWatch>,
 }
 
 enum Attempt<T> {
@@ -113,7 +115,13 @@ impl Node {
             admin: Arc::default(),
             gateway_view: Arc::default(),
             probe_view: Arc::default(),
+            prevote_watch: Arc::default(),
         }
+    }
+
+    /// The pre-vote gate's watch, shared by its loop and the `PreVote` handler.
+    pub fn prevote_watch(&self) -> &crate::prevote::SharedWatch {
+        &self.prevote_watch
     }
 
     /// Shows this node's gateway data plane in stats and metrics from now on.
