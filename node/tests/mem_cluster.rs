@@ -859,7 +859,10 @@ async fn a_silent_rank_is_diagnosed_through_raft_and_served_by_a_follower() {
     use yard_diagnosis::event::{Event, Group, Member};
 
     let net = MemNetwork::default();
-    let nodes = cluster(&net, 3, &RaftSection::default()).await;
+    // The in-memory tests' timings, not the daemon's 20 ms heartbeat and 50-80 ms elections:
+    // this test is about the analyzer, and at the daemon's timings a loaded CI machine elected
+    // a new leader under it (its reports then went to a node no longer leading).
+    let nodes = cluster(&net, 3, &raft_section(10_000, 1_000)).await;
     let leader = wait_leader(&nodes.iter().collect::<Vec<_>>(), None).await;
     let follower = nodes.iter().find(|n| n.node.id() != leader).unwrap();
     let leader_node = nodes.iter().find(|n| n.node.id() == leader).unwrap();
@@ -908,13 +911,19 @@ async fn a_silent_rank_is_diagnosed_through_raft_and_served_by_a_follower() {
         report(intro, leader_node).await.unwrap(),
         Reply::ProbeAccepted
     ));
+    let accepted = |reply: Reply| {
+        assert!(
+            matches!(reply, Reply::ProbeAccepted),
+            "a probe report was refused (did the leader change?): {reply:?}"
+        )
+    };
     // Ranks 0..3 keep heartbeating; rank 3 falls silent after its introduction.
     let started = Instant::now();
     let verdict = loop {
         let beats = (0..world - 1)
             .map(|rank| Event::Heartbeat { rank, t_ns: 0 })
             .collect();
-        report(beats, leader_node).await.unwrap();
+        accepted(report(beats, leader_node).await.unwrap());
         let view = admin(
             &net,
             &follower.addr,
@@ -944,19 +953,23 @@ async fn a_silent_rank_is_diagnosed_through_raft_and_served_by_a_follower() {
     );
     assert_eq!(verdict.culprits, vec![3]);
     // The rank says goodbye: the job is healthy again and the follower serves that too.
-    report(vec![Event::Exit { rank: 3, t_ns: 0 }], leader_node)
-        .await
-        .unwrap();
+    accepted(
+        report(vec![Event::Exit { rank: 3, t_ns: 0 }], leader_node)
+            .await
+            .unwrap(),
+    );
     let healed = Instant::now();
     loop {
-        report(
-            (0..world - 1)
-                .map(|rank| Event::Heartbeat { rank, t_ns: 0 })
-                .collect(),
-            leader_node,
-        )
-        .await
-        .unwrap();
+        accepted(
+            report(
+                (0..world - 1)
+                    .map(|rank| Event::Heartbeat { rank, t_ns: 0 })
+                    .collect(),
+                leader_node,
+            )
+            .await
+            .unwrap(),
+        );
         let AdminReply::Diagnosis(view) = admin(
             &net,
             &follower.addr,
