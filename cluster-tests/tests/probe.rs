@@ -11,7 +11,7 @@ use std::io::Read;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -192,16 +192,19 @@ impl Drop for Ranks {
 /// What one connection to the stand-in node socket carried, in order.
 type Stream = Arc<Mutex<Vec<Message>>>;
 
-/// Accepts `n` connections on `path` and decodes each into its own message list.
-fn stand_in_node(path: &Path, n: usize) -> Vec<Stream> {
+/// Accepts `n` connections on `path` and decodes each into its own message list; the
+/// receiver gets one `()` per connection once its peer has closed it and every frame is read.
+fn stand_in_node(path: &Path, n: usize) -> (Vec<Stream>, mpsc::Receiver<()>) {
     let listener = UnixListener::bind(path).unwrap();
     let streams: Vec<Stream> = (0..n).map(|_| Stream::default()).collect();
     let sinks = streams.clone();
+    let (closed_tx, closed) = mpsc::channel();
     thread::spawn(move || {
         for sink in sinks {
             let Ok((mut conn, _)) = listener.accept() else {
                 return;
             };
+            let closed_tx = closed_tx.clone();
             thread::spawn(move || {
                 let mut dec = Decoder::new();
                 let mut buf = [0u8; 4096];
@@ -214,10 +217,11 @@ fn stand_in_node(path: &Path, n: usize) -> Vec<Stream> {
                         sink.lock().unwrap().push(m);
                     }
                 }
+                let _ = closed_tx.send(());
             });
         }
     });
-    streams
+    (streams, closed)
 }
 
 fn ends(stream: &Stream) -> usize {
@@ -246,7 +250,7 @@ fn ring_ranks_report_every_all_reduce_and_exit_cleanly_on_sigterm() {
     std::fs::create_dir_all(&dir).unwrap();
     let sock = dir.join("probe.sock");
     let _ = std::fs::remove_file(&sock);
-    let streams = stand_in_node(&sock, 3);
+    let (streams, closed) = stand_in_node(&sock, 3);
     let base = 30_000 + (std::process::id() % 20_000) as u16;
     let port = |r: u16| base + r;
     let peers: Vec<String> = (0..3).map(|r| format!("127.0.0.1:{}", port(r))).collect();
@@ -285,7 +289,11 @@ fn ring_ranks_report_every_all_reduce_and_exit_cleanly_on_sigterm() {
         let status = child.wait().unwrap();
         assert!(status.success(), "rank {r} exited with {status}");
     }
-    thread::sleep(Duration::from_millis(100));
+    for _ in 0..3 {
+        closed
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a rank's connection stayed open after it exited");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 
     // Which connection is which rank: the HELLO says.

@@ -121,6 +121,9 @@ struct Conn {
     last_attempt: Option<Instant>,
     /// Scratch buffer for encoding, reused so sending does not allocate.
     scratch: Vec<u8>,
+    /// EXIT was queued: nothing may follow it, not even a heartbeat the background thread had
+    /// already decided to send (the node would read the rank as alive again, then dead).
+    exited: bool,
 }
 
 impl ProbeClient {
@@ -138,6 +141,7 @@ impl ProbeClient {
                 last_attempt: None,
                 scratch: Vec::with_capacity(64),
                 last_flush: Instant::now(),
+                exited: false,
             }),
             dropped: AtomicU64::new(0),
             stop: Mutex::new(false),
@@ -244,7 +248,9 @@ impl ProbeClient {
     pub fn exit(&self) {
         self.stop_heartbeat();
         self.send(&Message::Exit { t_ns: now_ns() });
-        self.shared.lock().flush_backlog();
+        let mut conn = self.shared.lock();
+        conn.exited = true;
+        conn.flush_backlog();
     }
 
     /// Events dropped so far because the node was away or not reading.
@@ -345,7 +351,7 @@ impl Shared {
 impl Conn {
     /// Queues one frame and writes the queue if it is due; false if the frame was dropped.
     fn send(&mut self, path: &Path, msg: &Message) -> bool {
-        if !self.ensure_connected(path) {
+        if self.exited || !self.ensure_connected(path) {
             return false;
         }
         let mut frame = std::mem::take(&mut self.scratch);

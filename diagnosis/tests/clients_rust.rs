@@ -86,6 +86,40 @@ fn reports_hello_group_collective_phases_and_peer_progress() {
     assert_eq!(client.dropped(), 0);
 }
 
+/// A rank's last frame is its EXIT: a heartbeat sent after it (the background thread may have
+/// decided to beat just before `exit`; a CI run saw it) would make the node think the rank
+/// alive again and then dead.
+#[test]
+fn nothing_follows_exit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut node = FakeNode::start(&dir.path().join("probe.sock"));
+    let client = ProbeClient::connect(&node.path, hello(0));
+    let pg = client.group("0", "default_pg", &[0, 1]);
+    client.exit();
+    client.heartbeat();
+    let call = CollCall {
+        group: pg,
+        seq: client.next_seq(pg),
+        op: Op::AllReduce,
+        dtype: Dtype::Float32,
+        count: 1,
+        bytes: 4,
+        peer: None,
+    };
+    client.coll(&call, Phase::Enqueue);
+    assert_eq!(client.dropped(), 2, "both frames after EXIT are dropped");
+    drop(client);
+    node.wait_until(WAIT, |s| {
+        count(s, |m| matches!(m, Message::Exit { .. })) == 1
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let messages = node.messages();
+    assert!(
+        matches!(messages.last(), Some(Message::Exit { .. })),
+        "EXIT is the last frame: {messages:?}"
+    );
+}
+
 #[test]
 fn heartbeats_flow_without_any_activity() {
     let dir = tempfile::tempdir().expect("tempdir");

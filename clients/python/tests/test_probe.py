@@ -55,6 +55,18 @@ class ProbeTest(unittest.TestCase):
         self.assertEqual((peer["peer"], peer["dir"], peer["bytes"], peer["busy_ns"]),
                          (0, wire.RECV, 512, 99))
 
+    def test_nothing_follows_exit(self):
+        # A heartbeat the background thread sends just after exit() would make the node think
+        # the rank alive again, and then dead.
+        node = FakeNode()
+        probe = Probe("j", rank=0, world_size=1, socket=node.path, heartbeat=False)
+        probe.exit()
+        probe.heartbeat()
+        self.assertEqual(probe.dropped, 1)
+        node.wait_for(lambda s: count("exit")(s) == 1)
+        probe.close()
+        self.assertEqual(node.kinds(skip_heartbeats=False)[-1], "exit")
+
     def test_send_recv_use_their_own_counter_and_carry_the_peer(self):
         node = FakeNode()
         probe = Probe("j", rank=0, world_size=2, socket=node.path, heartbeat=False)

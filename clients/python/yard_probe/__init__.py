@@ -92,6 +92,7 @@ class Probe:
         self._last_attempt = None
         self._dropped = 0
         self._stop = threading.Event()
+        self._exited = False
         with self._lock:
             self._ensure_connected()
         self._beat = None
@@ -147,7 +148,7 @@ class Probe:
     def exit(self):
         """Says goodbye (silence afterwards is a clean exit) and stops the heartbeat."""
         self._stop.set()
-        self._send(wire.exit_(now_ns()))
+        self._send(wire.exit_(now_ns()), last=True)
 
     def close(self):
         """Stops the heartbeat and closes the socket without saying goodbye."""
@@ -172,10 +173,15 @@ class Probe:
         while not self._stop.wait(HEARTBEAT_INTERVAL_S):
             self.heartbeat()
 
-    def _send(self, frame):
+    def _send(self, frame, last=False):
+        # Nothing follows EXIT, not even a heartbeat the background thread was already sending:
+        # the node would read the rank as alive again, and then as dead.
         with self._lock:
-            if not (self._ensure_connected() and self._flush_backlog() and self._write(frame)):
+            if self._exited or not (
+                self._ensure_connected() and self._flush_backlog() and self._write(frame)
+            ):
                 self._dropped += 1
+            self._exited = self._exited or last
 
     def _ensure_connected(self):
         if self._sock is not None:
