@@ -13,6 +13,9 @@ use yard_diagnosis::import::{
 };
 use yard_diagnosis::verdict::{Class, Subtype, Verdict};
 
+/// The `timeout_ms` of [`entry`], in ns.
+const TIMEOUT_NS: u64 = 600_000 * 1_000_000;
+
 fn entry(pg: &str, seq: u64, name: &str, state: &str, t: u64) -> FrEntry {
     let p2p = name.contains("send") || name.contains("recv");
     FrEntry {
@@ -335,12 +338,16 @@ fn colls(trace: &Trace) -> Vec<&Coll> {
 #[test]
 fn to_trace_reports_missing_dumps_and_phases() {
     let world = [0, 1, 2, 3];
+    // The watchdog's dump discovers the op in flight started, a timeout after its creation.
+    let dumped_at = 500 + TIMEOUT_NS;
+    let mut in_flight = entry("0", 2, "nccl:all_reduce", "started", 500);
+    in_flight.time_discovered_started_ns = Some(dumped_at);
     let d0 = dump(
         0,
         &world,
         vec![
             entry("0", 1, "nccl:all_reduce", "completed", 100),
-            entry("0", 2, "nccl:all_reduce", "started", 500),
+            in_flight,
         ],
     );
     let d1 = dump(
@@ -352,7 +359,7 @@ fn to_trace_reports_missing_dumps_and_phases() {
     assert_eq!(trace.world, vec![0, 1, 2, 3]);
     assert_eq!(trace.missing, vec![2, 3]);
     assert!(trace.stuck);
-    assert_eq!(trace.taken_ns, 510);
+    assert_eq!(trace.taken_ns, dumped_at);
     assert_eq!(trace.job, "fr");
     let members: Vec<u32> = trace
         .events
@@ -380,7 +387,8 @@ fn to_trace_reports_missing_dumps_and_phases() {
             (1, Phase::Start, 110),
             (1, Phase::End, 200),
             (2, Phase::Enqueue, 500),
-            (2, Phase::Start, 510),
+            // Started some time since its creation: the dump's discovery is no progress.
+            (2, Phase::Start, 500),
         ]
     );
     let c = colls(&trace)[0];
@@ -388,6 +396,42 @@ fn to_trace_reports_missing_dumps_and_phases() {
         (c.op, c.dtype, c.count, c.bytes),
         (Op::AllReduce, Dtype::Float32, 1024, 4096)
     );
+}
+
+/// A dump holding ops in flight was taken at a watchdog timeout only if one of them has been
+/// in flight for its `timeout_ms` by the latest time in the dumps; a dump taken on demand
+/// catches ops in flight that are young. Without any op discovered started the dump does not
+/// show its time, and it is read as a timeout dump.
+#[test]
+fn only_an_op_in_flight_for_its_timeout_makes_a_timeout_dump() {
+    let world = [0, 1];
+    let with = |discovered: Option<u64>, state: &str| {
+        let mut e = entry("0", 2, "nccl:all_reduce", state, 1_000);
+        e.time_discovered_started_ns = discovered;
+        let d0 = dump(
+            0,
+            &world,
+            vec![entry("0", 1, "nccl:all_reduce", "completed", 100), e],
+        );
+        let d1 = dump(
+            1,
+            &world,
+            vec![entry("0", 1, "nccl:all_reduce", "completed", 90)],
+        );
+        to_trace(&[d0, d1]).stuck
+    };
+    assert!(with(Some(1_000 + TIMEOUT_NS), "started"), "at the timeout");
+    assert!(
+        !with(Some(1_000 + 5_000_000), "started"),
+        "5 ms old: on demand"
+    );
+    assert!(with(None, "scheduled"), "the dump does not show its time");
+    let done = dump(
+        0,
+        &world,
+        vec![entry("0", 1, "nccl:all_reduce", "completed", 100)],
+    );
+    assert!(!to_trace(&[done]).stuck, "nothing in flight");
 }
 
 #[test]
@@ -802,7 +846,10 @@ fn a_collective_every_rank_completed_with_different_records_is_a_mismatch() {
 fn a_dump_on_demand_names_the_compute_straggler_from_durations() {
     let dir = python_job("straggler");
     let trace = read_dir(dir.path()).unwrap();
-    assert!(trace.stuck, "the dump holds an op in flight");
+    assert!(
+        !trace.stuck,
+        "the op in flight is younger than its timeout: a dump on demand"
+    );
     let vs = analyze_trace(&trace, &Config::default());
     assert_eq!(
         summary(&vs),

@@ -377,13 +377,21 @@ fn stuck_at(state: &State, pgi: usize, idle_ns: u64, unknown: &[Rank]) -> Option
         }
     }
     let sig = majority(pg, &entered_m, seq).map(|(sig, _, _)| sig);
-    // Point-to-point ops involve only their two ends (the peers of those who entered);
-    // collectives involve every member.
+    // Point-to-point ops involve only their two ends; collectives involve every member. Each
+    // end numbers its own ops, so seqs do not line up across ranks (a middle pipeline stage
+    // posts four a step, the last stage two): what a waiting member waits for is the peer of
+    // its own pending op. A peer with nothing pending in the stream has not posted the other
+    // end: it is busy elsewhere or dead. A peer with an op pending is judged with the pair.
     if pg.p2p {
-        let peers: BTreeSet<Rank> = entered_m
-            .iter()
-            .filter_map(|&m| pg.rec(m, seq).and_then(|x| x.peer))
-            .filter(|p| !entered_ranks.contains(p))
+        let peers: BTreeSet<Rank> = (0..pg.members.len())
+            .filter_map(|m| {
+                let own = frontier(state, pg, m)?;
+                let peer = pg.rec(m, own)?.peer?;
+                let posted = pg
+                    .member_of(peer)
+                    .is_some_and(|p| frontier(state, pg, p).is_some());
+                (!posted).then_some(peer)
+            })
             .collect();
         unknown_here.retain(|r| peers.contains(r));
         let peers: BTreeSet<Rank> = peers

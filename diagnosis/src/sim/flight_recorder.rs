@@ -84,6 +84,24 @@ impl Recorder {
         }
     }
 
+    /// Restamps each op's start as Flight Recorder sees it. The simulator's `Start` is when the
+    /// transfer began (every participant arrived); FR's start event is recorded on the process
+    /// group's stream before the NCCL call, so it fires once this rank's stream reaches the op:
+    /// when the rank enqueued it, or when its previous op in the group ended. A rank waiting
+    /// inside a collective for a late peer, or a receive waiting for its sender, is therefore
+    /// `started` in a dump; an op queued behind one that never ended stays `scheduled`.
+    fn start_on_own_stream(&mut self) {
+        for ops in &mut self.ops {
+            // Per group: when the stream is free again (None: blocked for good).
+            let mut free_at: HashMap<crate::event::PgName, Option<u64>> = HashMap::new();
+            for s in ops.iter_mut() {
+                let free = free_at.get(&s.first.pg).copied().unwrap_or(Some(0));
+                s.started = free.map(|f| f.max(s.first.t_ns));
+                free_at.insert(s.first.pg.clone(), s.ended);
+            }
+        }
+    }
+
     fn record(&mut self, ev: &Event) {
         let Event::Coll(c) = ev else {
             return;
@@ -158,6 +176,7 @@ impl Recorder {
                 Some(at)
             }
         };
+        self.start_on_own_stream();
         let mut dumps = Vec::new();
         for (rank, ops) in self.ops.into_iter().enumerate() {
             let rank = rank as Rank;

@@ -85,9 +85,8 @@ fn looks_like_dump(path: &Path) -> bool {
 /// because record ids count every group's ops and do not line up across ranks.
 ///
 /// `world` is every rank of every group plus the dumped ranks; `missing` the world's ranks
-/// without a dump; `taken_ns` the latest time in any dump; `stuck` is set when any entry is not
-/// completed, as FR dumps are taken on a timeout (the analyzer still tells a dump taken on
-/// demand, with an op legitimately in flight, by that op's age).
+/// without a dump; `taken_ns` the latest time in any dump; `stuck` says the dump was taken at
+/// a watchdog timeout, see [`taken_at_timeout`].
 pub fn to_trace(dumps: &[FrDump]) -> Trace {
     // The first dump to describe a group wins; ranks agree on membership in a sane job.
     let mut groups: BTreeMap<(&str, &[Rank]), Group> = BTreeMap::new();
@@ -130,7 +129,8 @@ pub fn to_trace(dumps: &[FrDump]) -> Trace {
     let floors = retained_floors(dumps);
     let mut names: HashMap<&str, PgName> = HashMap::new();
     let mut taken_ns = 0;
-    let mut stuck = false;
+    let mut in_flight: Vec<(u64, u64)> = Vec::new();
+    let mut shows_its_time = false;
     for dump in by_rank {
         let own = own_groups(dump);
         let batches = coalesced_batches(dump, &own);
@@ -163,7 +163,10 @@ pub fn to_trace(dumps: &[FrDump]) -> Trace {
                 .max(e.time_created_ns)
                 .max(e.time_discovered_started_ns.unwrap_or(0))
                 .max(e.time_discovered_completed_ns.unwrap_or(0));
-            stuck |= e.state != STATE_COMPLETED;
+            if e.state != STATE_COMPLETED {
+                in_flight.push((e.time_created_ns, e.timeout_ms));
+                shows_its_time |= e.time_discovered_started_ns.is_some();
+            }
             if floors.get(&key.0).is_some_and(|&floor| key.1 < floor) {
                 continue;
             }
@@ -185,8 +188,33 @@ pub fn to_trace(dumps: &[FrDump]) -> Trace {
         missing: world.difference(&dumped).copied().collect(),
         world: world.into_iter().collect(),
         taken_ns,
-        stuck,
+        stuck: taken_at_timeout(&in_flight, shows_its_time, taken_ns),
     }
+}
+
+/// Whether the dumps were taken at a watchdog timeout, from what they hold: `in_flight` is
+/// (`time_created_ns`, `timeout_ms`) of every entry not completed, `shows_its_time` whether any
+/// of them was discovered started, `taken_ns` the latest time in any dump.
+///
+/// The watchdog dumps once an op has been in flight for its `timeout_ms`, and the dump itself
+/// marks each started op as discovered (`dump_entries` queries the events of what is still in
+/// flight), so the latest time in a timeout dump lies a timeout past the oldest op in flight.
+/// A dump taken on demand (`_dump_nccl_trace`, the control-plane handler) catches ops in flight
+/// too, a pipeline's pending receives among them, but none that old: those are not stuck, and
+/// the analyzer judges them by their idle time as it would live. When no op in flight was
+/// discovered started, the dump does not show when it was taken, and it is read as a timeout
+/// dump, which is why PyTorch writes one.
+fn taken_at_timeout(in_flight: &[(u64, u64)], shows_its_time: bool, taken_ns: u64) -> bool {
+    if in_flight.is_empty() {
+        return false;
+    }
+    if !shows_its_time {
+        return true;
+    }
+    // A tenth of slack for clocks: `taken_ns` may come from another rank's host.
+    in_flight.iter().any(|&(created, timeout_ms)| {
+        timeout_ms == 0 || taken_ns.saturating_sub(created) >= timeout_ms.saturating_mul(900_000)
+    })
 }
 
 /// A rank's point-to-point batches (`batch_isend_irecv`, coalescing managers): per sequence
@@ -282,6 +310,14 @@ fn push_entry(
     };
     events.push(coll(Phase::Enqueue, e.time_created_ns));
     if let Some(t) = e.time_discovered_started_ns {
+        // An op still in flight was discovered started by the dump itself: its start lies
+        // somewhere since its creation, and stamping it at the dump would read as progress
+        // made just then.
+        let t = if e.state == STATE_COMPLETED {
+            t
+        } else {
+            e.time_created_ns.min(t)
+        };
         events.push(coll(Phase::Start, t));
     }
     if e.state == STATE_COMPLETED {
