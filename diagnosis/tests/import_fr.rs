@@ -629,6 +629,33 @@ class Rank:
             if end is not None:
                 st[2] = seq
 
+    def batch(self, pg, ops, created, end=None, started=None):
+        """A `_coalescing_manager` block of collectives: `startCoalescing` bumps the collective
+        seq once, each op in it is recorded under that seq without CUDA events (so it stays
+        "scheduled" and is never retired), and `endCoalescing` records `nccl:coalesced` under
+        the same seq with the batch's events."""
+        self.coll_seq[pg] += 1
+        seq = self.coll_seq[pg]
+        for name, sizes, out in ops:
+            self.op_id[pg] += 1
+            self.entries.append({
+                "frames": FRAMES, "record_id": len(self.entries), "pg_id": self.pg_ids[pg],
+                "process_group": (pg, self.pg_config[pg]["desc"]),
+                "thread_name": "pt_main_thread", "thread_id": "139872345",
+                "collective_seq_id": seq, "p2p_seq_id": self.p2p_seq[pg],
+                "op_id": self.op_id[pg], "profiling_name": name,
+                "time_created_ns": created,
+                "input_sizes": [list(x) for x in sizes], "input_dtypes": ["BFloat16"] * len(sizes),
+                "output_sizes": [list(x) for x in out], "output_dtypes": ["BFloat16"] * len(out),
+                "state": "scheduled", "time_discovered_started_ns": None,
+                "time_discovered_completed_ns": None, "retired": False,
+                "timeout_ms": TIMEOUT_MS, "is_p2p": False})
+        self.coll_seq[pg] -= 1
+        op_id = self.op_id[pg]
+        self.record(pg, "nccl:coalesced", created, end, started=started, in_sizes=[],
+                    out_sizes=[], in_dtype="BFloat16")
+        self.op_id[pg] = op_id
+
     def write(self, out):
         d = {"version": "2.10",
              "pg_config": self.pg_config,
@@ -730,6 +757,32 @@ def on_demand(kind):
         prev_end = end
     return ranks
 
+def fsdp(stuck):
+    """World 4, FSDP over the default group: each of 10 steps all-gathers three flat params in
+    one coalesced block (`_allgather_base` ×3 closed by `nccl:coalesced`), then reduce-scatters
+    the gradients with one `reduce_scatter_tensor_coalesced`. With `stuck`, rank 3 never enters
+    step 10's block and the dump comes at rank 0's timeout."""
+    ranks = [Rank(r) for r in range(4)]
+    for r in ranks:
+        r.group("0", "default_pg", [0, 1, 2, 3])
+    shards = [([[1 << 16]], [[1 << 18]]), ([[1 << 14]], [[1 << 16]]), ([[1 << 12]], [[1 << 14]])]
+    t = 1_000 * MS
+    for step in range(1, 11):
+        for r in ranks:
+            created = t + r.rank * MS
+            ops = [("nccl:_allgather_base", i, o) for i, o in shards]
+            if stuck and step == 10:
+                if r.rank != 3:
+                    started = created + (TIMEOUT_MS + 1) * MS if r.rank == 0 else None
+                    r.batch("0", ops, created, None, started=started)
+                continue
+            r.batch("0", ops, created, t + 20 * MS)
+            r.record("0", "nccl:reduce_scatter_tensor_coalesced", t + 60 * MS + r.rank * MS,
+                     t + 80 * MS, in_sizes=[o[0] for _, o in shards], out_sizes=[i[0] for i, _ in shards],
+                     in_dtype="BFloat16")
+        t += 100 * MS
+    return ranks
+
 scenario, out = sys.argv[1], sys.argv[2]
 jobs = {
     "split_healthy": lambda: split_job(False),
@@ -740,6 +793,8 @@ jobs = {
     "in_flight": lambda: on_demand("healthy"),
     "straggler": lambda: on_demand("straggler"),
     "timeout": lambda: on_demand("timeout"),
+    "fsdp_healthy": lambda: fsdp(False),
+    "fsdp_stuck": lambda: fsdp(True),
 }
 for r in jobs[scenario]():
     r.write(out)
@@ -814,6 +869,28 @@ fn split_groups_sharing_a_name_are_told_apart_by_their_ranks() {
     let pg = vs[0].pg.as_ref().unwrap();
     assert_eq!((pg.name.as_str(), pg.ranks.clone()), ("1", vec![1, 3]));
     assert_eq!(vs[0].seq, Some(10));
+}
+
+/// FSDP's coalesced all-gathers: the ops inside a `_coalescing_manager` block stay
+/// "scheduled" for good and only the closing `nccl:coalesced` entry has events, so a healthy
+/// job is quiet, and a rank that never enters a block is named.
+#[test]
+fn coalesced_collectives_are_judged_by_the_entry_that_closes_them() {
+    let dir = python_job("fsdp_healthy");
+    let trace = read_dir(dir.path()).unwrap();
+    assert!(!trace.stuck, "every block completed");
+    assert_eq!(summary(&diagnose(dir.path())), vec![]);
+
+    let dir = python_job("fsdp_stuck");
+    let trace = read_dir(dir.path()).unwrap();
+    assert!(trace.stuck);
+    let vs = analyze_trace(&trace, &Config::default());
+    assert_eq!(
+        summary(&vs),
+        vec![(Class::Hang, Subtype::MissingParticipant, vec![3])],
+        "{vs:#?}"
+    );
+    assert_eq!(vs[0].seq, Some(19), "{vs:#?}");
 }
 
 #[test]

@@ -143,10 +143,11 @@ pub fn to_trace(dumps: &[FrDump]) -> Trace {
                 // The batch is one op at its seq: its first send or recv, in the state of
                 // the entry that closed it. The closing entry and further ops of the batch
                 // add nothing the analyzer can key apart (they share the seq).
-                Some(closing) if is_p2p(orig) => {
-                    if Op::parse(&orig.profiling_name) == Op::Coalesced || !batch_done.insert(key) {
-                        continue;
-                    }
+                Some(_) if !batch_done.insert(key) => continue,
+                // A closing entry whose batch's ops the ring buffer already lost stands for
+                // the batch itself.
+                Some(_) if is_batch_end(orig) => orig,
+                Some(closing) => {
                     merged = FrEntry {
                         state: closing.state.clone(),
                         time_discovered_started_ns: closing.time_discovered_started_ns,
@@ -217,20 +218,29 @@ fn taken_at_timeout(in_flight: &[(u64, u64)], shows_its_time: bool, taken_ns: u6
     })
 }
 
-/// A rank's point-to-point batches (`batch_isend_irecv`, coalescing managers): per sequence
-/// key, the `nccl:coalesced` entry that closed it. PyTorch numbers a batch's ops and its
-/// closing entry with one `p2p_seq_id` and records the ops themselves without CUDA events, so
-/// they stay "scheduled" for good; only the closing entry's state says whether the batch ran.
-/// Read naively, every healthy pipeline job looks hung in every batch.
+/// A rank's coalesced batches (`batch_isend_irecv`, `_coalescing_manager` around collectives
+/// as FSDP and DDP use it): per sequence key, the `nccl:coalesced` entry that closed it.
+/// `startCoalescing` bumps the sequence once, so PyTorch numbers a batch's ops and its closing
+/// entry with one `p2p_seq_id` (a p2p batch) or `collective_seq_id` (a batch of collectives),
+/// and records the ops themselves without CUDA events: they stay "scheduled" for good, and
+/// only the closing entry's state says whether the batch ran. Read naively, every healthy
+/// pipeline or FSDP job looks hung in every batch.
 fn coalesced_batches<'a>(
     dump: &'a FrDump,
     own: &HashMap<&'a str, &'a [Rank]>,
 ) -> HashMap<SeqKey<'a>, &'a FrEntry> {
     dump.entries
         .iter()
-        .filter(|e| is_p2p(e) && Op::parse(&e.profiling_name) == Op::Coalesced)
+        .filter(|e| is_batch_end(e))
         .map(|e| (seq_key(e, own.get(e.process_group.0.as_str()).copied()), e))
         .collect()
+}
+
+/// The entry `endCoalescing` records (`nccl:coalesced`), as opposed to a single op that works
+/// on many tensors (`nccl:all_gather_into_tensor_coalesced`), which has events of its own.
+fn is_batch_end(e: &FrEntry) -> bool {
+    let name = e.profiling_name.as_str();
+    name.split_once(':').map_or(name, |(_, op)| op) == "coalesced"
 }
 
 /// A rank's groups by the name its entries use (its `pg_config` is keyed by name).
