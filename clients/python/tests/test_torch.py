@@ -171,6 +171,31 @@ class TorchWrapTest(unittest.TestCase):
                 if c["phase"] == wire.END]
         self.assertEqual(ends, [(wire.OPS["send"], 1, 6), (wire.OPS["recv"], 2, 4)])
 
+    def test_an_op_the_backend_refuses_ends_when_it_raises(self):
+        """gloo refuses some ops up front ("not supported"); a job that catches that and falls
+        back must not leave a started op behind, or the analyzer sees a hang."""
+        node = FakeNode()
+        probe = Probe("job-r", rank=0, world_size=4, socket=node.path, heartbeat=False)
+        original = self.dist.reduce_scatter_tensor
+
+        def refuse(*args, **kwargs):
+            raise RuntimeError("ProcessGroupGloo does not support reduce_scatter_tensor")
+
+        self.dist.reduce_scatter_tensor = refuse
+        self.assertTrue(yard_torch.wrap(probe))
+        f32 = FakeTensor(10, 4, self.torch.float32)
+        with self.assertRaisesRegex(RuntimeError, "does not support"):
+            self.dist.reduce_scatter_tensor(f32, FakeTensor(40, 4, self.torch.float32))
+        self.dist.all_reduce(f32)
+        node.wait_for(lambda s: count("coll")(s) == 6)
+        probe.close()
+        yard_torch.unwrap()
+        self.dist.reduce_scatter_tensor = original
+        phases = [(c["seq"], c["op"], c["phase"]) for c in node.of_kind("coll")]
+        rs, ar = wire.OPS["reduce_scatter"], wire.OPS["all_reduce"]
+        self.assertEqual(phases, [(1, rs, wire.ENQUEUE), (1, rs, wire.START), (1, rs, wire.END),
+                                  (2, ar, wire.ENQUEUE), (2, ar, wire.START), (2, ar, wire.END)])
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -36,8 +36,9 @@ NO_DTYPE = wire.DTYPE_OTHER
 # What torch_job.py's script mode does, per group and rank: (op, seq, dtype, count, bytes,
 # peer) in call order. Group "0" is the default group (ranks 0-2), "1" the subgroup [0, 1]
 # made by new_group, which rank 2 is not in: it reports nothing there.
-AR, AG, BC, RD, BAR = (wire.OPS[n] for n in
-                       ("all_reduce", "all_gather", "broadcast", "reduce", "barrier"))
+AR, AG, BC, RD, BAR, RS = (wire.OPS[n] for n in
+                           ("all_reduce", "all_gather", "broadcast", "reduce", "barrier",
+                            "reduce_scatter"))
 SEND, RECV = wire.OPS["send"], wire.OPS["recv"]
 
 
@@ -50,6 +51,7 @@ def expected(rank):
         (BAR, 4, NO_DTYPE, 0, 0, None),
         (RD, 5, I64, 4, 32, None),       # group given by position
         (AR, 6, F32, 8, 32, None),       # ended through get_future().wait()
+        (RS, 7, F32, 6, 24, None),       # refused by gloo: ends when it raises
     ]
     # p2p ops have their own counter: rank 1 isends to 0, which irecvs it.
     if rank == 0:
@@ -187,9 +189,8 @@ class RealTorchTest(unittest.TestCase):
             sorted((g["name"], g["desc"], tuple(g["ranks"])) for g in groups.values()),
             [("0", "default_pg", (0, 1, 2))] + ([("1", "", (0, 1))] if rank < 2 else []),
             what)
-        # A heartbeat may slip out just after the goodbye (the thread was already awake).
-        self.assertEqual([k for k, _ in frames if k != "heartbeat"][-1], "exit",
-                         "%s: the goodbye comes last" % what)
+        self.assertEqual([k for k, _ in frames][-1], "exit",
+                         "%s: the goodbye comes last, after every heartbeat" % what)
         colls = [m for k, m in frames if k == "coll"]
         got = {}
         phases = {}

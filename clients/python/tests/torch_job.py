@@ -95,6 +95,13 @@ def script(rank, world):
     last = torch.ones(8)
     dist.all_reduce(last, async_op=True).get_future().wait()
     check(bool((last == 3.0).all()), "all_reduce waited through its future")
+    # gloo refuses reduce_scatter up front ("does not support"), and jobs fall back when it
+    # does: the refused op must end, or the analyzer would see this rank hung in it.
+    out = torch.empty(2)
+    try:
+        dist.reduce_scatter_tensor(out, torch.ones(2 * world))
+    except RuntimeError as e:
+        check("support" in str(e), "gloo refuses reduce_scatter: %s" % e)
     # The end of an op with a future is reported by a done-callback on gloo's thread, which
     # may run just after wait() returned here: let it send before the goodbye.
     time.sleep(0.2)

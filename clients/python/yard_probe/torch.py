@@ -28,11 +28,12 @@ them across ranks to spot mismatches.
 End: for a synchronous call, when it returned; for ``async_op=True`` (given by keyword or by
 position) and ``isend``/``irecv``, when the work's future completes, or, where the backend's
 work has no future (gloo's send/recv in 1.13), when ``wait()`` returns. The work object is returned unchanged where a future exists, so
-``isinstance`` and every method keep working. An op whose call raised gets no end: it did
-not finish. Beware that this includes ops a backend refuses up front: gloo in 1.13 raises "not
-supported" for ``all_gather_into_tensor``, ``reduce_scatter_tensor`` and ``reduce_scatter``
-before moving a byte, so a job that catches that and falls back to another call leaves a
-started op without an end, which the analyzer will take for a hang.
+``isinstance`` and every method keep working. An op whose call raised, or whose future failed,
+ends then too: it is over on this rank, and only an op that never returns is a hang. That covers
+ops a backend refuses up front (gloo in 1.13 raises "not supported" for
+``all_gather_into_tensor``, ``reduce_scatter_tensor`` and ``reduce_scatter`` before moving a
+byte, and jobs catch that and fall back to another call); a real failure ends the op as well,
+and the job's exit or death is what the analyzer then sees.
 
 Caveat: a synchronous NCCL call returns once the op is *enqueued* on the GPU stream, so "end"
 there means the host call returned. A rank blocked in an op still shows it as started and not
@@ -264,7 +265,11 @@ def _wrapper(probe, groups, fn_name, spec, original):
 
         emit(wire.ENQUEUE)
         emit(wire.START)
-        result = original(*args, **kwargs)
+        try:
+            result = original(*args, **kwargs)
+        except Exception:
+            emit(wire.END)
+            raise
         if is_async and result is not None and hasattr(result, "wait"):
             return _on_completion(result, lambda: emit(wire.END))
         emit(wire.END)
@@ -308,10 +313,7 @@ def _on_completion(work, on_end):
     if future is not None and hasattr(future, "add_done_callback"):
 
         def done(fut):
-            try:
-                fut.value()  # raises if the op failed: then it did not finish
-            except Exception:
-                return
+            # Completed or failed alike, the op is over on this rank.
             once()
 
         try:
@@ -333,7 +335,11 @@ class _ReportedWork:
         self._on_end = on_end
 
     def wait(self, *args, **kwargs):
-        result = self._work.wait(*args, **kwargs)
+        try:
+            result = self._work.wait(*args, **kwargs)
+        except Exception:
+            self._on_end()
+            raise
         self._on_end()
         return result
 
