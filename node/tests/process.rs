@@ -492,3 +492,67 @@ fn sigterm_while_joining_stops_the_node() {
     assert!(log.contains("stopped"), "{log}");
     drop(silent);
 }
+
+/// The job kinds are in `yard sim ccl --list`, and one of them goes the whole offline way a user
+/// takes: written out with `--out`, its Flight Recorder dumps read back by `yard diagnose
+/// --fr-dumps`, which names the crashed pipeline stage (the waiting next stage is its victim).
+#[test]
+fn a_simulated_job_kind_is_diagnosed_from_its_dumps() {
+    let out = Command::new(BIN)
+        .args(["sim", "ccl", "--list", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for kind in ["pipeline-", "hsdp-", "tp_sp-", "diloco-"] {
+        assert!(
+            listed
+                .iter()
+                .any(|v| v["catalogue"] == "kinds"
+                    && v["scenario"].as_str().unwrap().starts_with(kind)),
+            "{kind} not listed"
+        );
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args([
+            "sim",
+            "ccl",
+            "--scenario",
+            "pipeline-crash_stage-s1",
+            "--out",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(BIN)
+        .args(["diagnose", "--json", "--fr-dumps"])
+        .arg(dir.path().join("fr"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let top = &v["verdicts"][0];
+    assert_eq!(
+        (&top["subtype"], &top["culprits"]),
+        (&serde_json::json!("dead_process"), &serde_json::json!([9])),
+        "{v:#}"
+    );
+}

@@ -51,12 +51,17 @@ enum AlgoArg {
 
 #[derive(Debug, Args)]
 pub struct CclArgs {
-    /// List the labelled catalogue's scenario names.
+    /// List the labelled scenarios' names: the fault catalogue at --scale, then the job kinds
+    /// (pipeline, HSDP, TP with sequence parallelism, DiLoCo).
     #[arg(long, conflicts_with_all = ["score", "scenario"])]
     list: bool,
     /// Run the whole catalogue through the analyzer and print the scorecard.
     #[arg(long, conflicts_with = "scenario")]
     score: bool,
+    /// With --score: score the job kinds instead of the fault catalogue (live, and offline from
+    /// their Flight Recorder dumps where a dump can show the fault).
+    #[arg(long, requires = "score", conflicts_with = "offline")]
+    kinds: bool,
     /// Also score the Flight Recorder (offline) path.
     #[arg(long, requires = "score")]
     offline: bool,
@@ -109,22 +114,29 @@ pub fn run(cmd: &SimCmd, out: Out) -> anyhow::Result<ExitCode> {
     let cfg = AnalyzerConfig::default();
     let scale: Scale = args.scale.into();
     if args.list {
-        for (name, spec) in score::catalogue(scale) {
-            out.line(json!({"scenario": name, "ranks": spec.world()}), || name);
+        for (catalogue, name, spec) in scenarios(scale)? {
+            out.line(
+                json!({"scenario": name, "catalogue": catalogue, "ranks": spec.world()}),
+                || name,
+            );
         }
         return Ok(ExitCode::SUCCESS);
     }
     if args.score {
-        let outcomes = score::run_catalogue(scale, &cfg, args.offline)?;
+        let outcomes = if args.kinds {
+            score::run_kinds(KIND_SEEDS, &cfg)?
+        } else {
+            score::run_catalogue(scale, &cfg, args.offline)?
+        };
         let card = score::score(&outcomes);
         out.line(serde_json::to_value(&card)?, || card.to_table());
         return Ok(ExitCode::SUCCESS);
     }
     let spec = match (&args.scenario, args.nodes) {
-        (Some(name), _) => score::catalogue(scale)
+        (Some(name), _) => scenarios(scale)?
             .into_iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, s)| s)
+            .find(|(_, n, _)| n == name)
+            .map(|(_, _, s)| s)
             .with_context(|| format!("no scenario {name} in the catalogue; see --list"))?,
         (None, Some(nodes)) => custom(args, nodes)?,
         (None, None) => bail!("give --scenario NAME, --nodes N (a custom job), --list or --score"),
@@ -182,6 +194,23 @@ pub fn run(cmd: &SimCmd, out: Out) -> anyhow::Result<ExitCode> {
         },
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Seeds of the job-kinds catalogue (`sim_kinds` tests the same two).
+const KIND_SEEDS: u64 = 2;
+
+/// Every named scenario: (catalogue, name, spec), the fault catalogue at `scale` first.
+fn scenarios(scale: Scale) -> anyhow::Result<Vec<(&'static str, String, SimSpec)>> {
+    let mut all: Vec<(&'static str, String, SimSpec)> = score::catalogue(scale)
+        .into_iter()
+        .map(|(name, spec)| ("faults", name, spec))
+        .collect();
+    all.extend(
+        score::kinds_catalogue(KIND_SEEDS)?
+            .into_iter()
+            .map(|k| ("kinds", k.name, k.spec)),
+    );
+    Ok(all)
 }
 
 fn custom(args: &CclArgs, nodes: u32) -> anyhow::Result<SimSpec> {
