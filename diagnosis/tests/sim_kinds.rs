@@ -36,24 +36,16 @@ fn outcomes() -> Vec<Outcome> {
     outcomes
 }
 
-/// Scenarios the analyzer still gets wrong, listed so they are printed and not forgotten: a
-/// slow link that carries only p2p traffic (live).
-const KNOWN_GAPS: [&str; 1] = ["pipeline-slow_pp_link-"];
-
 #[test]
 fn every_new_kind_is_named_and_controls_stay_quiet_live_and_offline() {
     let outcomes = outcomes();
     let misses: Vec<String> = outcomes
         .iter()
         .filter(|o| !o.top1_correct || o.false_alarms > 0)
-        .filter(|o| !KNOWN_GAPS.iter().any(|g| o.name.starts_with(g)))
         .map(|o| format!("{} -> {}", o.name, o.predicted))
         .collect();
     assert!(misses.is_empty(), "misses: {misses:#?}");
-    for o in outcomes
-        .iter()
-        .filter(|o| !KNOWN_GAPS.iter().any(|g| o.name.starts_with(g)))
-    {
+    for o in &outcomes {
         if o.label.is_fault() {
             let top = &o.final_verdicts[0];
             assert_eq!(Some(top.class), o.label.class, "{}", o.name);

@@ -12,7 +12,7 @@
 
 use super::hang::pair_link;
 use super::paths::{host, Component, Paths};
-use super::state::{KeyStats, Pg, State};
+use super::state::{KeyStats, PairState, Pg, State};
 use super::{text, Config};
 use crate::event::{Op, Rank};
 use crate::verdict::{Class, Link, LinkKind, Subtype, Verdict};
@@ -41,7 +41,7 @@ pub(crate) fn evaluate(state: &State, cfg: &Config, stuck: &[bool]) -> Vec<Verdi
                 Some(link(state, pg, ks, cfg, paths, component))
             }
             None if pg.stragglers > 0 => straggler(pg, cfg),
-            None => None,
+            None => p2p_link(state, pg, cfg),
         };
         if let Some(v) = v {
             merge(&mut out, v, pg);
@@ -152,6 +152,47 @@ fn straggler(pg: &Pg, cfg: &Config) -> Option<Verdict> {
     v.culprits = fired.iter().map(|&m| pg.members[m]).collect();
     v.culprits.sort_unstable();
     v.confidence = 0.6 + 0.35 * f64::from(min_hits) / f64::from(w.max(1));
+    Some(v)
+}
+
+/// Slow pairs in a group whose collectives are not slower: point-to-point traffic, which has no
+/// group-wide transfer time (each end numbers its own ops; its per-peer progress is kept with
+/// the group's pairs), so the pairs speak for themselves. A pair whose throughput fell by the
+/// factor, and by enough busy time, in most of its last transfers is a slow link: this is how
+/// a pipeline boundary shows whose link carries only the stages' activations and gradients.
+/// Pairs slower by ratio alone raise nothing here.
+fn p2p_link(state: &State, pg: &Pg, cfg: &Config) -> Option<Verdict> {
+    let mut slow: Vec<(&(Rank, Rank), &PairState)> =
+        pg.pairs.iter().filter(|(_, p)| p.hits.active()).collect();
+    if slow.is_empty() {
+        return None;
+    }
+    slow.sort_unstable_by_key(|(k, _)| **k);
+    let w = cfg.slow_window;
+    let seq = slow.iter().map(|(_, p)| p.cur_seq).max().unwrap_or(0);
+    let mut v = base_verdict(pg, seq, Op::Send, Subtype::SlowLink);
+    let mut min_hits = w;
+    for (&(from, to), p) in &slow {
+        let base = p.base.value().unwrap_or(0.0);
+        min_hits = min_hits.min(p.hits.count());
+        v.evidence.push(format!(
+            "{} throughput {} vs its baseline {} ({:.1}x slower) in {} of the last {w} transfers of {}",
+            pair_link(state, from, to).name,
+            text::rate(f64::from(p.last_thr)),
+            text::rate(f64::from(base)),
+            if p.last_thr > 0.0 { base / p.last_thr } else { 0.0 },
+            p.hits.count(),
+            text::pg(pg)
+        ));
+        v.links.push(pair_link(state, from, to));
+    }
+    let others = pg.pairs.len() - slow.len();
+    if others > 0 {
+        v.evidence.push(format!(
+            "the stream's other {others} pairs move at their usual throughput"
+        ));
+    }
+    v.confidence = 0.55 + 0.3 * f64::from(min_hits) / f64::from(w.max(1));
     Some(v)
 }
 
