@@ -7,7 +7,7 @@
 mod clients_support;
 
 use clients_support::{count, FakeNode};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 use yard_diagnosis::event::{Dir, Dtype, Event, Op, Phase};
@@ -30,13 +30,21 @@ fn build(out: &std::path::Path) -> (PathBuf, PathBuf) {
     (out.join("libnccl-profiler-yard.so"), out.join("harness"))
 }
 
+/// Through the v5 table (NCCL 2.28 and later) and the v4 one (NCCL 2.27): the same report.
 #[test]
 fn plugin_reports_what_nccl_tells_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (plugin, harness) = build(dir.path());
-    let mut node = FakeNode::start(&dir.path().join("probe.sock"));
-    let out = Command::new(&harness)
-        .arg(&plugin)
+    for version in ["5", "4"] {
+        reports_through(&plugin, &harness, version, &dir.path().join(format!("v{version}.sock")));
+    }
+}
+
+fn reports_through(plugin: &Path, harness: &Path, version: &str, sock: &Path) {
+    let mut node = FakeNode::start(sock);
+    let out = Command::new(harness)
+        .arg(plugin)
+        .arg(version)
         .env("YARD_PROBE_SOCKET", &node.path)
         .env("YARD_JOB", "job-nccl")
         .env("YARD_PORTS", "29500,29501")
@@ -46,7 +54,7 @@ fn plugin_reports_what_nccl_tells_it() {
         .expect("run the harness");
     assert!(
         out.status.success(),
-        "harness failed: {}",
+        "harness (v{version}) failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(

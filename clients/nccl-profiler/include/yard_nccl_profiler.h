@@ -1,12 +1,13 @@
 /*
- * NCCL's profiler plugin ABI, interface version 5, declared here in our own words. NCCL
- * looks up the table by the symbol name `ncclProfiler_v5` since NCCL 2.28.3; 2.29 and later
- * prefer v6 but still load v5 through an adapter, and 2.27 and older (v4 and before) do not
- * know v5 at all. Layouts must match NCCL's exactly: NCCL fills these structs and calls
- * through the function table. So every struct member is declared, read by the plugin or not,
- * and test/check-abi.sh (`make check-abi`) checks sizes, offsets, types, enum values and
- * signatures against NCCL's own headers. Of the enums, only the values the plugin uses are
- * named.
+ * NCCL's profiler plugin ABI, interface versions 4 and 5, declared here in our own words.
+ * NCCL looks up the table by the symbol name `ncclProfiler_v5` since NCCL 2.28.3 (2.29 and
+ * later prefer v6 but still load v5 through an adapter), and `ncclProfiler_v4` from 2.27 on:
+ * 2.27, which PyTorch 2.8 wheels bundle, knows nothing newer. A loader takes the newest
+ * version it knows, so each NCCL finds one of the two. Layouts must match NCCL's exactly:
+ * NCCL fills these structs and calls through the function table. So every struct member is
+ * declared, read by the plugin or not, and test/check-abi.sh (`make check-abi`) checks sizes,
+ * offsets, types, enum values and signatures against NCCL's own headers. Of the enums, only
+ * the values the plugin uses are named; they are the same numbers in v4 and v5.
  */
 #ifndef YARD_NCCL_PROFILER_H
 #define YARD_NCCL_PROFILER_H
@@ -152,5 +153,86 @@ typedef struct {
                                          yard_nccl_event_state_args_v5_t *eStateArgs);
   yard_nccl_result_t (*finalize)(void *context);
 } yard_nccl_profiler_v5_t;
+
+/* ncclProfilerEventDescr_v4_t: a one-byte type, no API or kernel-launch events, and no
+ * parentGroup in coll and p2p. */
+typedef struct {
+  uint8_t type;
+  void *parentObj;
+  int rank;
+  union {
+    struct {
+      uint64_t seqNumber;
+      const char *func;
+      const void *sendBuff;
+      void *recvBuff;
+      size_t count;
+      int root;
+      const char *datatype;
+      uint8_t nChannels;
+      uint8_t nWarps;
+      const char *algo;
+      const char *proto;
+    } coll;
+    struct {
+      const char *func;
+      void *buff;
+      const char *datatype;
+      size_t count;
+      int peer;
+      uint8_t nChannels;
+    } p2p;
+    struct {
+      pid_t pid;
+      uint8_t channelId;
+      int peer;
+      int nSteps;
+      int chunkSize;
+      int isSend;
+    } proxyOp;
+    struct {
+      int step;
+    } proxyStep;
+    struct {
+      uint8_t channelId;
+      uint64_t pTimer;
+    } kernelCh;
+    struct {
+      int64_t id;
+      void *data;
+    } netPlugin;
+  };
+} yard_nccl_event_descr_v4_t;
+
+/* ncclProfilerEventStateArgs_v4_t: the same members as v5's, a type of its own in NCCL. */
+typedef union {
+  struct {
+    size_t transSize;
+  } proxyStep;
+  struct {
+    int appendedProxyOps;
+  } proxyCtrl;
+  struct {
+    void *data;
+  } netPlugin;
+  struct {
+    uint64_t pTimer;
+  } kernelCh;
+} yard_nccl_event_state_args_v4_t;
+
+/* ncclProfiler_v4_t: init takes the activation mask before the communicator's name and hash,
+ * where v5 takes the hash first. */
+typedef struct {
+  const char *name;
+  yard_nccl_result_t (*init)(void **context, int *eActivationMask, const char *commName,
+                             uint64_t commHash, int nNodes, int nranks, int rank,
+                             yard_nccl_logger_t logfn);
+  yard_nccl_result_t (*startEvent)(void *context, void **eHandle,
+                                   yard_nccl_event_descr_v4_t *eDescr);
+  yard_nccl_result_t (*stopEvent)(void *eHandle);
+  yard_nccl_result_t (*recordEventState)(void *eHandle, yard_nccl_event_state_t eState,
+                                         yard_nccl_event_state_args_v4_t *eStateArgs);
+  yard_nccl_result_t (*finalize)(void *context);
+} yard_nccl_profiler_v4_t;
 
 #endif

@@ -432,6 +432,86 @@ EXPORT yard_nccl_profiler_v5_t ncclProfiler_v5 = {
     .finalize = yard_finalize,
 };
 
+/* Interface v4 (NCCL 2.27), onto the v5 functions: the descriptor's members are copied into
+ * a v5 one (v4 lacks only what v5 added: API events, parentGroup, a wider type), init's
+ * arguments are reordered, and the state arguments have the same members. */
+static yard_nccl_result_t yard_init_v4(void **context, int *activation_mask,
+                                       const char *comm_name, uint64_t comm_hash, int nnodes,
+                                       int nranks, int rank, yard_nccl_logger_t logfn) {
+  return yard_init(context, comm_hash, activation_mask, comm_name, nnodes, nranks, rank, logfn);
+}
+
+static yard_nccl_result_t yard_start_event_v4(void *context, void **handle,
+                                              yard_nccl_event_descr_v4_t *d4) {
+  if (!d4) {
+    *handle = NULL;
+    return yardNcclSuccess;
+  }
+  yard_nccl_event_descr_v5_t d;
+  memset(&d, 0, sizeof d);
+  d.type = d4->type;
+  d.parentObj = d4->parentObj;
+  d.rank = d4->rank;
+  switch (d4->type) {
+    case YARD_PROFILE_COLL:
+      d.coll.seqNumber = d4->coll.seqNumber;
+      d.coll.func = d4->coll.func;
+      d.coll.sendBuff = d4->coll.sendBuff;
+      d.coll.recvBuff = d4->coll.recvBuff;
+      d.coll.count = d4->coll.count;
+      d.coll.root = d4->coll.root;
+      d.coll.datatype = d4->coll.datatype;
+      d.coll.nChannels = d4->coll.nChannels;
+      d.coll.nWarps = d4->coll.nWarps;
+      d.coll.algo = d4->coll.algo;
+      d.coll.proto = d4->coll.proto;
+      break;
+    case YARD_PROFILE_P2P:
+      d.p2p.func = d4->p2p.func;
+      d.p2p.buff = d4->p2p.buff;
+      d.p2p.datatype = d4->p2p.datatype;
+      d.p2p.count = d4->p2p.count;
+      d.p2p.peer = d4->p2p.peer;
+      d.p2p.nChannels = d4->p2p.nChannels;
+      break;
+    case YARD_PROFILE_PROXY_OP:
+      d.proxyOp.pid = d4->proxyOp.pid;
+      d.proxyOp.channelId = d4->proxyOp.channelId;
+      d.proxyOp.peer = d4->proxyOp.peer;
+      d.proxyOp.nSteps = d4->proxyOp.nSteps;
+      d.proxyOp.chunkSize = d4->proxyOp.chunkSize;
+      d.proxyOp.isSend = d4->proxyOp.isSend;
+      break;
+    case YARD_PROFILE_PROXY_STEP:
+      d.proxyStep.step = d4->proxyStep.step;
+      break;
+    case YARD_PROFILE_KERNEL_CH:
+      d.kernelCh.channelId = d4->kernelCh.channelId;
+      d.kernelCh.pTimer = d4->kernelCh.pTimer;
+      break;
+    default:
+      break; /* groups, proxy control, net plugin: not used */
+  }
+  return yard_start_event(context, handle, &d);
+}
+
+static yard_nccl_result_t yard_record_event_state_v4(void *handle, yard_nccl_event_state_t state,
+                                                     yard_nccl_event_state_args_v4_t *args4) {
+  yard_nccl_event_state_args_v5_t args;
+  memset(&args, 0, sizeof args);
+  if (args4) memcpy(&args, args4, sizeof args < sizeof *args4 ? sizeof args : sizeof *args4);
+  return yard_record_event_state(handle, state, args4 ? &args : NULL);
+}
+
+EXPORT yard_nccl_profiler_v4_t ncclProfiler_v4 = {
+    .name = "yard",
+    .init = yard_init_v4,
+    .startEvent = yard_start_event_v4,
+    .stopEvent = yard_stop_event,
+    .recordEventState = yard_record_event_state_v4,
+    .finalize = yard_finalize,
+};
+
 /* Dropped frames so far, for tests and debugging (not part of NCCL's ABI). */
 EXPORT uint64_t yard_profiler_dropped(void) {
   pthread_mutex_lock(&lock);

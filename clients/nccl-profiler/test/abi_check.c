@@ -78,6 +78,12 @@ template <> struct nccl_of<yard_nccl_event_descr_v5_t *> {
 template <> struct nccl_of<yard_nccl_event_state_args_v5_t *> {
   typedef ncclProfilerEventStateArgs_v5_t *type;
 };
+template <> struct nccl_of<yard_nccl_event_descr_v4_t *> {
+  typedef ncclProfilerEventDescr_v4_t *type;
+};
+template <> struct nccl_of<yard_nccl_event_state_args_v4_t *> {
+  typedef ncclProfilerEventStateArgs_v4_t *type;
+};
 template <class R, class... A> struct nccl_of<R (*)(A...)> {
   typedef typename nccl_of<R>::type (*type)(typename nccl_of<A>::type...);
 };
@@ -193,4 +199,68 @@ SAME_SIGNATURE(our_p5, nccl_p5, startEvent);
 SAME_SIGNATURE(our_p5, nccl_p5, stopEvent);
 SAME_SIGNATURE(our_p5, nccl_p5, recordEventState);
 SAME_SIGNATURE(our_p5, nccl_p5, finalize);
+#endif
+
+/* ---- interface v4 (symbol ncclProfiler_v4, NCCL 2.27) ---- */
+STATIC_ASSERT(sizeof(yard_nccl_event_state_t) == sizeof(ncclProfilerEventState_v4_t),
+              "v4 event state size");
+
+typedef yard_nccl_event_descr_v4_t our_d4;
+typedef ncclProfilerEventDescr_v4_t nccl_d4;
+SAME_LAYOUT(our_d4, nccl_d4);
+SAME_FIELD(our_d4, nccl_d4, type);
+SAME_FIELD(our_d4, nccl_d4, parentObj);
+SAME_FIELD(our_d4, nccl_d4, rank);
+SAME_FIELD(our_d4, nccl_d4, coll.seqNumber);
+SAME_FIELD(our_d4, nccl_d4, coll.func);
+SAME_FIELD(our_d4, nccl_d4, coll.sendBuff);
+SAME_FIELD(our_d4, nccl_d4, coll.recvBuff);
+SAME_FIELD(our_d4, nccl_d4, coll.count);
+SAME_FIELD(our_d4, nccl_d4, coll.root);
+SAME_FIELD(our_d4, nccl_d4, coll.datatype);
+SAME_FIELD(our_d4, nccl_d4, coll.nChannels);
+SAME_FIELD(our_d4, nccl_d4, coll.nWarps);
+SAME_FIELD(our_d4, nccl_d4, coll.algo);
+SAME_FIELD(our_d4, nccl_d4, coll.proto);
+SAME_FIELD(our_d4, nccl_d4, p2p.func);
+SAME_FIELD(our_d4, nccl_d4, p2p.buff);
+SAME_FIELD(our_d4, nccl_d4, p2p.datatype);
+SAME_FIELD(our_d4, nccl_d4, p2p.count);
+SAME_FIELD(our_d4, nccl_d4, p2p.peer);
+SAME_FIELD(our_d4, nccl_d4, p2p.nChannels);
+SAME_FIELD(our_d4, nccl_d4, proxyOp.pid);
+SAME_FIELD(our_d4, nccl_d4, proxyOp.channelId);
+SAME_FIELD(our_d4, nccl_d4, proxyOp.peer);
+SAME_FIELD(our_d4, nccl_d4, proxyOp.nSteps);
+SAME_FIELD(our_d4, nccl_d4, proxyOp.chunkSize);
+SAME_FIELD(our_d4, nccl_d4, proxyOp.isSend);
+SAME_FIELD(our_d4, nccl_d4, proxyStep.step);
+SAME_FIELD(our_d4, nccl_d4, kernelCh.channelId);
+SAME_FIELD(our_d4, nccl_d4, kernelCh.pTimer);
+SAME_FIELD(our_d4, nccl_d4, netPlugin.id);
+SAME_FIELD(our_d4, nccl_d4, netPlugin.data);
+
+typedef yard_nccl_event_state_args_v4_t our_a4;
+typedef ncclProfilerEventStateArgs_v4_t nccl_a4;
+SAME_LAYOUT(our_a4, nccl_a4);
+SAME_FIELD(our_a4, nccl_a4, proxyStep.transSize);
+SAME_FIELD(our_a4, nccl_a4, proxyCtrl.appendedProxyOps);
+SAME_FIELD(our_a4, nccl_a4, netPlugin.data);
+SAME_FIELD(our_a4, nccl_a4, kernelCh.pTimer);
+
+typedef yard_nccl_profiler_v4_t our_p4;
+typedef ncclProfiler_v4_t nccl_p4;
+SAME_LAYOUT(our_p4, nccl_p4);
+SAME_FIELD(our_p4, nccl_p4, name);
+SAME_SLOT(our_p4, nccl_p4, init);
+SAME_SLOT(our_p4, nccl_p4, startEvent);
+SAME_SLOT(our_p4, nccl_p4, stopEvent);
+SAME_SLOT(our_p4, nccl_p4, recordEventState);
+SAME_SLOT(our_p4, nccl_p4, finalize);
+#ifdef YARD_ABI_NCCL_INTERNAL
+SAME_SIGNATURE(our_p4, nccl_p4, init);
+SAME_SIGNATURE(our_p4, nccl_p4, startEvent);
+SAME_SIGNATURE(our_p4, nccl_p4, stopEvent);
+SAME_SIGNATURE(our_p4, nccl_p4, recordEventState);
+SAME_SIGNATURE(our_p4, nccl_p4, finalize);
 #endif

@@ -24,7 +24,7 @@ CC=${CC:-cc}
 CXX=${CXX:-c++}
 cache=${NCCL_ABI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/yard-nccl-abi}
 # The interface versions the plugin exports; each has a block in test/abi_check.c.
-versions=(5)
+versions=(4 5)
 
 say() { echo "check-abi: $*" >&2; }
 die() { say "$*"; exit 1; }
