@@ -1,5 +1,5 @@
 /*
- * libnccl-profiler-yard: an NCCL profiler plugin (interface v5) that reports each collective
+ * libnccl-profiler-yard: an NCCL profiler plugin (interfaces v5 and v4) that reports each collective
  * and point-to-point op of this process to the local yard node, in the wire format specified
  * in diagnosis/src/wire.rs of the Switchyard repository.
  *
