@@ -117,6 +117,12 @@ impl Process {
         self.signal(Signal::STOP)
     }
 
+    /// Sends SIGUSR1, which the test programs take as a switch (`torch_job.py train`: this
+    /// rank computes slower from then on).
+    pub fn usr1(&self) -> Result<()> {
+        self.signal(Signal::USR1)
+    }
+
     /// Resumes it after [`Process::stop`] with SIGCONT.
     pub fn cont(&self) -> Result<()> {
         self.signal(Signal::CONT)

@@ -3,7 +3,8 @@
 //! `python3-torch`; `yard_probe.torch.wrap` reporting every collective to its host's node)
 //! all-reducing over the hosts' 198.18.0.0/16 addresses. The healthy job is known to the
 //! analyzer and not thought hung; a frozen rank (SIGSTOP) is named; after SIGCONT the job
-//! goes on and stops cleanly on SIGTERM.
+//! goes on and stops cleanly on SIGTERM. A rank made to compute slower (SIGUSR1) is named a
+//! compute straggler.
 //!
 //! Needs root and real torch, and fails (never skips) without either: CI installs torch
 //! (`deploy/install-deps.sh`). Everything it starts belongs to the topology, so a failing
@@ -124,6 +125,55 @@ fn a_frozen_torch_rank_is_named_on_three_hosts() {
         assert!(accepted > 0.0, "node {i} took no probe events");
     }
     println!("whole test: {:.1} s", began.elapsed().as_secs_f64());
+}
+
+/// The slow path with real torch: once rank `SLOW` computes four times as long (SIGUSR1), the
+/// others wait for it inside every all-reduce, and the top verdict is a compute straggler
+/// naming it alone (it arrives last; its collectives are not slower).
+#[test]
+fn a_slowed_torch_rank_is_named_a_compute_straggler() {
+    const SLOW: usize = 2;
+    require_root();
+    let version = torch_version();
+    let c = YardCluster::start(
+        &yard_cluster_tests::yard::test_yard_bin(),
+        3,
+        3,
+        &ClusterOptions::default(),
+    )
+    .unwrap();
+    let job = torch::start_job(
+        &c,
+        &torch::torch_python(),
+        &torch::rank_script(),
+        "torch-straggler",
+        &HOSTS,
+        &TorchOptions::default(),
+    )
+    .unwrap();
+    // The analyzer learns the job's own pace first.
+    let warm = job.wait_done(40, Duration::from_secs(60)).unwrap();
+    if let Some(verdicts) = ring::diagnose(&c, 1, job.job()).unwrap() {
+        assert!(verdicts.is_empty(), "healthy: {}", pretty(&verdicts));
+    }
+    job.rank(SLOW).usr1().unwrap();
+    let (verdicts, took) = ring::wait_verdicts(&c, 1, job.job(), Duration::from_secs(30), |v| {
+        v.first()
+            .is_some_and(|top| top["subtype"] == "compute_straggler")
+    })
+    .unwrap();
+    println!(
+        "torch {version}: {} all-reduces per rank ({:.1} ms each) before rank {SLOW} slowed; \
+         verdict {:.1} s after it:\n{}",
+        warm[0].done,
+        warm[0].mean_ms,
+        took.as_secs_f64(),
+        pretty(&verdicts)
+    );
+    let top = &verdicts[0];
+    assert_eq!(top["class"], "slow", "{top:#}");
+    assert_eq!(top["culprits"], serde_json::json!([SLOW]), "{top:#}");
+    job.stop().unwrap();
 }
 
 fn pretty(verdicts: &[Value]) -> String {

@@ -36,7 +36,12 @@ fn plugin_reports_what_nccl_tells_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (plugin, harness) = build(dir.path());
     for version in ["5", "4"] {
-        reports_through(&plugin, &harness, version, &dir.path().join(format!("v{version}.sock")));
+        reports_through(
+            &plugin,
+            &harness,
+            version,
+            &dir.path().join(format!("v{version}.sock")),
+        );
     }
 }
 

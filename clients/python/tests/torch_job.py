@@ -107,15 +107,20 @@ def script(rank, world):
     time.sleep(0.2)
 
 
+STRAGGLE = 4
+
+
 def train(rank, world, elements, compute_ms):
-    """All-reduce steps until SIGTERM (or SIGINT), all ranks stopping after the same step."""
-    stopping = []
+    """All-reduce steps until SIGTERM (or SIGINT), all ranks stopping after the same step.
+    SIGUSR1 makes this rank a compute straggler from then on: STRAGGLE times the compute."""
+    stopping, slower = [], []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
+    signal.signal(signal.SIGUSR1, lambda *_: slower.append(True))
     buf = torch.empty(elements + 1, dtype=torch.float32)
     done, spent, since = 0, 0.0, time.monotonic()
     while True:
-        time.sleep(compute_ms / 1000.0)
+        time.sleep(compute_ms * (STRAGGLE if slower else 1) / 1000.0)
         buf.fill_(float(rank + 1))
         buf[-1] = 1.0 if stopping else 0.0
         start = time.monotonic()
