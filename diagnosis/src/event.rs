@@ -206,6 +206,14 @@ pub struct Coll {
     pub count: u64,
     /// Bytes this rank contributes (count × dtype size for most ops).
     pub bytes: u64,
+    /// Element count of the output, where the source records it (Flight Recorder's
+    /// `output_sizes`); 0 when it does not (the live probe, whose clients report inputs).
+    /// Not serialized: only offline imports set it, and they are analyzed where they are read,
+    /// while the live events it would add to cross nodes in bincode, which is positional, so a
+    /// new field would make one version's probe reports unreadable to the other in a rolling
+    /// upgrade.
+    #[serde(skip)]
+    pub out_count: u64,
     /// The other rank of a send/recv (global rank); `None` for collectives.
     pub peer: Option<Rank>,
     pub phase: Phase,

@@ -296,6 +296,7 @@ mod tests {
             dtype: Dtype::Float32,
             count: 1,
             bytes: 4,
+            out_count: 0,
             peer: None,
             phase,
             t_ns,

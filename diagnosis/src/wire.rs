@@ -662,6 +662,7 @@ impl Session {
                 dtype,
                 count,
                 bytes,
+                out_count: 0,
                 peer,
                 phase,
                 t_ns,

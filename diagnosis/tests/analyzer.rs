@@ -196,6 +196,7 @@ fn coll(rank: u32, pg: &str, seq: u64, phase: Phase, t: u64) -> Event {
         dtype: Dtype::Float32,
         count: 256,
         bytes: 1024,
+        out_count: 0,
         peer: None,
         phase,
         t_ns: t,

@@ -718,6 +718,10 @@ def completed_mismatch(kind):
                 args = {"in_sizes": [[256]], "out_sizes": [[1024]]}
             if step == 4 and kind == "dtype" and r.rank == 1:
                 args = {"in_dtype": "BFloat16"}
+            if step == 4 and kind == "output":
+                # An all_gather whose inputs agree; rank 2 gathers into a short buffer.
+                name = "nccl:_allgather_base"
+                args = {"in_sizes": [[256]], "out_sizes": [[768 if r.rank == 2 else 1024]]}
             r.record("0", name, t + r.rank * MS, t + 10 * MS, **args)
         t += 100 * MS
     return ranks
@@ -790,6 +794,7 @@ jobs = {
     "size": lambda: completed_mismatch("size"),
     "type": lambda: completed_mismatch("type"),
     "dtype": lambda: completed_mismatch("dtype"),
+    "output": lambda: completed_mismatch("output"),
     "in_flight": lambda: on_demand("healthy"),
     "straggler": lambda: on_demand("straggler"),
     "timeout": lambda: on_demand("timeout"),
@@ -917,6 +922,25 @@ fn a_collective_every_rank_completed_with_different_records_is_a_mismatch() {
             vs[0].evidence
         );
     }
+}
+
+/// Ranks that agree on an all_gather's input but not on its output (FR's analyzer compares
+/// `output_sizes` too): the one with the odd output is named.
+#[test]
+fn an_output_size_every_other_rank_disagrees_with_is_a_mismatch() {
+    let dir = python_job("output");
+    let vs = diagnose(dir.path());
+    assert_eq!(
+        summary(&vs),
+        vec![(Class::Mismatch, Subtype::SizeMismatch, vec![2])],
+        "{vs:#?}"
+    );
+    assert_eq!((vs[0].seq, vs[0].op), (Some(4), Some(Op::AllGather)));
+    assert!(
+        vs[0].evidence.iter().any(|e| e.contains("output of 768")),
+        "{:?}",
+        vs[0].evidence
+    );
 }
 
 #[test]

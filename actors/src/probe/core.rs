@@ -357,6 +357,7 @@ mod tests {
             dtype: Dtype::Float32,
             count: 1,
             bytes: 4,
+            out_count: 0,
             peer: None,
             phase: Phase::Enqueue,
             t_ns: seq,

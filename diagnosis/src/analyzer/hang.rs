@@ -426,6 +426,16 @@ pub(crate) fn normalized(sig: Sig) -> Sig {
     if matches!(s.op, Op::AllToAll | Op::Scatter | Op::Coalesced | Op::Other) {
         s.bytes = 0;
     }
+    // Outputs must agree where every member receives the same shape: all_gather's whole
+    // tensor, reduce_scatter's shard, an all_reduce or broadcast in place (Flight Recorder's
+    // analyzer checks output sizes too). Elsewhere they differ by design (gather and reduce
+    // fill the root only, scatter and all_to_all hand out shares, p2p ends are not alike).
+    if !matches!(
+        s.op,
+        Op::AllReduce | Op::AllGather | Op::ReduceScatter | Op::Broadcast
+    ) {
+        s.out = 0;
+    }
     s
 }
 
@@ -529,6 +539,14 @@ fn mismatch_verdicts(
             (
                 Subtype::DtypeMismatch,
                 format!("{} {} instead of {}", maj.op, sig.dtype, maj.dtype),
+            )
+        } else if sig.bytes == maj_n.bytes {
+            (
+                Subtype::SizeMismatch,
+                format!(
+                    "{} with an output of {} elements instead of {}",
+                    maj.op, sig.out, maj.out
+                ),
             )
         } else {
             (

@@ -270,6 +270,7 @@ impl JobAnalyzer {
                         dtype: rec.sig.dtype,
                         count: rec.sig.bytes / rec.sig.dtype.size(),
                         bytes: rec.sig.bytes,
+                        out_count: rec.sig.out,
                         peer: rec.peer,
                         phase,
                         t_ns,

@@ -57,6 +57,8 @@ pub(crate) struct Sig {
     pub op: Op,
     pub dtype: Dtype,
     pub bytes: u64,
+    /// Output elements, 0 when the source does not record them (see [`Coll::out_count`]).
+    pub out: u64,
 }
 
 const HAS_ENQ: u8 = 1;
@@ -85,6 +87,7 @@ impl Rec {
             op: Op::Other,
             dtype: Dtype::Other,
             bytes: 0,
+            out: 0,
         },
         peer: None,
         flags: 0,
@@ -680,6 +683,7 @@ impl State {
             op: c.op,
             dtype: c.dtype,
             bytes: c.bytes,
+            out: c.out_count,
         };
         rec.peer = c.peer;
         let flag = match c.phase {

@@ -126,6 +126,7 @@ impl Report {
                         dtype: Dtype::Other,
                         count: 0,
                         bytes: 0,
+                        out_count: 0,
                         peer: None,
                         phase,
                         t_ns: self.taken_ns,

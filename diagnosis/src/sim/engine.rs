@@ -759,6 +759,7 @@ impl<'a> Engine<'a> {
             dtype: rec.dtype,
             count: rec.count,
             bytes: rec.bytes,
+            out_count: 0,
             peer: rec.peer,
             phase,
             t_ns: self.host_time(r, t),

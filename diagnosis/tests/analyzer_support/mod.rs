@@ -196,6 +196,7 @@ impl Sim {
                 dtype,
                 count: bytes / dtype.size(),
                 bytes,
+                out_count: 0,
                 peer: None,
                 phase,
                 t_ns: self.local(r, t),

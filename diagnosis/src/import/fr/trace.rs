@@ -313,6 +313,7 @@ fn push_entry(
             dtype,
             count,
             bytes: count.saturating_mul(dtype.size()),
+            out_count: numel(&e.output_sizes),
             peer,
             phase,
             t_ns,
