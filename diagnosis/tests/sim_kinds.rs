@@ -7,8 +7,8 @@
 use yard_diagnosis::analyzer::Config;
 use yard_diagnosis::score::{run_kinds, score, Outcome};
 
-fn outcomes() -> Vec<Outcome> {
-    let outcomes = run_kinds(2, &Config::default()).expect("kinds catalogue runs");
+/// Prints the live and the offline scorecard of `outcomes`.
+fn print_scorecards(title: &str, outcomes: &[Outcome]) {
     for offline in [false, true] {
         let part: Vec<Outcome> = outcomes
             .iter()
@@ -16,11 +16,16 @@ fn outcomes() -> Vec<Outcome> {
             .cloned()
             .collect();
         println!(
-            "{}:\n{}",
+            "{title}{}:\n{}",
             if offline { "offline" } else { "live" },
             score(&part).to_table()
         );
     }
+}
+
+fn outcomes() -> Vec<Outcome> {
+    let outcomes = run_kinds(2, &Config::default()).expect("kinds catalogue runs");
+    print_scorecards("", &outcomes);
     for o in outcomes
         .iter()
         .filter(|o| !o.top1_correct || o.false_alarms > 0)
@@ -99,19 +104,7 @@ fn held_out_seeds_are_named_as_well() {
             outcomes.push(run_offline(&s.spec, &cfg).expect("runs offline"));
         }
     }
-    for offline in [false, true] {
-        let part: Vec<Outcome> = outcomes
-            .iter()
-            .filter(|o| o.offline == offline)
-            .cloned()
-            .collect();
-        let card = score(&part);
-        println!(
-            "held out, {}:\n{}",
-            if offline { "offline" } else { "live" },
-            card.to_table()
-        );
-    }
+    print_scorecards("held out, ", &outcomes);
     let misses: Vec<String> = outcomes
         .iter()
         .filter(|o| !o.top1_correct || o.false_alarms > 0)
