@@ -1,0 +1,57 @@
+//! `yard offload`: what of an XDP program a SmartNIC could run (the planner's OXDP part).
+//! Everything here is offline: it reads an object file and needs neither a node nor a NIC.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Subcommand, ValueEnum};
+use yard_offload::Profile;
+
+use super::output::Out;
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ProfileArg {
+    /// Netronome Agilio hardware XDP offload, rules from the nfp driver.
+    Nfp,
+    /// The hXDP FPGA NIC, modelled from its paper.
+    Hxdp,
+    /// No NIC: everything on the host.
+    None,
+}
+
+impl ProfileArg {
+    fn profile(self) -> Profile {
+        match self {
+            ProfileArg::Nfp => yard_offload::profile::nfp(),
+            ProfileArg::Hxdp => yard_offload::profile::hxdp(),
+            ProfileArg::None => yard_offload::profile::none(),
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OffloadCmd {
+    /// Which functions and instruction ranges of a compiled BPF object the NIC could run, and
+    /// why not (helper, map type or size, opcode, return code). A static check: the kernel
+    /// and the NIC driver decide at load time.
+    Check {
+        /// The object, as `clang -O2 -target bpf -c` writes it.
+        file: PathBuf,
+        #[arg(long, value_enum, default_value = "nfp")]
+        profile: ProfileArg,
+    },
+}
+
+pub fn run(cmd: &OffloadCmd, out: Out) -> anyhow::Result<ExitCode> {
+    match cmd {
+        OffloadCmd::Check { file, profile } => {
+            let report = yard_offload::check_file(file, &profile.profile())
+                .with_context(|| file.display().to_string())?;
+            out.line(serde_json::to_value(&report)?, || {
+                report.human().trim_end().to_owned()
+            });
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

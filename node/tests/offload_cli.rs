@@ -1,0 +1,117 @@
+//! `yard offload check` end to end: the real binary on the gateway's object, compiled here
+//! with clang exactly as ebpf/build.rs compiles it, and on files that are not BPF objects.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_yard");
+
+fn gateway_object(dir: &Path) -> PathBuf {
+    let bpf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ebpf/bpf");
+    let out = dir.join("gateway.bpf.o");
+    let multiarch = if cfg!(target_arch = "aarch64") {
+        "/usr/include/aarch64-linux-gnu"
+    } else {
+        "/usr/include/x86_64-linux-gnu"
+    };
+    let status = Command::new("clang")
+        .args(["-O2", "-g", "-target", "bpf", "-D__TARGET_ARCH_x86"])
+        .arg(format!("-I{multiarch}"))
+        .arg("-c")
+        .arg(bpf.join("gateway.bpf.c"))
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .expect("clang is installed");
+    assert!(status.success());
+    out
+}
+
+fn yard(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().expect("run yard")
+}
+
+#[test]
+fn check_gateway_json_and_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let obj = gateway_object(dir.path());
+    let obj = obj.to_str().unwrap();
+
+    let out = yard(&["offload", "check", obj, "--profile", "nfp", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(v["profile"], "nfp");
+    let p = &v["programs"][0];
+    assert_eq!(p["name"], "yard_gateway");
+    assert_eq!(p["verdict"], "ineligible");
+    assert_eq!(p["return_codes"], serde_json::json!([1, 2, 3]));
+    let details: Vec<String> = p["functions"][0]["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["detail"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(
+        details.iter().any(|d| d.contains("bpf_fib_lookup (69)")),
+        "{details:?}"
+    );
+    assert!(
+        details
+            .iter()
+            .any(|d| d.contains("gw_counters is percpu_array")),
+        "{details:?}"
+    );
+
+    let text = yard(&["offload", "check", obj, "--profile", "nfp"]);
+    assert!(text.status.success());
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(
+        text.contains("program yard_gateway (section xdp): ineligible for profile nfp"),
+        "{text}"
+    );
+    assert!(
+        text.contains("ineligible because calls helper bpf_fib_lookup (69) at insn"),
+        "{text}"
+    );
+    assert!(text.contains("model estimate"), "{text}");
+
+    let none = yard(&["offload", "check", obj, "--profile", "none", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&none.stdout).unwrap();
+    assert_eq!(v["programs"][0]["findings"][0]["rule"], "no_offload_target");
+}
+
+#[test]
+fn bad_files_get_one_sentence_and_fail() {
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.o");
+    std::fs::write(&junk, b"not an object at all").unwrap();
+    let out = yard(&["offload", "check", junk.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("error: ") && err.contains("junk.o: not an ELF object"),
+        "{err}"
+    );
+
+    // an ELF object that is not BPF: the yard binary itself
+    let out = yard(&["offload", "check", BIN]);
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("an ELF object, but not a BPF one"), "{err}");
+
+    let missing = yard(&["offload", "check", "/nonexistent/x.o"]);
+    assert!(!missing.status.success());
+    let err = String::from_utf8(missing.stderr).unwrap();
+    assert!(
+        err.contains("/nonexistent/x.o: could not read the file"),
+        "{err}"
+    );
+
+    let bad_profile = yard(&["offload", "check", BIN, "--profile", "bluefield"]);
+    assert!(!bad_profile.status.success());
+}
