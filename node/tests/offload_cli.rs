@@ -1,4 +1,4 @@
-//! `yard offload check` end to end: the real binary on the gateway's object, compiled here
+//! `yard offload check` and `yard offload plan` end to end: the real binary on the gateway's object, compiled here
 //! with clang exactly as ebpf/build.rs compiles it, and on files that are not BPF objects.
 
 use std::path::{Path, PathBuf};
@@ -114,4 +114,48 @@ fn bad_files_get_one_sentence_and_fail() {
 
     let bad_profile = yard(&["offload", "check", BIN, "--profile", "bluefield"]);
     assert!(!bad_profile.status.success());
+}
+
+#[test]
+fn plan_is_labelled_a_model() {
+    let out = yard(&["offload", "plan", "--profile", "nfp", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(v["profile"], "nfp");
+    assert!(v["label"].as_str().unwrap().starts_with("MODEL"));
+    let nic: Vec<&str> = v["nic_ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_str().unwrap())
+        .collect();
+    assert!(
+        nic.contains(&"endpoint_lookup") && !nic.contains(&"fib_fallback"),
+        "{nic:?}"
+    );
+    assert!(
+        v["figures"]["throughput_pps"].as_f64().unwrap()
+            > v["host_only"]["throughput_pps"].as_f64().unwrap()
+    );
+
+    let text = yard(&["offload", "plan"]);
+    assert!(text.status.success());
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(
+        text.contains("(MODEL: figures computed from assumed parameters, not measured"),
+        "{text}"
+    );
+    assert!(
+        text.contains("fib_fallback stays on the host: helper bpf_fib_lookup (69)"),
+        "{text}"
+    );
+    assert!(text.contains("OXDP 18.7 Mpps"), "{text}");
+
+    let none = yard(&["offload", "plan", "--profile", "none", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&none.stdout).unwrap();
+    assert_eq!(v["nic_ops"], serde_json::json!([]));
 }

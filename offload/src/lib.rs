@@ -6,7 +6,9 @@
 //! - [`elf`], [`btf`], [`insn`]: a compiled BPF object read into programs, functions,
 //!   instructions, maps and relocations;
 //! - [`check`]: the static eligibility checker over those, answering per function and per
-//!   instruction range.
+//!   instruction range;
+//! - [`plan`], [`gateway`]: a forwarding function as a DAG of primitive ops (the gateway's is
+//!   built in) and the NIC/host split that maximises modelled throughput under a profile.
 //!
 //! Everything here is pure: no I/O beyond reading the object's bytes the caller hands in, so
 //! it is tested in microseconds and runs on a machine with no SmartNIC at all. Figures that
@@ -16,7 +18,9 @@ pub mod btf;
 pub mod check;
 pub mod elf;
 mod error;
+pub mod gateway;
 pub mod insn;
+pub mod plan;
 pub mod profile;
 
 pub use check::{check, Report, Verdict};

@@ -57,6 +57,19 @@ pub struct JitModel {
     pub margin: f64,
 }
 
+impl JitModel {
+    /// Target instructions per BPF instruction for a typical packet-parsing mix (35 % 64-bit
+    /// ALU, 25 % loads, 25 % 64-bit jumps, 10 % stores, 5 % LD_IMM64), for the planner's ops
+    /// whose exact instructions are not known: an estimate.
+    pub fn blended(&self) -> f64 {
+        0.35 * self.alu64
+            + 0.25 * self.load
+            + 0.25 * self.jmp64
+            + 0.10 * self.store
+            + 0.05 * self.ld_imm64
+    }
+}
+
 /// Throughput model of the target (planner input). Figures are modelled, never measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct NicModel {
@@ -67,6 +80,8 @@ pub struct NicModel {
     pub efficiency: f64,
     /// Line rate in packets per second at 64-byte frames: no program goes faster.
     pub line_rate_pps: f64,
+    /// A map lookup's cost in target-instruction equivalents (memory latency included).
+    pub lookup_insns: f64,
     /// Where these numbers came from.
     pub source: &'static str,
 }
@@ -323,11 +338,13 @@ pub fn nfp() -> Profile {
         nic: Some(NicModel {
             cores: 50,
             clock_hz: 800e6,
-            efficiency: 0.25,
+            efficiency: 0.5,
             line_rate_pps: 59.52e6,
+            lookup_insns: 60.0,
             source: "Netronome eBPF offload guide: 50 cores x 4 threads run eBPF; hXDP paper: \
-                     800 MHz; efficiency 0.25 instructions/cycle/core ASSUMED (memory stalls); \
-                     40GbE line rate at 64 B",
+                     800 MHz; 0.5 instructions/cycle/core ASSUMED (single-issue cores, threads \
+                     hiding part of the memory latency); a map lookup costs as much as 60 \
+                     instructions ASSUMED; 40GbE line rate at 64 B",
         }),
         limits_source: "Mizar offload_XDP design doc (2800 instructions, 3,072,000 entries, \
                         64 B per entry); stack 512 B ASSUMED; all firmware-reported on a real card",
@@ -437,6 +454,7 @@ pub fn hxdp() -> Profile {
             clock_hz: 156.25e6,
             efficiency: 1.0,
             line_rate_pps: 59.52e6,
+            lookup_insns: 2.0,
             source: "hXDP paper: one Sephirot core at 156.25 MHz, one VLIW row per cycle; \
                      NetFPGA-SUME 4x10GbE",
         }),

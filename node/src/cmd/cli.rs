@@ -96,7 +96,7 @@ enum Command {
         #[command(subcommand)]
         cmd: super::sim::SimCmd,
     },
-    /// SmartNIC offload of XDP programs: static eligibility check of a BPF object.
+    /// SmartNIC offload of XDP programs: eligibility check of a BPF object, split plan.
     Offload {
         #[command(subcommand)]
         cmd: super::offload::OffloadCmd,

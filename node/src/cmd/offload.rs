@@ -1,5 +1,6 @@
-//! `yard offload`: what of an XDP program a SmartNIC could run (the planner's OXDP part).
-//! Everything here is offline: it reads an object file and needs neither a node nor a NIC.
+//! `yard offload`: what of an XDP program a SmartNIC could run, and where to split the
+//! gateway between NIC and host (the planner's OXDP part). Everything here is offline: it
+//! needs neither a node nor a NIC.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -41,6 +42,12 @@ pub enum OffloadCmd {
         #[arg(long, value_enum, default_value = "nfp")]
         profile: ProfileArg,
     },
+    /// Split the gateway's forwarding function between the NIC and the host at the cut that
+    /// maximises modelled throughput within the profile's limits. Every figure is a model.
+    Plan {
+        #[arg(long, value_enum, default_value = "nfp")]
+        profile: ProfileArg,
+    },
 }
 
 pub fn run(cmd: &OffloadCmd, out: Out) -> anyhow::Result<ExitCode> {
@@ -50,6 +57,16 @@ pub fn run(cmd: &OffloadCmd, out: Out) -> anyhow::Result<ExitCode> {
                 .with_context(|| file.display().to_string())?;
             out.line(serde_json::to_value(&report)?, || {
                 report.human().trim_end().to_owned()
+            });
+            Ok(ExitCode::SUCCESS)
+        }
+        OffloadCmd::Plan { profile } => {
+            let pipeline = yard_offload::gateway::pipeline();
+            let host = yard_offload::plan::HostModel::default();
+            let plan = yard_offload::plan::plan(&pipeline, &profile.profile(), &host)
+                .map_err(|e| anyhow::anyhow!("the gateway pipeline is malformed: {e}"))?;
+            out.line(serde_json::to_value(&plan)?, || {
+                plan.human().trim_end().to_owned()
             });
             Ok(ExitCode::SUCCESS)
         }
