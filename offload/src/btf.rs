@@ -72,6 +72,16 @@ pub struct BtfMapDef {
 #[derive(Debug)]
 pub struct Btf {
     types: Vec<Type>,
+    strings: Vec<u8>,
+}
+
+/// One `.BTF.ext` line-info record: the source line an instruction was compiled from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LineInfo {
+    /// Instruction slot within its section.
+    pub insn: usize,
+    pub file: String,
+    pub line: u32,
 }
 
 fn u32_at(b: &[u8], off: usize) -> Result<u32, Error> {
@@ -192,7 +202,62 @@ impl Btf {
                 kind: k,
             });
         }
-        Ok(Btf { types })
+        Ok(Btf {
+            types,
+            strings: strs.to_vec(),
+        })
+    }
+
+    /// Line info of `.BTF.ext` (Documentation/bpf/btf.rst, "BTF.ext section"), per code
+    /// section name, sorted by instruction. A malformed or absent table gives nothing: line
+    /// numbers only decorate a report.
+    pub fn line_info(&self, ext: &[u8]) -> std::collections::HashMap<String, Vec<LineInfo>> {
+        let mut out = std::collections::HashMap::new();
+        if ext.len() < 32 || u16::from_le_bytes([ext[0], ext[1]]) != MAGIC {
+            return out;
+        }
+        let Ok(hdr_len) = u32_at(ext, 4) else {
+            return out;
+        };
+        let (Ok(off), Ok(len)) = (u32_at(ext, 16), u32_at(ext, 20)) else {
+            return out;
+        };
+        let start = hdr_len as usize + off as usize;
+        let Some(sec) = ext.get(start..start + len as usize) else {
+            return out;
+        };
+        let Ok(rec) = u32_at(sec, 0) else { return out };
+        let rec = rec as usize;
+        if rec < 16 {
+            return out;
+        }
+        let mut p = 4usize;
+        while p + 8 <= sec.len() {
+            let (Ok(name), Ok(n)) = (u32_at(sec, p), u32_at(sec, p + 4)) else {
+                break;
+            };
+            p += 8;
+            let name = str_at(&self.strings, name);
+            let mut v: Vec<LineInfo> = Vec::new();
+            for _ in 0..n {
+                let (Ok(insn_off), Ok(file), Ok(lc)) =
+                    (u32_at(sec, p), u32_at(sec, p + 4), u32_at(sec, p + 12))
+                else {
+                    return out;
+                };
+                let file = str_at(&self.strings, file);
+                let file = file.rsplit('/').next().unwrap_or("").to_owned();
+                v.push(LineInfo {
+                    insn: insn_off as usize / 8,
+                    file,
+                    line: lc >> 10,
+                });
+                p += rec;
+            }
+            v.sort_by_key(|l| l.insn);
+            out.insert(name, v);
+        }
+        out
     }
 
     fn get(&self, id: u32) -> Option<&Type> {

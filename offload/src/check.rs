@@ -80,6 +80,8 @@ pub struct Finding {
     /// Where the rule comes from (driver file and function, or the model).
     pub source: String,
     pub ranges: Vec<[usize; 2]>,
+    /// Source lines of the instructions (`file:line`, from BTF line info), where known.
+    pub lines: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -1128,7 +1130,7 @@ pub fn map_fits(p: &Profile, m: &MapDef) -> Result<(), (Rule, Certainty, String)
     Ok(())
 }
 
-fn group(raw: Vec<Raw>) -> Vec<Finding> {
+fn group(raw: Vec<Raw>, prog: &Program) -> Vec<Finding> {
     let mut by: BTreeMap<(Certainty, Rule, String, String), BTreeSet<usize>> = BTreeMap::new();
     for r in raw {
         let e = by
@@ -1141,6 +1143,15 @@ fn group(raw: Vec<Raw>) -> Vec<Finding> {
     let mut out: Vec<Finding> = by
         .into_iter()
         .map(|((certainty, rule, detail, source), slots)| {
+            let mut lines: Vec<String> = Vec::new();
+            for &s in &slots {
+                if let Some(l) = prog.line_at(s) {
+                    let at = format!("{}:{}", l.file, l.line);
+                    if !lines.contains(&at) {
+                        lines.push(at);
+                    }
+                }
+            }
             let mut ranges: Vec<[usize; 2]> = Vec::new();
             for s in slots {
                 match ranges.last_mut() {
@@ -1155,6 +1166,7 @@ fn group(raw: Vec<Raw>) -> Vec<Finding> {
                 detail,
                 source,
                 ranges,
+                lines,
             }
         })
         .collect();
@@ -1401,7 +1413,7 @@ pub fn check_program(obj: &Object, prog: &Program, profile: &Profile) -> Program
         if !w.reachable.iter().any(|&s| f.start <= s && s < f.end) {
             continue;
         }
-        let findings = group(per_fn.remove(&idx).unwrap_or_default());
+        let findings = group(per_fn.remove(&idx).unwrap_or_default(), prog);
         functions.push(FunctionReport {
             name: f.name.clone(),
             start: f.start,
@@ -1416,7 +1428,7 @@ pub fn check_program(obj: &Object, prog: &Program, profile: &Profile) -> Program
     }
     // findings outside any symbol's range belong to the program
     program_raw.extend(per_fn.into_values().flatten());
-    let findings = group(program_raw);
+    let findings = group(program_raw, prog);
     let verdict = functions
         .iter()
         .map(|f| f.verdict)
@@ -1575,6 +1587,21 @@ fn line(f: &Finding) -> String {
         String::new()
     } else {
         format!(" at insn {}", ranges.join(","))
+    };
+    let at = if f.lines.is_empty() {
+        at
+    } else {
+        let mut l = f
+            .lines
+            .iter()
+            .take(6)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", ");
+        if f.lines.len() > 6 {
+            l.push_str(", ...");
+        }
+        format!("{at} ({l})")
     };
     format!("{what} {}{at} [{}]", f.detail, f.source)
 }

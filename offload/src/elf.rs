@@ -14,7 +14,7 @@ use object::{
 };
 use serde::Serialize;
 
-use crate::btf::Btf;
+use crate::btf::{Btf, LineInfo};
 use crate::error::Error;
 use crate::insn::{self, Insn};
 
@@ -65,9 +65,17 @@ pub struct Program {
     pub map_refs: HashMap<usize, usize>,
     /// BPF-to-BPF call slot -> target slot.
     pub calls: HashMap<usize, usize>,
+    /// Source lines from `.BTF.ext` (when compiled with -g), sorted by slot.
+    pub lines: Vec<LineInfo>,
 }
 
 impl Program {
+    /// The source line `idx` was compiled from: the nearest line record at or before it.
+    pub fn line_at(&self, idx: usize) -> Option<&LineInfo> {
+        let i = self.lines.partition_point(|l| l.insn <= idx);
+        i.checked_sub(1).map(|i| &self.lines[i])
+    }
+
     /// The function whose range holds `idx`.
     pub fn function_at(&self, idx: usize) -> Option<&Function> {
         self.functions
@@ -123,13 +131,19 @@ impl Object {
         };
 
         // ---- maps ----
-        let btf_maps = file
+        let btf = file
             .section_by_name(".BTF")
             .and_then(|s| s.data().ok())
             .map(Btf::parse)
-            .transpose()?
-            .map(|b| b.maps())
-            .unwrap_or_default();
+            .transpose()?;
+        let btf_maps = btf.as_ref().map(Btf::maps).unwrap_or_default();
+        let line_info = match (
+            &btf,
+            file.section_by_name(".BTF.ext").and_then(|s| s.data().ok()),
+        ) {
+            (Some(b), Some(ext)) => b.line_info(ext),
+            _ => HashMap::new(),
+        };
         let mut maps: Vec<MapDef> = Vec::new();
         // (section index, symbol value) -> map index
         let mut map_at: HashMap<(SectionIndex, u64), usize> = HashMap::new();
@@ -347,6 +361,22 @@ impl Object {
                     end: code.insns.len(),
                 });
             }
+            let mut lines: Vec<LineInfo> = line_info.get(&code.name).cloned().unwrap_or_default();
+            if text.is_some() {
+                lines.extend(
+                    line_info
+                        .get(".text")
+                        .into_iter()
+                        .flatten()
+                        .map(|l| LineInfo {
+                            insn: l.insn + text_base,
+                            ..l.clone()
+                        }),
+                );
+            }
+            // line 0: code the compiler made up, attributed to no line
+            lines.retain(|l| l.line != 0);
+            lines.sort_by_key(|l| l.insn);
             for (name, entry) in entries {
                 programs.push(Program {
                     section: code.name.clone(),
@@ -356,6 +386,7 @@ impl Object {
                     functions: functions.clone(),
                     map_refs: map_refs.clone(),
                     calls: calls.clone(),
+                    lines: lines.clone(),
                 });
             }
         }

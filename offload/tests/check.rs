@@ -92,6 +92,40 @@ fn gateway_on_nfp_is_refused_for_the_reasons_in_its_source() {
     assert!(!m("gw_counters").offloadable);
     // the lookups of the VIP and endpoint tables use stack keys: no helper-argument finding
     assert!(!rules(p).contains(&Rule::HelperArg), "{}", r.human());
+    // each finding names the source lines it comes from (BTF line info of the -g build)
+    let source = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../ebpf/bpf/gateway.bpf.c"),
+    )
+    .expect("gateway source");
+    let src_line = |at: &str| -> String {
+        let (file, n) = at.rsplit_once(':').expect("file:line");
+        assert_eq!(file, "gateway.bpf.c");
+        let n: usize = n.parse().expect("a line number");
+        source.lines().nth(n - 1).expect("line exists").to_owned()
+    };
+    let fib = f
+        .iter()
+        .find(|x| x.detail.contains("bpf_fib_lookup"))
+        .expect("fib finding");
+    assert!(
+        fib.lines
+            .iter()
+            .any(|l| src_line(l).contains("bpf_fib_lookup(")),
+        "{:?}",
+        fib.lines
+    );
+    let ktime = f
+        .iter()
+        .find(|x| x.detail.contains("ktime"))
+        .expect("ktime finding");
+    assert!(
+        ktime
+            .lines
+            .iter()
+            .any(|l| src_line(l).contains("bpf_ktime_get_ns()")),
+        "{:?}",
+        ktime.lines
+    );
     // ranges point at real instructions of the one function
     let func = &p.functions[0];
     assert_eq!(func.name, "yard_gateway");
