@@ -159,3 +159,50 @@ fn plan_is_labelled_a_model() {
     let v: serde_json::Value = serde_json::from_slice(&none.stdout).unwrap();
     assert_eq!(v["nic_ops"], serde_json::json!([]));
 }
+
+#[test]
+fn plan_emits_programs_that_compile() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = yard(&[
+        "offload",
+        "plan",
+        "--emit",
+        dir.path().to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["emitted"].as_array().unwrap().len(), 3);
+    let multiarch = if cfg!(target_arch = "aarch64") {
+        "/usr/include/aarch64-linux-gnu"
+    } else {
+        "/usr/include/x86_64-linux-gnu"
+    };
+    for part in ["oxdp_nic", "oxdp_host"] {
+        let src = dir.path().join(format!("{part}.bpf.c"));
+        let obj = dir.path().join(format!("{part}.bpf.o"));
+        let status = Command::new("clang")
+            .args(["-O2", "-g", "-target", "bpf", "-Wall", "-Werror"])
+            .arg(format!("-I{multiarch}"))
+            .arg("-c")
+            .arg(&src)
+            .arg("-o")
+            .arg(&obj)
+            .status()
+            .expect("clang");
+        assert!(status.success(), "{part} does not compile");
+    }
+    // the NIC part of the nfp plan passes the nfp check with no definite finding
+    let check = yard(&[
+        "offload",
+        "check",
+        dir.path().join("oxdp_nic.bpf.o").to_str().unwrap(),
+        "--json",
+    ]);
+    let r: serde_json::Value = serde_json::from_slice(&check.stdout).unwrap();
+    assert_ne!(r["programs"][0]["verdict"], "ineligible", "{r}");
+}

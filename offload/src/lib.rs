@@ -8,7 +8,8 @@
 //! - [`check`]: the static eligibility checker over those, answering per function and per
 //!   instruction range;
 //! - [`plan`], [`gateway`]: a forwarding function as a DAG of primitive ops (the gateway's is
-//!   built in) and the NIC/host split that maximises modelled throughput under a profile.
+//!   built in) and the NIC/host split that maximises modelled throughput under a profile;
+//! - [`gen`]: the NIC and host programs for a cut, in C, from one template per op.
 //!
 //! Everything here is pure: no I/O beyond reading the object's bytes the caller hands in, so
 //! it is tested in microseconds and runs on a machine with no SmartNIC at all. Figures that
@@ -19,6 +20,7 @@ pub mod check;
 pub mod elf;
 mod error;
 pub mod gateway;
+pub mod gen;
 pub mod insn;
 pub mod plan;
 pub mod profile;

@@ -47,6 +47,9 @@ pub enum OffloadCmd {
     Plan {
         #[arg(long, value_enum, default_value = "nfp")]
         profile: ProfileArg,
+        /// Also write the chosen cut's NIC and host programs (C, with yard.h) into DIR.
+        #[arg(long, value_name = "DIR")]
+        emit: Option<PathBuf>,
     },
 }
 
@@ -60,15 +63,47 @@ pub fn run(cmd: &OffloadCmd, out: Out) -> anyhow::Result<ExitCode> {
             });
             Ok(ExitCode::SUCCESS)
         }
-        OffloadCmd::Plan { profile } => {
+        OffloadCmd::Plan { profile, emit } => {
             let pipeline = yard_offload::gateway::pipeline();
             let host = yard_offload::plan::HostModel::default();
             let plan = yard_offload::plan::plan(&pipeline, &profile.profile(), &host)
                 .map_err(|e| anyhow::anyhow!("the gateway pipeline is malformed: {e}"))?;
-            out.line(serde_json::to_value(&plan)?, || {
-                plan.human().trim_end().to_owned()
+            let mut value = serde_json::to_value(&plan)?;
+            let mut written = Vec::new();
+            if let Some(dir) = emit {
+                written = emit_programs(&pipeline, plan.mask, dir)?;
+                value["emitted"] = serde_json::json!(written);
+            }
+            out.line(value, || {
+                let mut t = plan.human().trim_end().to_owned();
+                for w in &written {
+                    t.push_str(&format!("\nwrote {w}"));
+                }
+                t
             });
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// Writes the NIC part, the host part and yard.h for the cut into `dir`.
+fn emit_programs(
+    pipeline: &yard_offload::plan::Pipeline,
+    mask: u64,
+    dir: &std::path::Path,
+) -> anyhow::Result<Vec<String>> {
+    use yard_offload::gen::{generate, Role, YARD_H};
+    std::fs::create_dir_all(dir).with_context(|| format!("could not create {}", dir.display()))?;
+    let mut written = Vec::new();
+    for (name, text) in [
+        ("oxdp_nic.bpf.c", generate(pipeline, mask, Role::Nic)?),
+        ("oxdp_host.bpf.c", generate(pipeline, mask, Role::Host)?),
+        ("yard.h", YARD_H.to_owned()),
+    ] {
+        let path = dir.join(name);
+        std::fs::write(&path, text)
+            .with_context(|| format!("could not write {}", path.display()))?;
+        written.push(path.display().to_string());
+    }
+    Ok(written)
 }
