@@ -9,12 +9,14 @@
 //!   instruction range;
 //! - [`plan`], [`gateway`]: a forwarding function as a DAG of primitive ops (the gateway's is
 //!   built in) and the NIC/host split that maximises modelled throughput under a profile;
-//! - [`gen`]: the NIC and host programs for a cut, in C, from one template per op.
+//! - [`gen`]: the NIC and host programs for a cut, in C, from one template per op;
+//! - [`attach`]: the shell that attaches them (hardware mode tried, clean fallback).
 //!
-//! Everything here is pure: no I/O beyond reading the object's bytes the caller hands in, so
-//! it is tested in microseconds and runs on a machine with no SmartNIC at all. Figures that
+//! Everything but [`attach`] is pure: no I/O beyond reading the object's bytes the caller
+//! hands in, so it is tested in microseconds and runs on a machine with no SmartNIC at all. Figures that
 //! depend on a NIC (target instruction counts, throughput) are models and say so.
 
+pub mod attach;
 pub mod btf;
 pub mod check;
 pub mod elf;
