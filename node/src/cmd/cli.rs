@@ -96,6 +96,11 @@ enum Command {
         #[command(subcommand)]
         cmd: super::sim::SimCmd,
     },
+    /// SmartNIC offload of XDP programs: eligibility check of a BPF object, split plan.
+    Offload {
+        #[command(subcommand)]
+        cmd: super::offload::OffloadCmd,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -273,6 +278,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         Command::Diagnose(d) if d.is_offline() => super::diagnose::offline(d, out),
         Command::Sim { cmd } => super::sim::run(cmd, out),
+        Command::Offload { cmd } => super::offload::run(cmd, out),
         _ => runtime()?.block_on(client_command(&args, out)),
     }
 }
@@ -333,7 +339,8 @@ async fn client_command(args: &Args, out: Out) -> anyhow::Result<ExitCode> {
         | Command::Bench { .. }
         | Command::Gateway { .. }
         | Command::Diagnose(_)
-        | Command::Sim { .. } => {
+        | Command::Sim { .. }
+        | Command::Offload { .. } => {
             unreachable!("handled above")
         }
     };

@@ -6,6 +6,7 @@ mod cli;
 mod daemon;
 mod diagnose;
 mod gateway;
+mod offload;
 mod output;
 mod sim;
 
