@@ -196,9 +196,10 @@ fn draw(row: &[(usize, f64)], k: usize, rng: &mut ChaCha8Rng) -> Vec<usize> {
     picked
 }
 
-/// Which of `items` (weights) to keep within `cap` so that the kept weight is largest: exact
-/// 0/1 knapsack by DP over the capacity scaled to `steps` (weights rounded up, so the kept set
-/// always fits).
+/// Which of `items` (weights) to keep within `cap` so that the kept weight is largest: 0/1
+/// knapsack by DP over the capacity scaled to `steps`. Weights are rounded up, so the kept set
+/// always fits, and the DP is optimal for the rounded weights, so it keeps at least as much as
+/// any subset that fits in `cap·(1 − items/steps)`: the FPTAS's trade of precision for time.
 pub fn knapsack_keep(items: &[f64], cap: f64, steps: usize) -> Vec<bool> {
     let mut keep = vec![false; items.len()];
     if cap <= 0.0 || items.is_empty() {

@@ -7,6 +7,7 @@ mod daemon;
 mod diagnose;
 mod gateway;
 mod output;
+mod plan;
 mod sim;
 
 use std::process::ExitCode;
