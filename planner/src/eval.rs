@@ -5,8 +5,8 @@
 //! capacity_pps)` per node, not the planner's conservative scalar. When nodes fail, their
 //! units move by the placement's [`Failover`] rule, the same for every strategy that shares
 //! it, and nothing else moves (the fast path; a re-plan comes later). A node over its capacity
-//! serves the fraction `1/load` of what it carries (drops are proportional); a unit with no
-//! surviving node is not served.
+//! serves the fraction `1/load` of what it carries (drops are proportional); a unit is lost
+//! only when every node is down.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -18,7 +18,8 @@ use crate::model::Instance;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Failover {
     /// Largest unit first, each to the surviving node of its tenant's set with the least
-    /// resulting load; none left: the unit is lost.
+    /// resulting load; if the whole set is down, to the least-loaded survivor of all (every
+    /// gateway holds every tenant's tables, so a set is a preference, not a wall).
     WithinSet,
     /// Today's gateway rule (placement.rs rule 2): units in VIP order, each to the surviving
     /// node owning the fewest VIPs, ties to the lowest id; any node may take any VIP.
@@ -119,6 +120,13 @@ pub fn loads_after(
                             .total_cmp(&norm(b, bps[b] + unit.bps, pps[b] + unit.pps))
                             .then(a.cmp(&b))
                     });
+                let best = best.or_else(|| {
+                    (0..nn).filter(|&n| !failed[n]).min_by(|&a, &b| {
+                        norm(a, bps[a] + unit.bps, pps[a] + unit.pps)
+                            .total_cmp(&norm(b, bps[b] + unit.bps, pps[b] + unit.pps))
+                            .then(a.cmp(&b))
+                    })
+                });
                 if let Some(n) = best {
                     bps[n] += unit.bps;
                     pps[n] += unit.pps;

@@ -80,7 +80,7 @@ pub fn instance(family: Family, shape: Shape, seed: u64) -> Instance {
                         }
                         _ => rng.gen_range(0.5..1.5),
                     };
-                    let bytes_per_packet: f64 = rng.gen_range(200.0..1500.0);
+                    let bytes_per_packet: f64 = rng.gen_range(400.0..1500.0);
                     vip += 1;
                     Unit {
                         id: Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 19, 0, 0)) + vip)

@@ -109,24 +109,24 @@ fn even_spread_balances_counts_and_fails_over_to_the_fewest() {
 }
 
 #[test]
-fn a_tenant_with_every_node_down_is_not_served() {
+fn a_tenant_whose_set_is_down_spills_to_the_survivors() {
     let inst = instance(Family::Uniform, shape(3, 4), 1);
     let p = baseline::round_robin(&inst);
     let mut failed = vec![false; 4];
     for &n in &p.sets[0] {
         failed[n] = true;
     }
+    let (_, owner) = eval::loads_after(&inst, &p, &failed);
+    for n in &owner[0] {
+        let n = n.expect("a survivor takes it");
+        assert!(!failed[n] && !p.sets[0].contains(&n));
+    }
     let o = eval::outcome(&inst, &p, &failed);
-    let total: f64 = inst
-        .tenants
-        .iter()
-        .flat_map(|t| &t.units)
-        .map(|u| u.bps)
-        .sum();
-    let lost: f64 = inst.tenants[0].units.iter().map(|u| u.bps).sum();
-    assert!(o.served <= 1.0 - lost / total + 1e-12);
-    let none = eval::outcome(&inst, &p, &[false; 4]);
+    assert_eq!(o.max_load <= 1.0, (o.served - 1.0).abs() < 1e-12);
+    let all = eval::outcome(&inst, &p, &[true; 4]);
+    assert_eq!(all.served, 0.0);
     // Served is whole exactly when no node is over its capacity.
+    let none = eval::outcome(&inst, &p, &[false; 4]);
     assert_eq!(none.max_load <= 1.0, (none.served - 1.0).abs() < 1e-12);
 }
 
