@@ -23,8 +23,10 @@
 //!
 //!    A greedy draw (largest tenant first onto its least-loaded nodes that meet its cover)
 //!    competes with the random ones, so the result is never worse than that greedy.
-//! 4. **Local search** on the kept draw: a tenant on the most loaded node swaps it for a node
-//!    that stays below that load, while one exists (bounded number of swaps).
+//! 4. **Local search**: a tenant on the most loaded node swaps it for a node that stays below
+//!    that load, while one exists (bounded number of swaps). On small instances (the exact-LP
+//!    path) every draw gets it, with ejection chains of two; on large ones only the kept draw,
+//!    single swaps only (a chain scans tenants × nodes twice per step).
 //!
 //! **No constant bound is claimed for this step.** Before repair, Chernoff bounds give the
 //! usual `O(log N / log log N)` factor on the LP's load; the benchmark reports the measured
@@ -263,45 +265,87 @@ fn covers_swapped(inst: &Instance, t: usize, set: &[usize], out: usize, into: us
     have - inst.weight[out] + inst.weight[into] >= inst.need[t] * (1.0 - 1e-9)
 }
 
-/// Local search on the rounded sets: while some tenant on the most loaded node can swap that
-/// node for another one whose load after the swap is below the maximum (cover kept), make the
-/// best such swap. Each swap lowers the maximum or the number of nodes at it, so the max
-/// robust load never rises; it stops after `moves` swaps at most.
-fn descend(inst: &Instance, sets: &mut [Vec<usize>], robust: bool, moves: usize) {
+/// One local-search step: tenant `.0` moves from the top node to `.1`, then optionally tenant
+/// `.2.0` from `.1` to `.2.1`; `.3` is the worst load of the nodes touched, after.
+type Step = (usize, usize, Option<(usize, usize)>, f64);
+
+/// Local search on the rounded sets. While possible, one tenant on the most loaded node `n`
+/// (load `L`) swaps `n` for a node `m` that stays below `L`; or, with `chains`, for a node `m`
+/// that would go over but is relieved below `L` by moving another of its tenants on to a
+/// third node that also stays below `L` (an ejection chain of two). The cover is kept; every
+/// node touched ends below `L` and no other changes, so the max robust load never rises and
+/// each step lowers it or the number of nodes at it; it stops after `moves` steps at most.
+fn descend(inst: &Instance, sets: &mut [Vec<usize>], robust: bool, moves: usize, chains: bool) {
     let nn = inst.nodes.len();
     let mut load = reserved_load(inst, sets, robust);
     let mut members: Vec<Vec<usize>> = vec![Vec::new(); nn];
     for (t, set) in sets.iter().enumerate() {
         set.iter().for_each(|&n| members[n].push(t));
     }
+    let w = |t: usize, n: usize| inst.reserve(t, robust) / inst.cap[n];
     for _ in 0..moves {
         let Some(n) = (0..nn).max_by(|&a, &b| load[a].total_cmp(&load[b]).then(b.cmp(&a))) else {
             return;
         };
-        let mut best: Option<(usize, usize, f64)> = None;
+        let top = load[n] * (1.0 - 1e-9);
+        let mut best: Option<Step> = None;
         for &t in &members[n] {
-            let r = inst.reserve(t, robust);
             for m in 0..nn {
                 if sets[t].contains(&m) || (robust && !covers_swapped(inst, t, &sets[t], n, m)) {
                     continue;
                 }
-                let after = load[m] + r / inst.cap[m];
-                if after < load[n] * (1.0 - 1e-9) && best.is_none_or(|b| after < b.2) {
-                    best = Some((t, m, after));
+                let after = load[m] + w(t, m);
+                if after < top {
+                    let worst = after.max(load[n] - w(t, n));
+                    if best.is_none_or(|b| worst < b.3) {
+                        best = Some((t, m, None, worst));
+                    }
+                    continue;
+                }
+                if !chains {
+                    continue;
+                }
+                for &u in &members[m] {
+                    if u == t || after - w(u, m) >= top {
+                        continue;
+                    }
+                    for m2 in 0..nn {
+                        if m2 == m
+                            || sets[u].contains(&m2)
+                            || (robust && !covers_swapped(inst, u, &sets[u], m, m2))
+                        {
+                            continue;
+                        }
+                        let base = if m2 == n { load[n] - w(t, n) } else { load[m2] };
+                        let after2 = base + w(u, m2);
+                        if after2 >= top {
+                            continue;
+                        }
+                        let worst = (after - w(u, m)).max(after2).max(load[n] - w(t, n));
+                        if best.is_none_or(|b| worst < b.3) {
+                            best = Some((t, m, Some((u, m2)), worst));
+                        }
+                    }
                 }
             }
         }
-        let Some((t, m, after)) = best else { return };
-        load[n] -= inst.reserve(t, robust) / inst.cap[n];
-        load[m] = after;
-        for x in sets[t].iter_mut() {
-            if *x == n {
-                *x = m;
+        let Some((t, m, chain, _)) = best else { return };
+        let mut swap = |t: usize, from: usize, to: usize, load: &mut Vec<f64>| {
+            load[from] -= w(t, from);
+            load[to] += w(t, to);
+            for x in sets[t].iter_mut() {
+                if *x == from {
+                    *x = to;
+                }
             }
+            sets[t].sort_unstable();
+            members[from].retain(|&y| y != t);
+            members[to].push(t);
+        };
+        swap(t, n, m, &mut load);
+        if let Some((u, m2)) = chain {
+            swap(u, m, m2, &mut load);
         }
-        sets[t].sort_unstable();
-        members[n].retain(|&y| y != t);
-        members[m].push(t);
     }
 }
 
@@ -405,6 +449,11 @@ pub fn assign(inst: &Instance, opts: &AssignOptions) -> Result<Assignment, PlanE
             })
             .collect();
         repair(inst, &mut sets, opts.robust, target);
+        if exact {
+            // Small instances: every draw gets its local search (cheap here), since the best
+            // draw before it is not always the best after.
+            descend(inst, &mut sets, opts.robust, opts.local_moves, true);
+        }
         let lambda = max_of(&reserved_load(inst, &sets, opts.robust));
         if best.as_ref().is_none_or(|b| lambda < b.0) {
             best = Some((lambda, sets));
@@ -414,12 +463,17 @@ pub fn assign(inst: &Instance, opts: &AssignOptions) -> Result<Assignment, PlanE
     // meet its cover), so the result is never worse than that baseline's robust variant.
     let mut greedy = greedy_sets(inst, opts.robust);
     repair(inst, &mut greedy, opts.robust, target);
+    if exact {
+        descend(inst, &mut greedy, opts.robust, opts.local_moves, true);
+    }
     let lambda = max_of(&reserved_load(inst, &greedy, opts.robust));
     if best.as_ref().is_none_or(|b| lambda < b.0) {
         best = Some((lambda, greedy));
     }
     let (_, mut sets) = best.unwrap_or_default();
-    descend(inst, &mut sets, opts.robust, opts.local_moves);
+    if !exact {
+        descend(inst, &mut sets, opts.robust, opts.local_moves, false);
+    }
     let lambda = max_of(&reserved_load(inst, &sets, opts.robust));
     Ok(Assignment {
         sets,
@@ -427,4 +481,67 @@ pub fn assign(inst: &Instance, opts: &AssignOptions) -> Result<Assignment, PlanE
         exact_lp: exact,
         lambda,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::family::{instance, Family, Shape};
+
+    fn shape(tenants: usize, nodes: usize) -> Shape {
+        Shape {
+            tenants,
+            nodes,
+            units: 3,
+            utilisation: 0.3,
+        }
+    }
+
+    #[test]
+    fn the_result_is_never_worse_than_the_greedy_draw() {
+        for f in Family::ALL {
+            for seed in 0..10 {
+                let inst = instance(f, shape(10, 5), seed);
+                let a = assign(&inst, &AssignOptions::default()).unwrap();
+                let g = max_of(&reserved_load(&inst, &greedy_sets(&inst, true), true));
+                assert!(
+                    a.lambda <= g * (1.0 + 1e-9),
+                    "{f:?} {seed}: {} > {g}",
+                    a.lambda
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn local_search_never_raises_the_max_and_keeps_the_cover() {
+        for f in Family::ALL {
+            for seed in 0..10 {
+                let inst = instance(f, shape(30, 8), seed);
+                let mut rng = ChaCha8Rng::seed_from_u64(seed);
+                let nodes: Vec<usize> = (0..inst.nodes.len()).collect();
+                let mut sets: Vec<Vec<usize>> = (0..inst.tenants.len())
+                    .map(|t| {
+                        use rand::seq::SliceRandom;
+                        let mut s: Vec<usize> = nodes
+                            .choose_multiple(&mut rng, inst.k[t])
+                            .copied()
+                            .collect();
+                        fix_cover(&inst, t, &mut s, |_| 0.0);
+                        s.sort_unstable();
+                        s
+                    })
+                    .collect();
+                let before = max_of(&reserved_load(&inst, &sets, true));
+                descend(&inst, &mut sets, true, 10_000, seed % 2 == 0);
+                let after = max_of(&reserved_load(&inst, &sets, true));
+                assert!(after <= before * (1.0 + 1e-12), "{f:?} {seed}");
+                for (t, s) in sets.iter().enumerate() {
+                    assert!(inst.covers(t, s));
+                    assert_eq!(s.len(), inst.k[t]);
+                    assert!(s.windows(2).all(|w| w[0] < w[1]));
+                }
+            }
+        }
+    }
 }
