@@ -8,7 +8,8 @@
 //!   knapsack repair; availability is a covering constraint on `−ln p`, and the load each
 //!   tenant reserves on a node leaves room for one of its nodes to fail.
 //! - [`schedule`] (fast): given the sets and the live nodes, splittable traffic by max-flow
-//!   with binary search (1 + ε), unsplittable VIPs by LP rounding (2 + ε).
+//!   with binary search (within 1 + ε of the LP), unsplittable VIPs by LP rounding (within
+//!   2(1 + ε) of the optimum).
 //!
 //! [`baseline`] holds the strategies it is compared with, [`eval`] the failure evaluation,
 //! [`lp`] the solver models (also the exact ILP oracles), [`parse`] the offline file formats.
