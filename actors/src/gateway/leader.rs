@@ -41,7 +41,7 @@ pub use yard_raft_store::NodeId;
 
 use super::damping::{Damping, DampingConfig};
 use super::lease::{answer_bound, fenced_at, majority, LeaseConfig, Stamp};
-use super::placement::{plan, PlacementInput};
+use super::placement::{plan, PlacementInput, Planned};
 
 /// The leader's settings.
 #[derive(Debug, Clone, Copy)]
@@ -178,6 +178,8 @@ pub struct LeaderCore {
     /// a lease (see `renewing`).
     last_tick: Option<u64>,
     watching_since: u64,
+    /// The service planner's target placement, if one was given ([`LeaderCore::set_planned`]).
+    planned: Option<Planned>,
 }
 
 impl LeaderCore {
@@ -198,7 +200,14 @@ impl LeaderCore {
             damping: Damping::new(cfg.damping),
             last_tick: None,
             watching_since: 0,
+            planned: None,
         }
+    }
+
+    /// Replaces the service planner's target placement (`None`: balance VIP counts, as
+    /// without a planner). It takes effect at the next tick, through placement's rule 5.
+    pub fn set_planned(&mut self, planned: Option<Planned>) {
+        self.planned = planned;
     }
 
     /// The term this core leads in.
@@ -640,6 +649,7 @@ impl LeaderCore {
             live: &placeable,
             expired: &expired,
             applied: &self.applied,
+            planned: self.planned.as_ref(),
         });
         if !changes.is_empty() {
             self.in_flight = true;

@@ -12,3 +12,4 @@ pub mod leader;
 pub mod lease;
 pub mod neigh;
 pub mod placement;
+pub mod service_plan;

@@ -62,11 +62,33 @@
 //!   and nothing is moved around it, so a renewal blip moves nothing (except handoffs that were
 //!   headed to it, rule 3).
 
+//!
+//! # Planned placement
+//!
+//! When the leader holds a plan ([`Planned`]: a target node per VIP from the service planner),
+//! rule 5 changes: instead of balancing counts, a VIP owned with no handoff by an eligible
+//! node, untouched by rules 1-4, whose target is another eligible node, starts a handoff to its
+//! target — the drain's handoff, so the new owner answers only after the old one has released
+//! it. At most `max_moves` such handoffs start per plan (VIP order), which caps the churn of a
+//! re-plan; rules 1-4 are never capped, so a dead node's VIPs still move at once by counts and
+//! the plan improves on that afterwards. With a fixed target each VIP moves at most once, so
+//! repeated planning reaches a fixed point: every VIP at its target, or its target ineligible.
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 
 use yard_raft_store::gateway::{VipChange, VipRecord};
 pub use yard_raft_store::NodeId;
+
+/// A target placement from the service planner (`yard-planner`) and how many VIPs one plan may
+/// start moving toward it: the churn cap of a re-plan.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Planned {
+    /// Where each VIP should live. VIPs it does not name stay where the rules put them.
+    pub target: BTreeMap<Ipv4Addr, NodeId>,
+    /// Planned moves one plan may start (rules 1-4 are never capped: they are the fast path).
+    pub max_moves: usize,
+}
 
 /// What the planner looks at: the applied replicated state plus the leader's lease verdicts.
 #[derive(Debug, Clone, Copy)]
@@ -82,6 +104,9 @@ pub struct PlacementInput<'a> {
     pub expired: &'a BTreeSet<NodeId>,
     /// The applied revision each node last reported.
     pub applied: &'a BTreeMap<NodeId, u64>,
+    /// With a plan, rule 5 moves VIPs toward it instead of balancing counts (see "Planned
+    /// placement" in the module doc).
+    pub planned: Option<&'a Planned>,
 }
 
 impl PlacementInput<'_> {
@@ -250,7 +275,10 @@ pub fn plan(input: &PlacementInput) -> Vec<VipChange> {
             decided.insert(vip, handoff(from, n));
         }
     }
-    balance(input, &mut loads, &mut decided);
+    match input.planned {
+        Some(p) => toward(input, p, &mut loads, &mut decided),
+        None => balance(input, &mut loads, &mut decided),
+    }
 
     decided
         .into_iter()
@@ -259,6 +287,37 @@ pub fn plan(input: &PlacementInput) -> Vec<VipChange> {
             (set != expect).then_some(VipChange { vip, expect, set })
         })
         .collect()
+}
+
+/// Rule 5 with a plan; see "Planned placement" in the module doc.
+fn toward(
+    input: &PlacementInput,
+    planned: &Planned,
+    loads: &mut Loads,
+    decided: &mut BTreeMap<Ipv4Addr, VipRecord>,
+) {
+    let mut moves = 0;
+    for (vip, rec) in input.vips {
+        if moves >= planned.max_moves {
+            return;
+        }
+        if decided.contains_key(vip) {
+            continue;
+        }
+        let (Some(x), None) = (rec.owner, rec.handoff_to) else {
+            continue;
+        };
+        let Some(&y) = planned.target.get(vip) else {
+            continue;
+        };
+        if y == x || !input.is_eligible(y) || !input.is_eligible(x) {
+            continue;
+        }
+        decided.insert(*vip, handoff(x, y));
+        loads.sub(x);
+        loads.add(y);
+        moves += 1;
+    }
 }
 
 /// Rule 5; see "Balance without oscillation" in the module doc.
@@ -330,6 +389,7 @@ mod tests {
         expired: BTreeSet<NodeId>,
         applied: BTreeMap<NodeId, u64>,
         revision: u64,
+        planned: Option<Planned>,
     }
 
     impl World {
@@ -340,6 +400,7 @@ mod tests {
                 expired: BTreeSet::new(),
                 applied: live.iter().map(|n| (*n, 0)).collect(),
                 revision: 0,
+                planned: None,
             }
         }
 
@@ -357,6 +418,7 @@ mod tests {
                 live: &self.live,
                 expired: &self.expired,
                 applied: &self.applied,
+                planned: self.planned.as_ref(),
             })
         }
 
@@ -674,6 +736,94 @@ mod tests {
     fn degenerate_handoff_to_the_owner_is_cancelled() {
         let w = World::new(&[1]).with_vips(&[rec(Some(1), Some(1), 3)]);
         assert_eq!(w.plan()[0].set, owned(1));
+    }
+
+    // ----- rule 5 with a plan -----
+
+    fn all_to(w: &World, n: NodeId, max_moves: usize) -> Planned {
+        Planned {
+            target: w.tables.vips.keys().map(|v| (*v, n)).collect(),
+            max_moves,
+        }
+    }
+
+    /// Runs plan → apply → confirm to a fixed point, checking that no plan starts more than
+    /// `cap` handoffs to a live owner's VIPs; returns the rounds.
+    fn settle_capped(w: &mut World, cap: usize) -> usize {
+        for round in 0..(4 + 2 * w.tables.vips.len()) {
+            let changes = w.plan();
+            if changes.is_empty() {
+                return round;
+            }
+            let started = changes
+                .iter()
+                .filter(|c| c.expect.handoff_to.is_none() && c.set.handoff_to.is_some())
+                .count();
+            assert!(started <= cap, "round {round} started {started} handoffs");
+            w.apply(changes);
+            w.confirm();
+        }
+        panic!("no fixed point: {w:?}");
+    }
+
+    #[test]
+    fn planned_moves_are_handoffs_capped_per_plan() {
+        let mut w = balanced(3, 9);
+        w.planned = Some(all_to(&w, 1, 2));
+        let changes = w.plan();
+        assert_eq!(changes.len(), 2);
+        for c in &changes {
+            // Make-before-break as a drain: the owner stays until it has released.
+            let owner = c.expect.owner.unwrap();
+            assert_ne!(owner, 1);
+            assert_eq!(c.set, handoff(owner, 1));
+        }
+        settle_capped(&mut w, 2);
+        assert!(w.owners().values().all(|o| *o == Some(1)));
+        // A fixed target is a fixed point: nothing moves again.
+        assert!(w.plan().is_empty());
+    }
+
+    #[test]
+    fn a_dead_nodes_vips_move_at_once_then_toward_the_plan() {
+        let mut w = balanced(3, 6);
+        w.planned = Some(all_to(&w, 2, 1));
+        let on_1: Vec<Ipv4Addr> = w
+            .owners()
+            .iter()
+            .filter(|(_, o)| **o == Some(1))
+            .map(|(v, _)| *v)
+            .collect();
+        assert_eq!(on_1.len(), 2);
+        w.live.remove(&1);
+        w.expired.insert(1);
+        let changes = w.plan();
+        // Rule 2 is not capped: both orphans get a new owner directly, by counts.
+        for v in &on_1 {
+            let c = changes.iter().find(|c| c.vip == *v).expect("orphan moved");
+            assert_eq!(c.set.handoff_to, None);
+            assert!(matches!(c.set.owner, Some(2 | 3)));
+        }
+        let started = changes
+            .iter()
+            .filter(|c| c.set.handoff_to.is_some())
+            .count();
+        assert!(started <= 1);
+        w.apply(changes);
+        w.confirm();
+        settle_capped(&mut w, 1);
+        assert!(w.owners().values().all(|o| *o == Some(2)));
+    }
+
+    #[test]
+    fn a_plan_neither_targets_an_ineligible_node_nor_balances_counts() {
+        let mut w = World::new(&[1, 2, 3]).with_vips(&[rec(Some(1), None, 0); 4]);
+        w.tables.draining.insert(3);
+        assert!(!w.plan().is_empty(), "without a plan, counts are balanced");
+        w.planned = Some(all_to(&w, 3, 10));
+        assert!(w.plan().is_empty(), "node 3 drains, so nothing moves to it");
+        w.planned = Some(all_to(&w, 1, 10));
+        assert!(w.plan().is_empty(), "already at the target");
     }
 
     // ----- properties -----

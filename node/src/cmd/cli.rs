@@ -101,6 +101,11 @@ enum Command {
         #[command(subcommand)]
         cmd: super::offload::OffloadCmd,
     },
+    /// The service planner: where tenants' VIPs should live (offline, from files).
+    Plan {
+        #[command(subcommand)]
+        cmd: super::plan::PlanCmd,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -279,6 +284,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Command::Diagnose(d) if d.is_offline() => super::diagnose::offline(d, out),
         Command::Sim { cmd } => super::sim::run(cmd, out),
         Command::Offload { cmd } => super::offload::run(cmd, out),
+        Command::Plan { cmd } => super::plan::run(cmd, out),
         _ => runtime()?.block_on(client_command(&args, out)),
     }
 }
@@ -340,7 +346,8 @@ async fn client_command(args: &Args, out: Out) -> anyhow::Result<ExitCode> {
         | Command::Gateway { .. }
         | Command::Diagnose(_)
         | Command::Sim { .. }
-        | Command::Offload { .. } => {
+        | Command::Offload { .. }
+        | Command::Plan { .. } => {
             unreachable!("handled above")
         }
     };

@@ -8,6 +8,7 @@ mod diagnose;
 mod gateway;
 mod offload;
 mod output;
+mod plan;
 mod sim;
 
 use std::process::ExitCode;
