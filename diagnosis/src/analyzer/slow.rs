@@ -41,7 +41,11 @@ pub(crate) fn evaluate(state: &State, cfg: &Config, stuck: &[bool]) -> Vec<Verdi
                 Some(link(state, pg, ks, cfg, paths, component))
             }
             None if pg.stragglers > 0 => straggler(pg, cfg),
-            None => p2p_link(state, pg, cfg),
+            // Only point-to-point traffic: no collective of its own ever completed. Where
+            // collectives run, their transfer time decides (with the paths and counters
+            // evidence of `link`), however early some pair looks slow.
+            None if pg.keys.is_empty() && state.has_p2p_twin(pg) => p2p_link(state, pg, cfg),
+            None => None,
         };
         if let Some(v) = v {
             merge(&mut out, v, pg);
@@ -155,9 +159,9 @@ fn straggler(pg: &Pg, cfg: &Config) -> Option<Verdict> {
     Some(v)
 }
 
-/// Slow pairs in a group whose collectives are not slower: point-to-point traffic, which has no
-/// group-wide transfer time (each end numbers its own ops; its per-peer progress is kept with
-/// the group's pairs), so the pairs speak for themselves. A pair whose throughput fell by the
+/// Slow pairs in a group that carries only point-to-point traffic, which has no group-wide
+/// transfer time (each end numbers its own ops; its per-peer progress is kept with the group's
+/// pairs), so the pairs speak for themselves. A pair whose throughput fell by the
 /// factor, and by enough busy time, in most of its last transfers is a slow link: this is how
 /// a pipeline boundary shows whose link carries only the stages' activations and gradients.
 /// Pairs slower by ratio alone raise nothing here.
