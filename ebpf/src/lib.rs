@@ -34,7 +34,7 @@ pub use clock::ktime_now_ns;
 pub use counters::{Counter, CounterValue};
 pub use gateway::{Endpoint, Gateway, GatewayConfig, VipMode, XdpMode};
 pub use peers::{Direction, PeerCounter, PeerCounters, PeerStat, TcAction};
-pub use test_run::{TestOutcome, XdpAction};
+pub use test_run::{bench_xdp, run_xdp, TestOutcome, XdpAction};
 
 /// Why an operation on an eBPF program or its maps failed.
 ///

@@ -159,3 +159,19 @@ pub(crate) fn run_bench<P: PacketProgram>(
         })?;
     Ok(u64::try_from(result.duration.as_nanos()).unwrap_or(u64::MAX))
 }
+
+/// One BPF_PROG_TEST_RUN of a loaded XDP program this crate does not wrap (the offload
+/// planner's generated NIC and host parts): its verdict and the frame as it left it.
+pub fn run_xdp(prog: &Xdp, program: &'static str, frame: &[u8]) -> Result<TestOutcome, EbpfError> {
+    run_once(prog, program, frame)
+}
+
+/// `repeat` kernel runs of such a program on `frame`: the kernel-measured mean ns per run.
+pub fn bench_xdp(
+    prog: &Xdp,
+    program: &'static str,
+    frame: &[u8],
+    repeat: u32,
+) -> Result<u64, EbpfError> {
+    run_bench(prog, program, frame, repeat)
+}

@@ -20,12 +20,12 @@ use std::path::Path;
 use std::process::Command;
 
 use aya::maps::{Array, HashMap as BpfHashMap};
-use aya::programs::{TestRun, TestRunOptions, Xdp};
+use aya::programs::Xdp;
 use aya::Ebpf;
 use serde_json::json;
 use yard_ebpf::frames::{Inner, VxlanFrame};
 use yard_ebpf::layout::{ip_to_map, GwConfig, GwEp, GwEpKey, GwHost, GwVip, VIP_OWNED};
-use yard_ebpf::{Bounce, Endpoint, Gateway, GatewayConfig, VipMode};
+use yard_ebpf::{bench_xdp, run_xdp, Bounce, Endpoint, Gateway, GatewayConfig, VipMode, XdpAction};
 use yard_offload::gen::{self, Role};
 use yard_offload::plan::{self, HostModel};
 use yard_offload::{gateway, Profile};
@@ -121,24 +121,22 @@ fn load_part(obj: &[u8], role: Role) -> Ebpf {
     e
 }
 
-/// One run: (verdict, output, kernel-measured ns).
-fn run_part(e: &Ebpf, role: Role, frame: &[u8]) -> (u32, Vec<u8>, u64) {
-    let p: &Xdp = e
-        .program(role.program_name())
+fn part(e: &Ebpf, role: Role) -> &Xdp {
+    e.program(role.program_name())
         .expect("program")
         .try_into()
-        .expect("xdp");
-    let mut out = vec![0u8; frame.len() + 256];
-    let r = p
-        .test_run(TestRunOptions {
-            data_in: Some(frame),
-            data_out: Some(&mut out),
-            repeat: 1,
-            ..TestRunOptions::default()
-        })
-        .expect("test run");
-    out.truncate(r.data_size_out as usize);
-    (r.return_value, out, r.duration.as_nanos() as u64)
+        .expect("xdp")
+}
+
+/// One run: the verdict and the frame as the part left it.
+fn run_part(e: &Ebpf, role: Role, frame: &[u8]) -> (XdpAction, Vec<u8>) {
+    let o = run_xdp(part(e, role), role.program_name(), frame).expect("test run");
+    (o.action, o.frame)
+}
+
+/// One kernel-measured run, in ns.
+fn time_part(e: &Ebpf, role: Role, frame: &[u8]) -> u64 {
+    bench_xdp(part(e, role), role.program_name(), frame, 1).expect("test run")
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -216,14 +214,18 @@ fn main() {
     )
     .build();
     // what the host part receives under this cut, and a check that the split forwards it
-    let (nic_verdict, handed, _) = run_part(&nic, Role::Nic, &frame);
-    let host_input = if nic_verdict == 2 { handed } else { Vec::new() };
+    let (nic_verdict, handed) = run_part(&nic, Role::Nic, &frame);
+    let host_input = if nic_verdict == XdpAction::Pass {
+        handed
+    } else {
+        Vec::new()
+    };
     if !host_input.is_empty() {
-        let (v, out, _) = run_part(&host, Role::Host, &host_input);
+        let (v, out) = run_part(&host, Role::Host, &host_input);
         let w = whole.test_run(&frame).expect("whole");
         assert_eq!(
             (v, out),
-            (3, w.frame),
+            (XdpAction::Tx, w.frame),
             "split and whole disagree on the benchmark frame"
         );
     }
@@ -240,9 +242,9 @@ fn main() {
         for _ in 0..calls {
             f.push(bounce.bench_run(&frame, 1).expect("bounce") as f64);
             w.push(whole.bench_run(&frame, 1).expect("whole") as f64);
-            n.push(run_part(&nic, Role::Nic, &frame).2 as f64);
+            n.push(time_part(&nic, Role::Nic, &frame) as f64);
             if !host_input.is_empty() {
-                h.push(run_part(&host, Role::Host, &host_input).2 as f64);
+                h.push(time_part(&host, Role::Host, &host_input) as f64);
             }
         }
         floor.push(median(f));
