@@ -116,7 +116,7 @@ pub fn splittable(inst: &Instance, sets: &[Vec<usize>], alive: &[bool], eps: f64
         let c: f64 = ok[t].iter().map(|&n| inst.cap[n]).sum();
         ok[t].iter().for_each(|&n| prop[n] += inst.demand[t] / c);
     }
-    let mut hi = max_of(&prop).max(lo);
+    let hi = max_of(&prop).max(lo);
     let test = |lambda: f64| -> Option<Vec<Vec<(usize, f64)>>> {
         let (src, sink) = (0, 1 + nt + nn);
         let mut f = Flow::new(sink + 1);
@@ -147,22 +147,7 @@ pub fn splittable(inst: &Instance, sets: &[Vec<usize>], alive: &[bool], eps: f64
         }
         Some(share)
     };
-    let mut best = loop {
-        if let Some(s) = test(hi) {
-            break s;
-        }
-        hi *= 1.0 + eps;
-    };
-    while hi > lo * (1.0 + eps) {
-        let mid = (lo * hi).sqrt();
-        match test(mid) {
-            Some(s) => {
-                hi = mid;
-                best = s;
-            }
-            None => lo = mid,
-        }
-    }
+    let (_, best) = least_feasible(lo, hi, eps, test);
     share = best;
     let mut load = vec![0.0; nn];
     for (t, s) in share.iter().enumerate() {
@@ -362,23 +347,7 @@ pub fn unsplittable(
                 .collect(),
         )
     };
-    let mut hi = greedy_lambda.max(lo);
-    let mut flow = loop {
-        if let Some(s) = test(hi) {
-            break s;
-        }
-        hi *= 1.0 + eps;
-    };
-    while hi > lo * (1.0 + eps) {
-        let mid = (lo * hi).sqrt();
-        match test(mid) {
-            Some(s) => {
-                hi = mid;
-                flow = s;
-            }
-            None => lo = mid,
-        }
-    }
+    let (hi, flow) = least_feasible(lo, greedy_lambda.max(lo), eps, test);
     // Whole units first; the rest (split over two or more nodes) form the fractional graph.
     let mut parts = vec![0usize; units.len()];
     flow.iter().for_each(|s| parts[s.unit] += 1);
@@ -498,4 +467,33 @@ fn polish(inst: &Instance, ok: &[Vec<usize>], owner: &mut Owners) {
             return;
         }
     }
+}
+
+/// Binary search on a load factor, geometric so the answer is within a factor `1 + eps`: the
+/// least feasible factor found and what `test` returned for it. `lo` is a lower bound (need
+/// not be feasible) and `hi` a first guess, grown by `1 + eps` until `test` succeeds, so a guess
+/// below the optimum only costs steps.
+fn least_feasible<T>(
+    mut lo: f64,
+    mut hi: f64,
+    eps: f64,
+    mut test: impl FnMut(f64) -> Option<T>,
+) -> (f64, T) {
+    let mut best = loop {
+        if let Some(s) = test(hi) {
+            break s;
+        }
+        hi *= 1.0 + eps;
+    };
+    while hi > lo * (1.0 + eps) {
+        let mid = (lo * hi).sqrt();
+        match test(mid) {
+            Some(s) => {
+                hi = mid;
+                best = s;
+            }
+            None => lo = mid,
+        }
+    }
+    (hi, best)
 }

@@ -14,6 +14,10 @@
 //!
 //! A benchmark: figures only (JSON on stdout, a table on stderr), never fails on a number.
 
+#[allow(dead_code)]
+#[path = "../stats.rs"]
+mod stats;
+
 use std::fmt::Write as _;
 use std::time::Instant;
 
@@ -235,9 +239,9 @@ fn quality(args: &Args) -> Result<(Value, String)> {
     Ok((Value::Array(out), table))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+/// The median of the rounds (`stats.rs`, as the other benches); there is always one round.
+fn median(v: Vec<f64>) -> f64 {
+    stats::median(&v).unwrap_or(f64::NAN)
 }
 
 fn time<T>(f: impl FnOnce() -> T) -> (f64, T) {
