@@ -289,16 +289,6 @@ fn split_counters(nic: &mut Ebpf, host: &mut Ebpf) -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// Every downward-closed set of the pipeline (bit i: op i on the NIC).
-fn ideals(p: &yard_offload::plan::Pipeline) -> Vec<u64> {
-    let n = p.ops.len();
-    (0u64..1 << n)
-        .filter(|m| {
-            (0..n).all(|i| m & (1 << i) == 0 || p.ops[i].deps.iter().all(|&d| m & (1 << d) != 0))
-        })
-        .collect()
-}
-
 #[test]
 fn every_cut_equals_the_whole_program() {
     let p = gateway::pipeline();
@@ -311,7 +301,7 @@ fn every_cut_equals_the_whole_program() {
         &["-Wall", "-Werror"],
     ))
     .expect("read");
-    let cuts = ideals(&p);
+    let cuts = common::ideals(&p);
     assert_eq!(cuts.len(), 100);
     let nic_objs: Vec<(u64, Vec<u8>)> = cuts
         .iter()

@@ -7,21 +7,11 @@ mod common;
 use yard_offload::gen::{self, Role};
 use yard_offload::{check_file, gateway, Profile};
 
-/// Every downward-closed set of the gateway pipeline (bit i: op i on the NIC).
-pub fn ideals(p: &yard_offload::plan::Pipeline) -> Vec<u64> {
-    let n = p.ops.len();
-    (0u64..1 << n)
-        .filter(|m| {
-            (0..n).all(|i| m & (1 << i) == 0 || p.ops[i].deps.iter().all(|&d| m & (1 << d) != 0))
-        })
-        .collect()
-}
-
 #[test]
 fn generated_parts_compile_and_the_nfp_check_agrees() {
     let p = gateway::pipeline();
     let dir = tempfile::tempdir().expect("tempdir");
-    let all = ideals(&p);
+    let all = common::ideals(&p);
     assert_eq!(all.len(), 100);
     let host = gen::generate(&p, 0, Role::Host).expect("host part");
     let host_o = common::compile_str("oxdp_host", &host, dir.path(), &["-Wall", "-Werror"]);

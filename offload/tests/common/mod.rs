@@ -64,3 +64,14 @@ pub fn compile_str_host(name: &str, c: &str, dir: &Path) -> PathBuf {
     assert!(status.success());
     out
 }
+
+/// Every downward-closed set of a pipeline (bit i: op i on the NIC), derived here from the ops'
+/// dependencies alone, independently of the planner's own enumeration it checks.
+pub fn ideals(p: &yard_offload::plan::Pipeline) -> Vec<u64> {
+    let n = p.ops.len();
+    (0u64..1 << n)
+        .filter(|m| {
+            (0..n).all(|i| m & (1 << i) == 0 || p.ops[i].deps.iter().all(|&d| m & (1 << d) != 0))
+        })
+        .collect()
+}
