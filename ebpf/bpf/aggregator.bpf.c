@@ -139,15 +139,37 @@ static __always_inline __u32 chunk_len(const struct agg_job *job, __u32 chunk)
 	return job->values - start < job->chunk_values ? job->values - start : job->chunk_values;
 }
 
-/* Writes the slot's sum over the frame's values (count values, checked against data_end). */
-static __always_inline void write_result(struct xdp_md *ctx, struct agg_slot *slot, __u32 n)
+/*
+ * The value loops run to the end of the frame, whose length was checked to be exactly the
+ * header's count: their only exit condition is the packet bound, never the count. Had they
+ * compared against the count, the verifier would narrow the count's range on every iteration
+ * and walk the rest of the program once per possible count, past its 1M-instruction limit.
+ * For the same reason, code after a loop re-derives its packet pointers from ctx (RELOAD):
+ * the loop has widened the old pointers' verified range, and if they stayed live every
+ * iteration's exit would be a distinct state to verify.
+ */
+#define RELOAD()                                                                                  \
+	do {                                                                                      \
+		asm volatile("" ::: "memory");                                                    \
+		data = (void *)(long)ctx->data;                                                   \
+		data_end = (void *)(long)ctx->data_end;                                           \
+		eth = data;                                                                       \
+		ip = data + sizeof(*eth);                                                         \
+		udp = (void *)ip + sizeof(*ip);                                                   \
+		h = (void *)udp + sizeof(*udp);                                                   \
+		if ((void *)(h + 1) > data_end)                                                   \
+			return XDP_DROP; /* cannot happen: checked before */                      \
+	} while (0)
+
+/* Writes the slot's sum over the frame's values. */
+static __always_inline void write_result(struct xdp_md *ctx, struct agg_slot *slot)
 {
 	void *data_end = (void *)(long)ctx->data_end;
 	__s32 *v = (void *)(long)ctx->data + AGG_HEADERS;
 
 #pragma clang loop unroll(disable)
 	for (__u32 i = 0; i < AGG_VALUES_MAX; i++) {
-		if (i >= n || (void *)(v + i + 1) > data_end)
+		if ((void *)(v + i + 1) > data_end)
 			break;
 		v[i] = slot->acc[i];
 	}
@@ -205,10 +227,10 @@ int yard_agg(struct xdp_md *ctx)
 		count(AGG_BAD_HEADER, 0, len);
 		return XDP_DROP;
 	}
-	/* The values must all be there, and the IPv4 and UDP lengths must say so. */
+	/* The frame holds exactly the values announced, and the IPv4 and UDP lengths say so. */
 	__u32 frame_len = AGG_HEADERS + n * 4;
-	if (data + frame_len > data_end || bpf_ntohs(ip->tot_len) < frame_len - 14 ||
-	    bpf_ntohs(udp->len) < frame_len - 34) {
+	if (data + frame_len != data_end || bpf_ntohs(ip->tot_len) != frame_len - 14 ||
+	    bpf_ntohs(udp->len) != frame_len - 34) {
 		count(AGG_BAD_HEADER, 0, len);
 		return XDP_DROP;
 	}
@@ -239,7 +261,7 @@ int yard_agg(struct xdp_md *ctx)
 	/* The fan-out sends to the MAC this worker's frames come from (its host, or the router). */
 	struct agg_peer_key pkey = { .job = job_id, .worker = h->worker };
 	struct agg_peer *peer = bpf_map_lookup_elem(&agg_peers, &pkey);
-	if (peer && __builtin_memcmp(peer->mac, eth->h_source, ETH_ALEN) != 0)
+	if (peer)
 		__builtin_memcpy(peer->mac, eth->h_source, ETH_ALEN);
 
 	__u32 slot_idx = job->base + h->chunk * 2 + (h->round & 1);
@@ -280,7 +302,7 @@ int yard_agg(struct xdp_md *ctx)
 		slot->done = 0;
 #pragma clang loop unroll(disable)
 		for (__u32 i = 0; i < AGG_VALUES_MAX; i++) {
-			if (i >= n || (void *)(v + i + 1) > data_end)
+			if ((void *)(v + i + 1) > data_end)
 				break;
 			slot->acc[i] = v[i];
 		}
@@ -300,7 +322,7 @@ int yard_agg(struct xdp_md *ctx)
 			slot->exp = h->exp;
 #pragma clang loop unroll(disable)
 		for (__u32 i = 0; i < AGG_VALUES_MAX; i++) {
-			if (i >= n || (void *)(v + i + 1) > data_end)
+			if ((void *)(v + i + 1) > data_end)
 				break;
 			__u32 a = (__u32)(slot->acc[i] >> shift_acc);
 			__u32 b = (__u32)(v[i] >> shift_val);
@@ -318,6 +340,7 @@ int yard_agg(struct xdp_md *ctx)
 	}
 unlock:
 	bpf_spin_unlock(&slot->lock);
+	RELOAD();
 
 	switch (out) {
 	case ADD:
@@ -339,7 +362,9 @@ unlock:
 	 * COMPLETE or RESEND: the slot is done, and stays unchanged until round + 2 (see the top of
 	 * this file), so its sum is read without the lock.
 	 */
-	write_result(ctx, slot, n);
+	RELOAD();
+	write_result(ctx, slot);
+	RELOAD();
 	h->exp = slot->exp;
 	h->worker = slot->count;
 	h->flags = 0;
@@ -369,7 +394,7 @@ unlock:
  * MAC is not known yet (no frame of theirs accepted) are skipped and counted: they get the
  * result by resending their contribution. Every other packet gets no verdict.
  */
-SEC("tc")
+SEC("classifier")
 int yard_agg_fanout(struct __sk_buff *skb)
 {
 	struct agg_frame f;

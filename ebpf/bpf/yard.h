@@ -326,7 +326,7 @@ struct agg_slot {
 	__u16 pad;
 	__s32 acc[AGG_VALUES_MAX];
 };
-YARD_ASSERT_SIZE(struct agg_slot, 32 + 4 * AGG_VALUES_MAX);
+YARD_ASSERT_SIZE(struct agg_slot, 3104); /* 32 + 4 x AGG_VALUES_MAX */
 YARD_ASSERT_OFFSET(struct agg_slot, seen, 16);
 YARD_ASSERT_OFFSET(struct agg_slot, acc, 32);
 

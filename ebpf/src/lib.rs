@@ -10,10 +10,13 @@
 //!   report every program against.
 //! - [`PeerCounters`] (`yard_peers_ingress`/`yard_peers_egress`, TC): a training job's traffic
 //!   per peer host and direction, which the probe reads to corroborate a slow link.
+//! - [`Aggregator`] (`yard_agg`, XDP, and `yard_agg_fanout`, TC): gradient aggregation with the
+//!   whole gradient of each job in kernel memory, results sent to every worker.
 //!
 //! The structs shared with C are mirrored in [`layout`]; [`frames`] builds test and benchmark
 //! frames; [`ktime_now_ns`] reads the clock the program compares lease deadlines with.
 
+pub mod aggregator;
 mod bounce;
 mod clock;
 mod counters;
@@ -29,6 +32,7 @@ mod test_run;
 use std::io;
 use std::path::PathBuf;
 
+pub use aggregator::{AggCounter, AggJobEntry, Aggregator};
 pub use bounce::Bounce;
 pub use clock::ktime_now_ns;
 pub use counters::{Counter, CounterValue};
@@ -106,6 +110,12 @@ pub enum EbpfError {
         #[source]
         source: aya::programs::tc::TcError,
     },
+    /// A job's slot range does not fit the slot map (the placement and the loader disagree).
+    #[error("job {job} needs slots {base}..{end} but the slot map holds {have}")]
+    SlotRange { job: u32, base: u32, end: u64, have: u32 },
+    /// More workers than a job's contribution bitmap holds.
+    #[error("job {job} has {count} workers; a job holds at most 64")]
+    TooManyWorkers { job: u32, count: usize },
     /// More ports than the program's port map holds.
     #[error("{count} ports do not fit the port map, which holds {max}")]
     TooManyPorts { count: usize, max: u32 },

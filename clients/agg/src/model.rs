@@ -178,7 +178,8 @@ impl Aggregator {
         let Ok((h, body)) = Header::parse(payload) else {
             return Outcome::drop(Counter::BadHeader);
         };
-        if h.kind != Kind::Data {
+        // The program wants the frame to end exactly after the values announced.
+        if h.kind != Kind::Data || payload.len() != wire::HEADER_LEN + body.len() {
             return Outcome::drop(Counter::BadHeader);
         }
         let Some(served) = self.jobs.get_mut(&h.job) else {
