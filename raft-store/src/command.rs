@@ -84,6 +84,8 @@ pub enum Command {
         now_unix_ms: u64,
         cmd: Box<Command>,
     },
+    /// A change to the aggregator tables (jobs, members, placements, hosts).
+    Aggregation(crate::aggregation::AggCommand),
 }
 
 /// What applying a command produced.
