@@ -144,7 +144,8 @@ impl Aggregator {
         let tc = crate::program::get_mut::<SchedClassifier>(&mut self.ebpf, PROGRAM_FANOUT)?
             .attach(iface, TcAttachType::Ingress)
             .map_err(prog_err("attach", PROGRAM_FANOUT))?;
-        let xdp = crate::program::xdp_mut(&mut self.ebpf, PROGRAM_XDP)?.attach(iface, mode.to_aya());
+        let xdp =
+            crate::program::xdp_mut(&mut self.ebpf, PROGRAM_XDP)?.attach(iface, mode.to_aya());
         match xdp {
             Ok(id) => {
                 self.xdp_link = Some(id);
@@ -335,7 +336,9 @@ impl Aggregator {
 
     /// Slot `index` as the kernel holds it (tests and diagnostics).
     pub fn slot(&self, index: u32) -> Result<AggSlot, EbpfError> {
-        self.slots.get(&index, 0).map_err(map_err("read", MAP_SLOTS))
+        self.slots
+            .get(&index, 0)
+            .map_err(map_err("read", MAP_SLOTS))
     }
 
     /// One BPF_PROG_TEST_RUN of `yard_agg` on `frame`, against this value's maps.

@@ -98,7 +98,6 @@ pub struct PeersValue {
     pub last_ns: u64,
 }
 
-
 /// `struct agg_job`: value of `agg_jobs` (key: job id).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -112,7 +112,12 @@ pub enum EbpfError {
     },
     /// A job's slot range does not fit the slot map (the placement and the loader disagree).
     #[error("job {job} needs slots {base}..{end} but the slot map holds {have}")]
-    SlotRange { job: u32, base: u32, end: u64, have: u32 },
+    SlotRange {
+        job: u32,
+        base: u32,
+        end: u64,
+        have: u32,
+    },
     /// More workers than a job's contribution bitmap holds.
     #[error("job {job} has {count} workers; a job holds at most 64")]
     TooManyWorkers { job: u32, count: usize },

@@ -21,7 +21,12 @@ const CHUNK: u16 = 360;
 
 fn worker_addr(job: u32, w: usize) -> SocketAddrV4 {
     SocketAddrV4::new(
-        Ipv4Addr::new(198, 18, u8::try_from(job).unwrap(), u8::try_from(w + 1).unwrap()),
+        Ipv4Addr::new(
+            198,
+            18,
+            u8::try_from(job).unwrap(),
+            u8::try_from(w + 1).unwrap(),
+        ),
         40000 + u16::try_from(w).unwrap(),
     )
 }
@@ -103,14 +108,25 @@ fn run_round(
         let mut result = None;
         for k in 0..n {
             let w = (k + c as usize) % n;
-            let payload = data(spec, w, round, c, exps[w][c as usize], &grads[w][range.clone()]);
+            let payload = data(
+                spec,
+                w,
+                round,
+                c,
+                exps[w][c as usize],
+                &grads[w][range.clone()],
+            );
             let got = agg.test_run(&frame(spec.members[w], &payload)).unwrap();
             let want = model.receive(spec.members[w], &payload);
             if k + 1 < n {
                 assert_eq!(got.action, XdpAction::Drop, "chunk {c} worker {w}");
                 assert_eq!(want.action, Action::Drop);
             } else {
-                assert_eq!(got.action, XdpAction::Pass, "the last contribution fans out");
+                assert_eq!(
+                    got.action,
+                    XdpAction::Pass,
+                    "the last contribution fans out"
+                );
                 let Action::Fanout(bytes) = want.action else {
                     panic!("the model did not complete chunk {c}");
                 };
@@ -275,28 +291,57 @@ fn duplicates_rounds_epochs_and_strangers_are_counted_and_sums_stay_intact() {
     let twos = vec![2i32; 360];
 
     // a duplicate is never added twice
-    assert_eq!(both(&agg, &mut model, a.members[0], &data(&a, 0, 0, 0, 0, &ones)), XdpAction::Drop);
-    assert_eq!(both(&agg, &mut model, a.members[0], &data(&a, 0, 0, 0, 0, &ones)), XdpAction::Drop);
+    assert_eq!(
+        both(&agg, &mut model, a.members[0], &data(&a, 0, 0, 0, 0, &ones)),
+        XdpAction::Drop
+    );
+    assert_eq!(
+        both(&agg, &mut model, a.members[0], &data(&a, 0, 0, 0, 0, &ones)),
+        XdpAction::Drop
+    );
     // job b's worker 0 forges job a's id (and a's worker 0 index): foreign, dropped
     let mut forged = data(&a, 0, 0, 0, 0, &vec![1000; 360]);
-    assert_eq!(both(&agg, &mut model, b.members[0], &forged), XdpAction::Drop);
+    assert_eq!(
+        both(&agg, &mut model, b.members[0], &forged),
+        XdpAction::Drop
+    );
     // ... and claiming worker 1's index from worker 0's address
     forged = data(&a, 1, 0, 0, 0, &vec![1000; 360]);
-    assert_eq!(both(&agg, &mut model, a.members[0], &forged), XdpAction::Drop);
+    assert_eq!(
+        both(&agg, &mut model, a.members[0], &forged),
+        XdpAction::Drop
+    );
     assert_eq!(counter(&agg, Some(1), AggCounter::Foreign), 2);
     // round 1 arrives before round 0 is done: its own slot, no interference
-    assert_eq!(both(&agg, &mut model, a.members[1], &data(&a, 1, 1, 0, 0, &twos)), XdpAction::Drop);
+    assert_eq!(
+        both(&agg, &mut model, a.members[1], &data(&a, 1, 1, 0, 0, &twos)),
+        XdpAction::Drop
+    );
     // round 0 completes with 1 + 2 = 3 everywhere: the forgeries added nothing
-    assert_eq!(both(&agg, &mut model, a.members[1], &data(&a, 1, 0, 0, 0, &twos)), XdpAction::Pass);
+    assert_eq!(
+        both(&agg, &mut model, a.members[1], &data(&a, 1, 0, 0, 0, &twos)),
+        XdpAction::Pass
+    );
     let slot = agg.slot(0).unwrap();
     assert_eq!(slot.done, 1);
     assert!(slot.acc[..360].iter().all(|v| *v == 3));
     // a resend to the complete chunk gets the stored sum back (XDP_TX)
-    assert_eq!(both(&agg, &mut model, a.members[0], &data(&a, 0, 0, 0, 0, &ones)), XdpAction::Tx);
+    assert_eq!(
+        both(&agg, &mut model, a.members[0], &data(&a, 0, 0, 0, 0, &ones)),
+        XdpAction::Tx
+    );
     // a stale epoch is dropped
     let mut old = a.clone();
     old.epoch = 0;
-    assert_eq!(both(&agg, &mut model, a.members[0], &data(&old, 0, 0, 1, 0, &ones)), XdpAction::Drop);
+    assert_eq!(
+        both(
+            &agg,
+            &mut model,
+            a.members[0],
+            &data(&old, 0, 0, 1, 0, &ones)
+        ),
+        XdpAction::Drop
+    );
     assert_eq!(counter(&agg, Some(1), AggCounter::Stale), 1);
     // job b is untouched by all of this and completes on its own
     both(&agg, &mut model, b.members[0], &data(&b, 0, 0, 0, 0, &ones));
@@ -309,8 +354,21 @@ fn duplicates_rounds_epochs_and_strangers_are_counted_and_sums_stay_intact() {
     next.epoch = 2;
     agg.set_job(&entry(&next, 0)).unwrap();
     model.set_job(next.clone());
-    both(&agg, &mut model, next.members[0], &data(&next, 0, 0, 0, 0, &twos));
-    assert_eq!(both(&agg, &mut model, next.members[1], &data(&next, 1, 0, 0, 0, &twos)), XdpAction::Pass);
+    both(
+        &agg,
+        &mut model,
+        next.members[0],
+        &data(&next, 0, 0, 0, 0, &twos),
+    );
+    assert_eq!(
+        both(
+            &agg,
+            &mut model,
+            next.members[1],
+            &data(&next, 1, 0, 0, 0, &twos)
+        ),
+        XdpAction::Pass
+    );
     assert!(agg.slot(0).unwrap().acc[..360].iter().all(|v| *v == 4));
     // a removed job's frames are an unknown job
     agg.remove_job(2).unwrap();
@@ -328,8 +386,14 @@ fn malformed_frames_are_dropped_and_other_traffic_passes() {
     let from = a.members[0];
     let run = |f: Vec<u8>| agg.test_run(&f).unwrap().action;
     // not ours: another port, not UDP, not IPv4
-    assert_eq!(run(HostFrame::udp(*from.ip(), from.port(), AGG, 9999, &good).build()), XdpAction::Pass);
-    assert_eq!(run(HostFrame::tcp(*from.ip(), from.port(), AGG, wire::PORT, &good).build()), XdpAction::Pass);
+    assert_eq!(
+        run(HostFrame::udp(*from.ip(), from.port(), AGG, 9999, &good).build()),
+        XdpAction::Pass
+    );
+    assert_eq!(
+        run(HostFrame::tcp(*from.ip(), from.port(), AGG, wire::PORT, &good).build()),
+        XdpAction::Pass
+    );
     let mut arp = frame(from, &good);
     arp[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
     assert_eq!(run(arp), XdpAction::Pass);
@@ -372,7 +436,12 @@ fn fuzzed_frames_match_the_reference_model() {
     let mut rng = StdRng::seed_from_u64(0x5eed);
     let jobs: Vec<JobSpec> = (1..=3u32)
         .map(|j| {
-            let mut s = spec(j, rng.gen_range(1..=4), rng.gen_range(1..=1200), if j == 2 { Dtype::F32 } else { Dtype::I32 });
+            let mut s = spec(
+                j,
+                rng.gen_range(1..=4),
+                rng.gen_range(1..=1200),
+                if j == 2 { Dtype::F32 } else { Dtype::I32 },
+            );
             s.geometry.chunk_values = rng.gen_range(1..=400);
             s
         })
@@ -397,8 +466,14 @@ fn fuzzed_frames_match_the_reference_model() {
         let round = rounds[j].saturating_sub(rng.gen_range(0..2)) + u32::from(rng.gen_bool(0.05));
         let chunk = rng.gen_range(0..g.chunks());
         let len = g.chunk_len(chunk);
-        let exp = if s.dtype == Dtype::F32 { rng.gen_range(-4..4) } else { 0 };
-        let values: Vec<i32> = (0..len).map(|_| rng.gen_range(-1_000_000..1_000_000)).collect();
+        let exp = if s.dtype == Dtype::F32 {
+            rng.gen_range(-4..4)
+        } else {
+            0
+        };
+        let values: Vec<i32> = (0..len)
+            .map(|_| rng.gen_range(-1_000_000..1_000_000))
+            .collect();
         let mut payload = data(s, w, round, chunk, exp, &values);
         let mut from = s.members[w];
         match rng.gen_range(0..20) {
@@ -425,7 +500,11 @@ fn fuzzed_frames_match_the_reference_model() {
         AggCounter::UnknownJob,
         AggCounter::BadHeader,
     ] {
-        assert!(counter(&agg, None, c) >= 40, "{} taken too rarely", c.name());
+        assert!(
+            counter(&agg, None, c) >= 40,
+            "{} taken too rarely",
+            c.name()
+        );
     }
 }
 
@@ -436,14 +515,20 @@ fn the_fan_out_takes_only_fresh_results() {
     agg.set_job(&entry(&a, 0)).unwrap();
     // a DATA frame, and a RESULT from elsewhere, are none of its business
     let d = frame(a.members[0], &data(&a, 0, 0, 0, 0, &[1; 10]));
-    assert_eq!(agg.test_run_fanout(&d).unwrap(), yard_ebpf::TcAction::Unspec);
+    assert_eq!(
+        agg.test_run_fanout(&d).unwrap(),
+        yard_ebpf::TcAction::Unspec
+    );
     // a fresh result: copies go to the members whose MAC is known, then the original is dropped
     agg.test_run(&d).unwrap(); // learns worker 0's MAC
     let out = agg
         .test_run(&frame(a.members[1], &data(&a, 1, 0, 0, 0, &[2; 10])))
         .unwrap();
     assert_eq!(out.action, XdpAction::Pass);
-    assert_eq!(agg.test_run_fanout(&out.frame).unwrap(), yard_ebpf::TcAction::Shot);
+    assert_eq!(
+        agg.test_run_fanout(&out.frame).unwrap(),
+        yard_ebpf::TcAction::Shot
+    );
     let sent = counter(&agg, Some(4), AggCounter::FanoutSent);
     let failed = counter(&agg, Some(4), AggCounter::FanoutFailed);
     assert_eq!(sent + failed, 2, "one attempt per member");

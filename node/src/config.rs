@@ -23,6 +23,7 @@ pub struct Config {
     pub gateway: GatewaySection,
     pub probe: ProbeSection,
     pub analyzer: AnalyzerSection,
+    pub aggregator: AggregatorSection,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -228,6 +229,59 @@ impl Default for ProbeSection {
     }
 }
 
+/// The aggregator: gradient sums in XDP on this host, and the cluster's job limits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AggregatorSection {
+    /// Whether this host sums jobs (it registers itself with its memory budget).
+    pub enabled: bool,
+    /// The interface workers' frames arrive on.
+    pub interface: String,
+    pub xdp_mode: XdpMode,
+    /// Kernel memory for gradients on this host (the slot map is allocated at start).
+    pub memory_mb: u64,
+    /// How often per-job counters are read for stats and metrics.
+    pub stats_ms: u64,
+    /// Aggregator memory one job may take (checked by the leader at creation).
+    pub job_memory_mb: u64,
+    /// Aggregator memory all jobs together may take.
+    pub cluster_memory_mb: u64,
+    /// How often the leader re-decides placements.
+    pub place_ms: u64,
+}
+
+impl AggregatorSection {
+    /// Entries of this host's slot map: its memory budget in slots.
+    pub fn slots(&self) -> u32 {
+        let slots =
+            self.memory_mb.saturating_mul(1 << 20) / yard_raft_store::aggregation::SLOT_BYTES;
+        u32::try_from(slots).unwrap_or(u32::MAX)
+    }
+
+    /// The limits a job creation is checked against.
+    pub fn quota(&self) -> yard_raft_store::aggregation::Quota {
+        yard_raft_store::aggregation::Quota {
+            job_bytes: self.job_memory_mb.saturating_mul(1 << 20),
+            cluster_bytes: self.cluster_memory_mb.saturating_mul(1 << 20),
+        }
+    }
+}
+
+impl Default for AggregatorSection {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            interface: "eth0".into(),
+            xdp_mode: XdpMode::Native,
+            memory_mb: 256,
+            stats_ms: 1000,
+            job_memory_mb: 256,
+            cluster_memory_mb: 4096,
+            place_ms: 100,
+        }
+    }
+}
+
 /// The analyzer on the leader.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -423,6 +477,33 @@ impl Config {
             return bad(
                 "raft.heartbeat_ms",
                 "must be above 0 and below raft.election_timeout_min_ms",
+            );
+        }
+        let agg = &self.aggregator;
+        if agg.enabled && agg.memory_mb == 0 {
+            return bad(
+                "aggregator.memory_mb",
+                "must be at least 1 on an aggregating host",
+            );
+        }
+        if agg.memory_mb.saturating_mul(1 << 20) / yard_raft_store::aggregation::SLOT_BYTES
+            > u64::from(u32::MAX)
+        {
+            return bad(
+                "aggregator.memory_mb",
+                "is more than the slot map can index",
+            );
+        }
+        if agg.stats_ms == 0 || agg.place_ms == 0 {
+            return bad(
+                "aggregator.stats_ms",
+                "and aggregator.place_ms must be above 0",
+            );
+        }
+        if agg.job_memory_mb > agg.cluster_memory_mb {
+            return bad(
+                "aggregator.job_memory_mb",
+                "must not exceed aggregator.cluster_memory_mb",
             );
         }
         if self.raft.election_timeout_min_ms >= self.raft.election_timeout_max_ms {

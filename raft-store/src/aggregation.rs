@@ -189,7 +189,9 @@ impl AggTables {
                     return Err(format!("job {name} exists already"));
                 }
                 if *workers == 0 || *workers > MAX_WORKERS {
-                    return Err(format!("a job has 1 to {MAX_WORKERS} workers, not {workers}"));
+                    return Err(format!(
+                        "a job has 1 to {MAX_WORKERS} workers, not {workers}"
+                    ));
                 }
                 if *values == 0 {
                     return Err("a job sums at least one value".into());
@@ -258,7 +260,11 @@ impl AggTables {
                 if job.gone.contains(rank) {
                     return Err(format!("rank {rank} of job {name} died and cannot rejoin"));
                 }
-                if let Some((other, _)) = job.members.iter().find(|(r, a)| **a == *addr && **r != *rank) {
+                if let Some((other, _)) = job
+                    .members
+                    .iter()
+                    .find(|(r, a)| **a == *addr && **r != *rank)
+                {
                     return Err(format!(
                         "{addr} is already rank {other} of job {name}; each worker needs its own port"
                     ));
@@ -294,7 +300,9 @@ impl AggTables {
                     job.gone.push(*rank);
                     job.epoch += 1;
                     if job.members.is_empty() {
-                        job.failed = Some(format!("every worker is gone, the last: rank {rank} ({reason})"));
+                        job.failed = Some(format!(
+                            "every worker is gone, the last: rank {rank} ({reason})"
+                        ));
                     }
                     true
                 } else {
@@ -393,7 +401,11 @@ mod tests {
             expect_epoch: e,
             placement: Placement { node: 3, base: 0 },
         };
-        assert_eq!(t.apply(&place(epoch - 1), 2), Ok(false), "a stale decision is skipped");
+        assert_eq!(
+            t.apply(&place(epoch - 1), 2),
+            Ok(false),
+            "a stale decision is skipped"
+        );
         assert_eq!(t.apply(&place(epoch), 2), Ok(true));
         assert!(t.jobs["resnet"].running());
         assert_eq!(t.jobs["resnet"].epoch, epoch + 1);
@@ -405,7 +417,9 @@ mod tests {
         // 10M values: 27778 chunks x 2 slots x 3104 B = 164 MiB
         assert_eq!(
             t.apply(&create("big", 2, 10_000_000, false), 1),
-            Err("job big needs 165 MiB of aggregator memory, over the 96 MiB a job may take".into())
+            Err(
+                "job big needs 165 MiB of aggregator memory, over the 96 MiB a job may take".into()
+            )
         );
         assert_eq!(t.apply(&create("a", 2, 5_000_000, false), 1), Ok(true));
         assert_eq!(
@@ -421,14 +435,20 @@ mod tests {
             rank: 2,
             addr: addr(1),
         };
-        assert_eq!(t.apply(&bad_rank, 1), Err("job a has ranks 0 to 1, not 2".into()));
+        assert_eq!(
+            t.apply(&bad_rank, 1),
+            Err("job a has ranks 0 to 1, not 2".into())
+        );
         join(&mut t, "a", 0);
         let same_port = AggCommand::Join {
             name: "a".into(),
             rank: 1,
             addr: addr(1),
         };
-        assert!(t.apply(&same_port, 1).unwrap_err().contains("each worker needs its own port"));
+        assert!(t
+            .apply(&same_port, 1)
+            .unwrap_err()
+            .contains("each worker needs its own port"));
         assert_eq!(t.jobs.len(), 1, "refusals change nothing");
     }
 

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use openraft::{EntryPayload, LogId, StoredMembership};
 use serde::{Deserialize, Serialize};
 
-use crate::command::{Command, JoinToken, NodeInfo, NodeMeta, Response, Versioned};
 use crate::aggregation::AggTables;
+use crate::command::{Command, JoinToken, NodeInfo, NodeMeta, Response, Versioned};
 use crate::diagnosis::DiagnosisTables;
 use crate::gateway::{GatewayChange, GatewayTables};
 use crate::session::{Admission, Sessions};
@@ -214,7 +214,7 @@ impl StateMachineData {
             Command::Aggregation(cmd) => {
                 let revision = self.revision + 1;
                 match self.aggregation.apply(cmd, revision) {
-                    Err(why) => (Response::Refused(why), Vec::new()),
+                    Err(why) => (Response::Rejected(why), Vec::new()),
                     Ok(false) => (
                         Response::Written {
                             revision: self.revision,

@@ -141,12 +141,14 @@ impl AggregatorActor {
         }
         let (data, rx) = self.feed.subscribe();
         self.sync(&data.aggregation);
-        self.stream = Some(ctx.add_stream(futures::stream::unfold(rx, |mut rx| async move {
-            match rx.recv().await {
-                Err(RecvError::Closed) => None,
-                other => Some((other, rx)),
-            }
-        })));
+        self.stream = Some(
+            ctx.add_stream(futures::stream::unfold(rx, |mut rx| async move {
+                match rx.recv().await {
+                    Err(RecvError::Closed) => None,
+                    other => Some((other, rx)),
+                }
+            })),
+        );
     }
 
     /// Brings the program's tables to what `tables` says this host serves.
@@ -158,18 +160,22 @@ impl AggregatorActor {
                 Effect::Remove(id) => (self.dp.remove_job(*id), *id),
             };
             match result {
-                Ok(()) => {
-                    match effect {
-                        Effect::Set(entry) => {
-                            tracing::info!(job = entry.id, epoch = entry.epoch, workers = entry.members.len(), base = entry.base, "aggregating job");
-                            self.served.insert(id, entry);
-                        }
-                        Effect::Remove(id) => {
-                            tracing::info!(job = id, "no longer aggregating job");
-                            self.served.remove(&id);
-                        }
+                Ok(()) => match effect {
+                    Effect::Set(entry) => {
+                        tracing::info!(
+                            job = entry.id,
+                            epoch = entry.epoch,
+                            workers = entry.members.len(),
+                            base = entry.base,
+                            "aggregating job"
+                        );
+                        self.served.insert(id, entry);
                     }
-                }
+                    Effect::Remove(id) => {
+                        tracing::info!(job = id, "no longer aggregating job");
+                        self.served.remove(&id);
+                    }
+                },
                 Err(e) => {
                     tracing::warn!(job = id, error = %e, "aggregator table write failed");
                     self.errors += 1;

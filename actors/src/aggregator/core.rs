@@ -119,7 +119,15 @@ mod tests {
         let expect_epoch = t.jobs[name].epoch;
         let name = name.into();
         let placement = Placement { node, base };
-        t.apply(&AggCommand::Place { name, expect_epoch, placement }, 2).unwrap();
+        t.apply(
+            &AggCommand::Place {
+                name,
+                expect_epoch,
+                placement,
+            },
+            2,
+        )
+        .unwrap();
     }
 
     #[test]
@@ -134,7 +142,10 @@ mod tests {
         assert_eq!(e.epoch, t.jobs["a"].epoch);
         assert_eq!(e.members.len(), 2);
         assert_eq!(e.self_ip, Ipv4Addr::new(198, 18, 0, 1));
-        assert!(desired(&t, 3).is_empty(), "an unregistered host serves nothing");
+        assert!(
+            desired(&t, 3).is_empty(),
+            "an unregistered host serves nothing"
+        );
     }
 
     #[test]

@@ -133,7 +133,12 @@ fn choose(
             continue;
         }
         let taken = used.get(node).map(Vec::as_slice).unwrap_or(&[]);
-        let free = host.slots - taken.iter().map(|(s, e)| e - s).sum::<u32>().min(host.slots);
+        let free = host.slots
+            - taken
+                .iter()
+                .map(|(s, e)| e - s)
+                .sum::<u32>()
+                .min(host.slots);
         let Some(base) = first_fit(host.slots, taken, need) else {
             reasons.push(format!("node {node} has {free} of the {need} slots free"));
             continue;
@@ -144,7 +149,9 @@ fn choose(
     }
     match best {
         Some((_, node, base)) => Ok(Placement { node, base }),
-        None if tables.hosts.is_empty() => Err("no node aggregates (none has aggregator.enabled)".into()),
+        None if tables.hosts.is_empty() => {
+            Err("no node aggregates (none has aggregator.enabled)".into())
+        }
         None => Err(format!("no aggregator can take it: {}", reasons.join(", "))),
     }
 }
@@ -168,8 +175,15 @@ mod tests {
     fn world(slots: u32, jobs: &[(&str, u32, bool)]) -> AggTables {
         let mut t = AggTables::default();
         for node in 1..=3u8 {
-            t.apply(&AggCommand::Host { node: u64::from(node), ip: ip(node), slots }, 1)
-                .unwrap();
+            t.apply(
+                &AggCommand::Host {
+                    node: u64::from(node),
+                    ip: ip(node),
+                    slots,
+                },
+                1,
+            )
+            .unwrap();
         }
         for (name, values, colocate) in jobs {
             t.apply(
@@ -188,7 +202,15 @@ mod tests {
             .unwrap();
             for rank in 0..2u16 {
                 let addr = SocketAddrV4::new(ip(4 + u8::try_from(rank).unwrap()), 40000);
-                t.apply(&AggCommand::Join { name: (*name).into(), rank, addr }, 1).unwrap();
+                t.apply(
+                    &AggCommand::Join {
+                        name: (*name).into(),
+                        rank,
+                        addr,
+                    },
+                    1,
+                )
+                .unwrap();
             }
         }
         t
@@ -210,21 +232,38 @@ mod tests {
     #[test]
     fn jobs_spread_to_the_freest_host_and_never_share_slots() {
         // each job: 10 chunks, 20 slots
-        let mut t = world(50, &[("a", 1000, false), ("b", 1000, false), ("c", 1000, false), ("d", 1000, false)]);
+        let mut t = world(
+            50,
+            &[
+                ("a", 1000, false),
+                ("b", 1000, false),
+                ("c", 1000, false),
+                ("d", 1000, false),
+            ],
+        );
         let d = decide(&t, &view());
         assert_eq!(d.commands.len(), 4);
         apply_all(&mut t, &d);
         let mut ranges: BTreeMap<NodeId, Vec<(u32, u32)>> = BTreeMap::new();
         for j in t.jobs.values() {
             let p = j.placement.unwrap();
-            ranges.entry(p.node).or_default().push((p.base, p.base + j.slots()));
+            ranges
+                .entry(p.node)
+                .or_default()
+                .push((p.base, p.base + j.slots()));
         }
         for (node, mut r) in ranges {
             r.sort_unstable();
-            assert!(r.windows(2).all(|w| w[0].1 <= w[1].0), "overlap on {node}: {r:?}");
+            assert!(
+                r.windows(2).all(|w| w[0].1 <= w[1].0),
+                "overlap on {node}: {r:?}"
+            );
             assert!(r.last().unwrap().1 <= 50);
         }
-        assert!(decide(&t, &view()).commands.is_empty(), "a settled world needs nothing");
+        assert!(
+            decide(&t, &view()).commands.is_empty(),
+            "a settled world needs nothing"
+        );
     }
 
     #[test]
@@ -249,15 +288,31 @@ mod tests {
         let mut t = world(50, &[("a", 1000, false)]);
         // only host 4 (a worker's) aggregates
         t.hosts.clear();
-        t.apply(&AggCommand::Host { node: 4, ip: ip(4), slots: 50 }, 1).unwrap();
+        t.apply(
+            &AggCommand::Host {
+                node: 4,
+                ip: ip(4),
+                slots: 50,
+            },
+            1,
+        )
+        .unwrap();
         let d = decide(&t, &view());
         assert!(d.commands.is_empty());
-        assert_eq!(d.waiting, [("a".to_string(), "no aggregator can take it: node 4 runs a worker".to_string())]);
+        assert_eq!(
+            d.waiting,
+            [(
+                "a".to_string(),
+                "no aggregator can take it: node 4 runs a worker".to_string()
+            )]
+        );
         let mut t = world(10, &[("b", 1000, true)]);
         let d = decide(&t, &view());
         assert_eq!(d.waiting[0].1, "no aggregator can take it: node 1 has 10 of the 20 slots free, node 2 has 10 of the 20 slots free, node 3 has 10 of the 20 slots free");
         t.hosts.clear();
-        assert!(decide(&t, &view()).waiting[0].1.contains("none has aggregator.enabled"));
+        assert!(decide(&t, &view()).waiting[0]
+            .1
+            .contains("none has aggregator.enabled"));
     }
 
     #[test]
@@ -268,10 +323,20 @@ mod tests {
         let mut v = view();
         v.unreachable.insert(5);
         let d = decide(&t, &v);
-        assert!(matches!(&d.commands[..], [AggCommand::WorkerGone { rank: 1, .. }]));
+        assert!(matches!(
+            &d.commands[..],
+            [AggCommand::WorkerGone { rank: 1, .. }]
+        ));
         apply_all(&mut t, &d);
-        assert!(t.jobs["a"].failed.as_deref().unwrap().contains("node 5 at 198.18.0.5"));
-        assert!(decide(&t, &v).commands.is_empty(), "a failed job needs nothing more");
+        assert!(t.jobs["a"]
+            .failed
+            .as_deref()
+            .unwrap()
+            .contains("node 5 at 198.18.0.5"));
+        assert!(
+            decide(&t, &v).commands.is_empty(),
+            "a failed job needs nothing more"
+        );
     }
 
     #[test]

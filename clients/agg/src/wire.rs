@@ -145,7 +145,8 @@ impl Header {
         if buf.len() < HEADER_LEN {
             return Err(WireError::Short(buf.len()));
         }
-        let u32_at = |at: usize| u32::from_le_bytes([buf[at], buf[at + 1], buf[at + 2], buf[at + 3]]);
+        let u32_at =
+            |at: usize| u32::from_le_bytes([buf[at], buf[at + 1], buf[at + 2], buf[at + 3]]);
         let u16_at = |at: usize| u16::from_le_bytes([buf[at], buf[at + 1]]);
         let magic = u32_at(0);
         if magic != MAGIC {
@@ -216,7 +217,10 @@ impl Geometry {
     /// The largest chunk a link of `mtu` (the IPv4 MTU: IP header included) carries in one
     /// frame, at most [`VALUES_MAX`]; `None` if not even one value fits.
     pub fn chunk_values_for_mtu(mtu: u32) -> Option<u16> {
-        let room = usize::try_from(mtu).ok()?.checked_sub(IP_UDP_LEN + HEADER_LEN)? / 4;
+        let room = usize::try_from(mtu)
+            .ok()?
+            .checked_sub(IP_UDP_LEN + HEADER_LEN)?
+            / 4;
         let v = room.min(VALUES_MAX);
         (v > 0).then(|| u16::try_from(v).unwrap_or(u16::MAX))
     }

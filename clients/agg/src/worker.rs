@@ -236,7 +236,8 @@ impl Worker {
                 }
                 let due = p.sent_at + p.timeout;
                 if due <= now {
-                    self.socket.send_to(&frames_retx(&frames[c]), m.aggregator)?;
+                    self.socket
+                        .send_to(&frames_retx(&frames[c]), m.aggregator)?;
                     stats.resent += 1;
                     p.sent_at = now;
                     p.timeout = (p.timeout * 2).min(self.tuning.max_timeout);

@@ -88,6 +88,11 @@ enum Command {
         #[command(subcommand)]
         cmd: super::gateway::GatewayCmd,
     },
+    /// Gradient aggregation: jobs, their workers and aggregators, a node's aggregator.
+    Agg {
+        #[command(subcommand)]
+        cmd: super::agg::AggCmd,
+    },
     /// Slow or hung collectives: a live job's verdicts, or Flight Recorder dumps / a RAS
     /// report analyzed offline.
     Diagnose(super::diagnose::DiagnoseArgs),
@@ -312,6 +317,9 @@ async fn client_command(args: &Args, out: Out) -> anyhow::Result<ExitCode> {
     if let Command::Diagnose(d) = &args.command {
         return super::diagnose::live(&client, d, out).await;
     }
+    if let Command::Agg { cmd } = &args.command {
+        return super::agg::run(&client, cmd, out).await;
+    }
     let req = match &args.command {
         Command::Status => AdminRequest::Status,
         Command::Token {
@@ -344,6 +352,7 @@ async fn client_command(args: &Args, out: Out) -> anyhow::Result<ExitCode> {
         | Command::Ca { .. }
         | Command::Bench { .. }
         | Command::Gateway { .. }
+        | Command::Agg { .. }
         | Command::Diagnose(_)
         | Command::Sim { .. }
         | Command::Offload { .. }
@@ -436,8 +445,8 @@ fn render(req: &AdminRequest, reply: AdminReply, out: Out) -> ExitCode {
         (_, AdminReply::Value(None)) => {}
         // Gateway replies are rendered by `yard gateway`.
         (_, AdminReply::Vips(_) | AdminReply::Endpoints(_) | AdminReply::GatewayStats(_)) => {}
-        // Diagnoses are rendered by `yard diagnose`.
-        (_, AdminReply::Diagnosis(_)) => {}
+        // Diagnoses are rendered by `yard diagnose`, aggregation by `yard agg`.
+        (_, AdminReply::Diagnosis(_) | AdminReply::AggJobs(_) | AdminReply::AggStats(_)) => {}
     }
     ExitCode::SUCCESS
 }

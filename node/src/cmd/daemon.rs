@@ -236,6 +236,43 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
         tokio::spawn(async move { gateway_control.run(node).await })
     };
     let prevote = tokio::spawn(yard::prevote::run(node.clone()));
+    node.set_agg_quota(cfg.aggregator.quota());
+    tokio::spawn(yard::agg_control::run(
+        node.clone(),
+        Duration::from_millis(cfg.aggregator.place_ms),
+    ));
+    let aggregator = if cfg.aggregator.enabled {
+        let a = &cfg.aggregator;
+        let ip: std::net::Ipv4Addr = cfg.advertise_ip().parse().with_context(|| {
+            format!(
+                "the aggregator needs an IPv4 advertise address, not {}",
+                cfg.advertise()
+            )
+        })?;
+        let mut program = yard_ebpf::Aggregator::load(a.slots()).with_context(|| {
+            format!(
+                "cannot load the aggregator with {} MiB (aggregator.memory_mb)",
+                a.memory_mb
+            )
+        })?;
+        let mode = match a.xdp_mode {
+            XdpMode::Native => yard_ebpf::XdpMode::Native,
+            XdpMode::Generic => yard_ebpf::XdpMode::Generic,
+        };
+        program.attach(&a.interface, mode).with_context(|| {
+            format!(
+                "cannot attach the aggregator to aggregator.interface {}",
+                a.interface
+            )
+        })?;
+        tracing::info!(interface = %a.interface, slots = a.slots(), "aggregator data plane ready");
+        let view = yard_actors::aggregator::actor::AggView::default();
+        node.attach_aggregator(view.clone());
+        tokio::spawn(register_aggregator(node.clone(), ip, a.slots()));
+        Some((program, view, Duration::from_millis(a.stats_ms)))
+    } else {
+        None
+    };
     let gateway = if cfg.gateway.enabled {
         let g = &cfg.gateway;
         let iface = LinuxInterface::open(&g.interface)
@@ -352,6 +389,9 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
         if cfg.probe.enabled {
             expected_actors.push("probe");
         }
+        if cfg.aggregator.enabled {
+            expected_actors.push("aggregator");
+        }
         let endpoints = Endpoints {
             gauges: Arc::new(RaftGauges(node.clone())),
             readiness: Arc::new(NodeReadiness {
@@ -387,7 +427,19 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
     let (gateway_feed, gateway_health) = (node.feed().clone(), health.clone());
     let restart_grace_ms = cfg.gateway.restart_grace_ms;
     let probe_health = health.clone();
+    let (agg_feed, agg_health, agg_node) = (node.feed().clone(), health.clone(), cfg.node.id);
     let (actors, (admin, gateway_actor)) = ActorSystem::start(move || {
+        if let Some((program, view, every)) = aggregator {
+            yard_actors::aggregator::actor::AggregatorActor::new(
+                agg_node,
+                Box::new(program),
+                agg_feed,
+                view,
+                agg_health,
+                every,
+            )
+            .start();
+        }
         if let Some((shared, reporter, counters, every)) = probe {
             ProbeActor::new(shared, reporter, counters, probe_addr, every, probe_health).start();
         }
@@ -773,6 +825,29 @@ impl ActorSystem {
         self.system.stop();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+    }
+}
+
+/// Registers this host as an aggregator with `slots` slots, retrying until a leader commits it
+/// (the node may still be joining).
+async fn register_aggregator(node: yard::service::Node, ip: std::net::Ipv4Addr, slots: u32) {
+    use yard::rpc::{AdminRequest, AggRequest, Reply};
+    let req = AdminRequest::Agg(AggRequest::Host {
+        node: node.id(),
+        ip,
+        slots,
+    });
+    loop {
+        match node.serve_admin(req.clone()).await {
+            Reply::Admin(_) => {
+                tracing::info!(%ip, slots, "registered as an aggregator");
+                return;
+            }
+            other => {
+                tracing::debug!(reply = ?other, "aggregator registration not committed yet; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
         }
     }
 }
