@@ -28,7 +28,10 @@
  * overwrite a complete round r: a worker sends round r + 2 only after it has round r + 1's
  * result, which needed every worker's round r + 1 contribution, which each sent only after it
  * had round r's result. So nobody still needs round r. A round-(r + 2) frame reaching an
- * incomplete round r breaks that rule; it is dropped (AHEAD) rather than lose a sum.
+ * incomplete round r breaks that rule; it is dropped (AHEAD) rather than lose a sum, unless
+ * every contribution in the slot is a replay (AGG_F_REPLAY): after a regrouping each worker
+ * contributes its last completed round again, for workers that were one round behind when the
+ * epoch changed, and the replay of a worker that was itself behind is needed by nobody.
  *
  * Admission: a frame must name a job served here, the job's current epoch, and come from the
  * source address and port the daemon registered for the worker index it claims
@@ -285,7 +288,7 @@ int yard_agg(struct xdp_md *ctx)
 			out = STALE;
 			goto unlock;
 		}
-		if (!slot->done) {
+		if (!slot->done && !slot->replay_only) {
 			out = AHEAD;
 			goto unlock;
 		}
@@ -300,6 +303,7 @@ int yard_agg(struct xdp_md *ctx)
 		slot->values = n;
 		slot->exp = h->exp;
 		slot->done = 0;
+		slot->replay_only = (h->flags & AGG_F_REPLAY) ? 1 : 0;
 #pragma clang loop unroll(disable)
 		for (__u32 i = 0; i < AGG_VALUES_MAX; i++) {
 			if ((void *)(v + i + 1) > data_end)
@@ -331,6 +335,8 @@ int yard_agg(struct xdp_md *ctx)
 		}
 		slot->seen |= bit;
 		slot->count += 1;
+		if (!(h->flags & AGG_F_REPLAY))
+			slot->replay_only = 0;
 	}
 	if (slot->count >= workers) {
 		slot->done = 1;

@@ -389,6 +389,7 @@ mod tests {
         assert!(header.contains(&format!("#define AGG_VALUES_MAX {}", wire::VALUES_MAX)));
         assert!(header.contains(&format!("#define AGG_WORKERS_MAX {}", wire::WORKERS_MAX)));
         assert!(header.contains(&format!("#define AGG_F_RETX {:#04x}", wire::FLAG_RETX)));
+        assert!(header.contains(&format!("#define AGG_F_REPLAY {:#04x}", wire::FLAG_REPLAY)));
         assert!(header.contains("YARD_ASSERT_SIZE(struct agg_hdr, 32);"));
         assert_eq!(wire::HEADER_LEN, 32);
     }

@@ -188,7 +188,9 @@ pub struct AggSlot {
     pub values: u16,
     pub exp: i8,
     pub done: u8,
-    pub pad: u16,
+    /// 1 while every contribution was a replay.
+    pub replay_only: u8,
+    pub pad: u8,
     pub acc: [i32; AGG_VALUES_MAX],
 }
 
@@ -204,6 +206,7 @@ impl Default for AggSlot {
             values: 0,
             exp: 0,
             done: 0,
+            replay_only: 0,
             pad: 0,
             acc: [0; AGG_VALUES_MAX],
         }
@@ -484,7 +487,7 @@ const _: () = {
     assert!(size_of::<AggPeerKey>() == 4 + 4);
     assert!(size_of::<AggPeer>() == 4 + 2 + 6);
     assert!(size_of::<AggJobCounterKey>() == 4 + 4);
-    assert!(size_of::<AggSlot>() == 4 * 4 + 8 + 2 + 2 + 1 + 1 + 2 + 4 * AGG_VALUES_MAX);
+    assert!(size_of::<AggSlot>() == 4 * 4 + 8 + 2 + 2 + 1 + 1 + 1 + 1 + 4 * AGG_VALUES_MAX);
 };
 
 /// An IPv4 address as the maps store it: network order in memory.

@@ -481,6 +481,7 @@ fn fuzzed_frames_match_the_reference_model() {
             1 => from = jobs[(j + 1) % jobs.len()].members[0],
             2 => payload[12..16].copy_from_slice(&(s.epoch + 1).to_le_bytes()),
             3 => payload.truncate(rng.gen_range(32..payload.len())),
+            4 | 5 => payload[6] |= wire::FLAG_REPLAY,
             _ => {}
         }
         both(&agg, &mut model, from, &payload);

@@ -126,6 +126,7 @@ struct Slot {
     count: u16,
     exp: i8,
     done: bool,
+    replay_only: bool,
     acc: Vec<i32>,
 }
 
@@ -207,13 +208,14 @@ impl Aggregator {
         };
         let values = wire::values(body);
         let bit = 1u64 << h.worker;
+        let replay = h.flags & wire::FLAG_REPLAY != 0;
 
         let mut fresh = slot.job != h.job || slot.epoch != h.epoch;
         if !fresh && h.round != slot.round {
             if (h.round.wrapping_sub(slot.round) as i32) < 0 {
                 return Outcome::drop(Counter::Stale);
             }
-            if !slot.done {
+            if !slot.done && !slot.replay_only {
                 return Outcome::drop(Counter::Ahead);
             }
             fresh = true;
@@ -227,6 +229,7 @@ impl Aggregator {
                 count: 1,
                 exp: h.exp,
                 done: false,
+                replay_only: replay,
                 acc: values,
             };
         } else if slot.done {
@@ -240,6 +243,9 @@ impl Aggregator {
             add_into(&mut slot.acc, &mut slot.exp, &values, h.exp);
             slot.seen |= bit;
             slot.count += 1;
+            if !replay {
+                slot.replay_only = false;
+            }
         }
         if slot.count >= workers {
             slot.done = true;
