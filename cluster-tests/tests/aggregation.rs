@@ -31,7 +31,8 @@ fn options() -> ClusterOptions {
 fn gradient(rank: usize, round: u32) -> Vec<i32> {
     (0..VALUES)
         .map(|i| {
-            let x = (i as i64 * 2_654_435_761 + rank as i64 * 97 + i64::from(round) * 1_000_003) as u32;
+            let x =
+                (i as i64 * 2_654_435_761 + rank as i64 * 97 + i64::from(round) * 1_000_003) as u32;
             x as i32
         })
         .collect()
@@ -79,9 +80,15 @@ fn membership(job: &Value, rank: usize) -> Option<Membership> {
 
 fn show(cluster: &YardCluster, from: usize) -> Option<Value> {
     let out = cluster
-        .cli_to(from, &cluster.all_endpoints(), &["agg", "job", "show", "train", "--json"])
+        .cli_to(
+            from,
+            &cluster.all_endpoints(),
+            &["agg", "job", "show", "train", "--json"],
+        )
         .ok()?;
-    out.status.success().then(|| serde_json::from_slice(&out.stdout).ok())?
+    out.status
+        .success()
+        .then(|| serde_json::from_slice(&out.stdout).ok())?
 }
 
 #[test]
@@ -90,12 +97,39 @@ fn workers_sum_exactly_through_xdp_and_survive_the_aggregator_s_death() {
     let bin = yard_cluster_tests::yard::test_yard_bin();
     let mut cluster = YardCluster::start(&bin, NODES, NODES + WORKERS, &options()).unwrap();
     let created = cluster
-        .cli(1, &["agg", "job", "create", "train", "--workers", "4", "--size", &(u64::from(VALUES) * 4).to_string(), "--dtype", "i32", "--json"])
+        .cli(
+            1,
+            &[
+                "agg",
+                "job",
+                "create",
+                "train",
+                "--workers",
+                "4",
+                "--size",
+                &(u64::from(VALUES) * 4).to_string(),
+                "--dtype",
+                "i32",
+                "--json",
+            ],
+        )
         .unwrap();
     json(&created, "yard agg job create");
     // A bad request is refused in one sentence, and changes nothing.
     let refused = cluster
-        .cli(1, &["agg", "job", "create", "train", "--workers", "4", "--size", "400"])
+        .cli(
+            1,
+            &[
+                "agg",
+                "job",
+                "create",
+                "train",
+                "--workers",
+                "4",
+                "--size",
+                "400",
+            ],
+        )
         .unwrap();
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("job train exists already"));
@@ -108,7 +142,21 @@ fn workers_sum_exactly_through_xdp_and_survive_the_aggregator_s_death() {
         let host = NODES + 1 + rank;
         let addr = SocketAddrV4::new(cluster.topology().addr(host), 40000 + rank as u16);
         let joined = cluster
-            .cli_to(host, &cluster.all_endpoints(), &["agg", "job", "join", "train", "--rank", &rank.to_string(), "--addr", &addr.to_string(), "--json"])
+            .cli_to(
+                host,
+                &cluster.all_endpoints(),
+                &[
+                    "agg",
+                    "job",
+                    "join",
+                    "train",
+                    "--rank",
+                    &rank.to_string(),
+                    "--addr",
+                    &addr.to_string(),
+                    "--json",
+                ],
+            )
             .unwrap();
         json(&joined, "yard agg job join");
         let (shared, progress) = (shared[rank].clone(), progress.clone());
@@ -139,7 +187,9 @@ fn workers_sum_exactly_through_xdp_and_survive_the_aggregator_s_death() {
                         loop {
                             match w.all_reduce_i32(&mut g) {
                                 Ok(_) => break,
-                                Err(AggError::Timeout { .. }) if started.elapsed() < Duration::from_secs(60) => {
+                                Err(AggError::Timeout { .. })
+                                    if started.elapsed() < Duration::from_secs(60) =>
+                                {
                                     // The aggregator may have moved: take the newest membership
                                     // and sum the round again under it.
                                     if let Some(m) = *shared.lock().unwrap() {
@@ -164,7 +214,11 @@ fn workers_sum_exactly_through_xdp_and_survive_the_aggregator_s_death() {
     let mut killed: Option<(usize, u32)> = None;
     let deadline = Instant::now() + Duration::from_secs(240);
     while progress.lock().unwrap().iter().any(|p| *p < ROUNDS) {
-        assert!(Instant::now() < deadline, "training did not finish: {:?}", progress.lock().unwrap());
+        assert!(
+            Instant::now() < deadline,
+            "training did not finish: {:?}",
+            progress.lock().unwrap()
+        );
         let from = killed.map_or(1, |(n, _)| if n == 1 { 2 } else { 1 });
         if let Some(job) = show(&cluster, from) {
             for (rank, s) in shared.iter().enumerate() {
@@ -176,7 +230,10 @@ fn workers_sum_exactly_through_xdp_and_survive_the_aggregator_s_death() {
             if killed.is_none() && min_round >= 4 {
                 let node = job["aggregator_node"].as_u64().unwrap() as usize;
                 let epoch = job["epoch"].as_u64().unwrap() as u32;
-                eprintln!("killing node {node}, the aggregator, at epoch {epoch} (rounds {:?})", progress.lock().unwrap());
+                eprintln!(
+                    "killing node {node}, the aggregator, at epoch {epoch} (rounds {:?})",
+                    progress.lock().unwrap()
+                );
                 cluster.kill9(node).unwrap();
                 killed = Some((node, epoch));
             }
@@ -190,7 +247,10 @@ fn workers_sum_exactly_through_xdp_and_survive_the_aggregator_s_death() {
     for round in 0..ROUNDS {
         let want = exact(round);
         for (rank, r) in results.iter().enumerate() {
-            assert!(r[round as usize] == want, "rank {rank} round {round}: not the exact sum");
+            assert!(
+                r[round as usize] == want,
+                "rank {rank} round {round}: not the exact sum"
+            );
         }
     }
     // The job moved in one command: a survivor aggregates it at a later epoch.

@@ -257,7 +257,9 @@ impl Worker {
         // replayed: sent at once, outside the window, and resent until acknowledged or until
         // this round is complete, but never waited for. A worker that was itself behind replays
         // a round nobody needs; the aggregator lets a newer round take over such a slot.
-        let mut frames: Vec<Vec<u8>> = (0..chunks).map(|c| frame(self.round, c, input, 0)).collect();
+        let mut frames: Vec<Vec<u8>> = (0..chunks)
+            .map(|c| frame(self.round, c, input, 0))
+            .collect();
         if let Some(last) = replayed {
             frames.extend((0..chunks).map(|c| frame(previous, c, last, FLAG_REPLAY)));
         }
@@ -301,7 +303,8 @@ impl Worker {
                 }
                 let due = p.sent_at + p.timeout;
                 if due <= now {
-                    self.socket.send_to(&frames_retx(&frames[i]), m.aggregator)?;
+                    self.socket
+                        .send_to(&frames_retx(&frames[i]), m.aggregator)?;
                     stats.resent += 1;
                     p.sent_at = now;
                     p.timeout = (p.timeout * 2).min(self.tuning.max_timeout);
