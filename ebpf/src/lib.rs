@@ -17,6 +17,7 @@
 mod bounce;
 mod clock;
 mod counters;
+mod emunic;
 pub mod frames;
 mod gateway;
 pub mod layout;
@@ -32,7 +33,8 @@ use std::path::PathBuf;
 pub use bounce::Bounce;
 pub use clock::ktime_now_ns;
 pub use counters::{Counter, CounterValue};
-pub use gateway::{Endpoint, Gateway, GatewayConfig, VipMode, XdpMode};
+pub use emunic::{try_hardware, EmulatedNic};
+pub use gateway::{Endpoint, Gateway, GatewayConfig, GatewayImage, VipMode, XdpMode};
 pub use peers::{Direction, PeerCounter, PeerCounters, PeerStat, TcAction};
 pub use test_run::{bench_xdp, run_xdp, TestOutcome, XdpAction};
 
@@ -105,6 +107,14 @@ pub enum EbpfError {
         iface: String,
         #[source]
         source: aya::programs::tc::TcError,
+    },
+    /// A redirect map slot could not be pointed at an interface (the emulated NIC's handoff).
+    #[error("could not point {map} at {iface}")]
+    Redirect {
+        map: &'static str,
+        iface: String,
+        #[source]
+        source: aya::maps::xdp::XdpMapError,
     },
     /// More ports than the program's port map holds.
     #[error("{count} ports do not fit the port map, which holds {max}")]
