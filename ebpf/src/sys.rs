@@ -1,6 +1,7 @@
-//! What aya 0.14 does not wrap: two bpf(2) commands (opening a pinned object as a plain fd and
-//! BPF_LINK_DETACH) and an interface name to index. The commands serve [`crate::Gateway::remove_pinned`], so that a decommission detaches
-//! the program at once, even while another holder (a still-running daemon) keeps the link open.
+//! What aya 0.14 does not wrap: two bpf(2) commands, opening a pinned object as a plain fd and
+//! BPF_LINK_DETACH, used by [`crate::Gateway::remove_pinned`] so that a decommission detaches
+//! the program at once even while another holder (a still-running daemon) keeps the link open;
+//! and an interface's index by name.
 
 // There is no safe wrapper for these commands in aya 0.14 or rustix; every unsafe block below
 // says why it is sound.
