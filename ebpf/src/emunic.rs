@@ -56,16 +56,18 @@ const NIC_COUNTERS: MapShape = (MAP_NIC_COUNTERS, MapType::Array, 4, 16, COUNTER
 
 /// The NIC part running on an emulated NIC, and the port program beside it.
 pub struct EmulatedNic {
-    counters: Array<MapData, GwCounter>,
+    /// The NIC part's counters; `None` on a pass-through NIC.
+    counters: Option<Array<MapData, GwCounter>>,
     /// Links this value attached and pinned, kept so that their fds close with it.
     _links: Vec<PinnedLink>,
-    _nic: Ebpf,
-    _port: Ebpf,
+    _objects: Vec<Ebpf>,
 }
 
 impl std::fmt::Debug for EmulatedNic {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EmulatedNic").finish_non_exhaustive()
+        f.debug_struct("EmulatedNic")
+            .field("nic_part", &self.counters.is_some())
+            .finish_non_exhaustive()
     }
 }
 
@@ -80,10 +82,22 @@ fn point(map: &mut DevMap<MapData>, name: &'static str, iface: &str) -> Result<(
         })
 }
 
+/// Loads a port program whose every frame goes out of `to`.
+fn port_program(to: &str) -> Result<Ebpf, EbpfError> {
+    let mut obj = crate::program::load_object(&mut EbpfLoader::new(), PORT, "emunic_port.bpf.o")?;
+    let mut map: DevMap<MapData> = take(&mut obj, MAP_WIRE)?;
+    point(&mut map, MAP_WIRE, to)?;
+    crate::program::xdp_mut(&mut obj, PORT_PROGRAM)?
+        .load()
+        .map_err(prog_err(PORT_PROGRAM, "load"))?;
+    Ok(obj)
+}
+
 impl EmulatedNic {
     /// Loads the NIC part against the gateway maps pinned under `pin_dir` (open the gateway
     /// there first, so they exist and were vetted), attaches it to `wire` and the port program
-    /// to `port`, both in `mode`, through links pinned in `pin_dir`.
+    /// to `port`, both in `mode`, through links pinned in `pin_dir` (re-adopted, their programs
+    /// swapped, when a previous daemon pinned them).
     pub fn open(pin_dir: &Path, wire: &str, port: &str, mode: XdpMode) -> Result<Self, EbpfError> {
         let mut loader = EbpfLoader::new();
         let shared = MAPS.iter().filter(|m| m.1 != MapType::PerCpuArray);
@@ -101,48 +115,89 @@ impl EmulatedNic {
         let mut handoff: DevMap<MapData> = take(&mut nic, MAP_HANDOFF)?;
         point(&mut handoff, MAP_HANDOFF, port)?;
         let counters = take(&mut nic, MAP_NIC_COUNTERS)?;
-        let mut port_obj =
-            crate::program::load_object(&mut EbpfLoader::new(), PORT, "emunic_port.bpf.o")?;
-        let mut to_wire: DevMap<MapData> = take(&mut port_obj, MAP_WIRE)?;
-        point(&mut to_wire, MAP_WIRE, wire)?;
+        crate::program::xdp_mut(&mut nic, NIC_PROGRAM)?
+            .load()
+            .map_err(prog_err(NIC_PROGRAM, "load"))?;
+        Self::attach(pin_dir, wire, port, mode, (nic, NIC_PROGRAM), Some(counters))
+    }
+
+    /// An emulated NIC that offloads nothing: every frame from `wire` goes to `port` as it
+    /// came, for a baseline with the same hops as [`EmulatedNic::open`] (the whole program
+    /// then runs on the host's interface).
+    pub fn open_passthrough(
+        pin_dir: &Path,
+        wire: &str,
+        port: &str,
+        mode: XdpMode,
+    ) -> Result<Self, EbpfError> {
+        let through = port_program(port)?;
+        Self::attach(pin_dir, wire, port, mode, (through, PORT_PROGRAM), None)
+    }
+
+    /// Attaches the port program to `port`, then `wire_prog` to `wire`: the return path first,
+    /// so that nothing handed to the host finds no way back.
+    fn attach(
+        pin_dir: &Path,
+        wire: &str,
+        port: &str,
+        mode: XdpMode,
+        wire_prog: (Ebpf, &'static str),
+        counters: Option<Array<MapData, GwCounter>>,
+    ) -> Result<Self, EbpfError> {
+        std::fs::create_dir_all(pin_dir)
+            .map_err(crate::gateway::io_err("create the pin directory", pin_dir))?;
+        let port_obj = port_program(wire)?;
         let mut links = Vec::new();
-        for (obj, program, iface) in [
-            (&mut port_obj, PORT_PROGRAM, port),
-            (&mut nic, NIC_PROGRAM, wire),
+        let mut objects = Vec::new();
+        for (mut obj, program, iface) in [
+            (port_obj, PORT_PROGRAM, port),
+            (wire_prog.0, wire_prog.1, wire),
         ] {
-            let xdp = crate::program::xdp_mut(obj, program)?;
-            xdp.load().map_err(prog_err(program, "load"))?;
+            let xdp = crate::program::xdp_mut(&mut obj, program)?;
             links.extend(attach_xdp(xdp, program, Some(pin_dir), iface, mode)?);
+            objects.push(obj);
         }
-        // The devmaps were taken out of their objects; they live as long as the programs
-        // that reference them, which the kernel keeps alive through the links.
-        drop((handoff, to_wire));
         Ok(Self {
             counters,
             _links: links,
-            _nic: nic,
-            _port: port_obj,
+            _objects: objects,
         })
     }
 
-    /// What the NIC part counted, in [`Counter::ALL`] order: added to the host part's
-    /// counters, the whole program's.
+    /// What the NIC part counted, in [`Counter::ALL`] order (all zero on a pass-through NIC):
+    /// added to the host part's counters, the whole program's.
     pub fn counters(&self) -> Result<Vec<(Counter, CounterValue)>, EbpfError> {
         let mut out = Vec::with_capacity(Counter::ALL.len());
         for counter in Counter::ALL {
-            let v = self
-                .counters
-                .get(&counter.index(), 0)
-                .map_err(map_err("read", MAP_NIC_COUNTERS))?;
-            out.push((
-                counter,
-                CounterValue {
-                    packets: v.packets,
-                    bytes: v.bytes,
-                },
-            ));
+            let value = match &self.counters {
+                Some(map) => {
+                    let v = map
+                        .get(&counter.index(), 0)
+                        .map_err(map_err("read", MAP_NIC_COUNTERS))?;
+                    CounterValue {
+                        packets: v.packets,
+                        bytes: v.bytes,
+                    }
+                }
+                None => CounterValue::default(),
+            };
+            out.push((counter, value));
         }
         Ok(out)
+    }
+
+    /// Kernel run statistics of the program on the wire port (the NIC part, or the
+    /// pass-through): total run time and runs, counted while `kernel.bpf_stats_enabled` is 1.
+    pub fn wire_run_stats(&self) -> Result<(std::time::Duration, u64), EbpfError> {
+        let (obj, program) = (
+            &self._objects[1],
+            if self.counters.is_some() {
+                NIC_PROGRAM
+            } else {
+                PORT_PROGRAM
+            },
+        );
+        crate::program::run_stats(obj, program)
     }
 }
 

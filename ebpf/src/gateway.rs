@@ -391,6 +391,12 @@ impl Gateway {
             .id())
     }
 
+    /// Kernel run statistics of this value's program: total run time and runs, counted while
+    /// `kernel.bpf_stats_enabled` is 1 (benchmarks).
+    pub fn run_stats(&self) -> Result<(std::time::Duration, u64), EbpfError> {
+        crate::program::run_stats(&self.ebpf, self.image.program())
+    }
+
     /// Which program this value loaded.
     pub fn image(&self) -> GatewayImage {
         self.image
