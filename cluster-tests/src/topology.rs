@@ -696,8 +696,7 @@ impl Topology {
         let (wire, host_port) = ("nicw0", "nicp0");
         ip(&["-n", &fabric, "link", "del", &port])?;
         ip(&[
-            "-n", &fabric, "link", "add", &port, "type", "veth", "peer", "name", wire, "netns",
-            &ns,
+            "-n", &fabric, "link", "add", &port, "type", "veth", "peer", "name", wire, "netns", &ns,
         ])?;
         ip(&["-n", &fabric, "link", "set", &port, "master", "br0", "up"])?;
         ip(&[
@@ -726,7 +725,9 @@ impl Topology {
         )?;
         cmd::run(
             "ip",
-            &["netns", "exec", &fabric, "ethtool", "-K", &port, "gro", "on"],
+            &[
+                "netns", "exec", &fabric, "ethtool", "-K", &port, "gro", "on",
+            ],
         )?;
         self.wait_links_up(&[i])?;
         Ok((wire.to_owned(), host_port.to_owned()))

@@ -72,13 +72,13 @@ impl std::fmt::Debug for EmulatedNic {
 }
 
 fn point(map: &mut DevMap<MapData>, name: &'static str, iface: &str) -> Result<(), EbpfError> {
-    let index = crate::sys::ifindex(iface)
-        .ok_or_else(|| EbpfError::InvalidInterface(iface.to_owned()))?;
+    let index =
+        crate::sys::ifindex(iface).ok_or_else(|| EbpfError::InvalidInterface(iface.to_owned()))?;
     map.set(0, index, None, 0)
         .map_err(|source| EbpfError::Redirect {
             map: name,
             iface: iface.to_owned(),
-            source,
+            source: Box::new(source),
         })
 }
 
@@ -118,7 +118,14 @@ impl EmulatedNic {
         crate::program::xdp_mut(&mut nic, NIC_PROGRAM)?
             .load()
             .map_err(prog_err(NIC_PROGRAM, "load"))?;
-        Self::attach(pin_dir, wire, port, mode, (nic, NIC_PROGRAM), Some(counters))
+        Self::attach(
+            pin_dir,
+            wire,
+            port,
+            mode,
+            (nic, NIC_PROGRAM),
+            Some(counters),
+        )
     }
 
     /// An emulated NIC that offloads nothing: every frame from `wire` goes to `port` as it
@@ -223,13 +230,14 @@ pub fn try_hardware(iface: &str) -> String {
         Err(e) => format!(
             "hardware-mode XDP on {iface} was refused ({}), so the whole program runs on the \
              host (this loader does not bind programs to a device, which hardware mode needs)",
-            chain(&e).replace(": []", "")
+            error_chain(&e).replace(": []", "")
         ),
     }
 }
 
-/// An error and its causes on one line.
-fn chain(e: &dyn std::error::Error) -> String {
+/// An error and its causes on one line (a cause its parent's message already quotes is left
+/// out): for messages that must carry the kernel's reason, such as the refusal above.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {

@@ -223,7 +223,10 @@ pub(crate) fn prog_err(
     }
 }
 
-pub(crate) fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> EbpfError + 'a {
+pub(crate) fn io_err<'a>(
+    action: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(io::Error) -> EbpfError + 'a {
     move |source| EbpfError::Io {
         action,
         path: path.to_path_buf(),
@@ -305,10 +308,7 @@ impl Gateway {
         Self::load_with(Some(pin_dir), image)
     }
 
-    fn load_with(
-        pin_dir: Option<&Path>,
-        image: GatewayImage,
-    ) -> Result<(Self, bool), EbpfError> {
+    fn load_with(pin_dir: Option<&Path>, image: GatewayImage) -> Result<(Self, bool), EbpfError> {
         let mut loader = EbpfLoader::new();
         let mut adopted = pin_dir.is_some();
         let paths: Vec<(&'static str, PathBuf)> = match pin_dir {

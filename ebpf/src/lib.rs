@@ -33,7 +33,7 @@ use std::path::PathBuf;
 pub use bounce::Bounce;
 pub use clock::ktime_now_ns;
 pub use counters::{Counter, CounterValue};
-pub use emunic::{try_hardware, EmulatedNic};
+pub use emunic::{error_chain, try_hardware, EmulatedNic};
 pub use gateway::{Endpoint, Gateway, GatewayConfig, GatewayImage, VipMode, XdpMode};
 pub use peers::{Direction, PeerCounter, PeerCounters, PeerStat, TcAction};
 pub use test_run::{bench_xdp, run_xdp, TestOutcome, XdpAction};
@@ -114,7 +114,7 @@ pub enum EbpfError {
         map: &'static str,
         iface: String,
         #[source]
-        source: aya::maps::xdp::XdpMapError,
+        source: Box<aya::maps::xdp::XdpMapError>,
     },
     /// More ports than the program's port map holds.
     #[error("{count} ports do not fit the port map, which holds {max}")]

@@ -75,10 +75,12 @@ pub(crate) fn run_stats(
     ebpf: &Ebpf,
     name: &'static str,
 ) -> Result<(std::time::Duration, u64), EbpfError> {
-    let info = xdp(ebpf, name)?.info().map_err(|source| EbpfError::Program {
-        action: "inspect",
-        program: name,
-        source,
-    })?;
+    let info = xdp(ebpf, name)?
+        .info()
+        .map_err(|source| EbpfError::Program {
+            action: "inspect",
+            program: name,
+            source,
+        })?;
     Ok((info.run_time(), info.run_count()))
 }

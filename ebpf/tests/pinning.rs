@@ -246,7 +246,10 @@ fn a_restart_into_the_split_host_part_keeps_the_link_and_the_maps() {
     let (gw, second) = ns.run(|| {
         let (mut gw, adopted) =
             Gateway::open_pinned_image(&dir.path, GatewayImage::SplitHost).unwrap();
-        assert!(adopted, "the host part adopts the whole program's pinned maps");
+        assert!(
+            adopted,
+            "the host part adopts the whole program's pinned maps"
+        );
         gw.attach("yd0", XdpMode::Generic).unwrap();
         let link = Gateway::pinned_link(&dir.path, "yd0").unwrap().unwrap();
         (gw, link)
@@ -277,5 +280,9 @@ fn hardware_mode_is_refused_in_one_sentence_and_leaves_nothing_attached() {
             && !why.contains('\n'),
         "{why}"
     );
-    assert!(!ns.link_show("yd0").contains("xdp"), "{}", ns.link_show("yd0"));
+    assert!(
+        !ns.link_show("yd0").contains("xdp"),
+        "{}",
+        ns.link_show("yd0")
+    );
 }

@@ -515,7 +515,10 @@ impl Config {
                 }
             }
             if g.offload_wire == g.offload_port {
-                return bad("gateway.offload_port", "must differ from gateway.offload_wire");
+                return bad(
+                    "gateway.offload_port",
+                    "must differ from gateway.offload_wire",
+                );
             }
         }
         if self.probe.report_ms == 0 || self.probe.report_ms > 10_000 {

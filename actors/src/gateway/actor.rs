@@ -520,21 +520,17 @@ impl GatewayActor {
             .filter(|s| **s == Serve::Owned)
             .count();
         let lease_ok = now_ms < deadline;
-        self.health.report(
-            "gateway",
-            lease_ok,
-            {
-                let state = if lease_ok {
-                    format!("lease held, {owned} vips owned, {endpoints} endpoints")
-                } else {
-                    "lease lapsed: serving nothing".to_owned()
-                };
-                match self.dataplane.placement() {
-                    p if p.is_empty() => state,
-                    p => format!("{state}; {p}"),
-                }
-            },
-        );
+        self.health.report("gateway", lease_ok, {
+            let state = if lease_ok {
+                format!("lease held, {owned} vips owned, {endpoints} endpoints")
+            } else {
+                "lease lapsed: serving nothing".to_owned()
+            };
+            match self.dataplane.placement() {
+                p if p.is_empty() => state,
+                p => format!("{state}; {p}"),
+            }
+        });
     }
 }
 

@@ -24,7 +24,9 @@ pub enum Offload {
     None,
     /// Hardware mode tried for the NIC part; refused, the whole program on the interface.
     Auto,
-    /// The NIC part on the emulated NIC's `wire` veth, the host part on the interface.
+    /// The NIC part on the emulated NIC's `wire` veth, the host part on the interface. The
+    /// NIC's two ports run native XDP whatever `xdp_mode` says: they are veths, which have it,
+    /// and a NIC runs its program before any sk_buff exists.
     Emulated { wire: String, port: String },
 }
 
@@ -68,32 +70,17 @@ impl XdpDataPlane {
         gw.set_config(&GatewayConfig { mac, mtu }).map_err(err)?;
         let nic = match offload {
             Offload::Emulated { wire, port } => Some(
-                EmulatedNic::open(pin_dir, wire, port, XdpMode::Native)
-                    .map_err(|e| err(format!("the emulated NIC on {wire}: {}", chain(&e))))?,
+                EmulatedNic::open(pin_dir, wire, port, XdpMode::Native).map_err(|e| {
+                    err(format!(
+                        "the emulated NIC on {wire}: {}",
+                        yard_ebpf::error_chain(&e)
+                    ))
+                })?,
             ),
             Offload::None | Offload::Auto => None,
         };
-        Ok((
-            Self {
-                gw,
-                nic,
-                placement,
-            },
-            adopted,
-        ))
+        Ok((Self { gw, nic, placement }, adopted))
     }
-}
-
-/// An error and its causes, on one line (the data-plane error is a string).
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 impl DataPlane for XdpDataPlane {

@@ -77,9 +77,7 @@ fn mac_bytes(s: &str) -> Result<[u8; 6]> {
         .map(|p| u8::from_str_radix(p, 16))
         .collect::<std::result::Result<_, _>>()
         .with_context(|| format!("bad mac {s}"))?;
-    parts
-        .try_into()
-        .map_err(|_| anyhow::anyhow!("bad mac {s}"))
+    parts.try_into().map_err(|_| anyhow::anyhow!("bad mac {s}"))
 }
 
 /// `ip -n ns -s -j link show dev` as JSON: the one link's object.
@@ -168,7 +166,11 @@ fn thread_napi(ns: &str, dev: &str, cpu: usize) -> Result<Vec<u32>> {
 fn runtime_ns(pids: &[u32]) -> u64 {
     pids.iter()
         .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()))
+        .filter_map(|s| {
+            s.split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+        })
         .sum()
 }
 
@@ -274,7 +276,9 @@ fn per(a: u64, b: u64) -> f64 {
 
 /// One round's figures.
 fn figures(a: &Snap, b: &Snap) -> Value {
-    let secs = b.at.zip(a.at).map_or(f64::NAN, |(b, a)| (b - a).as_secs_f64());
+    let secs =
+        b.at.zip(a.at)
+            .map_or(f64::NAN, |(b, a)| (b - a).as_secs_f64());
     let delivered = b.delivered - a.delivered;
     let host_prog = (b.host_prog.0 - a.host_prog.0, b.host_prog.1 - a.host_prog.1);
     let wire_prog = (b.wire_prog.0 - a.wire_prog.0, b.wire_prog.1 - a.wire_prog.1);
@@ -295,7 +299,10 @@ fn run(args: &Args) -> Result<()> {
     let topo = Topology::new(3)?;
     let pin: PathBuf = topo.bpffs(1)?.join("gateway");
     let (wire, port) = topo.emulate_nic(1)?;
-    anyhow::ensure!(wire == WIRE && port == PORT, "unexpected emulated NIC names");
+    anyhow::ensure!(
+        wire == WIRE && port == PORT,
+        "unexpected emulated NIC names"
+    );
     let fabric = topo.fabric_ns();
     let (gw_mac, sender_mac, rx_mac) = (
         mac_bytes(&topo.mac(1))?,
@@ -306,7 +313,9 @@ fn run(args: &Args) -> Result<()> {
     // meant for the gateway and count them as delivered.
     for (mac, dev) in [(topo.mac(1), "h1"), (topo.mac(3), "h3")] {
         let ok = std::process::Command::new("bridge")
-            .args(["-n", &fabric, "fdb", "replace", &mac, "dev", dev, "master", "static"])
+            .args([
+                "-n", &fabric, "fdb", "replace", &mac, "dev", dev, "master", "static",
+            ])
             .status()
             .context("cannot run bridge")?
             .success();
@@ -344,7 +353,7 @@ fn run(args: &Args) -> Result<()> {
                 // ENOBUFS when the queue is full: offered, not sent; try again.
                 if s.send(&frame).is_ok() {
                     n += 1;
-                    if n % 256 == 0 {
+                    if n.is_multiple_of(256) {
                         sent.store(n, Ordering::Relaxed);
                     }
                 }
@@ -408,8 +417,8 @@ fn run(args: &Args) -> Result<()> {
     let result = controller.join();
     stop.store(true, Ordering::Relaxed);
     let sender_result = sender.join();
-    let (placement, rounds_out) = result
-        .map_err(|_| anyhow::anyhow!("the controller thread panicked"))??;
+    let (placement, rounds_out) =
+        result.map_err(|_| anyhow::anyhow!("the controller thread panicked"))??;
     sender_result.map_err(|_| anyhow::anyhow!("the sender thread panicked"))??;
     yard_ebpf::Gateway::remove_pinned(&topo.bpffs(1)?.join("gateway"))?;
 
@@ -440,8 +449,11 @@ fn run(args: &Args) -> Result<()> {
         .sum();
     anyhow::ensure!(delivered > 0, "nothing was delivered: {rounds_out:?}");
     let ratio = |key: &str| {
-        stats::ratio(medians["split"][key].as_f64(), medians["whole"][key].as_f64())
-            .map(gateway::round3)
+        stats::ratio(
+            medians["split"][key].as_f64(),
+            medians["whole"][key].as_f64(),
+        )
+        .map(gateway::round3)
     };
     let report = json!({
         "rounds": rounds,
@@ -460,7 +472,13 @@ fn run(args: &Args) -> Result<()> {
     println!("{}", serde_json::to_string_pretty(&report)?);
     eprintln!(
         "{:<7} {:>12} {:>14} {:>16} {:>15} {:>15} {:>15}",
-        "config", "offered pps", "delivered pps", "host ns/packet", "NIC ns/packet", "host XDP ns", "wire XDP ns"
+        "config",
+        "offered pps",
+        "delivered pps",
+        "host ns/packet",
+        "NIC ns/packet",
+        "host XDP ns",
+        "wire XDP ns"
     );
     for config in CONFIGS {
         let m = &medians[config];

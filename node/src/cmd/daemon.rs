@@ -20,13 +20,13 @@ use yard::service::{Node, NodeParts, RaftGauges};
 use yard::tls::PeerRole;
 use yard::tls::{self, CertAuthority, Identity, Trust};
 use yard::transport::{self, Handler as _, Quic, QuicTransport, Target, Transport};
+use yard_actors::gateway::actor::DataPlane as _;
 use yard_actors::gateway::actor::{
     GatewayActor, GatewaySettings, GatewayView, Interface, LinuxInterface, PrepareRestart,
     RenewFuture, Renewer,
 };
 use yard_actors::gateway::core::CoreConfig;
 use yard_actors::gateway::damping::DampingConfig;
-use yard_actors::gateway::actor::DataPlane as _;
 use yard_actors::gateway::dataplane::{Offload as DataPlaneOffload, XdpDataPlane};
 use yard_actors::gateway::lease::{quorum_grant, LeaseConfig};
 use yard_actors::health::HealthRegistry;
@@ -256,21 +256,15 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
                 bail!("gateway.offload_wire and gateway.offload_port must be set")
             }
         };
-        let (dataplane, adopted) = XdpDataPlane::open(
-            &g.pin_dir,
-            &g.interface,
-            mode,
-            iface.mac(),
-            g.mtu,
-            &offload,
-        )
-        .with_context(|| {
-            format!(
-                "cannot load the gateway program on {} (pinned under {})",
-                g.interface,
-                g.pin_dir.display()
-            )
-        })?;
+        let (dataplane, adopted) =
+            XdpDataPlane::open(&g.pin_dir, &g.interface, mode, iface.mac(), g.mtu, &offload)
+                .with_context(|| {
+                    format!(
+                        "cannot load the gateway program on {} (pinned under {})",
+                        g.interface,
+                        g.pin_dir.display()
+                    )
+                })?;
         let placement = dataplane.placement();
         if g.offload == Offload::Auto {
             // The one sentence the issue asks for: why hardware mode is not running.
