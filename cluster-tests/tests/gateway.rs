@@ -553,9 +553,18 @@ fn a_partitioned_owner_fences_itself_before_anyone_takes_its_vips() {
 
 #[test]
 fn forwarding_goes_on_through_a_control_plane_outage_and_restarts_readopt_the_pinned_state() {
+    outage_and_restarts(Offload::None);
+}
+
+#[test]
+fn the_split_on_an_emulated_nic_forwards_through_an_outage_and_restarts_readopt_it() {
+    outage_and_restarts(Offload::Emulated);
+}
+
+fn outage_and_restarts(offload: Offload) {
     require_root();
     let topo = Topology::new(5).unwrap();
-    let mut r = rig(&topo);
+    let mut r = rig_with(&topo, offload);
     let probe = ProbeStream::start(&r.a, &r.b, 9300, 1000).unwrap();
     assert!(probe.wait_flowing(
         Duration::from_millis(300),
@@ -616,6 +625,12 @@ fn forwarding_goes_on_through_a_control_plane_outage_and_restarts_readopt_the_pi
     assert_eq!(before, after, "a planned restart of node {x} moved vips");
     let restarts = probe.stop();
     assert_eq!(restarts.lost, 0, "restarts: {}", restarts.to_json(5));
+    if offload == Offload::Emulated {
+        // Still the split after every restart: the pinned links kept their places.
+        for i in 1..=3 {
+            assert_split_runs(&r.c, i);
+        }
+    }
 }
 
 #[test]
