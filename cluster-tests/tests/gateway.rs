@@ -26,6 +26,8 @@ fn vip(n: u8) -> Ipv4Addr {
 enum Offload {
     /// The whole program on `eth0`.
     None,
+    /// Hardware mode tried on `eth0`, refused (no SmartNIC here), the whole program instead.
+    Auto,
     /// The split: the NIC part on an emulated NIC in front of `eth0`, the host part on it.
     Emulated,
 }
@@ -62,6 +64,9 @@ fn gateway_cluster_with<'t>(
             );
         }
     }
+    if offload == Offload::Auto {
+        split = "offload = \"auto\"\n".to_owned();
+    }
     let config = format!(
         "[gateway]\nenabled = true\ninterface = \"eth0\"\nxdp_mode = \"generic\"\npin_dir = \"{}/bpffs-@HOST@/gateway\"\nleader_holds_vips = {leader_holds_vips}\n{split}{extra}",
         topo.dir().display()
@@ -75,20 +80,19 @@ fn gateway_cluster_with<'t>(
         },
     )
     .unwrap();
-    if offload == Offload::Emulated {
-        for i in 1..=gateways {
-            assert_split_runs(&c, i);
-        }
+    match offload {
+        Offload::Emulated => (1..=gateways).for_each(|i| assert_split_runs(&c, i)),
+        Offload::Auto => (1..=gateways).for_each(|i| assert_auto_fell_back(&c, i)),
+        Offload::None => {}
     }
     c
 }
 
-/// Node `i` runs the split: the answering node's health says so (status is answered by the
-/// leader, which runs the split too), and the kernel has node `i`'s NIC part on the wire
-/// port, the port program on the host port and the host part on `eth0`.
-fn assert_split_runs(c: &YardCluster<&Topology>, i: usize) {
+/// The gateway actor's health detail on the node answering `yard status` for node `i`, once
+/// it reports where the program runs.
+fn gateway_health(c: &YardCluster<&Topology>, i: usize) -> String {
     let deadline = Instant::now() + Duration::from_secs(10);
-    let detail = loop {
+    loop {
         let status = c.status(i).unwrap();
         let detail = status["actors"]
             .as_array()
@@ -96,10 +100,40 @@ fn assert_split_runs(c: &YardCluster<&Topology>, i: usize) {
             .map(|h| h["detail"].as_str().unwrap_or_default().to_owned())
             .unwrap_or_default();
         if detail.contains("offload") || Instant::now() >= deadline {
-            break detail;
+            return detail;
         }
         std::thread::sleep(Duration::from_millis(100));
-    };
+    }
+}
+
+/// Node `i` was refused hardware mode, said why in one sentence (its log and the answering
+/// node's health), and runs the whole program on `eth0`.
+fn assert_auto_fell_back(c: &YardCluster<&Topology>, i: usize) {
+    let detail = gateway_health(c, i);
+    assert!(
+        detail.contains("offload auto: hardware-mode XDP on eth0 was refused (")
+            && detail.ends_with("so the whole program runs on the host (this loader does not bind programs to a device, which hardware mode needs)"),
+        "node {i}: {detail}"
+    );
+    let log = c.process(i).unwrap().log();
+    assert!(
+        log.contains("gateway offload refused"),
+        "node {i} logged no refusal: {}",
+        c.process(i).unwrap().log_tail(20)
+    );
+    let out = c
+        .topology()
+        .exec(i, "ip", &["-d", "link", "show", "dev", "eth0"])
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("yard_gateway"), "node {i} eth0: {text}");
+}
+
+/// Node `i` runs the split: the answering node's health says so (status is answered by the
+/// leader, which runs the split too), and the kernel has node `i`'s NIC part on the wire
+/// port, the port program on the host port and the host part on `eth0`.
+fn assert_split_runs(c: &YardCluster<&Topology>, i: usize) {
+    let detail = gateway_health(c, i);
     assert!(
         detail.contains("offload emulated: the NIC part on nicw0"),
         "node {i}: {detail}"
@@ -211,6 +245,11 @@ fn forwards_between_tenants_answers_their_arp_and_isolates_vnis() {
 #[test]
 fn forwards_between_tenants_with_the_split_on_an_emulated_nic() {
     forwards_between_tenants(Offload::Emulated);
+}
+
+#[test]
+fn forwards_between_tenants_when_auto_offload_is_refused() {
+    forwards_between_tenants(Offload::Auto);
 }
 
 fn forwards_between_tenants(offload: Offload) {

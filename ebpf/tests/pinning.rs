@@ -274,6 +274,7 @@ fn hardware_mode_is_refused_in_one_sentence_and_leaves_nothing_attached() {
     require_root();
     let ns = NetnsVeth::new("hw");
     let why = ns.run(|| yard_ebpf::try_hardware("yd0"));
+    eprintln!("{why}");
     assert!(
         why.starts_with("hardware-mode XDP on yd0 was refused (")
             && why.ends_with("which hardware mode needs)")
