@@ -37,7 +37,10 @@ use aya::maps::{Array, DevMap, MapData, MapType};
 use aya::programs::links::PinnedLink;
 use aya::{Ebpf, EbpfLoader};
 
-use crate::gateway::{attach_xdp, prog_err, vet_pinned, MapShape, MAPS};
+use crate::gateway::{
+    attach_xdp, prog_err, vet_pinned, MapShape, MAPS, MAP_CONFIG, MAP_ENDPOINTS, MAP_HOSTS,
+    MAP_VIPS,
+};
 use crate::layout::{GwCounter, COUNTER_MAX};
 use crate::maps::{map_err, take};
 use crate::{Counter, CounterValue, EbpfError, XdpMode};
@@ -60,7 +63,8 @@ pub struct EmulatedNic {
     counters: Option<Array<MapData, GwCounter>>,
     /// Links this value attached and pinned, kept so that their fds close with it.
     _links: Vec<PinnedLink>,
-    _objects: Vec<Ebpf>,
+    /// The port program's object and the wire program's, in that order.
+    objects: Vec<Ebpf>,
 }
 
 impl std::fmt::Debug for EmulatedNic {
@@ -100,7 +104,10 @@ impl EmulatedNic {
     /// swapped, when a previous daemon pinned them).
     pub fn open(pin_dir: &Path, wire: &str, port: &str, mode: XdpMode) -> Result<Self, EbpfError> {
         let mut loader = EbpfLoader::new();
-        let shared = MAPS.iter().filter(|m| m.1 != MapType::PerCpuArray);
+        // The gateway's tables; its per-CPU counters are the host part's alone.
+        let shared = MAPS
+            .iter()
+            .filter(|m| [MAP_CONFIG, MAP_VIPS, MAP_ENDPOINTS, MAP_HOSTS].contains(&m.0));
         let paths: Vec<(&MapShape, std::path::PathBuf)> = shared
             .chain(std::iter::once(&NIC_COUNTERS))
             .map(|m| (m, pin_dir.join(m.0)))
@@ -167,7 +174,7 @@ impl EmulatedNic {
         Ok(Self {
             counters,
             _links: links,
-            _objects: objects,
+            objects,
         })
     }
 
@@ -197,7 +204,7 @@ impl EmulatedNic {
     /// pass-through): total run time and runs, counted while `kernel.bpf_stats_enabled` is 1.
     pub fn wire_run_stats(&self) -> Result<(std::time::Duration, u64), EbpfError> {
         let (obj, program) = (
-            &self._objects[1],
+            &self.objects[1],
             if self.counters.is_some() {
                 NIC_PROGRAM
             } else {
