@@ -121,7 +121,7 @@ pub enum XdpMode {
 }
 
 impl XdpMode {
-    pub(crate) fn to_aya(self) -> aya::programs::XdpMode {
+    fn to_aya(self) -> aya::programs::XdpMode {
         match self {
             XdpMode::Native => aya::programs::XdpMode::Driver,
             XdpMode::Generic => aya::programs::XdpMode::Skb,
