@@ -20,6 +20,7 @@ pub mod aggregator;
 mod bounce;
 mod clock;
 mod counters;
+mod emunic;
 pub mod frames;
 mod gateway;
 pub mod layout;
@@ -36,7 +37,8 @@ pub use aggregator::{AggCounter, AggJobEntry, Aggregator};
 pub use bounce::Bounce;
 pub use clock::ktime_now_ns;
 pub use counters::{Counter, CounterValue};
-pub use gateway::{Endpoint, Gateway, GatewayConfig, VipMode, XdpMode};
+pub use emunic::{error_chain, try_hardware, EmulatedNic};
+pub use gateway::{Endpoint, Gateway, GatewayConfig, GatewayImage, VipMode, XdpMode};
 pub use peers::{Direction, PeerCounter, PeerCounters, PeerStat, TcAction};
 pub use test_run::{bench_xdp, run_xdp, TestOutcome, XdpAction};
 
@@ -121,6 +123,14 @@ pub enum EbpfError {
     /// More workers than a job's contribution bitmap holds.
     #[error("job {job} has {count} workers; a job holds at most 64")]
     TooManyWorkers { job: u32, count: usize },
+    /// A redirect map slot could not be pointed at an interface (the emulated NIC's handoff).
+    #[error("could not point {map} at {iface}")]
+    Redirect {
+        map: &'static str,
+        iface: String,
+        #[source]
+        source: Box<aya::maps::xdp::XdpMapError>,
+    },
     /// More ports than the program's port map holds.
     #[error("{count} ports do not fit the port map, which holds {max}")]
     TooManyPorts { count: usize, max: u32 },

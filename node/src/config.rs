@@ -132,6 +132,20 @@ pub enum XdpMode {
     Generic,
 }
 
+/// Where the gateway's forwarding function runs (issue 15, yard-offload's split).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Offload {
+    /// The whole program on `interface`.
+    None,
+    /// Try the NIC part in hardware mode on `interface`; where that is refused (always, with
+    /// this loader: it says why in one sentence) run the whole program, as `none`.
+    Auto,
+    /// The NIC part on an emulated NIC in front of `interface` (veths `offload_wire` and
+    /// `offload_port`, which must exist), the host part on `interface`.
+    Emulated,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GatewaySection {
@@ -163,6 +177,14 @@ pub struct GatewaySection {
     pub holddown_max_ms: u64,
     /// Half-life of the lapse penalty: how fast a healthy node is forgiven.
     pub holddown_half_life_ms: u64,
+    /// Whether to split the forwarding function between a NIC and the host.
+    pub offload: Offload,
+    /// With `offload = "emulated"`: the emulated NIC's wire port, the veth facing the fabric,
+    /// where the NIC part runs.
+    pub offload_wire: Option<String>,
+    /// With `offload = "emulated"`: the emulated NIC's host port, the veth whose peer is
+    /// `interface`; what the host sends leaves through it to the wire port.
+    pub offload_port: Option<String>,
 }
 
 /// The probe: local ranks' events in, summaries out to the analyzer.
@@ -422,6 +444,9 @@ impl Default for GatewaySection {
             holddown_ms: 3_000,
             holddown_max_ms: 60_000,
             holddown_half_life_ms: 30_000,
+            offload: Offload::None,
+            offload_wire: None,
+            offload_port: None,
         }
     }
 }
@@ -553,6 +578,29 @@ impl Config {
         }
         if self.gateway.holddown_half_life_ms == 0 {
             return bad("gateway.holddown_half_life_ms", "must be at least 1");
+        }
+        let g = &self.gateway;
+        if g.offload == Offload::Emulated {
+            for (key, value) in [
+                ("gateway.offload_wire", &g.offload_wire),
+                ("gateway.offload_port", &g.offload_port),
+            ] {
+                match value.as_deref() {
+                    None | Some("") => {
+                        return bad(key, "must name a veth when gateway.offload is \"emulated\"")
+                    }
+                    Some(v) if v == g.interface => {
+                        return bad(key, "must differ from gateway.interface")
+                    }
+                    _ => {}
+                }
+            }
+            if g.offload_wire == g.offload_port {
+                return bad(
+                    "gateway.offload_port",
+                    "must differ from gateway.offload_wire",
+                );
+            }
         }
         if self.probe.report_ms == 0 || self.probe.report_ms > 10_000 {
             return bad("probe.report_ms", "must be between 1 and 10000");
@@ -766,6 +814,42 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("gateway.xdp_mode"), "{err}");
+    }
+
+    #[test]
+    fn offload_is_validated() {
+        let err = load_toml("[gateway]\noffload = \"smartnic\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("gateway.offload"), "{err}");
+        assert_eq!(
+            load_toml("").unwrap().gateway.offload,
+            Offload::None,
+            "the default keeps today's whole program"
+        );
+        assert_eq!(
+            load_toml("[gateway]\noffload = \"auto\"\n")
+                .unwrap()
+                .gateway
+                .offload,
+            Offload::Auto
+        );
+        let err = load_toml("[gateway]\noffload = \"emulated\"\noffload_wire = \"nicw\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("gateway.offload_port"), "{err}");
+        let err = load_toml(
+            "[gateway]\noffload = \"emulated\"\noffload_wire = \"eth0\"\noffload_port = \"nicp\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("gateway.offload_wire"), "{err}");
+        let ok = load_toml(
+            "[gateway]\noffload = \"emulated\"\noffload_wire = \"nicw\"\noffload_port = \"nicp\"\n",
+        )
+        .unwrap();
+        assert_eq!(ok.gateway.offload, Offload::Emulated);
+        assert_eq!(ok.gateway.offload_port.as_deref(), Some("nicp"));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use anyhow::{bail, Context};
 use yard::admin_actor::AdminActor;
 use yard::alert::AlertHook;
 use yard::client::AdminClient;
-use yard::config::{Config, LogFormat, XdpMode};
+use yard::config::{Config, LogFormat, Offload, XdpMode};
 use yard::diagnosis_control::{DiagnosisControl, DiagnosisSettings};
 use yard::gateway_control::GatewayControl;
 use yard::http::{Endpoints, NodeReadiness};
@@ -20,13 +20,14 @@ use yard::service::{Node, NodeParts, RaftGauges};
 use yard::tls::PeerRole;
 use yard::tls::{self, CertAuthority, Identity, Trust};
 use yard::transport::{self, Handler as _, Quic, QuicTransport, Target, Transport};
+use yard_actors::gateway::actor::DataPlane as _;
 use yard_actors::gateway::actor::{
     GatewayActor, GatewaySettings, GatewayView, Interface, LinuxInterface, PrepareRestart,
     RenewFuture, Renewer,
 };
 use yard_actors::gateway::core::CoreConfig;
 use yard_actors::gateway::damping::DampingConfig;
-use yard_actors::gateway::dataplane::XdpDataPlane;
+use yard_actors::gateway::dataplane::{Offload as DataPlaneOffload, XdpDataPlane};
 use yard_actors::gateway::lease::{quorum_grant, LeaseConfig};
 use yard_actors::health::HealthRegistry;
 use yard_actors::liveness::{LivenessActor, ProbeTarget, Prober, Reachability};
@@ -281,17 +282,32 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
             XdpMode::Native => yard_ebpf::XdpMode::Native,
             XdpMode::Generic => yard_ebpf::XdpMode::Generic,
         };
+        let offload = match (g.offload, &g.offload_wire, &g.offload_port) {
+            (Offload::None, _, _) => DataPlaneOffload::None,
+            (Offload::Auto, _, _) => DataPlaneOffload::Auto,
+            (Offload::Emulated, Some(wire), Some(port)) => DataPlaneOffload::Emulated {
+                wire: wire.clone(),
+                port: port.clone(),
+            },
+            (Offload::Emulated, _, _) => {
+                bail!("gateway.offload_wire and gateway.offload_port must be set")
+            }
+        };
         let (dataplane, adopted) =
-            XdpDataPlane::open(&g.pin_dir, &g.interface, mode, iface.mac(), g.mtu).with_context(
-                || {
+            XdpDataPlane::open(&g.pin_dir, &g.interface, mode, iface.mac(), g.mtu, &offload)
+                .with_context(|| {
                     format!(
                         "cannot load the gateway program on {} (pinned under {})",
                         g.interface,
                         g.pin_dir.display()
                     )
-                },
-            )?;
-        tracing::info!(interface = %g.interface, adopted, pin_dir = %g.pin_dir.display(), "gateway data plane ready");
+                })?;
+        let placement = dataplane.placement();
+        if g.offload == Offload::Auto {
+            // The one sentence the issue asks for: why hardware mode is not running.
+            tracing::warn!(interface = %g.interface, reason = %placement, "gateway offload refused");
+        }
+        tracing::info!(interface = %g.interface, adopted, pin_dir = %g.pin_dir.display(), offload = ?g.offload, placement = %placement, "gateway data plane ready");
         let view = GatewayView::default();
         node.attach_gateway(view.clone());
         let settings = GatewaySettings {
