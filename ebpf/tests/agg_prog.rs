@@ -155,7 +155,7 @@ fn int32_sums_are_exact_at_every_size() {
         let n = 3;
         let s = spec(7, n, values, Dtype::I32);
         let agg = {
-            let mut a = loaded(u32::try_from(s.geometry.chunks() * 2).unwrap());
+            let mut a = loaded(s.geometry.chunks() * 2);
             a.set_job(&entry(&s, 0)).unwrap();
             a
         };
@@ -188,7 +188,7 @@ fn float32_sums_are_within_the_fixed_point_bound_at_every_size() {
     for values in sizes() {
         let n: usize = 4;
         let s = spec(8, n, values, Dtype::F32);
-        let mut agg = loaded(u32::try_from(s.geometry.chunks() * 2).unwrap());
+        let mut agg = loaded(s.geometry.chunks() * 2);
         agg.set_job(&entry(&s, 0)).unwrap();
         let mut model = Model::new();
         model.set_job(s.clone());
