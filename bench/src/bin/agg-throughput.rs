@@ -224,9 +224,9 @@ fn run(args: &Args) -> Result<()> {
                 // The workers, one per host, started together.
                 let start = Arc::new(Barrier::new(n + 1));
                 let mut threads = Vec::new();
-                for w in 0..n {
+                for (w, &addr) in members.iter().enumerate() {
                     let (start, exact) = (start.clone(), exact.clone());
-                    let (addr, rounds, values) = (members[w], args.rounds, args.values);
+                    let (rounds, values) = (args.rounds, args.values);
                     threads.push(topo.thread_in_host(w + 2, move || -> Result<()> {
                         let sock = UdpSocket::bind(addr)?;
                         let m = Membership {
