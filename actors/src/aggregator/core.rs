@@ -50,6 +50,63 @@ pub fn desired(tables: &AggTables, me: NodeId) -> BTreeMap<u32, AggJobEntry> {
         .collect()
 }
 
+/// What a worker of rank `rank` must know of its job: where and as whom it sums, or why it
+/// cannot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkerView {
+    /// Not every rank has joined yet, or the job has no aggregator yet.
+    Waiting,
+    /// The job runs: this worker's membership in the current epoch.
+    Running {
+        job: u32,
+        epoch: u32,
+        worker: u16,
+        workers: u16,
+        aggregator: std::net::SocketAddrV4,
+        geometry: Geometry,
+        dtype: Dtype,
+    },
+    /// The job failed (a worker died), or this rank is no longer in it.
+    Failed(String),
+    /// There is no such job (deleted).
+    Gone,
+}
+
+/// Rank `rank`'s view of job `name` in `tables`.
+pub fn worker_view(tables: &AggTables, name: &str, rank: u16) -> WorkerView {
+    let Some(job) = tables.jobs.get(name) else {
+        return WorkerView::Gone;
+    };
+    if let Some(why) = &job.failed {
+        return WorkerView::Failed(format!("job {name} failed: {why}"));
+    }
+    if job.gone.contains(&rank) {
+        return WorkerView::Failed(format!("rank {rank} was removed from job {name}"));
+    }
+    let (Some(p), true) = (job.placement, job.running()) else {
+        return WorkerView::Waiting;
+    };
+    let Some(host) = tables.hosts.get(&p.node) else {
+        return WorkerView::Waiting;
+    };
+    let order = job.worker_order();
+    let Some(worker) = order.iter().position(|(r, _)| *r == rank) else {
+        return WorkerView::Waiting;
+    };
+    WorkerView::Running {
+        job: job.id,
+        epoch: job.epoch,
+        worker: u16::try_from(worker).unwrap_or(u16::MAX),
+        workers: u16::try_from(order.len()).unwrap_or(u16::MAX),
+        aggregator: std::net::SocketAddrV4::new(host.ip, yard_agg::wire::PORT),
+        geometry: Geometry {
+            values: job.values,
+            chunk_values: job.chunk_values,
+        },
+        dtype: Dtype::from_raw(job.dtype).unwrap_or(Dtype::I32),
+    }
+}
+
 /// Effects from `current` to `wanted`: removals first (they free slot ranges a new job may
 /// have been given), then the jobs that are new or changed.
 pub fn diff(
@@ -145,6 +202,29 @@ mod tests {
         assert!(
             desired(&t, 3).is_empty(),
             "an unregistered host serves nothing"
+        );
+    }
+
+    #[test]
+    fn a_worker_sees_its_index_and_aggregator_once_the_job_runs() {
+        let mut t = tables();
+        assert_eq!(worker_view(&t, "a", 1), WorkerView::Waiting);
+        place(&mut t, "a", 1, 0);
+        let WorkerView::Running { worker, workers, aggregator, epoch, .. } = worker_view(&t, "a", 1)
+        else {
+            panic!("not running");
+        };
+        assert_eq!((worker, workers, epoch), (1, 2, t.jobs["a"].epoch));
+        assert_eq!(aggregator, SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 1), 7481));
+        assert_eq!(worker_view(&t, "nope", 0), WorkerView::Gone);
+        t.apply(
+            &AggCommand::WorkerGone { name: "a".into(), rank: 0, reason: "it exited".into() },
+            3,
+        )
+        .unwrap();
+        assert_eq!(
+            worker_view(&t, "a", 1),
+            WorkerView::Failed("job a failed: worker rank 0 died (it exited)".into())
         );
     }
 
