@@ -34,7 +34,9 @@ use std::net::Ipv4Addr;
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
 
-use aya::maps::{Array, HashMap, IterableMap, MapData, MapInfo, MapType, PerCpuArray};
+use aya::maps::{
+    Array, HashMap, IterableMap, Map, MapData, MapInfo, MapType, PerCpuArray, PerCpuHashMap,
+};
 use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::xdp::XdpLink;
 use aya::programs::{ProgramError, Xdp};
@@ -58,18 +60,20 @@ const MAP_VIPS: &str = "gw_vips";
 const MAP_ENDPOINTS: &str = "gw_endpoints";
 const MAP_HOSTS: &str = "gw_hosts";
 const MAP_COUNTERS: &str = "gw_counters";
+const MAP_VIP_STATS: &str = "gw_vip_stats";
 
 /// (name, type, key size, value size, max entries).
 type MapShape = (&'static str, MapType, u32, u32, u32);
 
 /// Every map of the object with the shape this build expects: (name, type, key size, value
 /// size, max entries). Used to vet pinned maps before adopting them.
-const MAPS: [MapShape; 5] = [
+const MAPS: [MapShape; 6] = [
     (MAP_CONFIG, MapType::Array, 4, 16, 1),
     (MAP_VIPS, MapType::Hash, 4, 4, VIPS_MAX),
     (MAP_ENDPOINTS, MapType::Hash, 8, 12, ENDPOINTS_MAX),
     (MAP_HOSTS, MapType::Hash, 4, 8, HOSTS_MAX),
     (MAP_COUNTERS, MapType::PerCpuArray, 4, 16, COUNTER_MAX),
+    (MAP_VIP_STATS, MapType::PerCpuHash, 4, 16, VIPS_MAX),
 ];
 
 /// Prefix of a pinned link's file name; the interface name follows.
@@ -159,6 +163,7 @@ pub struct Gateway {
     endpoints: HashMap<MapData, GwEpKey, GwEp>,
     hosts: HashMap<MapData, u32, GwHost>,
     counters: PerCpuArray<MapData, GwCounter>,
+    vip_stats: VipStats,
     /// Links this value attached and pinned; kept only so that their fds close with it.
     pinned_links: Vec<PinnedLink>,
     pin_dir: Option<PathBuf>,
@@ -231,6 +236,43 @@ fn link_file_name(iface: &str) -> Result<String, EbpfError> {
     Ok(format!("{LINK_PREFIX}{}", iface.replace('.', "%")))
 }
 
+/// The per-VIP traffic counters (`gw_vip_stats`), also opened on their own from the pin
+/// directory by a reader that does not own the program (the daemon's rate sampler).
+pub struct VipStats {
+    map: PerCpuHashMap<MapData, u32, GwCounter>,
+}
+
+impl VipStats {
+    /// Opens the counters pinned under `pin_dir` by [`Gateway::open_pinned`].
+    pub fn open_pinned(pin_dir: &Path) -> Result<Self, EbpfError> {
+        let path = pin_dir.join(MAP_VIP_STATS);
+        let expect = MAPS
+            .iter()
+            .find(|m| m.0 == MAP_VIP_STATS)
+            .expect("gw_vip_stats is one of the maps");
+        vet_pinned(&path, expect)?;
+        let data = MapData::from_pin(&path).map_err(map_err("open the pinned", MAP_VIP_STATS))?;
+        let map = PerCpuHashMap::try_from(Map::PerCpuHashMap(data))
+            .map_err(map_err("open", MAP_VIP_STATS))?;
+        Ok(Self { map })
+    }
+
+    /// Frames and bytes per VIP, summed over CPUs (wrapping, as the kernel's u64s do).
+    pub fn read(&self) -> Result<BTreeMap<Ipv4Addr, CounterValue>, EbpfError> {
+        let mut out = BTreeMap::new();
+        for entry in self.map.iter() {
+            let (key, per_cpu) = entry.map_err(map_err("iterate", MAP_VIP_STATS))?;
+            let mut sum = CounterValue::default();
+            for v in per_cpu.iter() {
+                sum.packets = sum.packets.wrapping_add(v.packets);
+                sum.bytes = sum.bytes.wrapping_add(v.bytes);
+            }
+            out.insert(ip_from_map(key), sum);
+        }
+        Ok(out)
+    }
+}
+
 impl Gateway {
     /// Loads the object without attaching or pinning (tests and benchmarks): fresh, empty maps
     /// that live as long as this value.
@@ -273,6 +315,9 @@ impl Gateway {
             endpoints: take(&mut ebpf, MAP_ENDPOINTS)?,
             hosts: take(&mut ebpf, MAP_HOSTS)?,
             counters: take(&mut ebpf, MAP_COUNTERS)?,
+            vip_stats: VipStats {
+                map: take(&mut ebpf, MAP_VIP_STATS)?,
+            },
             pinned_links: Vec::new(),
             pin_dir: pin_dir.map(Path::to_path_buf),
             ebpf,
@@ -608,6 +653,11 @@ impl Gateway {
         Ok(out)
     }
 
+    /// Frames and bytes addressed to this gateway per VIP, summed over CPUs.
+    pub fn vip_counters(&self) -> Result<BTreeMap<Ipv4Addr, CounterValue>, EbpfError> {
+        self.vip_stats.read()
+    }
+
     /// Kernel memory charged to each map (`memlock` in /proc/self/fdinfo), in bytes; `None`
     /// where the kernel does not report it.
     pub fn map_memory(&self) -> Vec<(&'static str, Option<u64>)> {
@@ -617,6 +667,10 @@ impl Gateway {
             (MAP_ENDPOINTS, self.endpoints.map().fd().as_fd().as_raw_fd()),
             (MAP_HOSTS, self.hosts.map().fd().as_fd().as_raw_fd()),
             (MAP_COUNTERS, self.counters.map().fd().as_fd().as_raw_fd()),
+            (
+                MAP_VIP_STATS,
+                self.vip_stats.map.map().fd().as_fd().as_raw_fd(),
+            ),
         ];
         fds.into_iter()
             .map(|(name, fd)| (name, fdinfo_memlock(fd)))

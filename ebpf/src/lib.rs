@@ -32,7 +32,7 @@ use std::path::PathBuf;
 pub use bounce::Bounce;
 pub use clock::ktime_now_ns;
 pub use counters::{Counter, CounterValue};
-pub use gateway::{Endpoint, Gateway, GatewayConfig, VipMode, XdpMode};
+pub use gateway::{Endpoint, Gateway, GatewayConfig, VipMode, VipStats, XdpMode};
 pub use peers::{Direction, PeerCounter, PeerCounters, PeerStat, TcAction};
 pub use test_run::{bench_xdp, run_xdp, TestOutcome, XdpAction};
 

@@ -23,6 +23,7 @@ pub struct Config {
     pub gateway: GatewaySection,
     pub probe: ProbeSection,
     pub analyzer: AnalyzerSection,
+    pub planner: PlannerSection,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -284,6 +285,130 @@ impl AnalyzerSection {
     }
 }
 
+/// The service planner on the live gateway: the leader places VIPs by measured traffic and
+/// node reliability (see `gateway::replan` in yard-actors).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PlannerSection {
+    pub enabled: bool,
+    /// How often the leader re-plans (it also re-plans when the placeable nodes change).
+    pub interval_ms: u64,
+    /// How often each gateway node samples its per-VIP counters and reports rates.
+    pub report_ms: u64,
+    /// Weight of the newest interval in the rate EWMA, in (0, 1].
+    pub smoothing: f64,
+    /// VIP moves one re-plan may start: its churn cap.
+    pub max_moves: usize,
+    /// The least drop of the worst load (a fraction of capacity) worth moving VIPs for.
+    pub min_gain: f64,
+    /// Availability target of every tenant, in [0, 1).
+    pub availability: f64,
+    /// Least number of nodes per tenant.
+    pub replicas: usize,
+    /// What a gateway node carries: bytes/s and packets/s (overridden per node below).
+    pub capacity_bps: f64,
+    pub capacity_pps: f64,
+    pub node_capacity: Vec<NodeCapacity>,
+    /// Named groups of VIPs; VIPs no group names form the tenant `default`.
+    pub tenants: Vec<TenantGroup>,
+    /// The failure estimate's prior: as if every node had been watched this long and found
+    /// down `prior_fail_prob` of the time.
+    pub prior_ms: u64,
+    pub prior_fail_prob: f64,
+    /// Seed of the planner's randomized rounding.
+    pub seed: u64,
+}
+
+/// `[[planner.node_capacity]]`: one node's capacity.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeCapacity {
+    pub node: u64,
+    pub bps: f64,
+    pub pps: f64,
+}
+
+/// `[[planner.tenants]]`: a named group of VIPs planned together.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantGroup {
+    pub name: String,
+    pub vips: Vec<std::net::Ipv4Addr>,
+}
+
+impl Default for PlannerSection {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            interval_ms: 2_000,
+            report_ms: 500,
+            smoothing: 0.3,
+            max_moves: 4,
+            min_gain: 0.05,
+            availability: 0.999,
+            replicas: 2,
+            // 10 Gbit/s and 1.5 Mpps.
+            capacity_bps: 1.25e9,
+            capacity_pps: 1.5e6,
+            node_capacity: Vec::new(),
+            tenants: Vec::new(),
+            prior_ms: 3_600_000,
+            prior_fail_prob: 0.01,
+            seed: 1,
+        }
+    }
+}
+
+impl PlannerSection {
+    fn validate(&self) -> Result<(), String> {
+        let positive = |x: f64| x.is_finite() && x > 0.0;
+        if self.interval_ms == 0 {
+            return Err("planner.interval_ms: must be at least 1".into());
+        }
+        if self.report_ms == 0 {
+            return Err("planner.report_ms: must be at least 1".into());
+        }
+        if !(positive(self.smoothing) && self.smoothing <= 1.0) {
+            return Err("planner.smoothing: must be in (0, 1]".into());
+        }
+        if !(self.min_gain.is_finite() && self.min_gain >= 0.0) {
+            return Err("planner.min_gain: must be a non-negative number".into());
+        }
+        if !(self.availability.is_finite() && (0.0..1.0).contains(&self.availability)) {
+            return Err("planner.availability: must be in [0, 1)".into());
+        }
+        if self.replicas == 0 {
+            return Err("planner.replicas: must be at least 1".into());
+        }
+        if !positive(self.capacity_bps) || !positive(self.capacity_pps) {
+            return Err("planner.capacity_bps and capacity_pps: must be positive".into());
+        }
+        for c in &self.node_capacity {
+            if !positive(c.bps) || !positive(c.pps) {
+                return Err(format!(
+                    "planner.node_capacity: node {}: bps and pps must be positive",
+                    c.node
+                ));
+            }
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for t in &self.tenants {
+            if t.name.is_empty() {
+                return Err("planner.tenants: a tenant needs a name".into());
+            }
+            for v in &t.vips {
+                if !seen.insert(*v) {
+                    return Err(format!("planner.tenants: vip {v} is in two tenants"));
+                }
+            }
+        }
+        if !(positive(self.prior_fail_prob) && self.prior_fail_prob <= 0.5) {
+            return Err("planner.prior_fail_prob: must be in (0, 0.5]".into());
+        }
+        Ok(())
+    }
+}
+
 impl Default for NodeSection {
     fn default() -> Self {
         Self {
@@ -404,6 +529,7 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        self.planner.validate().map_err(ConfigError::Invalid)?;
         let bad = |key: &str, why: &str| Err(ConfigError::Invalid(format!("{key}: {why}")));
         if self.node.id == 0 {
             return bad("node.id", "must be at least 1");
