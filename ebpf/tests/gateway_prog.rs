@@ -733,7 +733,8 @@ fn map_api_round_trips() {
     assert_eq!(counters.len(), Counter::ALL.len());
     assert!(counters.iter().all(|(_, v)| v.packets == 0));
     let mem = gw.map_memory();
-    assert_eq!(mem.len(), 5);
+    assert_eq!(mem.len(), 6);
+    assert!(mem.iter().any(|(name, _)| *name == "gw_vip_stats"));
 }
 
 #[test]

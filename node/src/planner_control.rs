@@ -257,8 +257,7 @@ pub async fn report_rates(node: Node, pin_dir: PathBuf, every: Duration, smoothi
         let Some(leader) = node.raft().metrics().borrow().current_leader else {
             continue;
         };
-        let rates: Vec<(Ipv4Addr, Rate)> =
-            smoother.rates().iter().map(|(v, r)| (*v, *r)).collect();
+        let rates: Vec<(Ipv4Addr, Rate)> = smoother.rates().iter().map(|(v, r)| (*v, *r)).collect();
         let reply = node
             .call_node(leader, Request::GatewayRates { rates }, every)
             .await;
@@ -294,10 +293,7 @@ mod tests {
     #[test]
     fn the_loop_replans_on_its_interval_and_when_the_nodes_change() {
         let mut pl = PlannerLoop::new(settings());
-        assert_eq!(
-            pl.settings.tenants[&Ipv4Addr::new(198, 19, 0, 1)],
-            "blue"
-        );
+        assert_eq!(pl.settings.tenants[&Ipv4Addr::new(198, 19, 0, 1)], "blue");
         let all: BTreeSet<NodeId> = [1, 2, 3].into();
         assert!(pl.due(0, &all));
         let r = |bps: f64| Rate { bps, pps: 1.0 };

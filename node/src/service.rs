@@ -579,6 +579,13 @@ impl Node {
                 self.handle_diagnose(forwarded, &req, job.as_deref(), *timeline)
                     .await
             }
+            AdminRequest::PlanShow => {
+                let me = self.inner.id;
+                self.read(forwarded, &req, |_| {
+                    AdminReply::Plan(self.inner.gateway.plan_view(me))
+                })
+                .await
+            }
         }
     }
 
@@ -1012,6 +1019,10 @@ impl Handler for Node {
                         Err(e) => Reply::Error(e),
                     }
                 }
+                (PeerRole::Node(id), Request::GatewayRates { rates }) => {
+                    this.inner.gateway.rates(id, rates);
+                    Reply::RatesAccepted
+                }
                 (PeerRole::Node(_), Request::GatewayRevoke { node, stamp }) => {
                     match this.inner.gateway.revoke(node, stamp).await {
                         Ok((remaining_ms, held_ms)) => Reply::LeaseRevoked {
@@ -1061,6 +1072,7 @@ impl Handler for Node {
                         | Request::GatewayRevoke { .. }
                         | Request::GatewayUnrevoke { .. } => "gateway lease renewals",
                         Request::ProbeReport { .. } => "probe reports",
+                        Request::GatewayRates { .. } => "gateway rate reports",
                         Request::Join(_) | Request::RedeemToken(_) => "joins",
                     };
                     tracing::warn!(?role, what, "refused request for the peer's role");
@@ -1085,6 +1097,7 @@ impl GaugeSource for RaftGauges {
     fn families(&self) -> Vec<crate::metrics::Family> {
         use crate::metrics::Family;
         let mut families = self.0.diagnosis().families(self.0.feed());
+        families.extend(self.0.gateway().planner_families());
         if let Some(probe) = self.0.probe_view() {
             let p = probe.snapshot();
             families.push(Family {

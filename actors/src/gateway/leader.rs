@@ -1523,7 +1523,10 @@ mod tests {
                 )
             })
             .collect();
-        assert!(measured(&w, &rates)[&1] > 1.0, "the premise: node 1 is overloaded");
+        assert!(
+            measured(&w, &rates)[&1] > 1.0,
+            "the premise: node 1 is overloaded"
+        );
         let reports = replan_until_settled(&mut w, &rates);
         assert!(reports[0].current_worst > 1.0, "{:?}", reports[0]);
         let last = reports.last().unwrap();

@@ -610,7 +610,10 @@ mod tests {
 
     #[test]
     fn fresh_reports_are_summed_per_vip() {
-        let r = |bps: f64| Rate { bps, pps: bps / 100.0 };
+        let r = |bps: f64| Rate {
+            bps,
+            pps: bps / 100.0,
+        };
         let reports: BTreeMap<NodeId, (u64, BTreeMap<Ipv4Addr, Rate>)> = [
             (1, (900, [(vip(1), r(100.0)), (vip(2), r(50.0))].into())),
             (2, (950, [(vip(1), r(20.0))].into())),
@@ -703,7 +706,9 @@ mod tests {
 
     /// Nine VIPs round-robin on three nodes, the three on node 1 heavy.
     fn skewed() -> (BTreeMap<Ipv4Addr, VipRecord>, BTreeMap<Ipv4Addr, Rate>) {
-        let vips = (1..=9u8).map(|i| (vip(i), owned(1 + (i as u64 - 1) % 3))).collect();
+        let vips = (1..=9u8)
+            .map(|i| (vip(i), owned(1 + (i as u64 - 1) % 3)))
+            .collect();
         let rates = (1..=9u8)
             .map(|i| {
                 let bps = if i % 3 == 1 { 450e6 } else { 20e6 };
@@ -806,7 +811,9 @@ mod tests {
         let r = replan(&input, &CFG).unwrap();
         assert!(r.report.moves.is_empty(), "{:?}", r.report);
         let planned = r.planned.unwrap();
-        assert!(vips.iter().all(|(v, rec)| rec.owner == Some(planned.target[v])));
+        assert!(vips
+            .iter()
+            .all(|(v, rec)| rec.owner == Some(planned.target[v])));
         let none = BTreeMap::new();
         let input = ReplanInput {
             rates: &none,
