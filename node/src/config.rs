@@ -849,6 +849,40 @@ mod tests {
     }
 
     #[test]
+    fn planner_keys_are_read_and_bad_ones_named() {
+        let cfg = load_toml(
+            "[planner]\nenabled = true\nmax_moves = 2\n\
+             [[planner.node_capacity]]\nnode = 3\nbps = 5e8\npps = 1e5\n\
+             [[planner.tenants]]\nname = \"blue\"\nvips = [\"198.19.0.1\", \"198.19.0.2\"]\n",
+        )
+        .unwrap();
+        assert!(cfg.planner.enabled);
+        assert_eq!(cfg.planner.max_moves, 2);
+        assert_eq!(cfg.planner.interval_ms, 2_000);
+        assert_eq!(cfg.planner.node_capacity[0].node, 3);
+        assert_eq!(cfg.planner.tenants[0].vips.len(), 2);
+        for (toml, key) in [
+            ("smoothing = 0.0", "planner.smoothing"),
+            ("smoothing = 1.5", "planner.smoothing"),
+            ("availability = 1.0", "planner.availability"),
+            ("replicas = 0", "planner.replicas"),
+            ("interval_ms = 0", "planner.interval_ms"),
+            ("capacity_bps = 0.0", "planner.capacity_bps"),
+            ("prior_fail_prob = 0.9", "planner.prior_fail_prob"),
+            (
+                "[[planner.tenants]]\nname = \"a\"\nvips = [\"198.19.0.1\"]\n\
+                 [[planner.tenants]]\nname = \"b\"\nvips = [\"198.19.0.1\"]",
+                "198.19.0.1 is in two tenants",
+            ),
+        ] {
+            let err = load_toml(&format!("[planner]\n{toml}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(key), "{toml}: {err}");
+        }
+    }
+
+    #[test]
     fn runtime_threads_default_to_two_and_are_bounded() {
         assert_eq!(load_toml("").unwrap().node.worker_threads, 1);
         assert_eq!(
