@@ -150,6 +150,11 @@ impl GatewayControl {
         });
     }
 
+    /// Keeps a re-plan for `yard plan show` and the metrics.
+    pub fn record_plan(&self, record: PlanRecord) {
+        self.plans().record(record);
+    }
+
     fn plans(&self) -> std::sync::MutexGuard<'_, PlanRecords> {
         self.plans.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -405,7 +410,7 @@ impl GatewayControl {
                         let at_unix_ms = std::time::SystemTime::now()
                             .duration_since(std::time::UNIX_EPOCH)
                             .map_or(0, |d| d.as_millis() as u64);
-                        self.plans().record(PlanRecord {
+                        self.record_plan(PlanRecord {
                             at_unix_ms,
                             term,
                             measured_vips,
