@@ -408,14 +408,13 @@ pub fn replan(input: &ReplanInput, cfg: &ReplanConfig) -> Result<Replan, PlanErr
             (*v, at.unwrap_or(planned.target[v]))
         })
         .collect();
-    let size = |v: &Ipv4Addr| {
-        let (t, u) = order
-            .iter()
-            .enumerate()
-            .find_map(|(t, vs)| vs.iter().position(|x| x == v).map(|u| (t, u)))
-            .expect("every vip is in the instance");
-        inst.size[t][u]
-    };
+    let sizes: BTreeMap<Ipv4Addr, f64> = order
+        .iter()
+        .enumerate()
+        .flat_map(|(t, vs)| vs.iter().enumerate().map(move |(u, v)| (*v, (t, u))))
+        .map(|(v, (t, u))| (v, inst.size[t][u]))
+        .collect();
+    let size = |v: &Ipv4Addr| sizes[v];
     // Candidates: the planner's placement, and the greedy least-loaded one, which wins when
     // the planner's failure reserve cannot be met (too few nodes for the traffic) and its
     // schedule then says little about the nominal load.
