@@ -251,10 +251,7 @@ fn plan_record() -> yard::rpc::PlanRecord {
                 vip: std::net::Ipv4Addr::new(198, 19, 255, 1),
                 from: 1,
                 to: 2,
-                rate: Rate {
-                    bps: 1e6,
-                    pps: 1e3,
-                },
+                rate: Rate { bps: 1e6, pps: 1e3 },
             }],
             deferred: 0,
             reason: "a test".into(),

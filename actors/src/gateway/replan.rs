@@ -15,7 +15,8 @@
 //! - [`replan`]: the service planner's placement on the placeable nodes (or the greedy
 //!   least-loaded one when that is better: with too few nodes for the failure reserve the
 //!   planner's schedule says little about the nominal load), cut to at most `max_moves` moves
-//!   from where the VIPs are (heaviest first) and adopted only when it lowers the worst load
+//!   from where the VIPs are (heaviest first, each kept only if it makes the placement strictly
+//!   better, VIPs that carry nothing never) and adopted only when it lowers the worst load
 //!   after any single failure, or failing that the nominal peak, by at least `min_gain`, so
 //!   that measurement noise does not churn VIPs. The report says what moved and why, for
 //!   `yard plan show`.
@@ -266,7 +267,8 @@ pub struct ReplanReport {
     pub current_worst: f64,
     pub planned_worst: f64,
     pub moves: Vec<PlannedMove>,
-    /// Moves the plan wanted beyond the cap, left for the next re-plan.
+    /// Moves toward the plan this re-plan did not start (beyond the cap, or no better alone),
+    /// left for the next one.
     pub deferred: usize,
     pub reason: String,
     pub nodes: Vec<NodeView>,
@@ -331,6 +333,9 @@ impl Loads {
         self.nominal.values().copied().fold(0.0, f64::max)
     }
 }
+
+/// Candidate moves a re-plan evaluates per move it may start.
+const TRIES_PER_MOVE: usize = 4;
 
 /// Loads within this are equal (floating-point noise of the evaluation).
 const TOLERANCE: f64 = 1e-9;
@@ -429,21 +434,35 @@ pub fn replan(input: &ReplanInput, cfg: &ReplanConfig) -> Result<Replan, PlanErr
     let before = loads(&inst, &order, &ids, &now);
     let mut best: Option<(Vec<Ipv4Addr>, usize, BTreeMap<Ipv4Addr, NodeId>, Loads)> = None;
     for goal in [&planned.target, &greedy_target] {
+        // Moves toward the goal, heaviest first; a VIP that carries nothing is left where it
+        // is (moving it changes no load). Each move is kept only if it makes the placement
+        // strictly better, so a re-plan never takes a step back and, with fixed rates,
+        // repeated re-plans stop.
         let mut wanted: Vec<Ipv4Addr> = now
             .iter()
-            .filter(|(v, n)| goal[v] != **n)
+            .filter(|(v, n)| goal[v] != **n && size(v) > 0.0)
             .map(|(v, _)| *v)
             .collect();
         wanted.sort_by(|a, b| size(b).total_cmp(&size(a)).then(a.cmp(b)));
-        let deferred = wanted.len().saturating_sub(cap);
-        wanted.truncate(cap);
         let mut capped = now.clone();
-        for v in &wanted {
+        let mut current = loads(&inst, &order, &ids, &capped);
+        let mut taken = Vec::new();
+        for v in wanted.iter().take(cap.saturating_mul(TRIES_PER_MOVE)) {
+            if taken.len() >= cap {
+                break;
+            }
             capped.insert(*v, goal[v]);
+            let l = loads(&inst, &order, &ids, &capped);
+            if better(&l, &current) {
+                current = l;
+                taken.push(*v);
+            } else {
+                capped.insert(*v, now[v]);
+            }
         }
-        let after = loads(&inst, &order, &ids, &capped);
-        if best.as_ref().is_none_or(|b| better(&after, &b.3)) {
-            best = Some((wanted, deferred, capped, after));
+        let deferred = wanted.len() - taken.len();
+        if best.as_ref().is_none_or(|b| better(&current, &b.3)) {
+            best = Some((taken, deferred, capped, current));
         }
     }
     let (wanted, deferred, capped, after) = best.expect("two candidates");
@@ -821,6 +840,54 @@ mod tests {
         let r = replan(&input, &CFG).unwrap();
         assert_eq!(r.planned, None);
         assert_eq!(r.report.reason, "no traffic measured yet");
+    }
+
+    #[test]
+    fn vips_that_carry_nothing_never_move() {
+        // Node 1 owns VIPs 1, 4 and 7; only 1 and 4 carry traffic, together over capacity.
+        let (vips, _) = skewed();
+        let rates: BTreeMap<Ipv4Addr, Rate> = [1u8, 4]
+            .into_iter()
+            .map(|i| {
+                (
+                    vip(i),
+                    Rate {
+                        bps: 700e6,
+                        pps: 7e5,
+                    },
+                )
+            })
+            .collect();
+        let nodes = profiles(&[1, 2, 3]);
+        let tenants = BTreeMap::new();
+        let cfg = ReplanConfig {
+            target: TargetConfig {
+                max_moves: 9,
+                ..CFG.target
+            },
+            ..CFG
+        };
+        let r = replan(
+            &ReplanInput {
+                vips: &vips,
+                rates: &rates,
+                tenants: &tenants,
+                nodes: &nodes,
+            },
+            &cfg,
+        )
+        .unwrap();
+        assert_eq!(r.report.moves.len(), 1, "{:?}", r.report);
+        let m = r.report.moves[0];
+        assert!(m.vip == vip(1) || m.vip == vip(4), "{m:?}");
+        assert_eq!(m.from, 1);
+        let planned = r.planned.unwrap();
+        let moved: Vec<_> = vips
+            .iter()
+            .filter(|(v, rec)| rec.owner != Some(planned.target[v]))
+            .collect();
+        assert_eq!(moved.len(), 1, "idle vips stay: {moved:?}");
+        assert!(r.report.planned_worst < r.report.current_worst);
     }
 
     #[test]

@@ -63,7 +63,10 @@ fn cli_json(c: &YardCluster<&Topology>, i: usize, args: &[&str]) -> Result<Value
 }
 
 /// VIP → (owner, handoff target) through node `i`.
-fn owners(c: &YardCluster<&Topology>, i: usize) -> Result<Vec<(Ipv4Addr, Option<u64>, Option<u64>)>> {
+fn owners(
+    c: &YardCluster<&Topology>,
+    i: usize,
+) -> Result<Vec<(Ipv4Addr, Option<u64>, Option<u64>)>> {
     Ok(cli_json(c, i, &["gateway", "vip", "list"])?
         .as_array()
         .context("vip list is not an array")?
@@ -99,7 +102,12 @@ fn wait_owners(
 }
 
 /// Waits until the leader's latest re-plan moved nothing and planned on `nodes`.
-fn wait_plan(c: &YardCluster<&Topology>, i: usize, nodes: &[u64], timeout: Duration) -> Result<Value> {
+fn wait_plan(
+    c: &YardCluster<&Topology>,
+    i: usize,
+    nodes: &[u64],
+    timeout: Duration,
+) -> Result<Value> {
     let start = Instant::now();
     loop {
         let plan = cli_json(c, i, &["plan", "show"])?;
