@@ -322,7 +322,7 @@ pub enum AdminReply {
     Endpoints(Vec<Endpoint>),
     GatewayStats(GatewayStats),
     Diagnosis(DiagnosisView),
-    Plan(PlanView),
+    Plan(Box<PlanView>),
 }
 
 /// `yard plan show`: the leader's service planner as it is.

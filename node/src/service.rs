@@ -582,7 +582,7 @@ impl Node {
             AdminRequest::PlanShow => {
                 let me = self.inner.id;
                 self.read(forwarded, &req, |_| {
-                    AdminReply::Plan(self.inner.gateway.plan_view(me))
+                    AdminReply::Plan(Box::new(self.inner.gateway.plan_view(me)))
                 })
                 .await
             }

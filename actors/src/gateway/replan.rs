@@ -334,6 +334,10 @@ impl Loads {
     }
 }
 
+/// One candidate of a re-plan: the moves it starts, those it defers, the placement after them
+/// and its loads.
+type Candidate = (Vec<Ipv4Addr>, usize, BTreeMap<Ipv4Addr, NodeId>, Loads);
+
 /// Candidate moves a re-plan evaluates per move it may start.
 const TRIES_PER_MOVE: usize = 4;
 
@@ -432,7 +436,7 @@ pub fn replan(input: &ReplanInput, cfg: &ReplanConfig) -> Result<Replan, PlanErr
     }
     let cap = cfg.target.max_moves;
     let before = loads(&inst, &order, &ids, &now);
-    let mut best: Option<(Vec<Ipv4Addr>, usize, BTreeMap<Ipv4Addr, NodeId>, Loads)> = None;
+    let mut best: Option<Candidate> = None;
     for goal in [&planned.target, &greedy_target] {
         // Moves toward the goal, heaviest first; a VIP that carries nothing is left where it
         // is (moving it changes no load). Each move is kept only if it makes the placement

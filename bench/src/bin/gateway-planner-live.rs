@@ -11,7 +11,7 @@
 //! every wait bounded.
 
 use std::net::Ipv4Addr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -44,6 +44,9 @@ struct Args {
     timeout: Duration,
 }
 
+/// A VIP, its owner and its handoff target.
+type VipRow = (Ipv4Addr, Option<u64>, Option<u64>);
+
 fn vip(n: u8) -> Ipv4Addr {
     Ipv4Addr::new(198, 19, 255, n)
 }
@@ -63,10 +66,7 @@ fn cli_json(c: &YardCluster<&Topology>, i: usize, args: &[&str]) -> Result<Value
 }
 
 /// VIP → (owner, handoff target) through node `i`.
-fn owners(
-    c: &YardCluster<&Topology>,
-    i: usize,
-) -> Result<Vec<(Ipv4Addr, Option<u64>, Option<u64>)>> {
+fn owners(c: &YardCluster<&Topology>, i: usize) -> Result<Vec<VipRow>> {
     Ok(cli_json(c, i, &["gateway", "vip", "list"])?
         .as_array()
         .context("vip list is not an array")?
@@ -86,8 +86,8 @@ fn wait_owners(
     c: &YardCluster<&Topology>,
     i: usize,
     timeout: Duration,
-    ok: impl Fn(&[(Ipv4Addr, Option<u64>, Option<u64>)]) -> bool,
-) -> Result<Vec<(Ipv4Addr, Option<u64>, Option<u64>)>> {
+    ok: impl Fn(&[VipRow]) -> bool,
+) -> Result<Vec<VipRow>> {
     let start = Instant::now();
     loop {
         let o = owners(c, i)?;
@@ -132,7 +132,7 @@ fn forwarded(c: &YardCluster<&Topology>, i: usize) -> Result<u64> {
 }
 
 /// One run: `planner` on or off, gateway `kill` (0: the first non-leader, 1: the second).
-fn run(args: &Args, yard_bin: &PathBuf, planner: bool, kill: usize) -> Result<Value> {
+fn run(args: &Args, yard_bin: &Path, planner: bool, kill: usize) -> Result<Value> {
     let topo = Topology::new(5)?;
     for i in 1..=3 {
         topo.bpffs(i)?;
