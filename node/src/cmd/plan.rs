@@ -292,3 +292,91 @@ pub fn run(cmd: &PlanCmd, out: Out) -> anyhow::Result<ExitCode> {
     });
     Ok(ExitCode::SUCCESS)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use yard::rpc::{NodeHealthView, PlanRecord};
+    use yard_actors::gateway::replan::{
+        NodeHealth, NodeView, PlannedMove, Rate, ReplanReport, TenantView,
+    };
+
+    fn view() -> PlanView {
+        let report = ReplanReport {
+            current_worst: 1.2,
+            planned_worst: 0.61,
+            moves: vec![PlannedMove {
+                vip: "198.19.255.5".parse().unwrap(),
+                from: 2,
+                to: 1,
+                rate: Rate {
+                    bps: 98_000.0,
+                    pps: 910.0,
+                },
+            }],
+            deferred: 3,
+            reason: "the worst load drops".into(),
+            nodes: vec![NodeView {
+                node: 2,
+                fail_prob: 0.01,
+                measured: 1.2,
+                predicted: 0.593,
+                after_failure: 0.6,
+            }],
+            tenants: vec![TenantView {
+                tenant: "blue".into(),
+                vips: 2,
+                nodes: vec![1, 2],
+                availability: 0.9,
+                target: 0.999,
+            }],
+        };
+        let record = PlanRecord {
+            at_unix_ms: 1,
+            term: 4,
+            measured_vips: 2,
+            report,
+        };
+        PlanView {
+            leader: 1,
+            enabled: true,
+            latest: Some(record.clone()),
+            last_moved: Some(record),
+            health: vec![NodeHealthView {
+                node: 2,
+                history: NodeHealth::default(),
+                fail_prob: 0.01,
+            }],
+        }
+    }
+
+    #[test]
+    fn plan_show_names_loads_tenants_and_the_last_moves() {
+        let text = show_human(&view());
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "leader 1 (term 4), 2 vips measured: load factor 0.61 (now 1.20)"
+        );
+        assert!(
+            lines.contains(&"     2     1.200     0.593          0.600    0.01000"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "tenant blue: 2 vips on nodes 1,2, availability 0.900000 (target 0.999, NOT MET)"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("last moves (term 4, 3 deferred): the worst load drops"));
+        assert!(
+            text.contains("  198.19.255.5 2 -> 1 (98000 B/s, 910 pkt/s)"),
+            "{text}"
+        );
+        let off = PlanView {
+            enabled: false,
+            ..view()
+        };
+        assert!(show_human(&off).starts_with("the planner is not enabled on the leader (node 1)"));
+    }
+}
