@@ -27,7 +27,7 @@ use crate::metrics::{FailoverPhase, Family, METRICS};
 use crate::planner_control::{PlanRecords, PlannerLoop, PlannerSettings, HEALTH_KEY};
 use crate::rpc::{NodeHealthView, PlanRecord, PlanView, Reply, Request};
 use crate::service::Node;
-use yard_actors::gateway::replan::{replan, Rate, Replan, ReplanInput};
+use yard_actors::gateway::replan::{replan, stay, Rate, Replan, ReplanInput};
 
 /// The longest restart grace granted: a node gone longer than this should lose its VIPs.
 pub const MAX_GRACE_MS: u64 = 600_000;
@@ -397,9 +397,9 @@ impl GatewayControl {
                 match result {
                     Ok(r) => {
                         let moves = r.report.moves.len();
-                        if let Some(planned) = r.planned {
-                            core.set_planned(Some(planned));
-                        }
+                        // No plan (no traffic measured yet, no node to plan on): counts
+                        // balance the VIPs, as without the planner.
+                        core.set_planned(r.planned);
                         tracing::info!(
                             moves,
                             deferred = r.report.deferred,
@@ -521,16 +521,19 @@ impl GatewayControl {
                     next_tick = self.now_ms() + self.interval.as_millis() as u64;
                     continue;
                 }
-                let (graces, history) = feed.read(|d| {
+                let (graces, history, placed) = feed.read(|d| {
                     (
                         d.gateway.graces.clone(),
                         d.kv.get(HEALTH_KEY).map(|v| v.value.clone()),
+                        pl.as_ref()
+                            .map(|pl| stay(&d.gateway.vips, pl.settings.replan.target.max_moves)),
                     )
                 });
                 core.gain(m.current_term, self.now_ms(), &graces);
                 if let Some(pl) = pl.as_mut() {
-                    pl.gain(history.as_deref());
-                    core.set_planned(None);
+                    pl.gain(self.now_ms(), history.as_deref());
+                    // Until the first re-plan the VIPs stay where the last leader left them.
+                    core.set_planned(placed);
                 }
                 tracing::info!(
                     term = m.current_term,

@@ -97,6 +97,9 @@ pub struct PlannerLoop {
     last_observed: Option<u64>,
     next_at: u64,
     planned_on: Option<BTreeSet<NodeId>>,
+    /// No re-plan before this (ms): a new leader's lease verdicts are not settled yet (nodes it
+    /// has not heard from are not live), and a plan on part of the nodes would move VIPs twice.
+    hold_until: u64,
     /// A re-plan is running on a blocking thread.
     pub busy: bool,
 }
@@ -110,6 +113,7 @@ impl PlannerLoop {
             last_observed: None,
             next_at: 0,
             planned_on: None,
+            hold_until: 0,
             busy: false,
         }
     }
@@ -120,8 +124,9 @@ impl PlannerLoop {
             .insert(node, (at_ms, rates.into_iter().collect()));
     }
 
-    /// A new leadership: starts from the replicated history `committed` (JSON, if any).
-    pub fn gain(&mut self, committed: Option<&str>) {
+    /// A new leadership at `now_ms`: starts from the replicated history `committed` (JSON, if
+    /// any) and re-plans from one interval on.
+    pub fn gain(&mut self, now_ms: u64, committed: Option<&str>) {
         self.health = committed
             .and_then(|j| match serde_json::from_str(j) {
                 Ok(h) => Some(h),
@@ -134,11 +139,14 @@ impl PlannerLoop {
         self.last_observed = None;
         self.planned_on = None;
         self.next_at = 0;
+        self.hold_until = now_ms + self.settings.interval.as_millis() as u64;
     }
 
     /// Whether a re-plan is due at `now_ms` with `placeable` nodes.
     pub fn due(&self, now_ms: u64, placeable: &BTreeSet<NodeId>) -> bool {
-        !self.busy && (now_ms >= self.next_at || self.planned_on.as_ref() != Some(placeable))
+        !self.busy
+            && now_ms >= self.hold_until
+            && (now_ms >= self.next_at || self.planned_on.as_ref() != Some(placeable))
     }
 
     /// Advances the history to `now_ms` and starts a re-plan round: the merged rates and the
@@ -321,9 +329,14 @@ mod tests {
         // The history survives a change of leader through its committed form.
         let json = pl.health_json();
         let mut next = PlannerLoop::new(settings());
-        next.gain(Some(&json));
+        next.gain(5_000, Some(&json));
         assert_eq!(next.health, pl.health);
-        next.gain(Some("{"));
+        assert!(
+            !next.due(5_999, &all),
+            "held for an interval after the gain"
+        );
+        assert!(next.due(6_000, &all));
+        next.gain(7_000, Some("{"));
         assert!(next.health.is_empty(), "unreadable: afresh");
     }
 }

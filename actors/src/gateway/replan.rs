@@ -200,6 +200,18 @@ pub fn observe(
     }
 }
 
+/// A target that keeps every VIP where it is (or is going): what a new leader follows until its
+/// first re-plan, so that placement's count balance does not move VIPs in between.
+pub fn stay(vips: &BTreeMap<Ipv4Addr, VipRecord>, max_moves: usize) -> Planned {
+    Planned {
+        target: vips
+            .iter()
+            .filter_map(|(v, r)| r.handoff_to.or(r.owner).map(|n| (*v, n)))
+            .collect(),
+        max_moves,
+    }
+}
+
 /// The knobs of a re-plan.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ReplanConfig {
@@ -275,7 +287,8 @@ pub struct ReplanReport {
     pub tenants: Vec<TenantView>,
 }
 
-/// A re-plan: the target for placement (`None`: nothing to plan on) and its report.
+/// A re-plan: the target for placement (`None`: nothing to plan on, so the leader balances VIP
+/// counts as it does without a planner) and its report.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Replan {
     pub planned: Option<Planned>,
@@ -844,6 +857,23 @@ mod tests {
         let r = replan(&input, &CFG).unwrap();
         assert_eq!(r.planned, None);
         assert_eq!(r.report.reason, "no traffic measured yet");
+    }
+
+    #[test]
+    fn stay_keeps_every_placed_vip_where_it_is_going() {
+        let mut vips: BTreeMap<Ipv4Addr, VipRecord> =
+            [(vip(1), owned(1)), (vip(2), VipRecord::default())].into();
+        vips.insert(
+            vip(3),
+            VipRecord {
+                owner: Some(1),
+                handoff_to: Some(2),
+                handoff_revision: 5,
+            },
+        );
+        let p = stay(&vips, 3);
+        assert_eq!(p.target, [(vip(1), 1), (vip(3), 2)].into());
+        assert_eq!(p.max_moves, 3);
     }
 
     #[test]
