@@ -210,6 +210,12 @@ impl GatewayControl {
                 samples: vec![(String::new(), plans.moves_total as f64)],
             },
             Family {
+                name: "yard_planner_replans_total",
+                help: "re-plans the leader ran",
+                kind: "counter",
+                samples: vec![(String::new(), plans.replans_total as f64)],
+            },
+            Family {
                 name: "yard_planner_last_moves",
                 help: "vip moves the latest re-plan started",
                 kind: "gauge",
@@ -507,6 +513,10 @@ impl GatewayControl {
             if m.state != ServerState::Leader {
                 if core.term().is_some() {
                     core.lose();
+                    // A former leader's re-plans are not the cluster's any more: its metrics
+                    // would go on showing a placement nobody follows.
+                    self.plans().forget();
+                    self.health().clear();
                 }
                 next_tick = self.now_ms() + self.interval.as_millis() as u64;
                 continue;

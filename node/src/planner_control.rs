@@ -198,6 +198,12 @@ pub struct PlanRecords {
 }
 
 impl PlanRecords {
+    /// Leadership lost: the records go (the move counter stays monotonic).
+    pub fn forget(&mut self) {
+        self.latest = None;
+        self.last_moved = None;
+    }
+
     pub fn record(&mut self, r: PlanRecord) {
         self.replans_total += 1;
         self.moves_total += r.report.moves.len() as u64;
@@ -296,6 +302,42 @@ mod tests {
             vips: vec![Ipv4Addr::new(198, 19, 0, 1)],
         });
         PlannerSettings::from_config(&p)
+    }
+
+    #[test]
+    fn records_keep_the_latest_and_the_last_that_moved() {
+        use yard_actors::gateway::replan::{PlannedMove, ReplanReport};
+        let record = |moves: usize| PlanRecord {
+            at_unix_ms: moves as u64,
+            term: 1,
+            measured_vips: 0,
+            report: ReplanReport {
+                current_worst: 0.0,
+                planned_worst: 0.0,
+                moves: vec![
+                    PlannedMove {
+                        vip: Ipv4Addr::new(198, 19, 0, 1),
+                        from: 1,
+                        to: 2,
+                        rate: Rate::default(),
+                    };
+                    moves
+                ],
+                deferred: 0,
+                reason: String::new(),
+                nodes: Vec::new(),
+                tenants: Vec::new(),
+            },
+        };
+        let mut r = PlanRecords::default();
+        r.record(record(2));
+        r.record(record(0));
+        assert_eq!(r.latest.as_ref().map(|l| l.at_unix_ms), Some(0));
+        assert_eq!(r.last_moved.as_ref().map(|l| l.at_unix_ms), Some(2));
+        assert_eq!((r.replans_total, r.moves_total), (2, 2));
+        r.forget();
+        assert!(r.latest.is_none() && r.last_moved.is_none());
+        assert_eq!(r.moves_total, 2, "the counter stays");
     }
 
     #[test]
