@@ -2,6 +2,7 @@
 //! out) plus a thin actix shell that owns timers and I/O and executes the effects.
 
 pub mod admission;
+pub mod aggregator;
 pub mod gateway;
 pub mod health;
 pub mod liveness;

@@ -678,6 +678,61 @@ impl Topology {
         Ok(name)
     }
 
+    /// Puts an emulated SmartNIC in front of host `i`'s `eth0` (yard_ebpf's `EmulatedNic`
+    /// documents the design) and returns its (wire port, host port) names, which
+    /// `[gateway] offload_wire` and `offload_port` take:
+    ///
+    /// ```text
+    /// br0 ── h<i> ═══ nicw0 │ emulated NIC │ nicp0 ═══ eth0   (all but h<i> in host i)
+    /// ```
+    ///
+    /// `eth0` keeps its address and MAC; until a daemon attaches the NIC's programs host `i` is
+    /// cut off (nothing carries frames between `nicw0` and `nicp0`). GRO is turned on at the
+    /// two ends that receive XDP redirects (`h<i>`, `eth0`): a veth accepts redirected frames
+    /// only when it runs XDP itself or has NAPI through GRO.
+    pub fn emulate_nic(&self, i: usize) -> Result<(String, String)> {
+        self.check_host(i)?;
+        let (fabric, ns, port) = (self.fabric_ns(), self.ns_name(i), format!("h{i}"));
+        let (wire, host_port) = ("nicw0", "nicp0");
+        ip(&["-n", &fabric, "link", "del", &port])?;
+        ip(&[
+            "-n", &fabric, "link", "add", &port, "type", "veth", "peer", "name", wire, "netns", &ns,
+        ])?;
+        ip(&["-n", &fabric, "link", "set", &port, "master", "br0", "up"])?;
+        ip(&[
+            "-n", &ns, "link", "add", host_port, "type", "veth", "peer", "name", "eth0",
+        ])?;
+        ip(&["-n", &ns, "link", "set", "eth0", "address", &mac(i)])?;
+        ip(&[
+            "-n",
+            &ns,
+            "addr",
+            "add",
+            &format!("{}/16", host_addr(i)),
+            "dev",
+            "eth0",
+        ])?;
+        for dev in [wire, host_port, "eth0"] {
+            ip(&["-n", &ns, "link", "set", dev, "up"])?;
+            cmd::run(
+                "ip",
+                &["netns", "exec", &ns, "ethtool", "-K", dev, "tx", "off"],
+            )?;
+        }
+        cmd::run(
+            "ip",
+            &["netns", "exec", &ns, "ethtool", "-K", "eth0", "gro", "on"],
+        )?;
+        cmd::run(
+            "ip",
+            &[
+                "netns", "exec", &fabric, "ethtool", "-K", &port, "gro", "on",
+            ],
+        )?;
+        self.wait_links_up(&[i])?;
+        Ok((wire.to_owned(), host_port.to_owned()))
+    }
+
     /// The namespaces made with [`Topology::add_namespace`] so far.
     pub fn extra_namespaces(&self) -> Vec<String> {
         self.extra_namespaces

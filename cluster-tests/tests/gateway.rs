@@ -20,6 +20,18 @@ fn vip(n: u8) -> Ipv4Addr {
     Ipv4Addr::new(198, 19, 255, n)
 }
 
+/// Where the gateway nodes run the forwarding function (`[gateway] offload`): the tests of the
+/// forwarding path run both ways.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Offload {
+    /// The whole program on `eth0`.
+    None,
+    /// Hardware mode tried on `eth0`, refused (no SmartNIC here), the whole program instead.
+    Auto,
+    /// The split: the NIC part on an emulated NIC in front of `eth0`, the host part on it.
+    Emulated,
+}
+
 /// A gateway cluster on hosts `1..=gateways` of `topo`, with `vips` VIPs in its pool.
 /// `leader_holds_vips`: most tests check placement arithmetic over every node, so they let the
 /// Raft leader own VIPs too; by default it hands them to the others (tested on its own).
@@ -29,14 +41,37 @@ fn gateway_cluster<'t>(
     leader_holds_vips: bool,
     extra: &str,
 ) -> YardCluster<&'t Topology> {
+    gateway_cluster_with(topo, gateways, leader_holds_vips, extra, Offload::None)
+}
+
+/// [`gateway_cluster`] with a choice of offload; `Emulated` first puts an emulated NIC in front
+/// of every gateway node's `eth0`.
+fn gateway_cluster_with<'t>(
+    topo: &'t Topology,
+    gateways: usize,
+    leader_holds_vips: bool,
+    extra: &str,
+    offload: Offload,
+) -> YardCluster<&'t Topology> {
+    let mut split = String::new();
     for i in 1..=gateways {
         topo.bpffs(i).unwrap();
+        if offload == Offload::Emulated {
+            // The same names on every host, so one config line serves them all.
+            let (wire, port) = topo.emulate_nic(i).unwrap();
+            split = format!(
+                "offload = \"emulated\"\noffload_wire = \"{wire}\"\noffload_port = \"{port}\"\n"
+            );
+        }
+    }
+    if offload == Offload::Auto {
+        split = "offload = \"auto\"\n".to_owned();
     }
     let config = format!(
-        "[gateway]\nenabled = true\ninterface = \"eth0\"\nxdp_mode = \"generic\"\npin_dir = \"{}/bpffs-@HOST@/gateway\"\nleader_holds_vips = {leader_holds_vips}\n{extra}",
+        "[gateway]\nenabled = true\ninterface = \"eth0\"\nxdp_mode = \"generic\"\npin_dir = \"{}/bpffs-@HOST@/gateway\"\nleader_holds_vips = {leader_holds_vips}\n{split}{extra}",
         topo.dir().display()
     );
-    YardCluster::start_on(
+    let c = YardCluster::start_on(
         topo,
         &yard_bin(),
         gateways,
@@ -44,7 +79,77 @@ fn gateway_cluster<'t>(
             extra_config: config,
         },
     )
-    .unwrap()
+    .unwrap();
+    match offload {
+        Offload::Emulated => (1..=gateways).for_each(|i| assert_split_runs(&c, i)),
+        Offload::Auto => (1..=gateways).for_each(|i| assert_auto_fell_back(&c, i)),
+        Offload::None => {}
+    }
+    c
+}
+
+/// The gateway actor's health detail on the node answering `yard status` for node `i`, once
+/// it reports where the program runs.
+fn gateway_health(c: &YardCluster<&Topology>, i: usize) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = c.status(i).unwrap();
+        let detail = status["actors"]
+            .as_array()
+            .and_then(|a| a.iter().find(|h| h["name"] == "gateway"))
+            .map(|h| h["detail"].as_str().unwrap_or_default().to_owned())
+            .unwrap_or_default();
+        if detail.contains("offload") || Instant::now() >= deadline {
+            return detail;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Node `i` was refused hardware mode, said why in one sentence (its log and the answering
+/// node's health), and runs the whole program on `eth0`.
+fn assert_auto_fell_back(c: &YardCluster<&Topology>, i: usize) {
+    let detail = gateway_health(c, i);
+    assert!(
+        detail.contains("offload auto: hardware-mode XDP on eth0 was refused (")
+            && detail.ends_with("so the whole program runs on the host (this loader does not bind programs to a device, which hardware mode needs)"),
+        "node {i}: {detail}"
+    );
+    let log = c.process(i).unwrap().log();
+    assert!(
+        log.contains("gateway offload refused"),
+        "node {i} logged no refusal: {}",
+        c.process(i).unwrap().log_tail(20)
+    );
+    let out = c
+        .topology()
+        .exec(i, "ip", &["-d", "link", "show", "dev", "eth0"])
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("yard_gateway"), "node {i} eth0: {text}");
+}
+
+/// Node `i` runs the split: the answering node's health says so (status is answered by the
+/// leader, which runs the split too), and the kernel has node `i`'s NIC part on the wire
+/// port, the port program on the host port and the host part on `eth0`.
+fn assert_split_runs(c: &YardCluster<&Topology>, i: usize) {
+    let detail = gateway_health(c, i);
+    assert!(
+        detail.contains("offload emulated: the NIC part on nicw0"),
+        "node {i}: {detail}"
+    );
+    for (dev, program) in [
+        ("nicw0", "oxdp_nic"),
+        ("nicp0", "emunic_port"),
+        ("eth0", "oxdp_host"),
+    ] {
+        let out = c
+            .topology()
+            .exec(i, "ip", &["-d", "link", "show", "dev", dev])
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains(program), "node {i} {dev}: {text}");
+    }
 }
 
 fn cli_json(c: &YardCluster<&Topology>, i: usize, args: &[&str]) -> Value {
@@ -134,10 +239,24 @@ fn counter(stats: &Value, name: &str) -> u64 {
 
 #[test]
 fn forwards_between_tenants_answers_their_arp_and_isolates_vnis() {
+    forwards_between_tenants(Offload::None);
+}
+
+#[test]
+fn forwards_between_tenants_with_the_split_on_an_emulated_nic() {
+    forwards_between_tenants(Offload::Emulated);
+}
+
+#[test]
+fn forwards_between_tenants_when_auto_offload_is_refused() {
+    forwards_between_tenants(Offload::Auto);
+}
+
+fn forwards_between_tenants(offload: Offload) {
     require_root();
     // Hosts 1-3: gateway nodes; 4 and 5: compute hosts.
     let topo = Topology::new(5).unwrap();
-    let c = gateway_cluster(&topo, 3, true, "");
+    let c = gateway_cluster_with(&topo, 3, true, "", offload);
     add_pool(&c);
     let placed = wait_owners(&c, 1, Duration::from_secs(10), |_| true);
     let mut per_node = [0usize; 3];
@@ -218,14 +337,19 @@ struct Rig<'t> {
 }
 
 fn rig(topo: &Topology) -> Rig<'_> {
+    rig_with(topo, Offload::None)
+}
+
+fn rig_with(topo: &Topology, offload: Offload) -> Rig<'_> {
     // A lease several renewals long: debug builds of three daemons, compute hosts and probes
     // share two cores here, and a starved renewal would move VIPs the test does not expect to
     // move (correctly, but beside the point). The benchmarks run the default timings.
-    let c = gateway_cluster(
+    let c = gateway_cluster_with(
         topo,
         3,
         true,
         "[liveness]\ninterval_ms = 25\nlease_ms = 250\n[log]\nformat = \"json\"\n",
+        offload,
     );
     add_pool(&c);
     wait_owners(&c, 1, Duration::from_secs(10), |o| balanced(o, &[1, 2, 3]));
@@ -291,9 +415,18 @@ fn log_events(c: &YardCluster<&Topology>, node: usize, message: &str) -> Vec<Val
 
 #[test]
 fn owner_kill9_spreads_its_vips_over_the_survivors_and_a_rejoin_moves_only_what_it_must() {
+    owner_kill9_and_rejoin(Offload::None);
+}
+
+#[test]
+fn owner_kill9_and_rejoin_with_the_split_on_an_emulated_nic() {
+    owner_kill9_and_rejoin(Offload::Emulated);
+}
+
+fn owner_kill9_and_rejoin(offload: Offload) {
     require_root();
     let topo = Topology::new(5).unwrap();
-    let mut r = rig(&topo);
+    let mut r = rig_with(&topo, offload);
     let before = owners(&r.c, 1);
     let x = owner_of(&before, vip(1));
     let ask = other(x);
@@ -347,9 +480,18 @@ fn owner_kill9_spreads_its_vips_over_the_survivors_and_a_rejoin_moves_only_what_
 
 #[test]
 fn drain_moves_vips_away_without_losing_a_packet() {
+    drain_moves_vips_away(Offload::None);
+}
+
+#[test]
+fn drain_moves_vips_away_without_losing_a_packet_with_the_split_on_an_emulated_nic() {
+    drain_moves_vips_away(Offload::Emulated);
+}
+
+fn drain_moves_vips_away(offload: Offload) {
     require_root();
     let topo = Topology::new(5).unwrap();
-    let r = rig(&topo);
+    let r = rig_with(&topo, offload);
     let x = owner_of(&owners(&r.c, 1), vip(1));
     let probe = ProbeStream::start(&r.a, &r.b, 9200, 1000).unwrap();
     assert!(probe.wait_flowing(
@@ -450,9 +592,18 @@ fn a_partitioned_owner_fences_itself_before_anyone_takes_its_vips() {
 
 #[test]
 fn forwarding_goes_on_through_a_control_plane_outage_and_restarts_readopt_the_pinned_state() {
+    outage_and_restarts(Offload::None);
+}
+
+#[test]
+fn the_split_on_an_emulated_nic_forwards_through_an_outage_and_restarts_readopt_it() {
+    outage_and_restarts(Offload::Emulated);
+}
+
+fn outage_and_restarts(offload: Offload) {
     require_root();
     let topo = Topology::new(5).unwrap();
-    let mut r = rig(&topo);
+    let mut r = rig_with(&topo, offload);
     let probe = ProbeStream::start(&r.a, &r.b, 9300, 1000).unwrap();
     assert!(probe.wait_flowing(
         Duration::from_millis(300),
@@ -513,6 +664,12 @@ fn forwarding_goes_on_through_a_control_plane_outage_and_restarts_readopt_the_pi
     assert_eq!(before, after, "a planned restart of node {x} moved vips");
     let restarts = probe.stop();
     assert_eq!(restarts.lost, 0, "restarts: {}", restarts.to_json(5));
+    if offload == Offload::Emulated {
+        // Still the split after every restart: the pinned links kept their places.
+        for i in 1..=3 {
+            assert_split_runs(&r.c, i);
+        }
+    }
 }
 
 #[test]

@@ -180,4 +180,188 @@ enum peers_counter_idx {
 };
 _Static_assert(PEERS_COUNTER_MAX == 8, "Rust PeerCounter::ALL has 8 entries");
 
+
+/* ============================== aggregator: yard_agg ============================== */
+/*
+ * Gradient aggregation (bpf/aggregator.bpf.c, mirrored in ebpf/src/layout.rs and
+ * ebpf/src/aggregator.rs; the protocol is documented in docs/aggregation-protocol.md).
+ *
+ * Wire: Ethernet | IPv4 (no options) | UDP to AGG_PORT | struct agg_hdr | count x __s32.
+ * Unlike the rest of this header, the aggregation header and the values are little-endian:
+ * the program adds the values where they lie, and every machine we run on is little-endian,
+ * so nobody swaps bytes (the clients convert explicitly, so a big-endian client still works).
+ */
+
+/* The UDP port aggregators listen on. */
+#define AGG_PORT 7481
+/* "YAGG" as it appears on the wire (little-endian __u32). */
+#define AGG_MAGIC 0x47474159
+#define AGG_VERSION 1
+/*
+ * Most values one frame carries: 768 x 4 B + 74 B of headers = 3146 B, inside the largest frame
+ * native XDP takes on veth and most NIC drivers (one page less headroom and skb_shared_info).
+ * A job's chunk size is the largest its interfaces' MTU allows, at most this.
+ */
+#define AGG_VALUES_MAX 768
+/* Workers per job: the contribution bitmap is one __u64. */
+#define AGG_WORKERS_MAX 64
+
+enum agg_kind {
+	AGG_DATA = 1,   /* worker -> aggregator: one chunk of one round's gradient */
+	AGG_RESULT = 2, /* aggregator -> worker: the chunk's sum */
+	AGG_FANOUT = 3, /* internal: a fresh result XDP hands to the TC fan-out; dropped if received */
+};
+
+enum agg_dtype {
+	AGG_DTYPE_I32 = 0, /* values are the gradient; sums wrap modulo 2^32 as int32 adds do */
+	AGG_DTYPE_F32 = 1, /* values are fixed point: value x 2^(exp - AGG_FRAC_BITS(workers)) */
+};
+
+/* agg_hdr.flags */
+#define AGG_F_RETX 0x01   /* a worker's resend after a timeout (handled like any DATA) */
+#define AGG_F_REPLAY 0x02 /* a regrouped worker's last round again, for workers one round behind */
+
+/* After the UDP header: 32 bytes, little-endian. */
+struct agg_hdr {
+	__u32 magic;   /* AGG_MAGIC */
+	__u8 version;  /* AGG_VERSION */
+	__u8 kind;     /* enum agg_kind */
+	__u8 flags;    /* AGG_F_* */
+	__s8 exp;      /* f32: the chunk's block exponent; i32: 0 */
+	__u32 job;     /* the job's id, from the cluster's job table */
+	__u32 epoch;   /* bumped by every regrouping (aggregator moved, worker gone) */
+	__u32 round;   /* the training step: each round sums the whole gradient once */
+	__u32 chunk;   /* the chunk's index in the gradient */
+	__u16 worker;  /* DATA: the sender's index in the job; RESULT: contributors */
+	__u16 count;   /* values that follow, 1..AGG_VALUES_MAX */
+	__u32 reserved; /* 0 */
+};
+YARD_ASSERT_SIZE(struct agg_hdr, 32);
+YARD_ASSERT_OFFSET(struct agg_hdr, magic, 0);
+YARD_ASSERT_OFFSET(struct agg_hdr, version, 4);
+YARD_ASSERT_OFFSET(struct agg_hdr, kind, 5);
+YARD_ASSERT_OFFSET(struct agg_hdr, flags, 6);
+YARD_ASSERT_OFFSET(struct agg_hdr, exp, 7);
+YARD_ASSERT_OFFSET(struct agg_hdr, job, 8);
+YARD_ASSERT_OFFSET(struct agg_hdr, epoch, 12);
+YARD_ASSERT_OFFSET(struct agg_hdr, round, 16);
+YARD_ASSERT_OFFSET(struct agg_hdr, chunk, 20);
+YARD_ASSERT_OFFSET(struct agg_hdr, worker, 24);
+YARD_ASSERT_OFFSET(struct agg_hdr, count, 26);
+YARD_ASSERT_OFFSET(struct agg_hdr, reserved, 28);
+
+/* agg_jobs: key __u32 job id -> the job as this aggregator serves it (filled from Raft). */
+struct agg_job {
+	__u32 epoch;        /* frames of any other epoch are stale */
+	__u32 base;         /* first slot of the job's range in agg_slots */
+	__u32 chunks;       /* chunks of the gradient; the range is 2 x chunks slots */
+	__u32 values;       /* values of the gradient; the last chunk holds the remainder */
+	__u16 chunk_values; /* values per chunk (the last may hold fewer) */
+	__u16 workers;      /* contributions that complete a chunk: the members of this epoch */
+	__u8 dtype;         /* enum agg_dtype */
+	__u8 pad[3];        /* 0 */
+	__u32 self_ip;      /* the address results are sent from (network order) */
+};
+YARD_ASSERT_SIZE(struct agg_job, 28);
+YARD_ASSERT_OFFSET(struct agg_job, epoch, 0);
+YARD_ASSERT_OFFSET(struct agg_job, base, 4);
+YARD_ASSERT_OFFSET(struct agg_job, chunks, 8);
+YARD_ASSERT_OFFSET(struct agg_job, values, 12);
+YARD_ASSERT_OFFSET(struct agg_job, chunk_values, 16);
+YARD_ASSERT_OFFSET(struct agg_job, workers, 18);
+YARD_ASSERT_OFFSET(struct agg_job, dtype, 20);
+YARD_ASSERT_OFFSET(struct agg_job, self_ip, 24);
+
+/* agg_members key: who may send for a job, by source address and port. */
+struct agg_member_key {
+	__u32 job;
+	__u32 ip;   /* network order */
+	__u16 port; /* network order */
+	__u16 pad;  /* 0: part of the hashed key */
+};
+YARD_ASSERT_SIZE(struct agg_member_key, 12);
+YARD_ASSERT_OFFSET(struct agg_member_key, job, 0);
+YARD_ASSERT_OFFSET(struct agg_member_key, ip, 4);
+YARD_ASSERT_OFFSET(struct agg_member_key, port, 8);
+
+/* agg_members value. */
+struct agg_member {
+	__u16 worker; /* the index the member must claim in agg_hdr.worker */
+	__u16 pad;
+};
+YARD_ASSERT_SIZE(struct agg_member, 4);
+
+/* agg_peers key: a job's worker by index, where the fan-out sends results. */
+struct agg_peer_key {
+	__u32 job;
+	__u32 worker;
+};
+YARD_ASSERT_SIZE(struct agg_peer_key, 8);
+
+/* agg_peers value: the daemon writes ip and port; the program learns mac from the worker's frames. */
+struct agg_peer {
+	__u32 ip;     /* network order */
+	__u16 port;   /* network order */
+	__u8 mac[6];  /* next hop toward the worker: the source MAC of its latest accepted frame */
+};
+YARD_ASSERT_SIZE(struct agg_peer, 12);
+YARD_ASSERT_OFFSET(struct agg_peer, ip, 0);
+YARD_ASSERT_OFFSET(struct agg_peer, port, 4);
+YARD_ASSERT_OFFSET(struct agg_peer, mac, 6);
+
+/*
+ * agg_slots value: one chunk of one round parity of one job. A slot whose (job, epoch) is not
+ * the frame's is free, whatever it holds: a new job or a regrouping reuses memory without the
+ * daemon clearing it first.
+ */
+struct agg_slot {
+	struct bpf_spin_lock lock;
+	__u32 job;
+	__u32 epoch;
+	__u32 round;
+	__u64 seen;    /* bit w: worker w's contribution is in acc */
+	__u16 count;   /* contributions in acc */
+	__u16 values;  /* values in this chunk */
+	__s8 exp;      /* f32: acc is in units of 2^(exp - frac bits) */
+	__u8 done;     /* 1 once count reached the job's workers: acc is the result */
+	__u8 replay_only; /* 1 while every contribution was a replay (AGG_F_REPLAY) */
+	__u8 pad;
+	__s32 acc[AGG_VALUES_MAX];
+};
+YARD_ASSERT_SIZE(struct agg_slot, 3104); /* 32 + 4 x AGG_VALUES_MAX */
+YARD_ASSERT_OFFSET(struct agg_slot, seen, 16);
+YARD_ASSERT_OFFSET(struct agg_slot, acc, 32);
+
+/* agg_job_counters key: a job and a reason (enum agg_counter_idx); value struct gw_counter. */
+struct agg_job_counter_key {
+	__u32 job;
+	__u32 reason;
+};
+YARD_ASSERT_SIZE(struct agg_job_counter_key, 8);
+
+/*
+ * What yard_agg made of a frame: every frame counts exactly one of these, in agg_counters and,
+ * when the job is known, in agg_job_counters. The Rust enum `AggCounter` has the same order.
+ */
+enum agg_counter_idx {
+	AGG_ADDED = 0,          /* a new contribution, summed; the chunk is not complete yet */
+	AGG_COMPLETED,          /* the last contribution: the result goes to every worker */
+	AGG_RESULT_RESENT,      /* a contribution to a complete chunk: the result back to its sender */
+	AGG_DUPLICATE,          /* a contribution already in the sum (not complete yet): dropped */
+	AGG_STALE,              /* another epoch, or a round the slot has moved past: dropped */
+	AGG_AHEAD,              /* a round two ahead of an incomplete slot (protocol breach): dropped */
+	AGG_FOREIGN,            /* sender is not a member of the job it names, or claims another index */
+	AGG_UNKNOWN_JOB,        /* no such job here */
+	AGG_BAD_HEADER,         /* bad magic/version/kind/count/chunk/exponent/reserved, or truncated */
+	AGG_PASS_NOT_AGG,       /* not IPv4 UDP to AGG_PORT: passed to the stack untouched */
+	AGG_FANOUT_SENT,        /* TC: one copy of a result sent to one worker */
+	AGG_FANOUT_FAILED,      /* TC: a worker's copy could not be sent (no address yet, clone failed) */
+	AGG_COUNTER_MAX,        /* number of counters: agg_counters' max_entries */
+};
+_Static_assert(AGG_COUNTER_MAX == 12, "Rust AggCounter::ALL has 12 entries");
+
+/* Job-table and membership sizes, mirrored in Rust. agg_slots' size is set by the loader. */
+#define AGG_JOBS_MAX 1024
+#define AGG_MEMBERS_MAX 65536
+
 #endif /* YARD_H */

@@ -1,4 +1,4 @@
-//! `#[repr(C)]` mirrors of the structs in `bpf/yard.h` (gateway and probe sections).
+//! `#[repr(C)]` mirrors of the structs in `bpf/yard.h` (gateway, probe and aggregator sections).
 //!
 //! The header asserts every size and field offset with `_Static_assert`; the constants and the
 //! compile-time assertions here state the same numbers, so a change made on one side only fails
@@ -98,6 +98,121 @@ pub struct PeersValue {
     pub last_ns: u64,
 }
 
+/// `struct agg_job`: value of `agg_jobs` (key: job id).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AggJob {
+    pub epoch: u32,
+    /// First slot of the job's range in `agg_slots`.
+    pub base: u32,
+    pub chunks: u32,
+    pub values: u32,
+    pub chunk_values: u16,
+    /// Contributions that complete a chunk.
+    pub workers: u16,
+    /// `enum agg_dtype`.
+    pub dtype: u8,
+    pub pad: [u8; 3],
+    /// Address results are sent from, network order.
+    pub self_ip: u32,
+}
+
+/// `struct agg_member_key`: key of `agg_members`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AggMemberKey {
+    pub job: u32,
+    /// Network order.
+    pub ip: u32,
+    /// Network order.
+    pub port: u16,
+    pub pad: u16,
+}
+
+/// `struct agg_member`: value of `agg_members`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AggMember {
+    pub worker: u16,
+    pub pad: u16,
+}
+
+/// `struct agg_peer_key`: key of `agg_peers`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AggPeerKey {
+    pub job: u32,
+    pub worker: u32,
+}
+
+/// `struct agg_peer`: value of `agg_peers`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AggPeer {
+    /// Network order.
+    pub ip: u32,
+    /// Network order.
+    pub port: u16,
+    /// Learnt by the program from the worker's frames; 0 until then.
+    pub mac: [u8; 6],
+}
+
+/// `struct agg_job_counter_key`: key of `agg_job_counters`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AggJobCounterKey {
+    pub job: u32,
+    pub reason: u32,
+}
+
+/// `AGG_VALUES_MAX`.
+pub const AGG_VALUES_MAX: usize = 768;
+/// `AGG_JOBS_MAX`.
+pub const AGG_JOBS_MAX: u32 = 1024;
+/// `AGG_MEMBERS_MAX`.
+pub const AGG_MEMBERS_MAX: u32 = 65_536;
+/// `AGG_COUNTER_MAX`.
+pub const AGG_COUNTER_MAX: u32 = 12;
+
+/// `struct agg_slot`: value of `agg_slots`, one chunk of one round parity of one job.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AggSlot {
+    /// `struct bpf_spin_lock`: the kernel leaves it out of copies to and from user space.
+    pub lock: u32,
+    pub job: u32,
+    pub epoch: u32,
+    pub round: u32,
+    pub seen: u64,
+    pub count: u16,
+    pub values: u16,
+    pub exp: i8,
+    pub done: u8,
+    /// 1 while every contribution was a replay.
+    pub replay_only: u8,
+    pub pad: u8,
+    pub acc: [i32; AGG_VALUES_MAX],
+}
+
+impl Default for AggSlot {
+    fn default() -> Self {
+        AggSlot {
+            lock: 0,
+            job: 0,
+            epoch: 0,
+            round: 0,
+            seen: 0,
+            count: 0,
+            values: 0,
+            exp: 0,
+            done: 0,
+            replay_only: 0,
+            pad: 0,
+            acc: [0; AGG_VALUES_MAX],
+        }
+    }
+}
+
 // SAFETY: each type is `#[repr(C)]`, made only of integers and integer arrays, has no padding
 // (asserted below: the sizes equal the sum of the fields) and every bit pattern is a valid value,
 // so reading it from and writing it to map bytes is sound.
@@ -116,6 +231,20 @@ unsafe impl aya::Pod for GwCounter {}
 unsafe impl aya::Pod for PeersKey {}
 // SAFETY: as above.
 unsafe impl aya::Pod for PeersValue {}
+// SAFETY: as above.
+unsafe impl aya::Pod for AggJob {}
+// SAFETY: as above.
+unsafe impl aya::Pod for AggMemberKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for AggMember {}
+// SAFETY: as above.
+unsafe impl aya::Pod for AggPeerKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for AggPeer {}
+// SAFETY: as above.
+unsafe impl aya::Pod for AggJobCounterKey {}
+// SAFETY: as above (the lock is a u32 the kernel owns; user space never writes it).
+unsafe impl aya::Pod for AggSlot {}
 
 /// `GW_VIP_OWNED`.
 pub const VIP_OWNED: u32 = 1;
@@ -197,6 +326,35 @@ pub const C_LAYOUTS: &[Layout] = &[
         size: 24,
         fields: &[("bytes", 0), ("packets", 8), ("last_ns", 16)],
     },
+    Layout {
+        name: "agg_job",
+        size: 28,
+        fields: &[
+            ("epoch", 0),
+            ("base", 4),
+            ("chunks", 8),
+            ("values", 12),
+            ("chunk_values", 16),
+            ("workers", 18),
+            ("dtype", 20),
+            ("self_ip", 24),
+        ],
+    },
+    Layout {
+        name: "agg_member_key",
+        size: 12,
+        fields: &[("job", 0), ("ip", 4), ("port", 8)],
+    },
+    Layout {
+        name: "agg_peer",
+        size: 12,
+        fields: &[("ip", 0), ("port", 4), ("mac", 6)],
+    },
+    Layout {
+        name: "agg_slot",
+        size: 3104,
+        fields: &[("seen", 16), ("acc", 32)],
+    },
 ];
 
 /// A struct's layout measured on the Rust side: name, size, (field, offset) pairs.
@@ -270,6 +428,46 @@ pub fn rust_layouts() -> Vec<RustLayout> {
                 ("last_ns", offset_of!(PeersValue, last_ns)),
             ],
         ),
+        (
+            "agg_job",
+            size_of::<AggJob>(),
+            vec![
+                ("epoch", offset_of!(AggJob, epoch)),
+                ("base", offset_of!(AggJob, base)),
+                ("chunks", offset_of!(AggJob, chunks)),
+                ("values", offset_of!(AggJob, values)),
+                ("chunk_values", offset_of!(AggJob, chunk_values)),
+                ("workers", offset_of!(AggJob, workers)),
+                ("dtype", offset_of!(AggJob, dtype)),
+                ("self_ip", offset_of!(AggJob, self_ip)),
+            ],
+        ),
+        (
+            "agg_member_key",
+            size_of::<AggMemberKey>(),
+            vec![
+                ("job", offset_of!(AggMemberKey, job)),
+                ("ip", offset_of!(AggMemberKey, ip)),
+                ("port", offset_of!(AggMemberKey, port)),
+            ],
+        ),
+        (
+            "agg_peer",
+            size_of::<AggPeer>(),
+            vec![
+                ("ip", offset_of!(AggPeer, ip)),
+                ("port", offset_of!(AggPeer, port)),
+                ("mac", offset_of!(AggPeer, mac)),
+            ],
+        ),
+        (
+            "agg_slot",
+            size_of::<AggSlot>(),
+            vec![
+                ("seen", offset_of!(AggSlot, seen)),
+                ("acc", offset_of!(AggSlot, acc)),
+            ],
+        ),
     ]
 }
 
@@ -283,6 +481,13 @@ const _: () = {
     assert!(size_of::<GwCounter>() == 8 + 8);
     assert!(size_of::<PeersKey>() == 4 + 1 + 3);
     assert!(size_of::<PeersValue>() == 8 + 8 + 8);
+    assert!(size_of::<AggJob>() == 4 * 4 + 2 + 2 + 1 + 3 + 4);
+    assert!(size_of::<AggMemberKey>() == 4 + 4 + 2 + 2);
+    assert!(size_of::<AggMember>() == 2 + 2);
+    assert!(size_of::<AggPeerKey>() == 4 + 4);
+    assert!(size_of::<AggPeer>() == 4 + 2 + 6);
+    assert!(size_of::<AggJobCounterKey>() == 4 + 4);
+    assert!(size_of::<AggSlot>() == 4 * 4 + 8 + 2 + 2 + 1 + 1 + 1 + 1 + 4 * AGG_VALUES_MAX);
 };
 
 /// An IPv4 address as the maps store it: network order in memory.
@@ -331,6 +536,9 @@ mod tests {
             ("GW_HOSTS_MAX", HOSTS_MAX),
             ("PEERS_MAX", PEERS_MAX),
             ("PEERS_PORTS_MAX", PEERS_PORTS_MAX),
+            ("AGG_JOBS_MAX", AGG_JOBS_MAX),
+            ("AGG_MEMBERS_MAX", AGG_MEMBERS_MAX),
+            ("AGG_VALUES_MAX", AGG_VALUES_MAX as u32),
         ] {
             assert!(
                 header.contains(&format!("#define {name} {value}")),
@@ -339,6 +547,7 @@ mod tests {
         }
         assert!(header.contains(&format!("GW_COUNTER_MAX == {COUNTER_MAX}")));
         assert!(header.contains(&format!("PEERS_COUNTER_MAX == {PEERS_COUNTER_MAX}")));
+        assert!(header.contains(&format!("AGG_COUNTER_MAX == {AGG_COUNTER_MAX}")));
         assert!(header.contains(&format!("PEERS_DIR_INGRESS = {PEERS_DIR_INGRESS},")));
         assert!(header.contains(&format!("PEERS_DIR_EGRESS = {PEERS_DIR_EGRESS},")));
         assert!(header.contains(&format!("GW_VIP_OWNED = {VIP_OWNED},")));

@@ -10,13 +10,17 @@
 //!   report every program against.
 //! - [`PeerCounters`] (`yard_peers_ingress`/`yard_peers_egress`, TC): a training job's traffic
 //!   per peer host and direction, which the probe reads to corroborate a slow link.
+//! - [`Aggregator`] (`yard_agg`, XDP, and `yard_agg_fanout`, TC): gradient aggregation with the
+//!   whole gradient of each job in kernel memory, results sent to every worker.
 //!
 //! The structs shared with C are mirrored in [`layout`]; [`frames`] builds test and benchmark
 //! frames; [`ktime_now_ns`] reads the clock the program compares lease deadlines with.
 
+pub mod aggregator;
 mod bounce;
 mod clock;
 mod counters;
+mod emunic;
 pub mod frames;
 mod gateway;
 pub mod layout;
@@ -29,10 +33,12 @@ mod test_run;
 use std::io;
 use std::path::PathBuf;
 
+pub use aggregator::{AggCounter, AggJobEntry, Aggregator};
 pub use bounce::Bounce;
 pub use clock::ktime_now_ns;
 pub use counters::{Counter, CounterValue};
-pub use gateway::{Endpoint, Gateway, GatewayConfig, VipMode, VipStats, XdpMode};
+pub use emunic::{error_chain, try_hardware, EmulatedNic};
+pub use gateway::{Endpoint, Gateway, GatewayConfig, GatewayImage, VipMode, VipStats, XdpMode};
 pub use peers::{Direction, PeerCounter, PeerCounters, PeerStat, TcAction};
 pub use test_run::{bench_xdp, run_xdp, TestOutcome, XdpAction};
 
@@ -105,6 +111,25 @@ pub enum EbpfError {
         iface: String,
         #[source]
         source: aya::programs::tc::TcError,
+    },
+    /// A job's slot range does not fit the slot map (the placement and the loader disagree).
+    #[error("job {job} needs slots {base}..{end} but the slot map holds {have}")]
+    SlotRange {
+        job: u32,
+        base: u32,
+        end: u64,
+        have: u32,
+    },
+    /// More workers than a job's contribution bitmap holds.
+    #[error("job {job} has {count} workers; a job holds at most 64")]
+    TooManyWorkers { job: u32, count: usize },
+    /// A redirect map slot could not be pointed at an interface (the emulated NIC's handoff).
+    #[error("could not point {map} at {iface}")]
+    Redirect {
+        map: &'static str,
+        iface: String,
+        #[source]
+        source: Box<aya::maps::xdp::XdpMapError>,
     },
     /// More ports than the program's port map holds.
     #[error("{count} ports do not fit the port map, which holds {max}")]

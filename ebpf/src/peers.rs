@@ -243,12 +243,12 @@ fn prog_err(action: &'static str, dir: Direction) -> impl FnOnce(ProgramError) -
 
 /// Whether aya attaches TC programs through tcx links (kernel 6.6 and later, the same test aya
 /// makes), which need no qdisc; older kernels attach through netlink to a clsact qdisc.
-fn attaches_through_tcx() -> bool {
+pub(crate) fn attaches_through_tcx() -> bool {
     KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0))
 }
 
 /// Adds the clsact qdisc to `iface` unless it is there already.
-fn ensure_clsact(iface: &str) -> Result<(), EbpfError> {
+pub(crate) fn ensure_clsact(iface: &str) -> Result<(), EbpfError> {
     match tc::qdisc_add_clsact(iface) {
         Ok(()) | Err(TcError::AlreadyAttached) => Ok(()),
         Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),

@@ -68,3 +68,19 @@ pub(crate) fn xdp_mut<'a>(
 ) -> Result<&'a mut Xdp, EbpfError> {
     get_mut(ebpf, name)
 }
+
+/// Kernel run statistics of the XDP program `name` of `ebpf`: total run time and run count,
+/// which the kernel counts only while `kernel.bpf_stats_enabled` is 1.
+pub(crate) fn run_stats(
+    ebpf: &Ebpf,
+    name: &'static str,
+) -> Result<(std::time::Duration, u64), EbpfError> {
+    let info = xdp(ebpf, name)?
+        .info()
+        .map_err(|source| EbpfError::Program {
+            action: "inspect",
+            program: name,
+            source,
+        })?;
+    Ok((info.run_time(), info.run_count()))
+}

@@ -1,6 +1,7 @@
-//! The two bpf(2) commands aya 0.14 does not wrap: opening a pinned object as a plain fd and
-//! BPF_LINK_DETACH. Used by [`crate::Gateway::remove_pinned`] so that a decommission detaches
-//! the program at once, even while another holder (a still-running daemon) keeps the link open.
+//! What aya 0.14 does not wrap: two bpf(2) commands, opening a pinned object as a plain fd and
+//! BPF_LINK_DETACH, used by [`crate::Gateway::remove_pinned`] so that a decommission detaches
+//! the program at once even while another holder (a still-running daemon) keeps the link open;
+//! and an interface's index by name.
 
 // There is no safe wrapper for these commands in aya 0.14 or rustix; every unsafe block below
 // says why it is sound.
@@ -68,4 +69,14 @@ pub(crate) fn link_detach(fd: &OwnedFd) -> io::Result<()> {
         ..LinkDetachAttr::default()
     };
     bpf(BPF_LINK_DETACH, &attr).map(|_| ())
+}
+
+/// The index of interface `iface` in the calling thread's network namespace, if it exists.
+pub(crate) fn ifindex(iface: &str) -> Option<u32> {
+    let name = std::ffi::CString::new(iface).ok()?;
+    // SAFETY: a valid NUL-terminated string that the call only reads.
+    match unsafe { libc::if_nametoindex(name.as_ptr()) } {
+        0 => None,
+        i => Some(i),
+    }
 }

@@ -7,7 +7,8 @@ use std::process::Command;
 
 use common::*;
 use yard_ebpf::{
-    frames, ktime_now_ns, Counter, EbpfError, Gateway, GatewayConfig, VipMode, XdpAction, XdpMode,
+    frames, ktime_now_ns, Counter, EbpfError, Gateway, GatewayConfig, GatewayImage, VipMode,
+    XdpAction, XdpMode,
 };
 
 #[test]
@@ -233,4 +234,60 @@ fn a_stale_link_of_a_vanished_interface_is_replaced() {
         "a fresh link replaced the defunct one"
     );
     assert!(ns.link_show("yd0").contains("xdpgeneric"));
+}
+
+#[test]
+fn a_restart_into_the_split_host_part_keeps_the_link_and_the_maps() {
+    require_root();
+    let ns = NetnsVeth::new("img");
+    let dir = BpffsDir::new("img");
+    let first = ns.run(|| {
+        let (mut gw, _) = Gateway::open_pinned(&dir.path).unwrap();
+        program_fixture(&mut gw);
+        gw.attach("yd0", XdpMode::Generic).unwrap();
+        Gateway::pinned_link(&dir.path, "yd0").unwrap().unwrap()
+    });
+    let (gw, second) = ns.run(|| {
+        let (mut gw, adopted) =
+            Gateway::open_pinned_image(&dir.path, GatewayImage::SplitHost).unwrap();
+        assert!(
+            adopted,
+            "the host part adopts the whole program's pinned maps"
+        );
+        gw.attach("yd0", XdpMode::Generic).unwrap();
+        let link = Gateway::pinned_link(&dir.path, "yd0").unwrap().unwrap();
+        (gw, link)
+    });
+    assert_eq!(second.link_id, first.link_id, "same link");
+    assert_eq!(second.program_id, gw.program_id().unwrap(), "new program");
+    assert_ne!(second.program_id, first.program_id);
+    assert_eq!(gw.image(), GatewayImage::SplitHost);
+    assert!(
+        ns.link_show("yd0").contains("oxdp_host"),
+        "{}",
+        ns.link_show("yd0")
+    );
+    // The adopted tables serve the host part: a tunnel frame without a shim is forwarded.
+    let out = gw.test_run(&tunnel(VIP, VNI_A, TENANT).build()).unwrap();
+    assert_eq!(out.action, XdpAction::Tx);
+    Gateway::remove_pinned(&dir.path).unwrap();
+}
+
+#[test]
+fn hardware_mode_is_refused_in_one_sentence_and_leaves_nothing_attached() {
+    require_root();
+    let ns = NetnsVeth::new("hw");
+    let why = ns.run(|| yard_ebpf::try_hardware("yd0"));
+    eprintln!("{why}");
+    assert!(
+        why.starts_with("hardware-mode XDP on yd0 was refused (")
+            && why.ends_with("which hardware mode needs)")
+            && !why.contains('\n'),
+        "{why}"
+    );
+    assert!(
+        !ns.link_show("yd0").contains("xdp"),
+        "{}",
+        ns.link_show("yd0")
+    );
 }

@@ -23,6 +23,7 @@ pub struct Config {
     pub gateway: GatewaySection,
     pub probe: ProbeSection,
     pub analyzer: AnalyzerSection,
+    pub aggregator: AggregatorSection,
     pub planner: PlannerSection,
 }
 
@@ -132,6 +133,20 @@ pub enum XdpMode {
     Generic,
 }
 
+/// Where the gateway's forwarding function runs (issue 15, yard-offload's split).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Offload {
+    /// The whole program on `interface`.
+    None,
+    /// Try the NIC part in hardware mode on `interface`; where that is refused (always, with
+    /// this loader: it says why in one sentence) run the whole program, as `none`.
+    Auto,
+    /// The NIC part on an emulated NIC in front of `interface` (veths `offload_wire` and
+    /// `offload_port`, which must exist), the host part on `interface`.
+    Emulated,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GatewaySection {
@@ -163,6 +178,14 @@ pub struct GatewaySection {
     pub holddown_max_ms: u64,
     /// Half-life of the lapse penalty: how fast a healthy node is forgiven.
     pub holddown_half_life_ms: u64,
+    /// Whether to split the forwarding function between a NIC and the host.
+    pub offload: Offload,
+    /// With `offload = "emulated"`: the emulated NIC's wire port, the veth facing the fabric,
+    /// where the NIC part runs.
+    pub offload_wire: Option<String>,
+    /// With `offload = "emulated"`: the emulated NIC's host port, the veth whose peer is
+    /// `interface`; what the host sends leaves through it to the wire port.
+    pub offload_port: Option<String>,
 }
 
 /// The probe: local ranks' events in, summaries out to the analyzer.
@@ -225,6 +248,59 @@ impl Default for ProbeSection {
             buffer_events: 262_144,
             interface: String::new(),
             ports: Vec::new(),
+        }
+    }
+}
+
+/// The aggregator: gradient sums in XDP on this host, and the cluster's job limits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AggregatorSection {
+    /// Whether this host sums jobs (it registers itself with its memory budget).
+    pub enabled: bool,
+    /// The interface workers' frames arrive on.
+    pub interface: String,
+    pub xdp_mode: XdpMode,
+    /// Kernel memory for gradients on this host (the slot map is allocated at start).
+    pub memory_mb: u64,
+    /// How often per-job counters are read for stats and metrics.
+    pub stats_ms: u64,
+    /// Aggregator memory one job may take (checked by the leader at creation).
+    pub job_memory_mb: u64,
+    /// Aggregator memory all jobs together may take.
+    pub cluster_memory_mb: u64,
+    /// How often the leader re-decides placements.
+    pub place_ms: u64,
+}
+
+impl AggregatorSection {
+    /// Entries of this host's slot map: its memory budget in slots.
+    pub fn slots(&self) -> u32 {
+        let slots =
+            self.memory_mb.saturating_mul(1 << 20) / yard_raft_store::aggregation::SLOT_BYTES;
+        u32::try_from(slots).unwrap_or(u32::MAX)
+    }
+
+    /// The limits a job creation is checked against.
+    pub fn quota(&self) -> yard_raft_store::aggregation::Quota {
+        yard_raft_store::aggregation::Quota {
+            job_bytes: self.job_memory_mb.saturating_mul(1 << 20),
+            cluster_bytes: self.cluster_memory_mb.saturating_mul(1 << 20),
+        }
+    }
+}
+
+impl Default for AggregatorSection {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            interface: "eth0".into(),
+            xdp_mode: XdpMode::Native,
+            memory_mb: 256,
+            stats_ms: 1000,
+            job_memory_mb: 256,
+            cluster_memory_mb: 4096,
+            place_ms: 100,
         }
     }
 }
@@ -493,6 +569,9 @@ impl Default for GatewaySection {
             holddown_ms: 3_000,
             holddown_max_ms: 60_000,
             holddown_half_life_ms: 30_000,
+            offload: Offload::None,
+            offload_wire: None,
+            offload_port: None,
         }
     }
 }
@@ -551,6 +630,33 @@ impl Config {
                 "must be above 0 and below raft.election_timeout_min_ms",
             );
         }
+        let agg = &self.aggregator;
+        if agg.enabled && agg.memory_mb == 0 {
+            return bad(
+                "aggregator.memory_mb",
+                "must be at least 1 on an aggregating host",
+            );
+        }
+        if agg.memory_mb.saturating_mul(1 << 20) / yard_raft_store::aggregation::SLOT_BYTES
+            > u64::from(u32::MAX)
+        {
+            return bad(
+                "aggregator.memory_mb",
+                "is more than the slot map can index",
+            );
+        }
+        if agg.stats_ms == 0 || agg.place_ms == 0 {
+            return bad(
+                "aggregator.stats_ms",
+                "and aggregator.place_ms must be above 0",
+            );
+        }
+        if agg.job_memory_mb > agg.cluster_memory_mb {
+            return bad(
+                "aggregator.job_memory_mb",
+                "must not exceed aggregator.cluster_memory_mb",
+            );
+        }
         if self.raft.election_timeout_min_ms >= self.raft.election_timeout_max_ms {
             return bad(
                 "raft.election_timeout_max_ms",
@@ -598,6 +704,29 @@ impl Config {
         }
         if self.gateway.holddown_half_life_ms == 0 {
             return bad("gateway.holddown_half_life_ms", "must be at least 1");
+        }
+        let g = &self.gateway;
+        if g.offload == Offload::Emulated {
+            for (key, value) in [
+                ("gateway.offload_wire", &g.offload_wire),
+                ("gateway.offload_port", &g.offload_port),
+            ] {
+                match value.as_deref() {
+                    None | Some("") => {
+                        return bad(key, "must name a veth when gateway.offload is \"emulated\"")
+                    }
+                    Some(v) if v == g.interface => {
+                        return bad(key, "must differ from gateway.interface")
+                    }
+                    _ => {}
+                }
+            }
+            if g.offload_wire == g.offload_port {
+                return bad(
+                    "gateway.offload_port",
+                    "must differ from gateway.offload_wire",
+                );
+            }
         }
         if self.probe.report_ms == 0 || self.probe.report_ms > 10_000 {
             return bad("probe.report_ms", "must be between 1 and 10000");
@@ -811,6 +940,42 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("gateway.xdp_mode"), "{err}");
+    }
+
+    #[test]
+    fn offload_is_validated() {
+        let err = load_toml("[gateway]\noffload = \"smartnic\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("gateway.offload"), "{err}");
+        assert_eq!(
+            load_toml("").unwrap().gateway.offload,
+            Offload::None,
+            "the default keeps today's whole program"
+        );
+        assert_eq!(
+            load_toml("[gateway]\noffload = \"auto\"\n")
+                .unwrap()
+                .gateway
+                .offload,
+            Offload::Auto
+        );
+        let err = load_toml("[gateway]\noffload = \"emulated\"\noffload_wire = \"nicw\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("gateway.offload_port"), "{err}");
+        let err = load_toml(
+            "[gateway]\noffload = \"emulated\"\noffload_wire = \"eth0\"\noffload_port = \"nicp\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("gateway.offload_wire"), "{err}");
+        let ok = load_toml(
+            "[gateway]\noffload = \"emulated\"\noffload_wire = \"nicw\"\noffload_port = \"nicp\"\n",
+        )
+        .unwrap();
+        assert_eq!(ok.gateway.offload, Offload::Emulated);
+        assert_eq!(ok.gateway.offload_port.as_deref(), Some("nicp"));
     }
 
     #[test]

@@ -3,6 +3,8 @@
 //! handler and the admin client.
 
 pub mod admin_actor;
+pub mod agg_control;
+pub mod agg_service;
 pub mod alert;
 pub mod batcher;
 pub mod client;

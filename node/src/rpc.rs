@@ -113,8 +113,90 @@ pub enum AdminRequest {
         job: Option<String>,
         timeline: bool,
     },
+    /// Aggregation jobs and this node's aggregator.
+    Agg(AggRequest),
     /// `yard plan show`: the leader's service planner.
     PlanShow,
+}
+
+/// Operator and worker requests about aggregation jobs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum AggRequest {
+    /// A new job; its chunk size is the largest a link of `mtu` carries.
+    Create {
+        name: String,
+        workers: u16,
+        values: u32,
+        dtype: u8,
+        elastic: bool,
+        mtu: u32,
+        colocate: bool,
+    },
+    Delete {
+        name: String,
+    },
+    /// A worker of `name` with rank `rank` sends from `addr`.
+    Join {
+        name: String,
+        rank: u16,
+        addr: std::net::SocketAddrV4,
+    },
+    List,
+    /// One job (linearizable).
+    Show {
+        name: String,
+    },
+    /// The contacted node's aggregator (never forwarded).
+    Stats,
+    /// A node registers as an aggregator with its slot budget (its daemon, at start).
+    Host {
+        node: NodeId,
+        ip: std::net::Ipv4Addr,
+        slots: u32,
+    },
+}
+
+impl AggRequest {
+    pub fn is_read_only(&self) -> bool {
+        matches!(
+            self,
+            AggRequest::List | AggRequest::Show { .. } | AggRequest::Stats
+        )
+    }
+}
+
+/// One job as `yard agg job list|show` give it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AggJobRow {
+    pub job: yard_raft_store::aggregation::AggJob,
+    /// Where workers send: the aggregator's address and port, once placed.
+    pub aggregator: Option<std::net::SocketAddrV4>,
+    /// Why the job has no aggregator yet, if it is complete and waits for one.
+    pub waiting: Option<String>,
+}
+
+/// `yard agg stats`: one node's aggregator.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AggStats {
+    pub node: NodeId,
+    pub enabled: bool,
+    pub slot_count: u32,
+    /// (job id, epoch, workers, slots, bytes, counters as (name, packets, bytes))
+    pub jobs: Vec<AggJobStats>,
+    pub counters: Vec<(String, u64, u64)>,
+    pub errors: u64,
+    pub last_error: Option<String>,
+}
+
+/// One served job's figures.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AggJobStats {
+    pub id: u32,
+    pub epoch: u32,
+    pub workers: usize,
+    pub slots: u64,
+    pub bytes: u64,
+    pub counters: Vec<(String, u64, u64)>,
 }
 
 /// Operator requests about the gateway.
@@ -194,6 +276,7 @@ impl AdminRequest {
                 | AdminRequest::Diagnose { .. }
                 | AdminRequest::PlanShow
         ) || matches!(self, AdminRequest::Gateway(g) if g.is_read_only())
+            || matches!(self, AdminRequest::Agg(a) if a.is_read_only())
     }
 }
 
@@ -322,6 +405,8 @@ pub enum AdminReply {
     Endpoints(Vec<Endpoint>),
     GatewayStats(GatewayStats),
     Diagnosis(DiagnosisView),
+    AggJobs(Vec<AggJobRow>),
+    AggStats(AggStats),
     Plan(Box<PlanView>),
 }
 

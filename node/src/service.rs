@@ -63,6 +63,10 @@ pub struct Node {
     probe_view: Arc<std::sync::OnceLock<yard_actors::probe::socket::SharedProbe>>,
     /// How long the pre-vote gate has been watching (`crate::prevote::Watch`).
     prevote_watch: Arc<crate::prevote::SharedWatch>,
+    /// This node's aggregator, when it aggregates.
+    agg_view: Arc<std::sync::OnceLock<yard_actors::aggregator::actor::AggView>>,
+    /// The job limits this node checks creations against when it leads.
+    agg_quota: Arc<std::sync::OnceLock<yard_raft_store::aggregation::Quota>>,
 }
 
 enum Attempt<T> {
@@ -116,6 +120,8 @@ impl Node {
             gateway_view: Arc::default(),
             probe_view: Arc::default(),
             prevote_watch: Arc::default(),
+            agg_view: Arc::default(),
+            agg_quota: Arc::default(),
         }
     }
 
@@ -150,6 +156,35 @@ impl Node {
 
     pub(crate) fn gateway_view(&self) -> Option<&GatewayView> {
         self.gateway_view.get()
+    }
+
+    /// Shows this node's aggregator in stats and metrics from now on.
+    pub fn attach_aggregator(&self, view: yard_actors::aggregator::actor::AggView) {
+        let _ = self.agg_view.set(view);
+    }
+
+    pub(crate) fn agg_view(&self) -> Option<&yard_actors::aggregator::actor::AggView> {
+        self.agg_view.get()
+    }
+
+    /// Sets the limits job creations are checked against (the `[aggregator]` config).
+    pub fn set_agg_quota(&self, quota: yard_raft_store::aggregation::Quota) {
+        let _ = self.agg_quota.set(quota);
+    }
+
+    pub(crate) fn agg_quota(&self) -> yard_raft_store::aggregation::Quota {
+        self.agg_quota
+            .get()
+            .copied()
+            .unwrap_or(yard_raft_store::aggregation::Quota {
+                job_bytes: 256 << 20,
+                cluster_bytes: 4096 << 20,
+            })
+    }
+
+    /// The leader's reachability view (empty on a follower).
+    pub(crate) fn reachability(&self) -> std::collections::BTreeMap<NodeId, bool> {
+        self.inner.reachability.snapshot()
     }
 
     /// Routes operators' requests through the admin actor from now on.
@@ -482,6 +517,7 @@ impl Node {
                     // Which earlier attempt applied cannot be told any more: the client must
                     // treat the outcome as unknown (and open a new session).
                     Ok(Response::Refused(why)) => Err(Reply::Indefinite(why)),
+                    Ok(Response::Rejected(why)) => Err(Reply::Error(why)),
                     Ok(resp) => {
                         METRICS.kv_writes.inc();
                         Ok(Attempt::Done(resp))
@@ -579,6 +615,7 @@ impl Node {
                 self.handle_diagnose(forwarded, &req, job.as_deref(), *timeline)
                     .await
             }
+            AdminRequest::Agg(a) => self.handle_agg(forwarded, &req, a).await,
             AdminRequest::PlanShow => {
                 let me = self.inner.id;
                 self.read(forwarded, &req, |_| {
@@ -949,7 +986,7 @@ impl From<Response> for AdminReply {
     fn from(r: Response) -> Self {
         match r {
             // Client commands never answer with these; the batcher unpacks batches.
-            Response::None | Response::Batch(_) | Response::Refused(_) => {
+            Response::None | Response::Batch(_) | Response::Refused(_) | Response::Rejected(_) => {
                 AdminReply::Written { revision: 0 }
             }
             Response::Written { revision } => AdminReply::Written { revision },

@@ -365,3 +365,16 @@ pub fn pipeline() -> Pipeline {
         ],
     }
 }
+
+/// The cut the daemon's built-in split parts are generated for (`ebpf/bpf/oxdp_*.bpf.c`,
+/// [`crate::gen::FILES`]): the planner's choice for the nfp profile and the default host
+/// model, the one real SmartNIC the profiles describe from its driver.
+pub fn default_cut() -> u64 {
+    let p = pipeline();
+    crate::plan::best_ideal(
+        &p,
+        &crate::profile::nfp(),
+        &crate::plan::HostModel::default(),
+    )
+    .0
+}

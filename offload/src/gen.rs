@@ -39,6 +39,28 @@ impl Role {
     }
 }
 
+/// How the NIC part hands a frame over to the host part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handoff {
+    /// `XDP_PASS`: up the NIC's receive path into the host's driver, where the host part runs
+    /// (a real SmartNIC, whose firmware does not redirect).
+    Pass,
+    /// `XDP_REDIRECT` through `oxdp_handoff`, a one-slot DEVMAP the loader points at the
+    /// emulated NIC's host port: on the emulated NIC (an XDP program on a veth) a pass would
+    /// end in that veth's own stack, not at the host's interface. An empty slot falls back to
+    /// `XDP_PASS`, so under BPF_PROG_TEST_RUN both handoffs give the same verdicts.
+    Redirect,
+}
+
+/// The split parts as files: (file name, role, handoff), as `yard offload plan --emit` writes
+/// them and as `ebpf/bpf/` holds them, generated for [`crate::gateway::default_cut`] and
+/// compiled into the daemon by the ebpf crate's build (a test keeps them current).
+pub const FILES: [(&str, Role, Handoff); 3] = [
+    ("oxdp_nic.bpf.c", Role::Nic, Handoff::Pass),
+    ("oxdp_nic_emu.bpf.c", Role::Nic, Handoff::Redirect),
+    ("oxdp_host.bpf.c", Role::Host, Handoff::Pass),
+];
+
 /// The project's shared header, which the generated programs include: written beside them
 /// by `yard offload plan --emit`.
 pub const YARD_H: &str = include_str!("../../ebpf/bpf/yard.h");
@@ -321,7 +343,16 @@ const NIC_HANDOFF: &str = r#"handoff:
 	if (data + sizeof(st) > data_end)
 		return XDP_PASS;
 	__builtin_memcpy(data, &st, sizeof(st));
-	return XDP_PASS;
+"#;
+
+const NIC_REDIRECT_MAP: &str = r#"
+/* The emulated NIC's host port: where a handed-over frame goes (slot 0, set by the loader). */
+struct {
+	__uint(type, BPF_MAP_TYPE_DEVMAP);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} oxdp_handoff SEC(".maps");
 "#;
 
 /// The template of one op: C statements that end by jumping to the next op on the path
@@ -569,8 +600,19 @@ fn link(p: &Pipeline, op: &str, body: &str) -> Result<String, GenError> {
     Ok(out)
 }
 
-/// The C source of one part for the cut `mask` (bit i: op i runs on the NIC).
+/// The C source of one part for the cut `mask` (bit i: op i runs on the NIC), the NIC part
+/// handing over with [`Handoff::Pass`].
 pub fn generate(p: &Pipeline, mask: u64, role: Role) -> Result<String, GenError> {
+    generate_with(p, mask, role, Handoff::Pass)
+}
+
+/// [`generate`] with a choice of handoff (which only the NIC part uses).
+pub fn generate_with(
+    p: &Pipeline,
+    mask: u64,
+    role: Role,
+    handoff: Handoff,
+) -> Result<String, GenError> {
     let mut c = String::new();
     let _ = writeln!(
         c,
@@ -594,6 +636,10 @@ pub fn generate(p: &Pipeline, mask: u64, role: Role) -> Result<String, GenError>
         Role::Nic => NIC_COUNT,
         Role::Host => HOST_COUNT,
     });
+    let redirect = role == Role::Nic && handoff == Handoff::Redirect;
+    if redirect {
+        c.push_str(NIC_REDIRECT_MAP);
+    }
     let _ = writeln!(
         c,
         "\nSEC(\"xdp\")\nint {}(struct xdp_md *ctx)\n{{",
@@ -618,6 +664,11 @@ pub fn generate(p: &Pipeline, mask: u64, role: Role) -> Result<String, GenError>
     }
     if role == Role::Nic {
         c.push_str(NIC_HANDOFF);
+        c.push_str(if redirect {
+            "\treturn bpf_redirect_map(&oxdp_handoff, 0, XDP_PASS);\n"
+        } else {
+            "\treturn XDP_PASS;\n"
+        });
     }
     c.push_str("}\n");
     Ok(c)
@@ -641,5 +692,12 @@ mod tests {
         assert!(nic.contains("op_2: /* arp_outer */\n\tst.resume = 2;"));
         assert!(nic.contains("oxdp_nic_counters"));
         assert!(!nic.contains("gw_counters SEC"));
+        assert!(nic.contains("\treturn XDP_PASS;\n}"));
+        assert!(!nic.contains("oxdp_handoff"));
+        let emu = generate_with(&p, 0b11, Role::Nic, Handoff::Redirect).expect("generates");
+        assert!(emu.contains("oxdp_handoff SEC(\".maps\")"));
+        assert!(emu.contains("return bpf_redirect_map(&oxdp_handoff, 0, XDP_PASS);\n}"));
+        let host = generate_with(&p, 0b11, Role::Host, Handoff::Redirect).expect("generates");
+        assert_eq!(host, generate(&p, 0b11, Role::Host).expect("generates"));
     }
 }

@@ -405,3 +405,48 @@ fn with_no_nic_the_host_part_is_the_whole_program() {
         assert_eq!((got.0, &got.1), (o.action, &o.frame), "frame {i}");
     }
 }
+
+#[test]
+fn the_built_in_parts_with_the_redirect_handoff_equal_the_whole_program() {
+    // What the daemon runs on the emulated NIC: ebpf/bpf's checked-in parts (the default cut),
+    // the NIC part handing over by redirect. Under BPF_PROG_TEST_RUN its devmap slot is empty,
+    // so a handoff is XDP_PASS with the shim, as on a real NIC.
+    let bpf = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../ebpf/bpf");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let read = |name: &str| {
+        std::fs::read(common::compile(
+            &bpf.join(name),
+            dir.path(),
+            &["-Wall", "-Werror"],
+        ))
+        .expect("read")
+    };
+    let (nic_obj, host_obj) = (read("oxdp_nic_emu.bpf.c"), read("oxdp_host.bpf.c"));
+    let frames = corpus();
+    for lease in [u64::MAX, 0] {
+        let gw = whole(lease);
+        let mut nic = load_part(&nic_obj, Role::Nic, lease);
+        let mut host = load_part(&host_obj, Role::Host, lease);
+        let mut handed_over = 0;
+        for (i, f) in frames.iter().enumerate() {
+            let want = gw.test_run(f).expect("whole test run");
+            let (a, out) = run(&nic, Role::Nic, f);
+            let got = if a == XdpAction::Pass {
+                assert!(has_shim(&out), "frame {i}: passed without a shim");
+                handed_over += 1;
+                run(&host, Role::Host, &out)
+            } else {
+                (a, out)
+            };
+            assert_eq!((got.0, &got.1), (want.action, &want.frame), "frame {i}");
+        }
+        assert!(handed_over > 0, "no frame went to the host part");
+        let want: Vec<(u64, u64)> = gw
+            .counters()
+            .expect("counters")
+            .iter()
+            .map(|(_, v)| (v.packets, v.bytes))
+            .collect();
+        assert_eq!(split_counters(&mut nic, &mut host), want, "lease {lease}");
+    }
+}

@@ -60,3 +60,22 @@ fn generated_parts_compile_and_the_nfp_check_agrees() {
         }
     }
 }
+
+#[test]
+fn the_built_in_split_parts_are_the_generators_output_for_the_default_cut() {
+    // ebpf/bpf/oxdp_*.bpf.c are what the daemon runs; they must not drift from the generator.
+    let p = gateway::pipeline();
+    let nfp = Profile::by_name("nfp").expect("nfp");
+    let plan = yard_offload::plan::plan(&p, &nfp, &yard_offload::plan::HostModel::default())
+        .expect("plans");
+    assert_eq!(gateway::default_cut(), plan.mask);
+    let bpf = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../ebpf/bpf");
+    for (name, role, handoff) in gen::FILES {
+        let want = gen::generate_with(&p, plan.mask, role, handoff).expect("generates");
+        let got = std::fs::read_to_string(bpf.join(name)).expect("the built-in part exists");
+        assert!(
+            got == want,
+            "ebpf/bpf/{name} is stale: regenerate with `yard offload plan --profile nfp --emit ebpf/bpf`"
+        );
+    }
+}

@@ -84,6 +84,8 @@ pub enum Command {
         now_unix_ms: u64,
         cmd: Box<Command>,
     },
+    /// A change to the aggregator tables (jobs, members, placements, hosts).
+    Aggregation(crate::aggregation::AggCommand),
 }
 
 /// What applying a command produced.
@@ -106,4 +108,7 @@ pub enum Response {
     /// A tagged write that cannot be answered: its session expired or the client had already
     /// acknowledged it, so whether it applied is unknown. Nothing changed.
     Refused(String),
+    /// The command was refused by the tables (a quota, a name, a rank): nothing changed, and
+    /// this is why, in one sentence.
+    Rejected(String),
 }

@@ -11,6 +11,7 @@
 
 use std::io::Cursor;
 
+pub mod aggregation;
 pub mod codec;
 pub mod command;
 pub mod diagnosis;

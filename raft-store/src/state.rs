@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use openraft::{EntryPayload, LogId, StoredMembership};
 use serde::{Deserialize, Serialize};
 
+use crate::aggregation::AggTables;
 use crate::command::{Command, JoinToken, NodeInfo, NodeMeta, Response, Versioned};
 use crate::diagnosis::DiagnosisTables;
 use crate::gateway::{GatewayChange, GatewayTables};
@@ -37,6 +38,12 @@ pub enum Change {
         revision: u64,
         changes: std::sync::Arc<Vec<GatewayChange>>,
     },
+    /// The aggregator tables changed: all of them as of `revision` (they are small, and every
+    /// subscriber recomputes what it serves from the whole).
+    Aggregation {
+        revision: u64,
+        tables: std::sync::Arc<AggTables>,
+    },
 }
 
 /// Every replicated table plus the bookkeeping openraft needs.
@@ -56,6 +63,9 @@ pub struct StateMachineData {
     /// Client sessions (exactly-once writes). Appended last, like `diagnosis`.
     #[serde(default)]
     pub sessions: Sessions,
+    /// Aggregation jobs and hosts. Appended last, like `diagnosis`.
+    #[serde(default)]
+    pub aggregation: AggTables,
 }
 
 impl StateMachineData {
@@ -200,6 +210,28 @@ impl StateMachineData {
                     },
                     Vec::new(),
                 )
+            }
+            Command::Aggregation(cmd) => {
+                let revision = self.revision + 1;
+                match self.aggregation.apply(cmd, revision) {
+                    Err(why) => (Response::Rejected(why), Vec::new()),
+                    Ok(false) => (
+                        Response::Written {
+                            revision: self.revision,
+                        },
+                        Vec::new(),
+                    ),
+                    Ok(true) => {
+                        self.revision = revision;
+                        (
+                            Response::Written { revision },
+                            vec![Change::Aggregation {
+                                revision,
+                                tables: std::sync::Arc::new(self.aggregation.clone()),
+                            }],
+                        )
+                    }
+                }
             }
             Command::Once {
                 tag,

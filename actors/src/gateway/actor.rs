@@ -42,6 +42,11 @@ pub trait DataPlane: Send + 'static {
     fn counters(&self) -> Result<Vec<CounterRow>, DataPlaneError>;
     /// What a previous daemon left programmed: VIPs, the lease deadline (ms) and endpoints.
     fn adopted(&self) -> Result<Adopted, DataPlaneError>;
+    /// Where the forwarding function runs, in one sentence for the actor's health (the
+    /// `[gateway] offload` outcome); empty when there is nothing to say.
+    fn placement(&self) -> String {
+        String::new()
+    }
 }
 
 /// The interface the VIPs live on.
@@ -515,15 +520,17 @@ impl GatewayActor {
             .filter(|s| **s == Serve::Owned)
             .count();
         let lease_ok = now_ms < deadline;
-        self.health.report(
-            "gateway",
-            lease_ok,
-            if lease_ok {
+        self.health.report("gateway", lease_ok, {
+            let state = if lease_ok {
                 format!("lease held, {owned} vips owned, {endpoints} endpoints")
             } else {
                 "lease lapsed: serving nothing".to_owned()
-            },
-        );
+            };
+            match self.dataplane.placement() {
+                p if p.is_empty() => state,
+                p => format!("{state}; {p}"),
+            }
+        });
     }
 }
 

@@ -88,6 +88,11 @@ enum Command {
         #[command(subcommand)]
         cmd: super::gateway::GatewayCmd,
     },
+    /// Gradient aggregation: jobs, their workers and aggregators, a node's aggregator.
+    Agg {
+        #[command(subcommand)]
+        cmd: super::agg::AggCmd,
+    },
     /// Slow or hung collectives: a live job's verdicts, or Flight Recorder dumps / a RAS
     /// report analyzed offline.
     Diagnose(super::diagnose::DiagnoseArgs),
@@ -313,6 +318,9 @@ async fn client_command(args: &Args, out: Out) -> anyhow::Result<ExitCode> {
     if let Command::Diagnose(d) = &args.command {
         return super::diagnose::live(&client, d, out).await;
     }
+    if let Command::Agg { cmd } = &args.command {
+        return super::agg::run(&client, cmd, out).await;
+    }
     if let Command::Plan { .. } = &args.command {
         return super::plan::show(&client, out).await;
     }
@@ -348,6 +356,7 @@ async fn client_command(args: &Args, out: Out) -> anyhow::Result<ExitCode> {
         | Command::Ca { .. }
         | Command::Bench { .. }
         | Command::Gateway { .. }
+        | Command::Agg { .. }
         | Command::Diagnose(_)
         | Command::Sim { .. }
         | Command::Offload { .. }
@@ -440,8 +449,15 @@ fn render(req: &AdminRequest, reply: AdminReply, out: Out) -> ExitCode {
         (_, AdminReply::Value(None)) => {}
         // Gateway replies are rendered by `yard gateway`.
         (_, AdminReply::Vips(_) | AdminReply::Endpoints(_) | AdminReply::GatewayStats(_)) => {}
-        // Diagnoses are rendered by `yard diagnose`, plans by `yard plan show`.
-        (_, AdminReply::Diagnosis(_) | AdminReply::Plan(_)) => {}
+        // Diagnoses are rendered by `yard diagnose`, aggregation by `yard agg`, plans by
+        // `yard plan show`.
+        (
+            _,
+            AdminReply::Diagnosis(_)
+            | AdminReply::AggJobs(_)
+            | AdminReply::AggStats(_)
+            | AdminReply::Plan(_),
+        ) => {}
     }
     ExitCode::SUCCESS
 }

@@ -1,6 +1,7 @@
 //! The binary's commands: argument parsing, the daemon's process wiring, the CLI's output and
 //! the benchmark. Errors here are `anyhow`; each ends the process with one sentence on stderr.
 
+mod agg;
 mod bench;
 mod cli;
 mod daemon;

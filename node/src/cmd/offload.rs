@@ -86,20 +86,21 @@ pub fn run(cmd: &OffloadCmd, out: Out) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Writes the NIC part, the host part and yard.h for the cut into `dir`.
+/// Writes the NIC part (both handoffs), the host part and yard.h for the cut into `dir`.
 fn emit_programs(
     pipeline: &yard_offload::plan::Pipeline,
     mask: u64,
     dir: &std::path::Path,
 ) -> anyhow::Result<Vec<String>> {
-    use yard_offload::gen::{generate, Role, YARD_H};
+    use yard_offload::gen::{generate_with, FILES, YARD_H};
     std::fs::create_dir_all(dir).with_context(|| format!("could not create {}", dir.display()))?;
     let mut written = Vec::new();
-    for (name, text) in [
-        ("oxdp_nic.bpf.c", generate(pipeline, mask, Role::Nic)?),
-        ("oxdp_host.bpf.c", generate(pipeline, mask, Role::Host)?),
-        ("yard.h", YARD_H.to_owned()),
-    ] {
+    let mut files = Vec::new();
+    for (name, role, handoff) in FILES {
+        files.push((name, generate_with(pipeline, mask, role, handoff)?));
+    }
+    files.push(("yard.h", YARD_H.to_owned()));
+    for (name, text) in files {
         let path = dir.join(name);
         std::fs::write(&path, text)
             .with_context(|| format!("could not write {}", path.display()))?;

@@ -1,0 +1,13 @@
+//! The aggregator (XAgg): gradient aggregation in XDP, the whole gradient of each job in
+//! kernel memory (see `ebpf/bpf/aggregator.bpf.c` and docs/aggregation-protocol.md).
+//!
+//! - [`placement`]: the leader's decisions, pure: which host sums each job (its slot budget,
+//!   not a worker's own host unless the job allows it), moved in one command when that host is
+//!   unreachable, and the workers lost with their host.
+//! - [`core`]: a host's side, pure: which jobs of the replicated tables it serves, as the XDP
+//!   program's table entries, and what changed since the last time.
+//! - [`actor`]: the actix shell that owns the XDP program and applies the core's effects.
+
+pub mod actor;
+pub mod core;
+pub mod placement;

@@ -1,0 +1,349 @@
+//! The leader's aggregation decisions, pure: from the replicated tables and the leader's
+//! reachability view (the cluster's one failure detector) to the commands to propose.
+//!
+//! - A complete job with no placement, or whose host is unreachable or no longer aggregates,
+//!   is placed on the reachable host with the most free slots that can hold its whole gradient
+//!   in one contiguous range (first fit within the host), never a worker's own host unless the
+//!   job allows it: summing where a worker runs would put the job's whole traffic on that
+//!   worker's link. Ties go to the lowest node id, so every leader decides the same.
+//! - A member whose address is a node that the leader finds unreachable is reported gone, once;
+//!   the tables then fail the job naming the worker, or, for an elastic job, go on without it.
+//!
+//! Each decision is one command guarded by the job's epoch, so a decision made on tables that
+//! have moved on is skipped when applied, never applied over a newer one.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+
+use yard_raft_store::aggregation::{AggCommand, AggJob, AggTables, Placement};
+use yard_raft_store::NodeId;
+
+/// What the leader sees of the cluster, besides the tables.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterView {
+    /// Members the leader's liveness probes find unreachable.
+    pub unreachable: BTreeSet<NodeId>,
+    /// Each member's host address (from its advertised address).
+    pub node_ips: BTreeMap<NodeId, Ipv4Addr>,
+}
+
+/// The commands to propose, and why each job that cannot be placed waits.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Decision {
+    pub commands: Vec<AggCommand>,
+    /// (job, why it has no aggregator)
+    pub waiting: Vec<(String, String)>,
+}
+
+/// Decides on every job of `tables`.
+pub fn decide(tables: &AggTables, view: &ClusterView) -> Decision {
+    let mut out = Decision::default();
+    // Slot ranges in use per host, by jobs that keep their placement.
+    let mut used: BTreeMap<NodeId, Vec<(u32, u32)>> = BTreeMap::new();
+    let mut to_place = Vec::new();
+    for job in tables.jobs.values() {
+        if job.failed.is_some() {
+            continue;
+        }
+        if let Some(gone) = lost_worker(job, view) {
+            out.commands.push(gone);
+            continue;
+        }
+        if !job.complete() {
+            continue;
+        }
+        match job.placement {
+            Some(p) if host_usable(tables, view, p.node) => {
+                used.entry(p.node)
+                    .or_default()
+                    .push((p.base, p.base + job.slots()));
+            }
+            _ => to_place.push(job),
+        }
+    }
+    for job in to_place {
+        match choose(tables, view, &used, job) {
+            Ok(placement) => {
+                used.entry(placement.node)
+                    .or_default()
+                    .push((placement.base, placement.base + job.slots()));
+                out.commands.push(AggCommand::Place {
+                    name: job.name.clone(),
+                    expect_epoch: job.epoch,
+                    placement,
+                });
+            }
+            Err(why) => out.waiting.push((job.name.clone(), why)),
+        }
+    }
+    out
+}
+
+fn host_usable(tables: &AggTables, view: &ClusterView, node: NodeId) -> bool {
+    tables.hosts.contains_key(&node) && !view.unreachable.contains(&node)
+}
+
+/// The first member that lives on an unreachable node, as a command.
+fn lost_worker(job: &AggJob, view: &ClusterView) -> Option<AggCommand> {
+    job.members.iter().find_map(|(rank, addr)| {
+        let node = view
+            .node_ips
+            .iter()
+            .find(|(id, ip)| **ip == *addr.ip() && view.unreachable.contains(id))?
+            .0;
+        Some(AggCommand::WorkerGone {
+            name: job.name.clone(),
+            rank: *rank,
+            reason: format!("its host, node {node} at {}, is unreachable", addr.ip()),
+        })
+    })
+}
+
+/// The lowest base at which `need` slots fit in `slots` around the `taken` ranges.
+fn first_fit(slots: u32, taken: &[(u32, u32)], need: u32) -> Option<u32> {
+    let mut ranges = taken.to_vec();
+    ranges.sort_unstable();
+    let mut at = 0u32;
+    for (start, end) in ranges {
+        if start >= at && start - at >= need {
+            return Some(at);
+        }
+        at = at.max(end);
+    }
+    (slots.checked_sub(at)? >= need).then_some(at)
+}
+
+fn choose(
+    tables: &AggTables,
+    view: &ClusterView,
+    used: &BTreeMap<NodeId, Vec<(u32, u32)>>,
+    job: &AggJob,
+) -> Result<Placement, String> {
+    let worker_ips: BTreeSet<Ipv4Addr> = job.members.values().map(|a| *a.ip()).collect();
+    let need = job.slots();
+    let mut best: Option<(u32, NodeId, u32)> = None; // (free, node, base)
+    let mut reasons = Vec::new();
+    for (node, host) in &tables.hosts {
+        if view.unreachable.contains(node) {
+            reasons.push(format!("node {node} is unreachable"));
+            continue;
+        }
+        if !job.colocate && worker_ips.contains(&host.ip) {
+            reasons.push(format!("node {node} runs a worker"));
+            continue;
+        }
+        let taken = used.get(node).map(Vec::as_slice).unwrap_or(&[]);
+        let free = host.slots
+            - taken
+                .iter()
+                .map(|(s, e)| e - s)
+                .sum::<u32>()
+                .min(host.slots);
+        let Some(base) = first_fit(host.slots, taken, need) else {
+            reasons.push(format!("node {node} has {free} of the {need} slots free"));
+            continue;
+        };
+        if best.is_none_or(|(f, _, _)| free > f) {
+            best = Some((free, *node, base));
+        }
+    }
+    match best {
+        Some((_, node, base)) => Ok(Placement { node, base }),
+        None if tables.hosts.is_empty() => {
+            Err("no node aggregates (none has aggregator.enabled)".into())
+        }
+        None => Err(format!("no aggregator can take it: {}", reasons.join(", "))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::SocketAddrV4;
+    use yard_raft_store::aggregation::Quota;
+
+    const QUOTA: Quota = Quota {
+        job_bytes: 1 << 40,
+        cluster_bytes: 1 << 40,
+    };
+
+    fn ip(i: u8) -> Ipv4Addr {
+        Ipv4Addr::new(198, 18, 0, i)
+    }
+
+    /// Hosts 1..=3 aggregate with `slots` each; job `name` has workers on hosts 4 and 5.
+    fn world(slots: u32, jobs: &[(&str, u32, bool)]) -> AggTables {
+        let mut t = AggTables::default();
+        for node in 1..=3u8 {
+            t.apply(
+                &AggCommand::Host {
+                    node: u64::from(node),
+                    ip: ip(node),
+                    slots,
+                },
+                1,
+            )
+            .unwrap();
+        }
+        for (name, values, colocate) in jobs {
+            t.apply(
+                &AggCommand::Create {
+                    name: (*name).into(),
+                    workers: 2,
+                    values: *values,
+                    dtype: 0,
+                    elastic: false,
+                    chunk_values: 100,
+                    colocate: *colocate,
+                    quota: QUOTA,
+                },
+                1,
+            )
+            .unwrap();
+            for rank in 0..2u16 {
+                let addr = SocketAddrV4::new(ip(4 + u8::try_from(rank).unwrap()), 40000);
+                t.apply(
+                    &AggCommand::Join {
+                        name: (*name).into(),
+                        rank,
+                        addr,
+                    },
+                    1,
+                )
+                .unwrap();
+            }
+        }
+        t
+    }
+
+    fn view() -> ClusterView {
+        ClusterView {
+            unreachable: BTreeSet::new(),
+            node_ips: (1..=5u8).map(|i| (u64::from(i), ip(i))).collect(),
+        }
+    }
+
+    fn apply_all(t: &mut AggTables, d: &Decision) {
+        for c in &d.commands {
+            t.apply(c, 9).unwrap();
+        }
+    }
+
+    #[test]
+    fn jobs_spread_to_the_freest_host_and_never_share_slots() {
+        // each job: 10 chunks, 20 slots
+        let mut t = world(
+            50,
+            &[
+                ("a", 1000, false),
+                ("b", 1000, false),
+                ("c", 1000, false),
+                ("d", 1000, false),
+            ],
+        );
+        let d = decide(&t, &view());
+        assert_eq!(d.commands.len(), 4);
+        apply_all(&mut t, &d);
+        let mut ranges: BTreeMap<NodeId, Vec<(u32, u32)>> = BTreeMap::new();
+        for j in t.jobs.values() {
+            let p = j.placement.unwrap();
+            ranges
+                .entry(p.node)
+                .or_default()
+                .push((p.base, p.base + j.slots()));
+        }
+        for (node, mut r) in ranges {
+            r.sort_unstable();
+            assert!(
+                r.windows(2).all(|w| w[0].1 <= w[1].0),
+                "overlap on {node}: {r:?}"
+            );
+            assert!(r.last().unwrap().1 <= 50);
+        }
+        assert!(
+            decide(&t, &view()).commands.is_empty(),
+            "a settled world needs nothing"
+        );
+    }
+
+    #[test]
+    fn a_dead_host_moves_its_job_in_one_command_to_a_survivor() {
+        let mut t = world(50, &[("a", 1000, false)]);
+        let d = decide(&t, &view());
+        apply_all(&mut t, &d);
+        let old = t.jobs["a"].placement.unwrap().node;
+        let epoch = t.jobs["a"].epoch;
+        let mut v = view();
+        v.unreachable.insert(old);
+        let d = decide(&t, &v);
+        assert_eq!(d.commands.len(), 1);
+        apply_all(&mut t, &d);
+        let new = t.jobs["a"].placement.unwrap().node;
+        assert_ne!(new, old);
+        assert_eq!(t.jobs["a"].epoch, epoch + 1);
+    }
+
+    #[test]
+    fn a_worker_host_is_not_used_unless_allowed_and_full_hosts_say_why() {
+        let mut t = world(50, &[("a", 1000, false)]);
+        // only host 4 (a worker's) aggregates
+        t.hosts.clear();
+        t.apply(
+            &AggCommand::Host {
+                node: 4,
+                ip: ip(4),
+                slots: 50,
+            },
+            1,
+        )
+        .unwrap();
+        let d = decide(&t, &view());
+        assert!(d.commands.is_empty());
+        assert_eq!(
+            d.waiting,
+            [(
+                "a".to_string(),
+                "no aggregator can take it: node 4 runs a worker".to_string()
+            )]
+        );
+        let mut t = world(10, &[("b", 1000, true)]);
+        let d = decide(&t, &view());
+        assert_eq!(d.waiting[0].1, "no aggregator can take it: node 1 has 10 of the 20 slots free, node 2 has 10 of the 20 slots free, node 3 has 10 of the 20 slots free");
+        t.hosts.clear();
+        assert!(decide(&t, &view()).waiting[0]
+            .1
+            .contains("none has aggregator.enabled"));
+    }
+
+    #[test]
+    fn a_worker_on_an_unreachable_node_is_reported_once() {
+        let mut t = world(50, &[("a", 1000, false)]);
+        let d = decide(&t, &view());
+        apply_all(&mut t, &d);
+        let mut v = view();
+        v.unreachable.insert(5);
+        let d = decide(&t, &v);
+        assert!(matches!(
+            &d.commands[..],
+            [AggCommand::WorkerGone { rank: 1, .. }]
+        ));
+        apply_all(&mut t, &d);
+        assert!(t.jobs["a"]
+            .failed
+            .as_deref()
+            .unwrap()
+            .contains("node 5 at 198.18.0.5"));
+        assert!(
+            decide(&t, &v).commands.is_empty(),
+            "a failed job needs nothing more"
+        );
+    }
+
+    #[test]
+    fn first_fit_reuses_holes() {
+        assert_eq!(first_fit(100, &[], 30), Some(0));
+        assert_eq!(first_fit(100, &[(0, 20), (50, 60)], 30), Some(20));
+        assert_eq!(first_fit(100, &[(0, 20), (40, 60)], 30), Some(60));
+        assert_eq!(first_fit(100, &[(0, 80)], 30), None);
+    }
+}

@@ -1,0 +1,397 @@
+//! The aggregator's state machine in plain Rust, rule for rule the XDP program's
+//! (`ebpf/bpf/aggregator.bpf.c`): the same admission checks in the same order, the same slot
+//! states, the same counters.
+//!
+//! Two uses: the reference the XDP program is tested against (the same frames through both must
+//! give the same counters and the same replies), and the user-space UDP aggregator the
+//! benchmark runs on the same protocol. It works on UDP payloads: the Ethernet/IPv4/UDP checks
+//! the program makes before it reads our header are the socket's business here.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddrV4;
+
+use crate::fixed::add_into;
+use crate::wire::{self, Dtype, Geometry, Header, Kind, WORKERS_MAX};
+
+/// What the aggregator made of a frame (`enum agg_counter_idx`, same order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Counter {
+    Added,
+    Completed,
+    ResultResent,
+    Duplicate,
+    Stale,
+    Ahead,
+    Foreign,
+    UnknownJob,
+    BadHeader,
+    PassNotAgg,
+    FanoutSent,
+    FanoutFailed,
+}
+
+impl Counter {
+    /// Every counter in index order.
+    pub const ALL: [Counter; 12] = [
+        Counter::Added,
+        Counter::Completed,
+        Counter::ResultResent,
+        Counter::Duplicate,
+        Counter::Stale,
+        Counter::Ahead,
+        Counter::Foreign,
+        Counter::UnknownJob,
+        Counter::BadHeader,
+        Counter::PassNotAgg,
+        Counter::FanoutSent,
+        Counter::FanoutFailed,
+    ];
+
+    /// Stable snake_case name, the metric label: never rename.
+    pub fn name(self) -> &'static str {
+        match self {
+            Counter::Added => "added",
+            Counter::Completed => "completed",
+            Counter::ResultResent => "result_resent",
+            Counter::Duplicate => "duplicate",
+            Counter::Stale => "stale",
+            Counter::Ahead => "ahead",
+            Counter::Foreign => "foreign",
+            Counter::UnknownJob => "unknown_job",
+            Counter::BadHeader => "bad_header",
+            Counter::PassNotAgg => "pass_not_agg",
+            Counter::FanoutSent => "fanout_sent",
+            Counter::FanoutFailed => "fanout_failed",
+        }
+    }
+
+    /// Index into the program's counter maps.
+    pub fn index(self) -> u32 {
+        self as u32
+    }
+}
+
+/// A job as an aggregator serves it: what the daemon writes into `agg_jobs` and `agg_members`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobSpec {
+    pub id: u32,
+    pub epoch: u32,
+    pub geometry: Geometry,
+    pub dtype: Dtype,
+    /// The members of this epoch by worker index; a chunk completes with one contribution from
+    /// each.
+    pub members: Vec<SocketAddrV4>,
+}
+
+impl JobSpec {
+    /// Contributions that complete a chunk.
+    pub fn workers(&self) -> u16 {
+        u16::try_from(self.members.len()).unwrap_or(u16::MAX)
+    }
+}
+
+/// What to do with a frame.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Consumed (summed, or refused): nothing is sent.
+    Drop,
+    /// The chunk was complete already: this result back to the sender only.
+    Reply(Vec<u8>),
+    /// This frame completed the chunk: this result to every member of the job.
+    Fanout(Vec<u8>),
+}
+
+/// The counter a frame counts and what follows from it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    pub counter: Counter,
+    pub action: Action,
+}
+
+impl Outcome {
+    fn drop(counter: Counter) -> Self {
+        Outcome {
+            counter,
+            action: Action::Drop,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+struct Slot {
+    job: u32,
+    epoch: u32,
+    round: u32,
+    seen: u64,
+    count: u16,
+    exp: i8,
+    done: bool,
+    replay_only: bool,
+    acc: Vec<i32>,
+}
+
+#[derive(Debug)]
+struct Served {
+    spec: JobSpec,
+    /// Two per chunk: round parity.
+    slots: Vec<Slot>,
+}
+
+/// The reference aggregator.
+#[derive(Debug, Default)]
+pub struct Aggregator {
+    jobs: BTreeMap<u32, Served>,
+}
+
+impl Aggregator {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Serves `spec` (a new job, or a new epoch of one): the slots of an existing job with the
+    /// same geometry are kept, as the program's are, and a new epoch makes them free.
+    pub fn set_job(&mut self, spec: JobSpec) {
+        let slots_needed = usize::try_from(spec.geometry.chunks()).unwrap_or(0) * 2;
+        match self.jobs.get_mut(&spec.id) {
+            Some(served) if served.slots.len() == slots_needed => served.spec = spec,
+            _ => {
+                let slots = vec![Slot::default(); slots_needed];
+                self.jobs.insert(spec.id, Served { spec, slots });
+            }
+        }
+    }
+
+    /// Stops serving a job.
+    pub fn remove_job(&mut self, id: u32) {
+        self.jobs.remove(&id);
+    }
+
+    /// The job's members, for a fan-out.
+    pub fn members(&self, job: u32) -> &[SocketAddrV4] {
+        self.jobs
+            .get(&job)
+            .map(|s| s.spec.members.as_slice())
+            .unwrap_or(&[])
+    }
+
+    /// One frame from `from` (a UDP payload sent to [`wire::PORT`]).
+    pub fn receive(&mut self, from: SocketAddrV4, payload: &[u8]) -> Outcome {
+        let Ok((h, body)) = Header::parse(payload) else {
+            return Outcome::drop(Counter::BadHeader);
+        };
+        // The program wants the frame to end exactly after the values announced.
+        if h.kind != Kind::Data || payload.len() != wire::HEADER_LEN + body.len() {
+            return Outcome::drop(Counter::BadHeader);
+        }
+        let Some(served) = self.jobs.get_mut(&h.job) else {
+            return Outcome::drop(Counter::UnknownJob);
+        };
+        let spec = &served.spec;
+        let geometry = spec.geometry;
+        if h.chunk >= geometry.chunks()
+            || usize::from(h.count) != geometry.chunk_len(h.chunk)
+            || (spec.dtype == Dtype::I32 && h.exp != 0)
+            || usize::from(h.worker) >= WORKERS_MAX
+        {
+            return Outcome::drop(Counter::BadHeader);
+        }
+        if h.epoch != spec.epoch {
+            return Outcome::drop(Counter::Stale);
+        }
+        if spec.members.get(usize::from(h.worker)) != Some(&from) {
+            return Outcome::drop(Counter::Foreign);
+        }
+        let workers = spec.workers();
+        let index = usize::try_from(h.chunk).unwrap_or(usize::MAX) * 2 + (h.round & 1) as usize;
+        let Some(slot) = served.slots.get_mut(index) else {
+            return Outcome::drop(Counter::BadHeader);
+        };
+        let values = wire::values(body);
+        let bit = 1u64 << h.worker;
+        let replay = h.flags & wire::FLAG_REPLAY != 0;
+
+        let mut fresh = slot.job != h.job || slot.epoch != h.epoch;
+        if !fresh && h.round != slot.round {
+            if (h.round.wrapping_sub(slot.round) as i32) < 0 {
+                return Outcome::drop(Counter::Stale);
+            }
+            if !slot.done && !slot.replay_only {
+                return Outcome::drop(Counter::Ahead);
+            }
+            fresh = true;
+        }
+        if fresh {
+            *slot = Slot {
+                job: h.job,
+                epoch: h.epoch,
+                round: h.round,
+                seen: bit,
+                count: 1,
+                exp: h.exp,
+                done: false,
+                replay_only: replay,
+                acc: values,
+            };
+        } else if slot.done {
+            return Outcome {
+                counter: Counter::ResultResent,
+                action: Action::Reply(result(&h, slot)),
+            };
+        } else if slot.seen & bit != 0 {
+            return Outcome::drop(Counter::Duplicate);
+        } else {
+            add_into(&mut slot.acc, &mut slot.exp, &values, h.exp);
+            slot.seen |= bit;
+            slot.count += 1;
+            if !replay {
+                slot.replay_only = false;
+            }
+        }
+        if slot.count >= workers {
+            slot.done = true;
+            Outcome {
+                counter: Counter::Completed,
+                action: Action::Fanout(result(&h, slot)),
+            }
+        } else {
+            Outcome::drop(Counter::Added)
+        }
+    }
+}
+
+/// The result frame for a complete slot, in answer to `h`.
+fn result(h: &Header, slot: &Slot) -> Vec<u8> {
+    let header = Header {
+        kind: Kind::Result,
+        flags: 0,
+        exp: slot.exp,
+        worker: slot.count,
+        ..*h
+    };
+    wire::encode(&header, &slot.acc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    fn addr(i: u8) -> SocketAddrV4 {
+        SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, i), 40000 + u16::from(i))
+    }
+
+    fn job(workers: u8, values: u32) -> JobSpec {
+        JobSpec {
+            id: 1,
+            epoch: 1,
+            geometry: Geometry {
+                values,
+                chunk_values: 4,
+            },
+            dtype: Dtype::I32,
+            members: (0..workers).map(addr).collect(),
+        }
+    }
+
+    fn data(worker: u16, round: u32, chunk: u32, values: &[i32]) -> Vec<u8> {
+        wire::encode(
+            &Header {
+                kind: Kind::Data,
+                flags: 0,
+                exp: 0,
+                job: 1,
+                epoch: 1,
+                round,
+                chunk,
+                worker,
+                count: 0,
+            },
+            values,
+        )
+    }
+
+    fn sum_of(action: &Action) -> Vec<i32> {
+        let (Action::Reply(b) | Action::Fanout(b)) = action else {
+            panic!("no result in {action:?}");
+        };
+        let (_, body) = Header::parse(b).unwrap();
+        wire::values(body)
+    }
+
+    #[test]
+    fn the_last_contribution_completes_once_and_later_ones_get_the_stored_sum() {
+        let mut agg = Aggregator::new();
+        agg.set_job(job(3, 6));
+        let a = agg.receive(addr(0), &data(0, 0, 0, &[1, 2, 3, 4]));
+        assert_eq!(a.counter, Counter::Added);
+        let dup = agg.receive(addr(0), &data(0, 0, 0, &[1, 2, 3, 4]));
+        assert_eq!(dup.counter, Counter::Duplicate);
+        agg.receive(addr(1), &data(1, 0, 0, &[10, 20, 30, 40]));
+        let last = agg.receive(addr(2), &data(2, 0, 0, &[i32::MAX, 0, 0, -4]));
+        assert_eq!(last.counter, Counter::Completed);
+        assert_eq!(
+            sum_of(&last.action),
+            [i32::MAX.wrapping_add(11), 22, 33, 40]
+        );
+        let again = agg.receive(addr(1), &data(1, 0, 0, &[10, 20, 30, 40]));
+        assert_eq!(again.counter, Counter::ResultResent);
+        assert_eq!(sum_of(&again.action), sum_of(&last.action));
+    }
+
+    #[test]
+    fn rounds_alternate_slots_and_may_not_overrun_an_incomplete_one() {
+        let mut agg = Aggregator::new();
+        agg.set_job(job(2, 4));
+        agg.receive(addr(0), &data(0, 0, 0, &[1; 4]));
+        // round 2 is two ahead of an incomplete round 0 in the same slot
+        assert_eq!(
+            agg.receive(addr(1), &data(1, 2, 0, &[1; 4])).counter,
+            Counter::Ahead
+        );
+        // round 1 uses the other slot
+        assert_eq!(
+            agg.receive(addr(1), &data(1, 1, 0, &[5; 4])).counter,
+            Counter::Added
+        );
+        assert_eq!(
+            agg.receive(addr(1), &data(1, 0, 0, &[1; 4])).counter,
+            Counter::Completed
+        );
+        assert_eq!(
+            agg.receive(addr(0), &data(0, 2, 0, &[7; 4])).counter,
+            Counter::Added
+        );
+        assert_eq!(
+            agg.receive(addr(1), &data(1, 0, 0, &[1; 4])).counter,
+            Counter::Stale
+        );
+    }
+
+    #[test]
+    fn strangers_and_wrong_shapes_are_refused() {
+        let mut agg = Aggregator::new();
+        agg.set_job(job(2, 6));
+        // worker 1's address claiming index 0
+        assert_eq!(
+            agg.receive(addr(1), &data(0, 0, 0, &[1; 4])).counter,
+            Counter::Foreign
+        );
+        assert_eq!(
+            agg.receive(addr(9), &data(1, 0, 0, &[1; 4])).counter,
+            Counter::Foreign
+        );
+        // the last chunk holds 2 values, not 4
+        assert_eq!(
+            agg.receive(addr(0), &data(0, 0, 1, &[1; 4])).counter,
+            Counter::BadHeader
+        );
+        assert_eq!(
+            agg.receive(addr(0), &data(0, 0, 2, &[1; 2])).counter,
+            Counter::BadHeader
+        );
+        let mut other = data(0, 0, 0, &[1; 4]);
+        other[8] = 2; // job 2
+        assert_eq!(agg.receive(addr(0), &other).counter, Counter::UnknownJob);
+        assert_eq!(agg.receive(addr(0), b"hello").counter, Counter::BadHeader);
+    }
+}

@@ -1,0 +1,378 @@
+//! A worker's side of one job: each call sums one round of the gradient with every other
+//! worker's, through the job's aggregator.
+//!
+//! Sending is windowed (at most `window` chunks awaiting their result), a chunk whose result
+//! has not come back within the timeout is sent again (marked as a resend, the timeout doubled
+//! up to a cap), and results are written into the caller's buffer as they arrive, in any order.
+//! The aggregator answers a resend to a finished chunk with the stored sum, so a lost result
+//! costs one timeout, never the round. A round that makes no progress for `give_up` fails with
+//! an error naming the job and the aggregator.
+
+use std::io;
+use std::net::{SocketAddrV4, UdpSocket};
+use std::time::{Duration, Instant};
+
+use crate::fixed::{self, FixedError};
+use crate::wire::{self, Dtype, Geometry, Header, Kind, FLAG_REPLAY, FLAG_RETX};
+
+/// Where and as whom a worker aggregates: the job's current membership, as the cluster's job
+/// table gives it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Membership {
+    pub job: u32,
+    pub epoch: u32,
+    /// This worker's index in the job.
+    pub worker: u16,
+    /// Workers of this epoch.
+    pub workers: u16,
+    pub aggregator: SocketAddrV4,
+    pub geometry: Geometry,
+    pub dtype: Dtype,
+}
+
+/// The client's timing and window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tuning {
+    /// Chunks awaiting their result at once.
+    pub window: usize,
+    /// First resend timeout of a chunk.
+    pub timeout: Duration,
+    /// The timeout doubles on each resend of a chunk, up to this.
+    pub max_timeout: Duration,
+    /// A round that receives no new result for this long fails.
+    pub give_up: Duration,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            window: 256,
+            timeout: Duration::from_millis(20),
+            max_timeout: Duration::from_millis(500),
+            give_up: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Why a round failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AggError {
+    #[error("the gradient has {got} values but job {job} sums {want}")]
+    Size { job: u32, got: usize, want: u32 },
+    #[error("job {job} sums {want} values, not {got}")]
+    Dtype { job: u32, want: Dtype, got: Dtype },
+    #[error(transparent)]
+    NotFinite(#[from] FixedError),
+    #[error("job {job}: no result from aggregator {aggregator} for {waited:?} (round {round}, {missing} chunks missing); the job may be gone or its aggregator down")]
+    Timeout {
+        job: u32,
+        aggregator: SocketAddrV4,
+        round: u32,
+        missing: usize,
+        waited: Duration,
+    },
+    #[error("aggregation socket error")]
+    Io(#[from] io::Error),
+}
+
+/// Per-round statistics, for the caller's metrics and the benchmarks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RoundStats {
+    pub sent: u64,
+    pub resent: u64,
+    pub results: u64,
+    /// Results for chunks already received, or for another job, epoch or round.
+    pub ignored: u64,
+}
+
+/// One worker of one job.
+#[derive(Debug)]
+pub struct Worker {
+    socket: UdpSocket,
+    membership: Membership,
+    tuning: Tuning,
+    round: u32,
+    buf: Vec<u8>,
+    /// The last completed round's input, kept for a regrouping (see [`Worker::set_membership`]).
+    last: Option<Input>,
+    /// Whether the next round also contributes the last one again (the epoch changed).
+    replay: bool,
+}
+
+/// A round's input as the caller gave it.
+#[derive(Debug, Clone)]
+enum Input {
+    I32(Vec<i32>),
+    F32(Vec<f32>),
+}
+
+impl Input {
+    /// Chunk `c` as it travels for a job of `workers`: exponent and values.
+    fn chunk(&self, range: std::ops::Range<usize>, workers: u16) -> (i8, Vec<i32>) {
+        match self {
+            Input::I32(v) => (0, v[range].to_vec()),
+            Input::F32(v) => fixed::quantize(&v[range], workers),
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Pending {
+    sent_at: Instant,
+    timeout: Duration,
+    done: bool,
+    in_flight: bool,
+}
+
+impl Worker {
+    /// A worker sending from `socket` (bound to the address the job registered for it).
+    pub fn new(socket: UdpSocket, membership: Membership, tuning: Tuning) -> Self {
+        Worker {
+            socket,
+            membership,
+            tuning,
+            round: 0,
+            buf: vec![0u8; 65536],
+            last: None,
+            replay: false,
+        }
+    }
+
+    /// The round the next call sums.
+    pub fn round(&self) -> u32 {
+        self.round
+    }
+
+    /// Starts counting rounds at `round` (a worker that joins a running job).
+    pub fn set_round(&mut self, round: u32) {
+        self.round = round;
+        self.last = None;
+    }
+
+    pub fn membership(&self) -> &Membership {
+        &self.membership
+    }
+
+    /// Takes a new membership (a regrouping: the aggregator moved, or a worker left an elastic
+    /// job). The round that failed under the old one is summed again, whole, under the new
+    /// epoch by the next call: results of the old epoch are never mixed with the new one's.
+    ///
+    /// Workers can be one round apart when the epoch changes (a fast one had every result of
+    /// round r before the old aggregator died, a slow one had not), so the next call also
+    /// contributes this worker's last completed round again: the slow workers' round r then
+    /// completes at the new aggregator, and the fast ones take its results only as
+    /// acknowledgements. int32 sums are exact, so both see the same round r; for float32 the
+    /// re-summed round can differ from the first in the last bits (within the fixed-point
+    /// bound), because the aggregator's re-scaling depends on arrival order.
+    pub fn set_membership(&mut self, membership: Membership) {
+        if membership.epoch != self.membership.epoch {
+            self.replay = self.last.is_some();
+        }
+        self.membership = membership;
+    }
+
+    /// Sums `grad` (int32) with every worker's, in place.
+    pub fn all_reduce_i32(&mut self, grad: &mut [i32]) -> Result<RoundStats, AggError> {
+        self.check(grad.len(), Dtype::I32)?;
+        let input = Input::I32(grad.to_vec());
+        self.round_trip(&input, |range, _exp, values| {
+            grad[range].copy_from_slice(values)
+        })
+        .map(|stats| self.finish(input, stats))
+    }
+
+    /// Sums `grad` (float32) with every worker's, in place, within [`fixed::error_bound`].
+    pub fn all_reduce_f32(&mut self, grad: &mut [f32]) -> Result<RoundStats, AggError> {
+        self.check(grad.len(), Dtype::F32)?;
+        fixed::check_finite(grad)?;
+        let workers = self.membership.workers;
+        let input = Input::F32(grad.to_vec());
+        self.round_trip(&input, |range, exp, values| {
+            grad[range].copy_from_slice(&fixed::dequantize(values, exp, workers))
+        })
+        .map(|stats| self.finish(input, stats))
+    }
+
+    fn finish(&mut self, input: Input, stats: RoundStats) -> RoundStats {
+        self.last = Some(input);
+        self.replay = false;
+        self.round = self.round.wrapping_add(1);
+        stats
+    }
+
+    fn check(&self, len: usize, dtype: Dtype) -> Result<(), AggError> {
+        let m = &self.membership;
+        if len != m.geometry.values as usize {
+            return Err(AggError::Size {
+                job: m.job,
+                got: len,
+                want: m.geometry.values,
+            });
+        }
+        if dtype != m.dtype {
+            return Err(AggError::Dtype {
+                job: m.job,
+                want: m.dtype,
+                got: dtype,
+            });
+        }
+        Ok(())
+    }
+
+    /// One round: every chunk of `input` sent, resent until its result came, and `store(range,
+    /// exp, sum)` given each result. After a regrouping the last round's chunks go too, and
+    /// their results only acknowledge them.
+    fn round_trip(
+        &mut self,
+        input: &Input,
+        mut store: impl FnMut(std::ops::Range<usize>, i8, &[i32]),
+    ) -> Result<RoundStats, AggError> {
+        let m = self.membership;
+        let g = m.geometry;
+        let chunks = g.chunks();
+        let range = |c: u32| g.chunk_start(c)..g.chunk_start(c) + g.chunk_len(c);
+        let frame = |round: u32, c: u32, input: &Input, flags: u8| {
+            let (exp, values) = input.chunk(range(c), m.workers);
+            wire::encode(
+                &Header {
+                    kind: Kind::Data,
+                    flags,
+                    exp,
+                    job: m.job,
+                    epoch: m.epoch,
+                    round,
+                    chunk: c,
+                    worker: m.worker,
+                    count: 0,
+                },
+                &values,
+            )
+        };
+        let previous = self.round.wrapping_sub(1);
+        let replayed = match (&self.last, self.replay) {
+            (Some(last), true) => Some(last),
+            _ => None,
+        };
+        // Frame i < chunks is this round's chunk i; i >= chunks the last round's chunk i - chunks,
+        // replayed: sent at once, outside the window, and resent until acknowledged or until
+        // this round is complete, but never waited for. A worker that was itself behind replays
+        // a round nobody needs; the aggregator lets a newer round take over such a slot.
+        let mut frames: Vec<Vec<u8>> = (0..chunks)
+            .map(|c| frame(self.round, c, input, 0))
+            .collect();
+        if let Some(last) = replayed {
+            frames.extend((0..chunks).map(|c| frame(previous, c, last, FLAG_REPLAY)));
+        }
+        let now = Instant::now();
+        let mut pending = vec![
+            Pending {
+                sent_at: now,
+                timeout: self.tuning.timeout,
+                done: false,
+                in_flight: false,
+            };
+            frames.len()
+        ];
+        let mut stats = RoundStats::default();
+        for i in chunks as usize..frames.len() {
+            self.socket.send_to(&frames[i], m.aggregator)?;
+            pending[i].in_flight = true;
+            stats.sent += 1;
+        }
+        let mut next = 0usize;
+        let mut in_flight = 0usize;
+        let mut left = chunks as usize;
+        let mut last_progress = Instant::now();
+        while left > 0 {
+            // Fill the window.
+            while in_flight < self.tuning.window && next < chunks as usize {
+                let i = next;
+                self.socket.send_to(&frames[i], m.aggregator)?;
+                pending[i].sent_at = Instant::now();
+                pending[i].in_flight = true;
+                stats.sent += 1;
+                in_flight += 1;
+                next += 1;
+            }
+            // Resend what timed out; the earliest deadline bounds the wait.
+            let now = Instant::now();
+            let mut wait = self.tuning.max_timeout;
+            for (i, p) in pending.iter_mut().enumerate() {
+                if !p.in_flight {
+                    continue;
+                }
+                let due = p.sent_at + p.timeout;
+                if due <= now {
+                    self.socket
+                        .send_to(&frames_retx(&frames[i]), m.aggregator)?;
+                    stats.resent += 1;
+                    p.sent_at = now;
+                    p.timeout = (p.timeout * 2).min(self.tuning.max_timeout);
+                    wait = wait.min(p.timeout);
+                } else {
+                    wait = wait.min(due - now);
+                }
+            }
+            if last_progress.elapsed() > self.tuning.give_up {
+                return Err(AggError::Timeout {
+                    job: m.job,
+                    aggregator: m.aggregator,
+                    round: self.round,
+                    missing: left,
+                    waited: last_progress.elapsed(),
+                });
+            }
+            self.socket
+                .set_read_timeout(Some(wait.max(Duration::from_micros(100))))?;
+            let (n, _from) = match self.socket.recv_from(&mut self.buf) {
+                Ok(r) => r,
+                Err(e)
+                    if e.kind() == io::ErrorKind::WouldBlock
+                        || e.kind() == io::ErrorKind::TimedOut =>
+                {
+                    continue
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let Ok((h, body)) = Header::parse(&self.buf[..n]) else {
+                stats.ignored += 1;
+                continue;
+            };
+            let i = match h.round {
+                r if r == self.round => h.chunk as usize,
+                r if replayed.is_some() && r == previous => chunks as usize + h.chunk as usize,
+                _ => usize::MAX,
+            };
+            if h.kind != Kind::Result
+                || h.job != m.job
+                || h.epoch != m.epoch
+                || i >= pending.len()
+                || pending[i].done
+                || usize::from(h.count) != g.chunk_len(h.chunk)
+            {
+                stats.ignored += 1;
+                continue;
+            }
+            let was_in_flight = std::mem::replace(&mut pending[i].in_flight, false);
+            pending[i].done = true;
+            if i >= chunks as usize {
+                continue; // a replay's acknowledgement
+            }
+            store(range(h.chunk), h.exp, &wire::values(body));
+            if was_in_flight {
+                in_flight -= 1;
+            }
+            stats.results += 1;
+            left -= 1;
+            last_progress = Instant::now();
+        }
+        Ok(stats)
+    }
+}
+
+/// The same frame marked as a resend.
+fn frames_retx(frame: &[u8]) -> Vec<u8> {
+    let mut f = frame.to_vec();
+    f[6] |= FLAG_RETX;
+    f
+}

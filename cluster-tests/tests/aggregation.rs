@@ -1,0 +1,269 @@
+//! The aggregator end to end: three `yard` nodes that aggregate in XDP (hosts 1-3) and four
+//! worker hosts (4-7) summing int32 gradients through the Rust worker client, round after
+//! round, every result checked against the exact sum and across workers; then the aggregating
+//! host's node is killed mid-training and the job moves to a survivor in one Raft command (a
+//! new epoch), the round in flight completes there, and the sums stay exact. Needs root.
+
+use std::net::{SocketAddrV4, UdpSocket};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use yard_agg::wire::{Dtype, Geometry};
+use yard_agg::worker::{AggError, Membership, Tuning, Worker};
+use yard_cluster_tests::require_root;
+use yard_cluster_tests::yard::{ClusterOptions, YardCluster};
+
+const NODES: usize = 3;
+const WORKERS: usize = 4;
+/// 10^5 + 3 values: 278 chunks of 360 (MTU 1500), the last one short.
+const VALUES: u32 = 100_003;
+const ROUNDS: u32 = 12;
+
+fn options() -> ClusterOptions {
+    ClusterOptions {
+        extra_config: "[aggregator]\nenabled = true\ninterface = \"eth0\"\nxdp_mode = \"generic\"\nmemory_mb = 32\n".into(),
+    }
+}
+
+/// A worker's gradient in round `round`: deterministic, different per worker and round, with
+/// values that overflow int32 when summed (the sum wraps, as int32 adds do).
+fn gradient(rank: usize, round: u32) -> Vec<i32> {
+    (0..VALUES)
+        .map(|i| {
+            let x =
+                (i as i64 * 2_654_435_761 + rank as i64 * 97 + i64::from(round) * 1_000_003) as u32;
+            x as i32
+        })
+        .collect()
+}
+
+fn exact(round: u32) -> Vec<i32> {
+    let mut sum = vec![0i32; VALUES as usize];
+    for rank in 0..WORKERS {
+        for (s, g) in sum.iter_mut().zip(gradient(rank, round)) {
+            *s = s.wrapping_add(g);
+        }
+    }
+    sum
+}
+
+fn json(out: &std::process::Output, what: &str) -> Value {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{what}: not JSON ({e})"))
+}
+
+/// Worker `rank`'s membership from `yard agg job show --json`, once the job runs.
+fn membership(job: &Value, rank: usize) -> Option<Membership> {
+    if job["running"] != true {
+        return None;
+    }
+    let members = job["members"].as_array()?;
+    let me = members.iter().find(|m| m["rank"] == rank)?;
+    Some(Membership {
+        job: u32::try_from(job["id"].as_u64()?).ok()?,
+        epoch: u32::try_from(job["epoch"].as_u64()?).ok()?,
+        worker: u16::try_from(me["worker"].as_u64()?).ok()?,
+        workers: u16::try_from(members.len()).ok()?,
+        aggregator: job["aggregator"].as_str()?.parse().ok()?,
+        geometry: Geometry {
+            values: u32::try_from(job["values"].as_u64()?).ok()?,
+            chunk_values: u16::try_from(job["chunk_values"].as_u64()?).ok()?,
+        },
+        dtype: Dtype::I32,
+    })
+}
+
+fn show(cluster: &YardCluster, from: usize) -> Option<Value> {
+    let out = cluster
+        .cli_to(
+            from,
+            &cluster.all_endpoints(),
+            &["agg", "job", "show", "train", "--json"],
+        )
+        .ok()?;
+    out.status
+        .success()
+        .then(|| serde_json::from_slice(&out.stdout).ok())?
+}
+
+#[test]
+fn workers_sum_exactly_through_xdp_and_survive_the_aggregator_s_death() {
+    require_root();
+    let bin = yard_cluster_tests::yard::test_yard_bin();
+    let mut cluster = YardCluster::start(&bin, NODES, NODES + WORKERS, &options()).unwrap();
+    let created = cluster
+        .cli(
+            1,
+            &[
+                "agg",
+                "job",
+                "create",
+                "train",
+                "--workers",
+                "4",
+                "--size",
+                &(u64::from(VALUES) * 4).to_string(),
+                "--dtype",
+                "i32",
+                "--json",
+            ],
+        )
+        .unwrap();
+    json(&created, "yard agg job create");
+    // A bad request is refused in one sentence, and changes nothing.
+    let refused = cluster
+        .cli(
+            1,
+            &[
+                "agg",
+                "job",
+                "create",
+                "train",
+                "--workers",
+                "4",
+                "--size",
+                "400",
+            ],
+        )
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("job train exists already"));
+
+    let shared: Vec<Arc<Mutex<Option<Membership>>>> =
+        (0..WORKERS).map(|_| Arc::new(Mutex::new(None))).collect();
+    let progress: Arc<Mutex<Vec<u32>>> = Arc::new(Mutex::new(vec![0; WORKERS]));
+    let mut threads = Vec::new();
+    for rank in 0..WORKERS {
+        let host = NODES + 1 + rank;
+        let addr = SocketAddrV4::new(cluster.topology().addr(host), 40000 + rank as u16);
+        let joined = cluster
+            .cli_to(
+                host,
+                &cluster.all_endpoints(),
+                &[
+                    "agg",
+                    "job",
+                    "join",
+                    "train",
+                    "--rank",
+                    &rank.to_string(),
+                    "--addr",
+                    &addr.to_string(),
+                    "--json",
+                ],
+            )
+            .unwrap();
+        json(&joined, "yard agg job join");
+        let (shared, progress) = (shared[rank].clone(), progress.clone());
+        threads.push(
+            cluster
+                .topology()
+                .thread_in_host(host, move || -> Result<Vec<Vec<i32>>, String> {
+                    let socket = UdpSocket::bind(addr).map_err(|e| format!("bind {addr}: {e}"))?;
+                    let wait_start = Instant::now();
+                    let first = loop {
+                        if let Some(m) = *shared.lock().unwrap() {
+                            break m;
+                        }
+                        if wait_start.elapsed() > Duration::from_secs(30) {
+                            return Err("the job never ran".into());
+                        }
+                        std::thread::sleep(Duration::from_millis(50));
+                    };
+                    let tuning = Tuning {
+                        give_up: Duration::from_millis(700),
+                        ..Tuning::default()
+                    };
+                    let mut w = Worker::new(socket, first, tuning);
+                    let mut results = Vec::new();
+                    for round in 0..ROUNDS {
+                        let started = Instant::now();
+                        let mut g = gradient(rank, round);
+                        loop {
+                            match w.all_reduce_i32(&mut g) {
+                                Ok(_) => break,
+                                Err(AggError::Timeout { .. })
+                                    if started.elapsed() < Duration::from_secs(60) =>
+                                {
+                                    // The aggregator may have moved: take the newest membership
+                                    // and sum the round again under it.
+                                    if let Some(m) = *shared.lock().unwrap() {
+                                        w.set_membership(m);
+                                    }
+                                    g = gradient(rank, round);
+                                }
+                                Err(e) => return Err(format!("rank {rank} round {round}: {e}")),
+                            }
+                        }
+                        results.push(g);
+                        progress.lock().unwrap()[rank] = round + 1;
+                    }
+                    Ok(results)
+                })
+                .unwrap(),
+        );
+    }
+
+    // Refresh every worker's membership from the cluster until they are done; kill the
+    // aggregator's node once every worker is past round 4.
+    let mut killed: Option<(usize, u32)> = None;
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while progress.lock().unwrap().iter().any(|p| *p < ROUNDS) {
+        assert!(
+            Instant::now() < deadline,
+            "training did not finish: {:?}",
+            progress.lock().unwrap()
+        );
+        let from = killed.map_or(1, |(n, _)| if n == 1 { 2 } else { 1 });
+        if let Some(job) = show(&cluster, from) {
+            for (rank, s) in shared.iter().enumerate() {
+                if let Some(m) = membership(&job, rank) {
+                    *s.lock().unwrap() = Some(m);
+                }
+            }
+            let min_round = *progress.lock().unwrap().iter().min().unwrap();
+            if killed.is_none() && min_round >= 4 {
+                let node = job["aggregator_node"].as_u64().unwrap() as usize;
+                let epoch = job["epoch"].as_u64().unwrap() as u32;
+                eprintln!(
+                    "killing node {node}, the aggregator, at epoch {epoch} (rounds {:?})",
+                    progress.lock().unwrap()
+                );
+                cluster.kill9(node).unwrap();
+                killed = Some((node, epoch));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let results: Vec<Vec<Vec<i32>>> = threads
+        .into_iter()
+        .map(|t| t.join().unwrap().unwrap())
+        .collect();
+    for round in 0..ROUNDS {
+        let want = exact(round);
+        for (rank, r) in results.iter().enumerate() {
+            assert!(
+                r[round as usize] == want,
+                "rank {rank} round {round}: not the exact sum"
+            );
+        }
+    }
+    // The job moved in one command: a survivor aggregates it at a later epoch.
+    let (dead, epoch) = killed.expect("the aggregator was killed");
+    let job = show(&cluster, if dead == 1 { 2 } else { 1 }).unwrap();
+    let now = job["aggregator_node"].as_u64().unwrap() as usize;
+    assert_ne!(now, dead);
+    assert!(job["epoch"].as_u64().unwrap() as u32 > epoch);
+    let stats = json(
+        &cluster.cli(now, &["agg", "stats", "--json"]).unwrap(),
+        "yard agg stats",
+    );
+    let counters = &stats["jobs"][0]["counters"];
+    assert!(counters["completed"]["packets"].as_u64().unwrap() > 0);
+    assert_eq!(counters["foreign"]["packets"].as_u64().unwrap_or(0), 0);
+}

@@ -1,0 +1,396 @@
+//! `yard_agg`: gradient aggregation in XDP, the whole gradient of each job cached in a slot map
+//! (`bpf/aggregator.bpf.c`), and `yard_agg_fanout`, the TC program that sends each fresh result
+//! to every worker of its job.
+//!
+//! The daemon fills three tables from the cluster's job table ([`Aggregator::set_job`]): the
+//! job (its epoch, slot range and shape), its members by source address and port (who may
+//! contribute as which worker index), and the members' addresses for the fan-out. The slot map
+//! is sized once, at load, from the host's aggregation memory budget: each job owns a range of
+//! `2 x chunks` slots that the leader's placement hands out.
+//!
+//! Nothing is pinned: a restarted daemon starts with empty slots, and the round in flight is
+//! finished by the workers' resends to the (re-created) job, as after a regrouping.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use aya::maps::{Array, HashMap, MapData, PerCpuArray, PerCpuHashMap};
+use aya::programs::tc::{SchedClassifierLinkId, TcAttachType};
+use aya::programs::xdp::XdpLinkId;
+use aya::programs::{ProgramError, SchedClassifier, Xdp};
+use aya::{Ebpf, EbpfLoader};
+use yard_agg::wire::{Dtype, Geometry};
+
+pub use yard_agg::model::Counter as AggCounter;
+
+use crate::layout::{
+    ip_to_map, AggJob, AggJobCounterKey, AggMember, AggMemberKey, AggPeer, AggPeerKey, AggSlot,
+    GwCounter, AGG_COUNTER_MAX, AGG_MEMBERS_MAX,
+};
+use crate::maps::{is_enoent, map_err, read_counter, take};
+use crate::test_run::{run_bench, run_once, run_raw, TestOutcome};
+use crate::{CounterValue, EbpfError, TcAction, XdpMode};
+
+const OBJECT: &str = "aggregator.bpf.o";
+const PROGRAM_XDP: &str = "yard_agg";
+const PROGRAM_FANOUT: &str = "yard_agg_fanout";
+
+static BYTES: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/aggregator.bpf.o"));
+
+const MAP_JOBS: &str = "agg_jobs";
+const MAP_MEMBERS: &str = "agg_members";
+const MAP_PEERS: &str = "agg_peers";
+const MAP_SLOTS: &str = "agg_slots";
+const MAP_COUNTERS: &str = "agg_counters";
+const MAP_JOB_COUNTERS: &str = "agg_job_counters";
+
+/// Bytes of kernel memory one slot takes (its value; the array adds no per-entry overhead).
+pub const SLOT_BYTES: u64 = std::mem::size_of::<AggSlot>() as u64;
+
+/// A job as this host aggregates it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AggJobEntry {
+    pub id: u32,
+    pub epoch: u32,
+    /// First of the job's `2 x chunks` slots.
+    pub base: u32,
+    pub geometry: Geometry,
+    pub dtype: Dtype,
+    /// This epoch's members by worker index: where each sends from.
+    pub members: Vec<SocketAddrV4>,
+    /// The address results are sent from (this host's, as the workers address it).
+    pub self_ip: Ipv4Addr,
+}
+
+impl AggJobEntry {
+    /// Slots the job needs: two per chunk.
+    pub fn slots(&self) -> u64 {
+        u64::from(self.geometry.chunks()) * 2
+    }
+}
+
+/// The loaded aggregator and its maps. Attachments last as long as this value.
+pub struct Aggregator {
+    jobs: HashMap<MapData, u32, AggJob>,
+    members: HashMap<MapData, AggMemberKey, AggMember>,
+    peers: HashMap<MapData, AggPeerKey, AggPeer>,
+    slots: Array<MapData, AggSlot>,
+    counters: PerCpuArray<MapData, GwCounter>,
+    job_counters: PerCpuHashMap<MapData, AggJobCounterKey, GwCounter>,
+    slot_count: u32,
+    xdp_link: Option<XdpLinkId>,
+    tc_link: Option<SchedClassifierLinkId>,
+    ebpf: Ebpf,
+}
+
+impl std::fmt::Debug for Aggregator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Aggregator")
+            .field("slot_count", &self.slot_count)
+            .field("attached", &self.xdp_link.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+fn prog_err(action: &'static str, program: &'static str) -> impl FnOnce(ProgramError) -> EbpfError {
+    move |source| EbpfError::Program {
+        action,
+        program,
+        source,
+    }
+}
+
+impl Aggregator {
+    /// Loads both programs with a slot map of `slot_count` entries ([`SLOT_BYTES`] each) and no
+    /// job; attaches nothing.
+    pub fn load(slot_count: u32) -> Result<Self, EbpfError> {
+        let slot_count = slot_count.max(1);
+        let mut loader = EbpfLoader::new();
+        loader.map_max_entries(MAP_SLOTS, slot_count);
+        let mut ebpf = crate::program::load_object(&mut loader, BYTES, OBJECT)?;
+        crate::program::xdp_mut(&mut ebpf, PROGRAM_XDP)?
+            .load()
+            .map_err(prog_err("load", PROGRAM_XDP))?;
+        crate::program::get_mut::<SchedClassifier>(&mut ebpf, PROGRAM_FANOUT)?
+            .load()
+            .map_err(prog_err("load", PROGRAM_FANOUT))?;
+        Ok(Self {
+            jobs: take(&mut ebpf, MAP_JOBS)?,
+            members: take(&mut ebpf, MAP_MEMBERS)?,
+            peers: take(&mut ebpf, MAP_PEERS)?,
+            slots: take(&mut ebpf, MAP_SLOTS)?,
+            counters: take(&mut ebpf, MAP_COUNTERS)?,
+            job_counters: take(&mut ebpf, MAP_JOB_COUNTERS)?,
+            slot_count,
+            xdp_link: None,
+            tc_link: None,
+            ebpf,
+        })
+    }
+
+    /// Entries of the slot map.
+    pub fn slot_count(&self) -> u32 {
+        self.slot_count
+    }
+
+    /// Attaches the XDP program to `iface` in `mode` and the fan-out to its TC ingress (in the
+    /// calling thread's network namespace). Either failing leaves neither attached.
+    pub fn attach(&mut self, iface: &str, mode: XdpMode) -> Result<(), EbpfError> {
+        if self.xdp_link.is_some() {
+            return Ok(());
+        }
+        if !crate::peers::attaches_through_tcx() {
+            crate::peers::ensure_clsact(iface)?;
+        }
+        let tc = crate::program::get_mut::<SchedClassifier>(&mut self.ebpf, PROGRAM_FANOUT)?
+            .attach(iface, TcAttachType::Ingress)
+            .map_err(prog_err("attach", PROGRAM_FANOUT))?;
+        let xdp =
+            crate::program::xdp_mut(&mut self.ebpf, PROGRAM_XDP)?.attach(iface, mode.to_aya());
+        match xdp {
+            Ok(id) => {
+                self.xdp_link = Some(id);
+                self.tc_link = Some(tc);
+                Ok(())
+            }
+            Err(e) => {
+                // Best effort: the attach error is the one worth reporting.
+                let _ = crate::program::get_mut::<SchedClassifier>(&mut self.ebpf, PROGRAM_FANOUT)
+                    .map(|p| p.detach(tc));
+                Err(prog_err("attach", PROGRAM_XDP)(e))
+            }
+        }
+    }
+
+    /// Serves `entry` (a new job, or a new epoch or membership of one). Members are written
+    /// before the job, so no frame of the new epoch meets a job without its members; members
+    /// of the previous membership that are no longer in it are removed last.
+    pub fn set_job(&mut self, entry: &AggJobEntry) -> Result<(), EbpfError> {
+        let end = u64::from(entry.base) + entry.slots();
+        if end > u64::from(self.slot_count) {
+            return Err(EbpfError::SlotRange {
+                job: entry.id,
+                base: entry.base,
+                end,
+                have: self.slot_count,
+            });
+        }
+        if entry.members.len() > yard_agg::wire::WORKERS_MAX {
+            return Err(EbpfError::TooManyWorkers {
+                job: entry.id,
+                count: entry.members.len(),
+            });
+        }
+        let stale_members = self.member_keys(entry.id)?;
+        let mut wanted = Vec::with_capacity(entry.members.len());
+        for (worker, addr) in entry.members.iter().enumerate() {
+            let worker16 = u16::try_from(worker).unwrap_or(u16::MAX);
+            let key = AggMemberKey {
+                job: entry.id,
+                ip: ip_to_map(*addr.ip()),
+                port: addr.port().to_be(),
+                pad: 0,
+            };
+            self.members
+                .insert(
+                    key,
+                    AggMember {
+                        worker: worker16,
+                        pad: 0,
+                    },
+                    0,
+                )
+                .map_err(map_err("update", MAP_MEMBERS))?;
+            wanted.push(key);
+            let pkey = AggPeerKey {
+                job: entry.id,
+                worker: u32::from(worker16),
+            };
+            // Keep a learnt MAC if the worker kept its address.
+            let mac = match self.peers.get(&pkey, 0) {
+                Ok(p) if p.ip == key.ip && p.port == key.port => p.mac,
+                _ => [0; 6],
+            };
+            self.peers
+                .insert(
+                    pkey,
+                    AggPeer {
+                        ip: key.ip,
+                        port: key.port,
+                        mac,
+                    },
+                    0,
+                )
+                .map_err(map_err("update", MAP_PEERS))?;
+        }
+        let job = AggJob {
+            epoch: entry.epoch,
+            base: entry.base,
+            chunks: entry.geometry.chunks(),
+            values: entry.geometry.values,
+            chunk_values: entry.geometry.chunk_values,
+            workers: u16::try_from(entry.members.len()).unwrap_or(u16::MAX),
+            dtype: entry.dtype as u8,
+            pad: [0; 3],
+            self_ip: ip_to_map(entry.self_ip),
+        };
+        self.jobs
+            .insert(entry.id, job, 0)
+            .map_err(map_err("update", MAP_JOBS))?;
+        for key in stale_members.into_iter().filter(|k| !wanted.contains(k)) {
+            self.remove_member(&key)?;
+        }
+        for worker in entry.members.len()..yard_agg::wire::WORKERS_MAX {
+            self.remove_peer(entry.id, worker)?;
+        }
+        Ok(())
+    }
+
+    /// Stops serving job `id`: its frames count as an unknown job from now on.
+    pub fn remove_job(&mut self, id: u32) -> Result<(), EbpfError> {
+        match self.jobs.remove(&id) {
+            Err(e) if !is_enoent(&e) => return Err(map_err("delete from", MAP_JOBS)(e)),
+            _ => {}
+        }
+        for key in self.member_keys(id)? {
+            self.remove_member(&key)?;
+        }
+        for worker in 0..yard_agg::wire::WORKERS_MAX {
+            self.remove_peer(id, worker)?;
+        }
+        Ok(())
+    }
+
+    /// The jobs served, by id.
+    pub fn job_ids(&self) -> Result<Vec<u32>, EbpfError> {
+        let mut ids: Vec<u32> = self
+            .jobs
+            .keys()
+            .collect::<Result<_, _>>()
+            .map_err(map_err("iterate", MAP_JOBS))?;
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    fn member_keys(&self, job: u32) -> Result<Vec<AggMemberKey>, EbpfError> {
+        let keys: Vec<AggMemberKey> = self
+            .members
+            .keys()
+            .collect::<Result<_, _>>()
+            .map_err(map_err("iterate", MAP_MEMBERS))?;
+        debug_assert!(keys.len() <= AGG_MEMBERS_MAX as usize);
+        Ok(keys.into_iter().filter(|k| k.job == job).collect())
+    }
+
+    fn remove_member(&mut self, key: &AggMemberKey) -> Result<(), EbpfError> {
+        match self.members.remove(key) {
+            Err(e) if !is_enoent(&e) => Err(map_err("delete from", MAP_MEMBERS)(e)),
+            _ => Ok(()),
+        }
+    }
+
+    fn remove_peer(&mut self, job: u32, worker: usize) -> Result<(), EbpfError> {
+        let key = AggPeerKey {
+            job,
+            worker: u32::try_from(worker).unwrap_or(u32::MAX),
+        };
+        match self.peers.remove(&key) {
+            Err(e) if !is_enoent(&e) => Err(map_err("delete from", MAP_PEERS)(e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Every counter by reason, summed over CPUs, in [`AggCounter::ALL`] order.
+    pub fn counters(&self) -> Result<Vec<(AggCounter, CounterValue)>, EbpfError> {
+        debug_assert_eq!(AggCounter::ALL.len() as u32, AGG_COUNTER_MAX);
+        AggCounter::ALL
+            .iter()
+            .map(|&c| Ok((c, read_counter(&self.counters, MAP_COUNTERS, c.index())?)))
+            .collect()
+    }
+
+    /// Job `job`'s counters by reason, summed over CPUs, in [`AggCounter::ALL`] order (zero
+    /// where the job never counted the reason).
+    pub fn job_counters(&self, job: u32) -> Result<Vec<(AggCounter, CounterValue)>, EbpfError> {
+        AggCounter::ALL
+            .iter()
+            .map(|&c| {
+                let key = AggJobCounterKey {
+                    job,
+                    reason: c.index(),
+                };
+                let mut sum = CounterValue::default();
+                match self.job_counters.get(&key, 0) {
+                    Ok(per_cpu) => {
+                        for v in per_cpu.iter() {
+                            sum.packets = sum.packets.wrapping_add(v.packets);
+                            sum.bytes = sum.bytes.wrapping_add(v.bytes);
+                        }
+                    }
+                    Err(e) if is_enoent(&e) => {}
+                    Err(e) => return Err(map_err("read", MAP_JOB_COUNTERS)(e)),
+                }
+                Ok((c, sum))
+            })
+            .collect()
+    }
+
+    /// Slot `index` as the kernel holds it (tests and diagnostics).
+    pub fn slot(&self, index: u32) -> Result<AggSlot, EbpfError> {
+        self.slots
+            .get(&index, 0)
+            .map_err(map_err("read", MAP_SLOTS))
+    }
+
+    /// One BPF_PROG_TEST_RUN of `yard_agg` on `frame`, against this value's maps.
+    pub fn test_run(&self, frame: &[u8]) -> Result<TestOutcome, EbpfError> {
+        run_once(self.xdp()?, PROGRAM_XDP, frame)
+    }
+
+    /// `repeat` kernel runs of `yard_agg` on `frame`: the mean ns per run. Map writes persist,
+    /// so after the first run the frame takes the path its repeats take (a duplicate, or a
+    /// stored-result answer: see the xdp-paths bench).
+    pub fn bench_run(&self, frame: &[u8], repeat: u32) -> Result<u64, EbpfError> {
+        run_bench(self.xdp()?, PROGRAM_XDP, frame, repeat)
+    }
+
+    /// One BPF_PROG_TEST_RUN of the fan-out on `frame`: its verdict.
+    pub fn test_run_fanout(&self, frame: &[u8]) -> Result<TcAction, EbpfError> {
+        let prog = crate::program::get::<SchedClassifier>(&self.ebpf, PROGRAM_FANOUT)?;
+        let (action, _) = run_raw(prog, PROGRAM_FANOUT, frame)?;
+        Ok(TcAction::from_raw(action))
+    }
+
+    fn xdp(&self) -> Result<&Xdp, EbpfError> {
+        crate::program::xdp(&self.ebpf, PROGRAM_XDP)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_match_the_c_enum_in_order() {
+        let c_names = crate::counters::c_enum_names("agg_counter_idx", "AGG_");
+        let rust: Vec<&str> = AggCounter::ALL.iter().map(|c| c.name()).collect();
+        assert_eq!(c_names, rust);
+        for (i, c) in AggCounter::ALL.iter().enumerate() {
+            assert_eq!(c.index() as usize, i);
+        }
+    }
+
+    #[test]
+    fn wire_constants_match_the_header() {
+        let header = include_str!("../bpf/yard.h");
+        use yard_agg::wire;
+        assert!(header.contains(&format!("#define AGG_PORT {}", wire::PORT)));
+        assert!(header.contains(&format!("#define AGG_MAGIC {:#010x}", wire::MAGIC)));
+        assert!(header.contains(&format!("#define AGG_VERSION {}", wire::VERSION)));
+        assert!(header.contains(&format!("#define AGG_VALUES_MAX {}", wire::VALUES_MAX)));
+        assert!(header.contains(&format!("#define AGG_WORKERS_MAX {}", wire::WORKERS_MAX)));
+        assert!(header.contains(&format!("#define AGG_F_RETX {:#04x}", wire::FLAG_RETX)));
+        assert!(header.contains(&format!("#define AGG_F_REPLAY {:#04x}", wire::FLAG_REPLAY)));
+        assert!(header.contains("YARD_ASSERT_SIZE(struct agg_hdr, 32);"));
+        assert_eq!(wire::HEADER_LEN, 32);
+    }
+}

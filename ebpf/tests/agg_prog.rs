@@ -1,0 +1,536 @@
+//! `yard_agg` under BPF_PROG_TEST_RUN, against the reference aggregator (`yard_agg::model`):
+//! exact sums at the chunk-size edges and for a 10^6 + 3 value gradient, int32 and float32;
+//! duplicates, rounds, epochs, foreign and forged frames; a seeded fuzz run in which every frame
+//! must give the model's counter and the model's reply, byte for byte. Needs root.
+
+mod common;
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use common::require_root;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use yard_agg::fixed;
+use yard_agg::model::{Action, Aggregator as Model, JobSpec};
+use yard_agg::wire::{self, Dtype, Geometry, Header, Kind};
+use yard_ebpf::frames::HostFrame;
+use yard_ebpf::{AggCounter, AggJobEntry, Aggregator, XdpAction};
+
+const AGG: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 100);
+const CHUNK: u16 = 360;
+
+fn worker_addr(job: u32, w: usize) -> SocketAddrV4 {
+    SocketAddrV4::new(
+        Ipv4Addr::new(
+            198,
+            18,
+            u8::try_from(job).unwrap(),
+            u8::try_from(w + 1).unwrap(),
+        ),
+        40000 + u16::try_from(w).unwrap(),
+    )
+}
+
+fn spec(job: u32, workers: usize, values: u32, dtype: Dtype) -> JobSpec {
+    JobSpec {
+        id: job,
+        epoch: 1,
+        geometry: Geometry {
+            values,
+            chunk_values: CHUNK,
+        },
+        dtype,
+        members: (0..workers).map(|w| worker_addr(job, w)).collect(),
+    }
+}
+
+fn entry(spec: &JobSpec, base: u32) -> AggJobEntry {
+    AggJobEntry {
+        id: spec.id,
+        epoch: spec.epoch,
+        base,
+        geometry: spec.geometry,
+        dtype: spec.dtype,
+        members: spec.members.clone(),
+        self_ip: AGG,
+    }
+}
+
+fn frame(from: SocketAddrV4, payload: &[u8]) -> Vec<u8> {
+    HostFrame::udp(*from.ip(), from.port(), AGG, wire::PORT, payload).build()
+}
+
+const HEADERS: usize = 14 + 20 + 8;
+
+/// The aggregation payload of an output frame.
+fn payload_of(frame: &[u8]) -> &[u8] {
+    &frame[HEADERS..]
+}
+
+fn data(spec: &JobSpec, w: usize, round: u32, chunk: u32, exp: i8, values: &[i32]) -> Vec<u8> {
+    wire::encode(
+        &Header {
+            kind: Kind::Data,
+            flags: 0,
+            exp,
+            job: spec.id,
+            epoch: spec.epoch,
+            round,
+            chunk,
+            worker: u16::try_from(w).unwrap(),
+            count: 0,
+        },
+        values,
+    )
+}
+
+fn loaded(slots: u32) -> Aggregator {
+    require_root();
+    Aggregator::load(slots).expect("load the aggregator programs")
+}
+
+/// Sums one round of `grads` (one per worker) through the program and the model, chunk by
+/// chunk, workers in a rotating order; returns the program's results (values and exponent per
+/// chunk), asserting each equals the model's byte for byte.
+fn run_round(
+    agg: &Aggregator,
+    model: &mut Model,
+    spec: &JobSpec,
+    round: u32,
+    grads: &[Vec<i32>],
+    exps: &[Vec<i8>],
+) -> Vec<(i8, Vec<i32>)> {
+    let g = spec.geometry;
+    let n = grads.len();
+    let mut out = Vec::new();
+    for c in 0..g.chunks() {
+        let range = g.chunk_start(c)..g.chunk_start(c) + g.chunk_len(c);
+        let mut result = None;
+        for k in 0..n {
+            let w = (k + c as usize) % n;
+            let payload = data(
+                spec,
+                w,
+                round,
+                c,
+                exps[w][c as usize],
+                &grads[w][range.clone()],
+            );
+            let got = agg.test_run(&frame(spec.members[w], &payload)).unwrap();
+            let want = model.receive(spec.members[w], &payload);
+            if k + 1 < n {
+                assert_eq!(got.action, XdpAction::Drop, "chunk {c} worker {w}");
+                assert_eq!(want.action, Action::Drop);
+            } else {
+                assert_eq!(
+                    got.action,
+                    XdpAction::Pass,
+                    "the last contribution fans out"
+                );
+                let Action::Fanout(bytes) = want.action else {
+                    panic!("the model did not complete chunk {c}");
+                };
+                let mut expected = bytes.clone();
+                expected[5] = Kind::Fanout as u8; // XDP hands it to TC as a fan-out
+                assert_eq!(payload_of(&got.frame), expected.as_slice(), "chunk {c}");
+                let (h, body) = Header::parse(&bytes).unwrap();
+                assert_eq!(usize::from(h.worker), n, "contributors");
+                result = Some((h.exp, wire::values(body)));
+            }
+        }
+        out.push(result.expect("a result"));
+    }
+    out
+}
+
+fn sizes() -> [u32; 5] {
+    let c = u32::from(CHUNK);
+    [1, c - 1, c, c + 1, 1_000_003]
+}
+
+#[test]
+fn int32_sums_are_exact_at_every_size() {
+    let mut rng = StdRng::seed_from_u64(1);
+    for values in sizes() {
+        let n = 3;
+        let s = spec(7, n, values, Dtype::I32);
+        let agg = {
+            let mut a = loaded(s.geometry.chunks() * 2);
+            a.set_job(&entry(&s, 0)).unwrap();
+            a
+        };
+        let mut model = Model::new();
+        model.set_job(s.clone());
+        let grads: Vec<Vec<i32>> = (0..n)
+            .map(|_| (0..values).map(|_| rng.gen()).collect())
+            .collect();
+        let exps = vec![vec![0i8; s.geometry.chunks() as usize]; n];
+        let results = run_round(&agg, &mut model, &s, 0, &grads, &exps);
+        let flat: Vec<i32> = results.into_iter().flat_map(|(_, v)| v).collect();
+        let exact: Vec<i32> = (0..values as usize)
+            .map(|i| grads.iter().fold(0i32, |a, g| a.wrapping_add(g[i])))
+            .collect();
+        assert_eq!(flat, exact, "{values} values");
+        let completed = agg
+            .counters()
+            .unwrap()
+            .into_iter()
+            .find(|(c, _)| *c == AggCounter::Completed)
+            .unwrap()
+            .1;
+        assert_eq!(completed.packets, u64::from(s.geometry.chunks()));
+    }
+}
+
+#[test]
+fn float32_sums_are_within_the_fixed_point_bound_at_every_size() {
+    let mut rng = StdRng::seed_from_u64(2);
+    for values in sizes() {
+        let n: usize = 4;
+        let s = spec(8, n, values, Dtype::F32);
+        let mut agg = loaded(s.geometry.chunks() * 2);
+        agg.set_job(&entry(&s, 0)).unwrap();
+        let mut model = Model::new();
+        model.set_job(s.clone());
+        // Workers at different scales, so exponents differ and re-scaling is exercised.
+        let floats: Vec<Vec<f32>> = (0..n)
+            .map(|w| {
+                (0..values)
+                    .map(|_| rng.gen_range(-1.0f32..1.0) * 4f32.powi(i32::try_from(w).unwrap()))
+                    .collect()
+            })
+            .collect();
+        let g = s.geometry;
+        let mut grads = vec![Vec::new(); n];
+        let mut exps = vec![Vec::new(); n];
+        for w in 0..n {
+            for c in 0..g.chunks() {
+                let range = g.chunk_start(c)..g.chunk_start(c) + g.chunk_len(c);
+                let (e, q) = fixed::quantize(&floats[w][range], n as u16);
+                grads[w].extend(q);
+                exps[w].push(e);
+            }
+        }
+        let results = run_round(&agg, &mut model, &s, 0, &grads, &exps);
+        for (c, (exp, acc)) in results.iter().enumerate() {
+            let start = g.chunk_start(c as u32);
+            let got = fixed::dequantize(acc, *exp, n as u16);
+            let bound = fixed::error_bound(n as u16, *exp);
+            for (j, v) in got.iter().enumerate() {
+                let exact: f64 = floats.iter().map(|f| f64::from(f[start + j])).sum();
+                let slack = bound + f64::from(v.abs()) * f64::from(f32::EPSILON);
+                assert!(
+                    (f64::from(*v) - exact).abs() <= slack,
+                    "{values} values, element {}: {v} vs {exact} (bound {slack})",
+                    start + j
+                );
+            }
+        }
+    }
+}
+
+fn counter(agg: &Aggregator, job: Option<u32>, c: AggCounter) -> u64 {
+    let all = match job {
+        Some(j) => agg.job_counters(j).unwrap(),
+        None => agg.counters().unwrap(),
+    };
+    all.into_iter().find(|(k, _)| *k == c).unwrap().1.packets
+}
+
+/// Runs `payload` from `from` through both, asserting the same counter moved by one in each
+/// and the same reply: returns the program's verdict.
+fn both(agg: &Aggregator, model: &mut Model, from: SocketAddrV4, payload: &[u8]) -> XdpAction {
+    let before: Vec<u64> = AggCounter::ALL
+        .iter()
+        .map(|c| counter(agg, None, *c))
+        .collect();
+    let got = agg.test_run(&frame(from, payload)).unwrap();
+    let want = model.receive(from, payload);
+    let after: Vec<u64> = AggCounter::ALL
+        .iter()
+        .map(|c| counter(agg, None, *c))
+        .collect();
+    let moved: Vec<AggCounter> = AggCounter::ALL
+        .iter()
+        .zip(before.iter().zip(&after))
+        .filter(|(_, (b, a))| a != b)
+        .map(|(c, _)| *c)
+        .collect();
+    assert_eq!(moved, [want.counter], "counters moved");
+    match want.action {
+        Action::Drop => assert_eq!(got.action, XdpAction::Drop),
+        Action::Reply(bytes) => {
+            assert_eq!(got.action, XdpAction::Tx);
+            assert_eq!(payload_of(&got.frame), bytes.as_slice());
+            // turned around: to the sender, from the aggregator
+            let f = HostFrame::udp(AGG, wire::PORT, *from.ip(), from.port(), &bytes).build();
+            assert_eq!(&got.frame[26..34], &f[26..34], "addresses swapped");
+        }
+        Action::Fanout(bytes) => {
+            assert_eq!(got.action, XdpAction::Pass);
+            let mut expected = bytes;
+            expected[5] = Kind::Fanout as u8;
+            assert_eq!(payload_of(&got.frame), expected.as_slice());
+        }
+    }
+    got.action
+}
+
+#[test]
+fn duplicates_rounds_epochs_and_strangers_are_counted_and_sums_stay_intact() {
+    let a = spec(1, 2, 720, Dtype::I32);
+    let mut b = spec(2, 2, 720, Dtype::I32);
+    b.members = vec![worker_addr(2, 0), worker_addr(2, 1)];
+    let mut agg = loaded(16);
+    agg.set_job(&entry(&a, 0)).unwrap();
+    agg.set_job(&entry(&b, 4)).unwrap();
+    let mut model = Model::new();
+    model.set_job(a.clone());
+    model.set_job(b.clone());
+    let ones = vec![1i32; 360];
+    let twos = vec![2i32; 360];
+
+    // a duplicate is never added twice
+    assert_eq!(
+        both(&agg, &mut model, a.members[0], &data(&a, 0, 0, 0, 0, &ones)),
+        XdpAction::Drop
+    );
+    assert_eq!(
+        both(&agg, &mut model, a.members[0], &data(&a, 0, 0, 0, 0, &ones)),
+        XdpAction::Drop
+    );
+    // job b's worker 0 forges job a's id (and a's worker 0 index): foreign, dropped
+    let mut forged = data(&a, 0, 0, 0, 0, &vec![1000; 360]);
+    assert_eq!(
+        both(&agg, &mut model, b.members[0], &forged),
+        XdpAction::Drop
+    );
+    // ... and claiming worker 1's index from worker 0's address
+    forged = data(&a, 1, 0, 0, 0, &vec![1000; 360]);
+    assert_eq!(
+        both(&agg, &mut model, a.members[0], &forged),
+        XdpAction::Drop
+    );
+    assert_eq!(counter(&agg, Some(1), AggCounter::Foreign), 2);
+    // round 1 arrives before round 0 is done: its own slot, no interference
+    assert_eq!(
+        both(&agg, &mut model, a.members[1], &data(&a, 1, 1, 0, 0, &twos)),
+        XdpAction::Drop
+    );
+    // round 0 completes with 1 + 2 = 3 everywhere: the forgeries added nothing
+    assert_eq!(
+        both(&agg, &mut model, a.members[1], &data(&a, 1, 0, 0, 0, &twos)),
+        XdpAction::Pass
+    );
+    let slot = agg.slot(0).unwrap();
+    assert_eq!(slot.done, 1);
+    assert!(slot.acc[..360].iter().all(|v| *v == 3));
+    // a resend to the complete chunk gets the stored sum back (XDP_TX)
+    assert_eq!(
+        both(&agg, &mut model, a.members[0], &data(&a, 0, 0, 0, 0, &ones)),
+        XdpAction::Tx
+    );
+    // a stale epoch is dropped
+    let mut old = a.clone();
+    old.epoch = 0;
+    assert_eq!(
+        both(
+            &agg,
+            &mut model,
+            a.members[0],
+            &data(&old, 0, 0, 1, 0, &ones)
+        ),
+        XdpAction::Drop
+    );
+    assert_eq!(counter(&agg, Some(1), AggCounter::Stale), 1);
+    // job b is untouched by all of this and completes on its own
+    both(&agg, &mut model, b.members[0], &data(&b, 0, 0, 0, 0, &ones));
+    both(&agg, &mut model, b.members[1], &data(&b, 1, 0, 0, 0, &ones));
+    assert!(agg.slot(4).unwrap().acc[..360].iter().all(|v| *v == 2));
+    assert_eq!(counter(&agg, Some(2), AggCounter::Completed), 1);
+    assert_eq!(counter(&agg, Some(2), AggCounter::Foreign), 0);
+    // a new epoch (a regrouping) frees the slots: round 0 of epoch 2 sums afresh
+    let mut next = a.clone();
+    next.epoch = 2;
+    agg.set_job(&entry(&next, 0)).unwrap();
+    model.set_job(next.clone());
+    both(
+        &agg,
+        &mut model,
+        next.members[0],
+        &data(&next, 0, 0, 0, 0, &twos),
+    );
+    assert_eq!(
+        both(
+            &agg,
+            &mut model,
+            next.members[1],
+            &data(&next, 1, 0, 0, 0, &twos)
+        ),
+        XdpAction::Pass
+    );
+    assert!(agg.slot(0).unwrap().acc[..360].iter().all(|v| *v == 4));
+    // a removed job's frames are an unknown job
+    agg.remove_job(2).unwrap();
+    model.remove_job(2);
+    both(&agg, &mut model, b.members[0], &data(&b, 0, 1, 0, 0, &ones));
+    assert_eq!(counter(&agg, None, AggCounter::UnknownJob), 1);
+}
+
+#[test]
+fn malformed_frames_are_dropped_and_other_traffic_passes() {
+    let a = spec(3, 2, 10, Dtype::I32);
+    let mut agg = loaded(4);
+    agg.set_job(&entry(&a, 0)).unwrap();
+    let good = data(&a, 0, 0, 0, 0, &[1; 10]);
+    let from = a.members[0];
+    let run = |f: Vec<u8>| agg.test_run(&f).unwrap().action;
+    // not ours: another port, not UDP, not IPv4
+    assert_eq!(
+        run(HostFrame::udp(*from.ip(), from.port(), AGG, 9999, &good).build()),
+        XdpAction::Pass
+    );
+    assert_eq!(
+        run(HostFrame::tcp(*from.ip(), from.port(), AGG, wire::PORT, &good).build()),
+        XdpAction::Pass
+    );
+    let mut arp = frame(from, &good);
+    arp[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
+    assert_eq!(run(arp), XdpAction::Pass);
+    assert_eq!(counter(&agg, None, AggCounter::PassNotAgg), 3);
+    // ours but broken: every header field and every truncation
+    let mut bad = Vec::new();
+    for at in [0usize, 4, 5, 28] {
+        let mut p = good.clone();
+        p[at] ^= 0x40;
+        bad.push(frame(from, &p));
+    }
+    let mut p = good.clone();
+    p[26..28].copy_from_slice(&11u16.to_le_bytes()); // count 11, 10 values present
+    bad.push(frame(from, &p));
+    let mut p = good.clone();
+    p[7] = 3; // an exponent on an int32 job
+    bad.push(frame(from, &p));
+    let mut p = good.clone();
+    p[20..24].copy_from_slice(&1u32.to_le_bytes()); // chunk 1 of a one-chunk gradient
+    bad.push(frame(from, &p));
+    let mut p = good.clone();
+    p[5] = Kind::Fanout as u8; // only the program makes those
+    bad.push(frame(from, &p));
+    let whole = frame(from, &good);
+    for cut in [42usize, 60, 73, whole.len() - 1] {
+        bad.push(whole[..cut].to_vec());
+    }
+    let n = bad.len() as u64;
+    for f in bad {
+        assert_eq!(run(f), XdpAction::Drop);
+    }
+    assert_eq!(counter(&agg, None, AggCounter::BadHeader), n);
+    assert_eq!(counter(&agg, None, AggCounter::Added), 0);
+}
+
+/// Seeded fuzz: random jobs, workers and rounds, with mutated headers, duplicates, strangers
+/// and stale epochs; every frame gives the model's counter and reply, byte for byte.
+#[test]
+fn fuzzed_frames_match_the_reference_model() {
+    let mut rng = StdRng::seed_from_u64(0x5eed);
+    let jobs: Vec<JobSpec> = (1..=3u32)
+        .map(|j| {
+            let mut s = spec(
+                j,
+                rng.gen_range(1..=4),
+                rng.gen_range(1..=1200),
+                if j == 2 { Dtype::F32 } else { Dtype::I32 },
+            );
+            s.geometry.chunk_values = rng.gen_range(1..=400);
+            s
+        })
+        .collect();
+    let mut agg = loaded(4096);
+    let mut model = Model::new();
+    let mut base = 0;
+    for s in &jobs {
+        agg.set_job(&entry(s, base)).unwrap();
+        base += s.geometry.chunks() * 2;
+        model.set_job(s.clone());
+    }
+    let mut rounds = vec![0u32; jobs.len()];
+    for _ in 0..6000 {
+        let j = rng.gen_range(0..jobs.len());
+        let s = &jobs[j];
+        let g = s.geometry;
+        let w = rng.gen_range(0..s.members.len());
+        if rng.gen_bool(0.01) {
+            rounds[j] += 1;
+        }
+        let round = rounds[j].saturating_sub(rng.gen_range(0..2)) + u32::from(rng.gen_bool(0.05));
+        let chunk = rng.gen_range(0..g.chunks());
+        let len = g.chunk_len(chunk);
+        let exp = if s.dtype == Dtype::F32 {
+            rng.gen_range(-4..4)
+        } else {
+            0
+        };
+        let values: Vec<i32> = (0..len)
+            .map(|_| rng.gen_range(-1_000_000..1_000_000))
+            .collect();
+        let mut payload = data(s, w, round, chunk, exp, &values);
+        let mut from = s.members[w];
+        match rng.gen_range(0..20) {
+            0 => payload[rng.gen_range(0..32)] ^= 1 << rng.gen_range(0..8),
+            1 => from = jobs[(j + 1) % jobs.len()].members[0],
+            2 => payload[12..16].copy_from_slice(&(s.epoch + 1).to_le_bytes()),
+            3 => payload.truncate(rng.gen_range(32..payload.len())),
+            4 | 5 => payload[6] |= wire::FLAG_REPLAY,
+            _ => {}
+        }
+        both(&agg, &mut model, from, &payload);
+    }
+    for (c, v) in agg.counters().unwrap() {
+        eprintln!("{:>14}: {}", c.name(), v.packets);
+    }
+    // every path was taken, many times
+    for c in [
+        AggCounter::Added,
+        AggCounter::Completed,
+        AggCounter::ResultResent,
+        AggCounter::Duplicate,
+        AggCounter::Stale,
+        AggCounter::Ahead,
+        AggCounter::Foreign,
+        AggCounter::UnknownJob,
+        AggCounter::BadHeader,
+    ] {
+        assert!(
+            counter(&agg, None, c) >= 40,
+            "{} taken too rarely",
+            c.name()
+        );
+    }
+}
+
+#[test]
+fn the_fan_out_takes_only_fresh_results() {
+    let a = spec(4, 2, 10, Dtype::I32);
+    let mut agg = loaded(4);
+    agg.set_job(&entry(&a, 0)).unwrap();
+    // a DATA frame, and a RESULT from elsewhere, are none of its business
+    let d = frame(a.members[0], &data(&a, 0, 0, 0, 0, &[1; 10]));
+    assert_eq!(
+        agg.test_run_fanout(&d).unwrap(),
+        yard_ebpf::TcAction::Unspec
+    );
+    // a fresh result: copies go to the members whose MAC is known, then the original is dropped
+    agg.test_run(&d).unwrap(); // learns worker 0's MAC
+    let out = agg
+        .test_run(&frame(a.members[1], &data(&a, 1, 0, 0, 0, &[2; 10])))
+        .unwrap();
+    assert_eq!(out.action, XdpAction::Pass);
+    assert_eq!(
+        agg.test_run_fanout(&out.frame).unwrap(),
+        yard_ebpf::TcAction::Shot
+    );
+    let sent = counter(&agg, Some(4), AggCounter::FanoutSent);
+    let failed = counter(&agg, Some(4), AggCounter::FanoutFailed);
+    assert_eq!(sent + failed, 2, "one attempt per member");
+}

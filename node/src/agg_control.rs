@@ -1,0 +1,46 @@
+//! The leader's aggregation loop: on every tick while this node leads, the placement core
+//! (`yard_actors::aggregator::placement`) decides on the replicated tables and the leader's
+//! reachability view, and its commands are proposed. Each command is guarded by its job's
+//! epoch, so a decision overtaken by another write is skipped at apply time; the loop itself
+//! decides nothing.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use openraft::ServerState;
+use yard_actors::aggregator::placement::{decide, ClusterView};
+use yard_raft_store::Command;
+
+use crate::service::Node;
+
+/// Runs until the process ends.
+pub async fn run(node: Node, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if node.raft().metrics().borrow().state != ServerState::Leader {
+            continue;
+        }
+        let unreachable: BTreeSet<u64> = node
+            .reachability()
+            .into_iter()
+            .filter(|(_, ok)| !ok)
+            .map(|(id, _)| id)
+            .collect();
+        let decision = node.feed().read(|d| {
+            let view = ClusterView {
+                unreachable,
+                node_ips: crate::agg_service::node_ips(d),
+            };
+            decide(&d.aggregation, &view)
+        });
+        for cmd in decision.commands {
+            tracing::info!(command = ?cmd, "aggregation decision");
+            if let Err(e) = node.raft().client_write(Command::Aggregation(cmd)).await {
+                tracing::warn!(error = %e, "aggregation decision not committed; deciding again next tick");
+                break;
+            }
+        }
+    }
+}

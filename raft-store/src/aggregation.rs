@@ -1,0 +1,492 @@
+//! The aggregator's replicated tables: aggregation jobs (shape, members, the host that sums
+//! them and the epoch of that arrangement) and the hosts that can aggregate, with their slot
+//! budgets.
+//!
+//! Every change of who sums a job or who contributes to it bumps the job's epoch, in one
+//! command: the aggregator and every worker act on the epoch they see, and frames of any other
+//! epoch are stale, so no chunk is ever summed under two arrangements. Checks that need the
+//! tables (quota, names, ranks) are made here, at apply time, so every node refuses the same
+//! commands; a refused command changes nothing and answers why in one sentence.
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use serde::{Deserialize, Serialize};
+
+use crate::NodeId;
+
+/// Bytes of aggregator memory one slot takes (`struct agg_slot`: one chunk of one round
+/// parity, `AGG_VALUES_MAX` values): the unit of the memory quota.
+pub const SLOT_BYTES: u64 = 3104;
+/// Most workers in one job (the XDP program's contribution bitmap is 64 bits).
+pub const MAX_WORKERS: u16 = 64;
+/// Most values in one chunk (`AGG_VALUES_MAX`).
+pub const MAX_CHUNK_VALUES: u16 = 768;
+
+/// Where a job is summed: the host and the first of its `2 x chunks` slots there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Placement {
+    pub node: NodeId,
+    pub base: u32,
+}
+
+/// One aggregation job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AggJob {
+    pub id: u32,
+    pub name: String,
+    /// Workers the job was created for (ranks 0..workers).
+    pub workers: u16,
+    /// Values of the gradient.
+    pub values: u32,
+    /// `enum agg_dtype`: 0 int32, 1 float32.
+    pub dtype: u8,
+    /// Whether the job goes on without a worker that dies (otherwise it fails, naming it).
+    pub elastic: bool,
+    /// Values per chunk (from the smallest MTU on the path; at most [`MAX_CHUNK_VALUES`]).
+    pub chunk_values: u16,
+    /// Whether the aggregator may be a worker's own host.
+    pub colocate: bool,
+    /// Bumped by every change of placement or membership.
+    pub epoch: u32,
+    /// Ranks that have joined, with the address each sends from.
+    pub members: BTreeMap<u16, SocketAddrV4>,
+    /// Ranks that died in an elastic job (they may not rejoin).
+    pub gone: Vec<u16>,
+    pub placement: Option<Placement>,
+    /// Why the job stopped, if it did (a worker died in a non-elastic job).
+    pub failed: Option<String>,
+}
+
+impl AggJob {
+    /// Chunks of the gradient.
+    pub fn chunks(&self) -> u32 {
+        self.values.div_ceil(u32::from(self.chunk_values.max(1)))
+    }
+
+    /// Slots the job takes on its aggregator.
+    pub fn slots(&self) -> u32 {
+        self.chunks().saturating_mul(2)
+    }
+
+    /// Aggregator memory the job takes.
+    pub fn bytes(&self) -> u64 {
+        u64::from(self.slots()) * SLOT_BYTES
+    }
+
+    /// Whether every rank that is still in the job has joined: it can be summed.
+    pub fn complete(&self) -> bool {
+        let expected = usize::from(self.workers) - self.gone.len();
+        expected > 0 && self.members.len() == expected
+    }
+
+    /// Whether the job is running: complete, placed and not failed.
+    pub fn running(&self) -> bool {
+        self.complete() && self.placement.is_some() && self.failed.is_none()
+    }
+
+    /// The members of this epoch in worker-index order (ranks ascending): worker index `i` is
+    /// the `i`-th.
+    pub fn worker_order(&self) -> Vec<(u16, SocketAddrV4)> {
+        self.members.iter().map(|(r, a)| (*r, *a)).collect()
+    }
+}
+
+/// A host that can aggregate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AggHost {
+    /// The address workers send to.
+    pub ip: Ipv4Addr,
+    /// Entries of its slot map.
+    pub slots: u32,
+}
+
+/// The limits a job creation is checked against, carried in the command so that every node
+/// checks the same numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quota {
+    /// Aggregator memory one job may take.
+    pub job_bytes: u64,
+    /// Aggregator memory all jobs together may take.
+    pub cluster_bytes: u64,
+}
+
+/// Aggregator commands, wrapped in `Command::Aggregation`. Never reorder: the index is the tag.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AggCommand {
+    /// Creates a job, waiting for its workers to join.
+    Create {
+        name: String,
+        workers: u16,
+        values: u32,
+        dtype: u8,
+        elastic: bool,
+        chunk_values: u16,
+        colocate: bool,
+        quota: Quota,
+    },
+    /// Deletes a job; its aggregator frees its slots.
+    Delete { name: String },
+    /// A worker of rank `rank` joins, sending from `addr` (a rejoin from a new address replaces
+    /// the old one and bumps the epoch).
+    Join {
+        name: String,
+        rank: u16,
+        addr: SocketAddrV4,
+    },
+    /// The leader's placement: `name` is summed at `placement` from epoch `expect_epoch + 1`
+    /// on. Skipped if the job's epoch is no longer `expect_epoch` (a newer decision won).
+    Place {
+        name: String,
+        expect_epoch: u32,
+        placement: Placement,
+    },
+    /// A worker died: an elastic job goes on without it (new epoch), any other fails.
+    WorkerGone {
+        name: String,
+        rank: u16,
+        reason: String,
+    },
+    /// A host can aggregate with `slots` slots (its daemon says so once its program is loaded),
+    /// or can no longer (`slots` 0).
+    Host {
+        node: NodeId,
+        ip: Ipv4Addr,
+        slots: u32,
+    },
+}
+
+/// The aggregator's part of the replicated state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AggTables {
+    pub jobs: BTreeMap<String, AggJob>,
+    pub hosts: BTreeMap<NodeId, AggHost>,
+    /// The next job id (ids are never reused, so a stale frame never names a new job).
+    pub next_id: u32,
+    /// The revision of the last command that changed these tables.
+    pub revision: u64,
+}
+
+impl AggTables {
+    /// Applies `cmd` at `revision`: `Ok(true)` if it changed something, `Err` with the one
+    /// sentence why it was refused (nothing changed).
+    pub fn apply(&mut self, cmd: &AggCommand, revision: u64) -> Result<bool, String> {
+        let changed = match cmd {
+            AggCommand::Create {
+                name,
+                workers,
+                values,
+                dtype,
+                elastic,
+                chunk_values,
+                colocate,
+                quota,
+            } => {
+                if name.is_empty() || name.len() > 64 {
+                    return Err("a job name has 1 to 64 characters".into());
+                }
+                if self.jobs.contains_key(name) {
+                    return Err(format!("job {name} exists already"));
+                }
+                if *workers == 0 || *workers > MAX_WORKERS {
+                    return Err(format!(
+                        "a job has 1 to {MAX_WORKERS} workers, not {workers}"
+                    ));
+                }
+                if *values == 0 {
+                    return Err("a job sums at least one value".into());
+                }
+                if *dtype > 1 {
+                    return Err(format!("unknown dtype {dtype}"));
+                }
+                if *chunk_values == 0 || *chunk_values > MAX_CHUNK_VALUES {
+                    return Err(format!(
+                        "a chunk holds 1 to {MAX_CHUNK_VALUES} values, not {chunk_values}"
+                    ));
+                }
+                let job = AggJob {
+                    id: self.next_id.max(1),
+                    name: name.clone(),
+                    workers: *workers,
+                    values: *values,
+                    dtype: *dtype,
+                    elastic: *elastic,
+                    chunk_values: *chunk_values,
+                    colocate: *colocate,
+                    epoch: 0,
+                    members: BTreeMap::new(),
+                    gone: Vec::new(),
+                    placement: None,
+                    failed: None,
+                };
+                let bytes = job.bytes();
+                if bytes > quota.job_bytes {
+                    return Err(format!(
+                        "job {name} needs {} MiB of aggregator memory, over the {} MiB a job may take",
+                        mib(bytes),
+                        mib(quota.job_bytes)
+                    ));
+                }
+                let used = self.used_bytes();
+                if used + bytes > quota.cluster_bytes {
+                    return Err(format!(
+                        "job {name} needs {} MiB of aggregator memory and only {} MiB of the cluster's {} MiB are free",
+                        mib(bytes),
+                        mib(quota.cluster_bytes.saturating_sub(used)),
+                        mib(quota.cluster_bytes)
+                    ));
+                }
+                self.next_id = job.id + 1;
+                self.jobs.insert(name.clone(), job);
+                true
+            }
+            AggCommand::Delete { name } => {
+                if self.jobs.remove(name).is_none() {
+                    return Err(format!("no job named {name}"));
+                }
+                true
+            }
+            AggCommand::Join { name, rank, addr } => {
+                let job = self.job_mut(name)?;
+                if let Some(why) = &job.failed {
+                    return Err(format!("job {name} has failed: {why}"));
+                }
+                if *rank >= job.workers {
+                    return Err(format!(
+                        "job {name} has ranks 0 to {}, not {rank}",
+                        job.workers - 1
+                    ));
+                }
+                if job.gone.contains(rank) {
+                    return Err(format!("rank {rank} of job {name} died and cannot rejoin"));
+                }
+                if let Some((other, _)) = job
+                    .members
+                    .iter()
+                    .find(|(r, a)| **a == *addr && **r != *rank)
+                {
+                    return Err(format!(
+                        "{addr} is already rank {other} of job {name}; each worker needs its own port"
+                    ));
+                }
+                if job.members.get(rank) == Some(addr) {
+                    false
+                } else {
+                    job.members.insert(*rank, *addr);
+                    job.epoch += 1;
+                    true
+                }
+            }
+            AggCommand::Place {
+                name,
+                expect_epoch,
+                placement,
+            } => {
+                let job = self.job_mut(name)?;
+                if job.epoch != *expect_epoch || job.placement == Some(*placement) {
+                    false
+                } else {
+                    job.placement = Some(*placement);
+                    job.epoch += 1;
+                    true
+                }
+            }
+            AggCommand::WorkerGone { name, rank, reason } => {
+                let job = self.job_mut(name)?;
+                if job.failed.is_some() || !job.members.contains_key(rank) {
+                    false
+                } else if job.elastic {
+                    job.members.remove(rank);
+                    job.gone.push(*rank);
+                    job.epoch += 1;
+                    if job.members.is_empty() {
+                        job.failed = Some(format!(
+                            "every worker is gone, the last: rank {rank} ({reason})"
+                        ));
+                    }
+                    true
+                } else {
+                    job.failed = Some(format!("worker rank {rank} died ({reason})"));
+                    job.epoch += 1;
+                    true
+                }
+            }
+            AggCommand::Host { node, ip, slots } => {
+                if *slots == 0 {
+                    self.hosts.remove(node).is_some()
+                } else {
+                    let host = AggHost {
+                        ip: *ip,
+                        slots: *slots,
+                    };
+                    self.hosts.insert(*node, host) != Some(host)
+                }
+            }
+        };
+        if changed {
+            self.revision = revision;
+        }
+        Ok(changed)
+    }
+
+    fn job_mut(&mut self, name: &str) -> Result<&mut AggJob, String> {
+        self.jobs
+            .get_mut(name)
+            .ok_or_else(|| format!("no job named {name}"))
+    }
+
+    /// Aggregator memory all jobs take.
+    pub fn used_bytes(&self) -> u64 {
+        self.jobs.values().map(AggJob::bytes).sum()
+    }
+
+    /// The job with id `id`.
+    pub fn by_id(&self, id: u32) -> Option<&AggJob> {
+        self.jobs.values().find(|j| j.id == id)
+    }
+}
+
+fn mib(bytes: u64) -> u64 {
+    bytes.div_ceil(1 << 20)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const QUOTA: Quota = Quota {
+        job_bytes: 96 << 20,
+        cluster_bytes: 100 << 20,
+    };
+
+    fn create(name: &str, workers: u16, values: u32, elastic: bool) -> AggCommand {
+        AggCommand::Create {
+            name: name.into(),
+            workers,
+            values,
+            dtype: 1,
+            elastic,
+            chunk_values: 360,
+            colocate: false,
+            quota: QUOTA,
+        }
+    }
+
+    fn addr(i: u8) -> SocketAddrV4 {
+        SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, i), 40000)
+    }
+
+    fn join(t: &mut AggTables, name: &str, rank: u16) {
+        let cmd = AggCommand::Join {
+            name: name.into(),
+            rank,
+            addr: addr(u8::try_from(rank).unwrap() + 1),
+        };
+        assert_eq!(t.apply(&cmd, 1), Ok(true));
+    }
+
+    #[test]
+    fn a_job_runs_once_every_rank_joined_and_it_is_placed() {
+        let mut t = AggTables::default();
+        assert_eq!(t.apply(&create("resnet", 2, 1000, false), 1), Ok(true));
+        assert_eq!(t.jobs["resnet"].id, 1);
+        join(&mut t, "resnet", 0);
+        assert!(!t.jobs["resnet"].complete());
+        join(&mut t, "resnet", 1);
+        let job = &t.jobs["resnet"];
+        assert!(job.complete() && !job.running());
+        let epoch = job.epoch;
+        let place = |e| AggCommand::Place {
+            name: "resnet".into(),
+            expect_epoch: e,
+            placement: Placement { node: 3, base: 0 },
+        };
+        assert_eq!(
+            t.apply(&place(epoch - 1), 2),
+            Ok(false),
+            "a stale decision is skipped"
+        );
+        assert_eq!(t.apply(&place(epoch), 2), Ok(true));
+        assert!(t.jobs["resnet"].running());
+        assert_eq!(t.jobs["resnet"].epoch, epoch + 1);
+    }
+
+    #[test]
+    fn quotas_names_and_ranks_are_refused_in_one_sentence() {
+        let mut t = AggTables::default();
+        // 10M values: 27778 chunks x 2 slots x 3104 B = 164 MiB
+        assert_eq!(
+            t.apply(&create("big", 2, 10_000_000, false), 1),
+            Err(
+                "job big needs 165 MiB of aggregator memory, over the 96 MiB a job may take".into()
+            )
+        );
+        assert_eq!(t.apply(&create("a", 2, 5_000_000, false), 1), Ok(true));
+        assert_eq!(
+            t.apply(&create("b", 2, 5_000_000, false), 1),
+            Err("job b needs 83 MiB of aggregator memory and only 18 MiB of the cluster's 100 MiB are free".into())
+        );
+        assert_eq!(
+            t.apply(&create("a", 2, 10, false), 1),
+            Err("job a exists already".into())
+        );
+        let bad_rank = AggCommand::Join {
+            name: "a".into(),
+            rank: 2,
+            addr: addr(1),
+        };
+        assert_eq!(
+            t.apply(&bad_rank, 1),
+            Err("job a has ranks 0 to 1, not 2".into())
+        );
+        join(&mut t, "a", 0);
+        let same_port = AggCommand::Join {
+            name: "a".into(),
+            rank: 1,
+            addr: addr(1),
+        };
+        assert!(t
+            .apply(&same_port, 1)
+            .unwrap_err()
+            .contains("each worker needs its own port"));
+        assert_eq!(t.jobs.len(), 1, "refusals change nothing");
+    }
+
+    #[test]
+    fn a_dead_worker_fails_a_job_or_leaves_an_elastic_one() {
+        let mut t = AggTables::default();
+        t.apply(&create("strict", 2, 10, false), 1).unwrap();
+        t.apply(&create("elastic", 3, 10, true), 1).unwrap();
+        for r in 0..2 {
+            join(&mut t, "strict", r);
+        }
+        for r in 0..3 {
+            join(&mut t, "elastic", r);
+        }
+        let gone = |name: &str| AggCommand::WorkerGone {
+            name: name.into(),
+            rank: 1,
+            reason: "host 198.18.0.2 is down".into(),
+        };
+        t.apply(&gone("strict"), 2).unwrap();
+        assert_eq!(
+            t.jobs["strict"].failed.as_deref(),
+            Some("worker rank 1 died (host 198.18.0.2 is down)")
+        );
+        let before = t.jobs["elastic"].epoch;
+        t.apply(&gone("elastic"), 2).unwrap();
+        let e = &t.jobs["elastic"];
+        assert!(e.failed.is_none() && e.complete());
+        assert_eq!(e.epoch, before + 1);
+        assert_eq!(
+            e.worker_order().iter().map(|(r, _)| *r).collect::<Vec<_>>(),
+            [0, 2]
+        );
+        let rejoin = AggCommand::Join {
+            name: "elastic".into(),
+            rank: 1,
+            addr: addr(9),
+        };
+        assert!(t.apply(&rejoin, 3).is_err());
+    }
+}
