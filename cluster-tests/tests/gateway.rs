@@ -1122,3 +1122,175 @@ fn killing_the_leader_while_the_cpu_is_contended_interrupts_no_other_node() {
     );
     assert_eq!(report.duplicates, 0);
 }
+
+/// `yard plan show --json` through node `i`.
+fn plan_show(c: &YardCluster<&Topology>, i: usize) -> Value {
+    cli_json(c, i, &["plan", "show"])
+}
+
+/// The latest re-plan's nodes as (node, measured load) when it moved nothing, else `None`.
+fn settled_plan(plan: &Value) -> Option<Vec<(u64, f64)>> {
+    let report = &plan["latest"]["report"];
+    if !report["moves"].as_array()?.is_empty() {
+        return None;
+    }
+    report["nodes"]
+        .as_array()?
+        .iter()
+        .map(|n| Some((n["node"].as_u64()?, n["measured"].as_f64()?)))
+        .collect()
+}
+
+/// The namespace test: three gateways, two 1000 packets/s streams through two VIPs that
+/// the count spread put on one node (capacity 1500 packets/s: overloaded). The leader's planner,
+/// driven by the nodes' measured per-VIP counters, moves one away by handoff without losing a
+/// packet. Then a node carrying a heavy VIP is killed: its VIPs move at once by counts, the
+/// re-plan after it leaves no survivor over capacity, and the stream through the VIP that was
+/// not on the dead node loses nothing through the failure and the re-plan.
+#[test]
+fn the_planner_places_vips_by_measured_traffic_and_no_survivor_of_a_kill_is_overloaded() {
+    require_root();
+    let topo = Topology::new(5).unwrap();
+    let planner = "[planner]\nenabled = true\ninterval_ms = 1000\nreport_ms = 250\nsmoothing = 0.5\nmax_moves = 1\ncapacity_bps = 1e9\ncapacity_pps = 1500.0\n";
+    let c = gateway_cluster(
+        &topo,
+        3,
+        true,
+        &format!(
+            "[liveness]\ninterval_ms = 25\nlease_ms = 250\n[log]\nformat = \"json\"\n{planner}"
+        ),
+    );
+    add_pool(&c);
+    let placed = wait_owners(&c, 1, Duration::from_secs(10), |o| balanced(o, &[1, 2, 3]));
+    let leader = c.wait_leader(1).unwrap() as u64;
+    // Two VIPs the count spread put on one node other than the leader.
+    let x = if leader == 2 { 3 } else { 2 };
+    let heavy: Vec<Ipv4Addr> = placed
+        .iter()
+        .filter(|r| r.1 == Some(x))
+        .map(|r| r.0)
+        .collect();
+    assert_eq!(heavy.len(), 2, "{placed:?}");
+    let (h1, h2) = (heavy[0], heavy[1]);
+    let plan = plan_show(&c, 1);
+    assert_eq!(plan["enabled"], true, "{plan}");
+    let mut ov = Overlay::new(&topo);
+    let a = ov
+        .add_tenant(4, 100, Ipv4Addr::new(198, 19, 1, 1), tenant_mac(100, 1), h1)
+        .unwrap();
+    let b = ov
+        .add_tenant(5, 100, Ipv4Addr::new(198, 19, 1, 2), tenant_mac(100, 2), h2)
+        .unwrap();
+    add_endpoints(&c, &[&a, &b]);
+    a.wait_reachable(b.ip(), Duration::from_secs(10)).unwrap();
+    b.wait_reachable(a.ip(), Duration::from_secs(10)).unwrap();
+    let flowing = |p: &ProbeStream| {
+        p.wait_flowing(
+            Duration::from_millis(300),
+            Duration::from_secs(1),
+            Duration::from_secs(5),
+        )
+    };
+
+    // Phase 1: the measured skew is re-planned, make-before-break.
+    let s1 = ProbeStream::start(&a, &b, 9600, 1000).unwrap();
+    let s2 = ProbeStream::start(&b, &a, 9601, 1000).unwrap();
+    assert!(flowing(&s1) && flowing(&s2));
+    wait_owners(&c, 1, Duration::from_secs(30), |o| {
+        owner_of(o, h1) != owner_of(o, h2)
+    });
+    let start = Instant::now();
+    let loads = loop {
+        let plan = plan_show(&c, 1);
+        if let Some(l) = settled_plan(&plan) {
+            if l.len() == 3 && l.iter().all(|(_, m)| *m <= 1.0) {
+                break l;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the plan did not settle under capacity: {plan}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let plan = plan_show(&c, 1);
+    eprintln!("after the re-plan: loads {loads:?}, plan {plan}");
+    let moved = &plan["last_moved"]["report"]["moves"];
+    assert!(
+        moved
+            .as_array()
+            .is_some_and(|m| m.len() == 1 && m[0]["from"] == x),
+        "one heavy vip left node {x}: {plan}"
+    );
+    // Past the linger time, so that the old owner's forwarding is over too.
+    std::thread::sleep(Duration::from_millis(3500));
+    for (name, r) in [("h1", s1.stop()), ("h2", s2.stop())] {
+        eprintln!("re-plan, stream through {name}: {}", r.to_json(3));
+        assert_eq!(r.lost, 0, "the re-plan lost packets: {}", r.to_json(5));
+        assert_eq!(r.duplicates, 0);
+    }
+
+    // Phase 2: a node carrying a heavy VIP dies.
+    let s1 = ProbeStream::start(&a, &b, 9602, 1000).unwrap();
+    let s2 = ProbeStream::start(&b, &a, 9603, 1000).unwrap();
+    assert!(flowing(&s1) && flowing(&s2));
+    let now = owners(&c, leader as usize);
+    let k = [owner_of(&now, h1), owner_of(&now, h2)]
+        .into_iter()
+        .find(|n| *n != leader)
+        .expect("the heavy vips are on two nodes, one not the leader");
+    let on_dead_is_h1 = owner_of(&now, h1) == k;
+    let mut c = c;
+    c.kill9(k as usize).unwrap();
+    let survivors: Vec<u64> = [1, 2, 3].into_iter().filter(|n| *n != k).collect();
+    wait_owners(&c, leader as usize, Duration::from_secs(15), |o| {
+        o.iter().all(|r| r.1 != Some(k))
+    });
+    let start = Instant::now();
+    let after = loop {
+        let plan = plan_show(&c, leader as usize);
+        let o = owners(&c, leader as usize);
+        if let Some(l) = settled_plan(&plan) {
+            let nodes: Vec<u64> = l.iter().map(|(n, _)| *n).collect();
+            if nodes == survivors
+                && l.iter().all(|(_, m)| *m <= 1.0)
+                && owner_of(&o, h1) != owner_of(&o, h2)
+                && o.iter().all(|r| r.2.is_none())
+            {
+                break plan;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no re-plan left the survivors under capacity: {plan}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    eprintln!("after the kill of node {k}: {after}");
+    std::thread::sleep(Duration::from_millis(3500));
+    let (r_dead, r_kept) = if on_dead_is_h1 {
+        (s1.stop(), s2.stop())
+    } else {
+        (s2.stop(), s1.stop())
+    };
+    eprintln!(
+        "kill, stream through the dead node's vip: {}",
+        r_dead.to_json(3)
+    );
+    eprintln!(
+        "kill, stream through the survivor's vip: {}",
+        r_kept.to_json(3)
+    );
+    assert_eq!(
+        r_kept.lost,
+        0,
+        "the failure and re-plan lost packets of a vip not on the dead node: {}",
+        r_kept.to_json(5)
+    );
+    assert!(
+        r_dead.received > 0 && r_dead.max_gap_ms < 3000.0,
+        "{}",
+        r_dead.to_json(5)
+    );
+    assert_eq!(r_kept.duplicates + r_dead.duplicates, 0);
+}

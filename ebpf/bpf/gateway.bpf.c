@@ -65,6 +65,18 @@ struct {
 	__type(value, struct gw_counter);
 } gw_counters SEC(".maps");
 
+/*
+ * Per-VIP traffic (key: VIP, network order): frames addressed to this gateway for the VIP,
+ * counted once each whatever their fate. The daemon samples it into rates for the service
+ * planner, which places VIPs by what they carry.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, GW_VIPS_MAX);
+	__type(key, __u32);
+	__type(value, struct gw_counter);
+} gw_vip_stats SEC(".maps");
+
 /* ARP for IPv4 over Ethernet: the only ARP the gateway answers. */
 struct arp_eth_ipv4 {
 	__be16 htype;
@@ -118,6 +130,22 @@ static __always_inline int verdict(__u32 idx, __u64 len, int action)
 }
 
 #define OUT(idx, action) return verdict((idx), len, (action))
+
+/* Counts one frame of `len` bytes for `vip` in gw_vip_stats. */
+static __always_inline void count_vip(__u32 vip, __u64 len)
+{
+	struct gw_counter *c = bpf_map_lookup_elem(&gw_vip_stats, &vip);
+
+	if (c) {
+		/* per-CPU slot: no other writer, no atomics needed */
+		c->packets += 1;
+		c->bytes += len;
+		return;
+	}
+	struct gw_counter first = { .packets = 1, .bytes = len };
+	/* full map or a racing first insert on another CPU: this frame goes uncounted */
+	bpf_map_update_elem(&gw_vip_stats, &vip, &first, BPF_NOEXIST);
+}
 
 static __always_inline int arp_is_ipv4_request(const struct arp_eth_ipv4 *arp)
 {
@@ -261,6 +289,7 @@ int yard_gateway(struct xdp_md *ctx)
 	 */
 	if (!same_mac(eth->h_dest, cfg->mac))
 		OUT(GW_PASS_NOT_VIP, XDP_PASS);
+	count_vip(daddr, len);
 	if (ip->ihl > 5)
 		OUT(GW_DROP_IP_OPTIONS, XDP_DROP);
 	if (ip->frag_off & IP_FRAG_MASK_BE)

@@ -34,7 +34,9 @@ use std::net::Ipv4Addr;
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
 
-use aya::maps::{Array, HashMap, IterableMap, MapData, MapInfo, MapType, PerCpuArray};
+use aya::maps::{
+    Array, HashMap, IterableMap, Map, MapData, MapInfo, MapType, PerCpuArray, PerCpuHashMap,
+};
 use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::xdp::XdpLink;
 use aya::programs::{ProgramError, Xdp};
@@ -52,8 +54,9 @@ static WHOLE: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gat
 static SPLIT_HOST: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/oxdp_host.bpf.o"));
 
-/// Which program runs on the gateway's interface. Both have the same maps (names, shapes),
-/// so a restart may switch between them: the pinned maps are adopted and the pinned link's
+/// Which program runs on the gateway's interface. Both have the same tables and counters
+/// (names, shapes; the whole program also counts per VIP in `gw_vip_stats`, for the service
+/// planner), so a restart may switch between them: the pinned maps are adopted and the pinned link's
 /// program is swapped, with no moment without a program.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GatewayImage {
@@ -94,18 +97,20 @@ pub(crate) const MAP_VIPS: &str = "gw_vips";
 pub(crate) const MAP_ENDPOINTS: &str = "gw_endpoints";
 pub(crate) const MAP_HOSTS: &str = "gw_hosts";
 const MAP_COUNTERS: &str = "gw_counters";
+const MAP_VIP_STATS: &str = "gw_vip_stats";
 
 /// (name, type, key size, value size, max entries).
 pub(crate) type MapShape = (&'static str, MapType, u32, u32, u32);
 
 /// Every map of the object with the shape this build expects: (name, type, key size, value
 /// size, max entries). Used to vet pinned maps before adopting them.
-pub(crate) const MAPS: [MapShape; 5] = [
+pub(crate) const MAPS: [MapShape; 6] = [
     (MAP_CONFIG, MapType::Array, 4, 16, 1),
     (MAP_VIPS, MapType::Hash, 4, 4, VIPS_MAX),
     (MAP_ENDPOINTS, MapType::Hash, 8, 12, ENDPOINTS_MAX),
     (MAP_HOSTS, MapType::Hash, 4, 8, HOSTS_MAX),
     (MAP_COUNTERS, MapType::PerCpuArray, 4, 16, COUNTER_MAX),
+    (MAP_VIP_STATS, MapType::PerCpuHash, 4, 16, VIPS_MAX),
 ];
 
 /// Prefix of a pinned link's file name; the interface name follows.
@@ -195,6 +200,9 @@ pub struct Gateway {
     endpoints: HashMap<MapData, GwEpKey, GwEp>,
     hosts: HashMap<MapData, u32, GwHost>,
     counters: PerCpuArray<MapData, GwCounter>,
+    /// The per-VIP counters: the whole program counts them; the split's host part (generated
+    /// by yard-offload) does not.
+    vip_stats: Option<VipStats>,
     /// Links this value attached and pinned; kept only so that their fds close with it.
     pinned_links: Vec<PinnedLink>,
     pin_dir: Option<PathBuf>,
@@ -275,6 +283,43 @@ fn link_file_name(iface: &str) -> Result<String, EbpfError> {
     Ok(format!("{LINK_PREFIX}{}", iface.replace('.', "%")))
 }
 
+/// The per-VIP traffic counters (`gw_vip_stats`), also opened on their own from the pin
+/// directory by a reader that does not own the program (the daemon's rate sampler).
+pub struct VipStats {
+    map: PerCpuHashMap<MapData, u32, GwCounter>,
+}
+
+impl VipStats {
+    /// Opens the counters pinned under `pin_dir` by [`Gateway::open_pinned`].
+    pub fn open_pinned(pin_dir: &Path) -> Result<Self, EbpfError> {
+        let path = pin_dir.join(MAP_VIP_STATS);
+        let expect = MAPS
+            .iter()
+            .find(|m| m.0 == MAP_VIP_STATS)
+            .expect("gw_vip_stats is one of the maps");
+        vet_pinned(&path, expect)?;
+        let data = MapData::from_pin(&path).map_err(map_err("open the pinned", MAP_VIP_STATS))?;
+        let map = PerCpuHashMap::try_from(Map::PerCpuHashMap(data))
+            .map_err(map_err("open", MAP_VIP_STATS))?;
+        Ok(Self { map })
+    }
+
+    /// Frames and bytes per VIP, summed over CPUs (wrapping, as the kernel's u64s do).
+    pub fn read(&self) -> Result<BTreeMap<Ipv4Addr, CounterValue>, EbpfError> {
+        let mut out = BTreeMap::new();
+        for entry in self.map.iter() {
+            let (key, per_cpu) = entry.map_err(map_err("iterate", MAP_VIP_STATS))?;
+            let mut sum = CounterValue::default();
+            for v in per_cpu.iter() {
+                sum.packets = sum.packets.wrapping_add(v.packets);
+                sum.bytes = sum.bytes.wrapping_add(v.bytes);
+            }
+            out.insert(ip_from_map(key), sum);
+        }
+        Ok(out)
+    }
+}
+
 impl Gateway {
     /// Loads the object without attaching or pinning (tests and benchmarks): fresh, empty maps
     /// that live as long as this value.
@@ -311,11 +356,16 @@ impl Gateway {
     fn load_with(pin_dir: Option<&Path>, image: GatewayImage) -> Result<(Self, bool), EbpfError> {
         let mut loader = EbpfLoader::new();
         let mut adopted = pin_dir.is_some();
+        // The maps this image has: the split's host part keeps no per-VIP counters.
+        let maps: Vec<&MapShape> = MAPS
+            .iter()
+            .filter(|m| image == GatewayImage::Whole || m.0 != MAP_VIP_STATS)
+            .collect();
         let paths: Vec<(&'static str, PathBuf)> = match pin_dir {
-            Some(dir) => MAPS.iter().map(|m| (m.0, dir.join(m.0))).collect(),
+            Some(dir) => maps.iter().map(|m| (m.0, dir.join(m.0))).collect(),
             None => Vec::new(),
         };
-        for ((name, path), expect) in paths.iter().zip(MAPS.iter()) {
+        for ((name, path), expect) in paths.iter().zip(maps.iter().copied()) {
             if path.exists() {
                 vet_pinned(path, expect)?;
             } else {
@@ -333,6 +383,12 @@ impl Gateway {
             endpoints: take(&mut ebpf, MAP_ENDPOINTS)?,
             hosts: take(&mut ebpf, MAP_HOSTS)?,
             counters: take(&mut ebpf, MAP_COUNTERS)?,
+            vip_stats: match image {
+                GatewayImage::Whole => Some(VipStats {
+                    map: take(&mut ebpf, MAP_VIP_STATS)?,
+                }),
+                GatewayImage::SplitHost => None,
+            },
             pinned_links: Vec::new(),
             pin_dir: pin_dir.map(Path::to_path_buf),
             image,
@@ -630,16 +686,28 @@ impl Gateway {
         Ok(out)
     }
 
+    /// Frames and bytes addressed to this gateway per VIP, summed over CPUs.
+    /// Empty with the split's host part, which keeps no per-VIP counters.
+    pub fn vip_counters(&self) -> Result<BTreeMap<Ipv4Addr, CounterValue>, EbpfError> {
+        match &self.vip_stats {
+            Some(s) => s.read(),
+            None => Ok(BTreeMap::new()),
+        }
+    }
+
     /// Kernel memory charged to each map (`memlock` in /proc/self/fdinfo), in bytes; `None`
     /// where the kernel does not report it.
     pub fn map_memory(&self) -> Vec<(&'static str, Option<u64>)> {
-        let fds = [
+        let mut fds = vec![
             (MAP_CONFIG, self.config.map().fd().as_fd().as_raw_fd()),
             (MAP_VIPS, self.vips.map().fd().as_fd().as_raw_fd()),
             (MAP_ENDPOINTS, self.endpoints.map().fd().as_fd().as_raw_fd()),
             (MAP_HOSTS, self.hosts.map().fd().as_fd().as_raw_fd()),
             (MAP_COUNTERS, self.counters.map().fd().as_fd().as_raw_fd()),
         ];
+        if let Some(s) = &self.vip_stats {
+            fds.push((MAP_VIP_STATS, s.map.map().fd().as_fd().as_raw_fd()));
+        }
         fds.into_iter()
             .map(|(name, fd)| (name, fdinfo_memlock(fd)))
             .collect()

@@ -733,7 +733,8 @@ fn map_api_round_trips() {
     assert_eq!(counters.len(), Counter::ALL.len());
     assert!(counters.iter().all(|(_, v)| v.packets == 0));
     let mem = gw.map_memory();
-    assert_eq!(mem.len(), 5);
+    assert_eq!(mem.len(), 6);
+    assert!(mem.iter().any(|(name, _)| *name == "gw_vip_stats"));
 }
 
 #[test]
@@ -751,4 +752,35 @@ fn bench_run_measures_in_the_kernel() {
     assert_eq!(&out.frame[6..12], &frame[0..6]);
     assert_eq!(&out.frame[12..], &frame[12..]);
     assert!(bounce.bench_run(&frame, 10_000).unwrap() < 1_000_000);
+}
+
+/// Per-VIP counters: every frame addressed to this gateway for a VIP counts once for that VIP
+/// with its whole length, whatever its fate; a flooded copy for another gateway and traffic for
+/// no VIP count for none.
+#[test]
+fn per_vip_counters_count_each_frame_for_this_gateway_once() {
+    let gw = fixture();
+    assert!(gw.vip_counters().unwrap().is_empty());
+    let a = tunnel(VIP, VNI_A, TENANT).build();
+    for _ in 0..3 {
+        assert_eq!(run(&gw, &a).1, Counter::Forwarded);
+    }
+    let fwd = tunnel(VIP_FWD, VNI_A, TENANT).build();
+    assert_eq!(run(&gw, &fwd).1, Counter::Forwarded);
+    // Dropped frames for a VIP still loaded this gateway.
+    let unknown = tunnel(VIP, 7, TENANT).build();
+    assert_eq!(run(&gw, &unknown).1, Counter::DropUnknownEndpoint);
+    let mut flooded = tunnel(VIP, VNI_A, TENANT).build();
+    flooded[0..6].copy_from_slice(&[0x02, 0, 0, 0, 0xff, 0x02]);
+    assert_eq!(run(&gw, &flooded).1, Counter::PassNotVip);
+    assert_eq!(
+        run(&gw, &tunnel(NOT_VIP, VNI_A, TENANT).build()).1,
+        Counter::PassNotVip
+    );
+    let got = gw.vip_counters().unwrap();
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(got[&VIP].packets, 4);
+    assert_eq!(got[&VIP].bytes, (3 * a.len() + unknown.len()) as u64);
+    assert_eq!(got[&VIP_FWD].packets, 1);
+    assert_eq!(got[&VIP_FWD].bytes, fwd.len() as u64);
 }

@@ -29,11 +29,15 @@ fn pinned_maps_survive_a_restart_and_remove_pinned_leaves_nothing() {
             "gw_endpoints",
             "gw_hosts",
             "gw_counters",
+            "gw_vip_stats",
         ] {
             assert!(dir.path.join(name).exists(), "{name} pinned");
         }
     } // the "daemon" exits
 
+    // A reader that does not own the program sees the per-VIP counters through the pin.
+    let stats = yard_ebpf::VipStats::open_pinned(&dir.path).unwrap();
+    assert_eq!(stats.read().unwrap()[&VIP].packets, 1);
     let (gw, adopted) = Gateway::open_pinned(&dir.path).unwrap();
     assert!(adopted);
     assert_eq!(

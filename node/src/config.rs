@@ -24,6 +24,7 @@ pub struct Config {
     pub probe: ProbeSection,
     pub analyzer: AnalyzerSection,
     pub aggregator: AggregatorSection,
+    pub planner: PlannerSection,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -360,6 +361,130 @@ impl AnalyzerSection {
     }
 }
 
+/// The service planner on the live gateway: the leader places VIPs by measured traffic and
+/// node reliability (see `gateway::replan` in yard-actors).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PlannerSection {
+    pub enabled: bool,
+    /// How often the leader re-plans (it also re-plans when the placeable nodes change).
+    pub interval_ms: u64,
+    /// How often each gateway node samples its per-VIP counters and reports rates.
+    pub report_ms: u64,
+    /// Weight of the newest interval in the rate EWMA, in (0, 1].
+    pub smoothing: f64,
+    /// VIP moves one re-plan may start: its churn cap.
+    pub max_moves: usize,
+    /// The least drop of the worst load (a fraction of capacity) worth moving VIPs for.
+    pub min_gain: f64,
+    /// Availability target of every tenant, in [0, 1).
+    pub availability: f64,
+    /// Least number of nodes per tenant.
+    pub replicas: usize,
+    /// What a gateway node carries: bytes/s and packets/s (overridden per node below).
+    pub capacity_bps: f64,
+    pub capacity_pps: f64,
+    pub node_capacity: Vec<NodeCapacity>,
+    /// Named groups of VIPs; VIPs no group names form the tenant `default`.
+    pub tenants: Vec<TenantGroup>,
+    /// The failure estimate's prior: as if every node had been watched this long and found
+    /// down `prior_fail_prob` of the time.
+    pub prior_ms: u64,
+    pub prior_fail_prob: f64,
+    /// Seed of the planner's randomized rounding.
+    pub seed: u64,
+}
+
+/// `[[planner.node_capacity]]`: one node's capacity.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeCapacity {
+    pub node: u64,
+    pub bps: f64,
+    pub pps: f64,
+}
+
+/// `[[planner.tenants]]`: a named group of VIPs planned together.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantGroup {
+    pub name: String,
+    pub vips: Vec<std::net::Ipv4Addr>,
+}
+
+impl Default for PlannerSection {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            interval_ms: 2_000,
+            report_ms: 500,
+            smoothing: 0.3,
+            max_moves: 4,
+            min_gain: 0.05,
+            availability: 0.999,
+            replicas: 2,
+            // 10 Gbit/s and 1.5 Mpps.
+            capacity_bps: 1.25e9,
+            capacity_pps: 1.5e6,
+            node_capacity: Vec::new(),
+            tenants: Vec::new(),
+            prior_ms: 3_600_000,
+            prior_fail_prob: 0.01,
+            seed: 1,
+        }
+    }
+}
+
+impl PlannerSection {
+    fn validate(&self) -> Result<(), String> {
+        let positive = |x: f64| x.is_finite() && x > 0.0;
+        if self.interval_ms == 0 {
+            return Err("planner.interval_ms: must be at least 1".into());
+        }
+        if self.report_ms == 0 {
+            return Err("planner.report_ms: must be at least 1".into());
+        }
+        if !(positive(self.smoothing) && self.smoothing <= 1.0) {
+            return Err("planner.smoothing: must be in (0, 1]".into());
+        }
+        if !(self.min_gain.is_finite() && self.min_gain >= 0.0) {
+            return Err("planner.min_gain: must be a non-negative number".into());
+        }
+        if !(self.availability.is_finite() && (0.0..1.0).contains(&self.availability)) {
+            return Err("planner.availability: must be in [0, 1)".into());
+        }
+        if self.replicas == 0 {
+            return Err("planner.replicas: must be at least 1".into());
+        }
+        if !positive(self.capacity_bps) || !positive(self.capacity_pps) {
+            return Err("planner.capacity_bps and capacity_pps: must be positive".into());
+        }
+        for c in &self.node_capacity {
+            if !positive(c.bps) || !positive(c.pps) {
+                return Err(format!(
+                    "planner.node_capacity: node {}: bps and pps must be positive",
+                    c.node
+                ));
+            }
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for t in &self.tenants {
+            if t.name.is_empty() {
+                return Err("planner.tenants: a tenant needs a name".into());
+            }
+            for v in &t.vips {
+                if !seen.insert(*v) {
+                    return Err(format!("planner.tenants: vip {v} is in two tenants"));
+                }
+            }
+        }
+        if !(positive(self.prior_fail_prob) && self.prior_fail_prob <= 0.5) {
+            return Err("planner.prior_fail_prob: must be in (0, 0.5]".into());
+        }
+        Ok(())
+    }
+}
+
 impl Default for NodeSection {
     fn default() -> Self {
         Self {
@@ -483,6 +608,7 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        self.planner.validate().map_err(ConfigError::Invalid)?;
         let bad = |key: &str, why: &str| Err(ConfigError::Invalid(format!("{key}: {why}")));
         if self.node.id == 0 {
             return bad("node.id", "must be at least 1");
@@ -881,6 +1007,40 @@ mod tests {
             ("holddown_ms = -1", "gateway.holddown_ms"),
         ] {
             let err = load_toml(&format!("[gateway]\n{toml}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(key), "{toml}: {err}");
+        }
+    }
+
+    #[test]
+    fn planner_keys_are_read_and_bad_ones_named() {
+        let cfg = load_toml(
+            "[planner]\nenabled = true\nmax_moves = 2\n\
+             [[planner.node_capacity]]\nnode = 3\nbps = 5e8\npps = 1e5\n\
+             [[planner.tenants]]\nname = \"blue\"\nvips = [\"198.19.0.1\", \"198.19.0.2\"]\n",
+        )
+        .unwrap();
+        assert!(cfg.planner.enabled);
+        assert_eq!(cfg.planner.max_moves, 2);
+        assert_eq!(cfg.planner.interval_ms, 2_000);
+        assert_eq!(cfg.planner.node_capacity[0].node, 3);
+        assert_eq!(cfg.planner.tenants[0].vips.len(), 2);
+        for (toml, key) in [
+            ("smoothing = 0.0", "planner.smoothing"),
+            ("smoothing = 1.5", "planner.smoothing"),
+            ("availability = 1.0", "planner.availability"),
+            ("replicas = 0", "planner.replicas"),
+            ("interval_ms = 0", "planner.interval_ms"),
+            ("capacity_bps = 0.0", "planner.capacity_bps"),
+            ("prior_fail_prob = 0.9", "planner.prior_fail_prob"),
+            (
+                "[[planner.tenants]]\nname = \"a\"\nvips = [\"198.19.0.1\"]\n\
+                 [[planner.tenants]]\nname = \"b\"\nvips = [\"198.19.0.1\"]",
+                "198.19.0.1 is in two tenants",
+            ),
+        ] {
+            let err = load_toml(&format!("[planner]\n{toml}\n"))
                 .unwrap_err()
                 .to_string();
             assert!(err.contains(key), "{toml}: {err}");

@@ -23,9 +23,11 @@ use yard_actors::gateway::lease::{LeaseConfig, Revocations, RevokeOutcome, Stamp
 use yard_raft_store::gateway::GatewayCommand;
 use yard_raft_store::{Command, NodeId, Raft};
 
-use crate::metrics::{FailoverPhase, METRICS};
-use crate::rpc::{Reply, Request};
+use crate::metrics::{FailoverPhase, Family, METRICS};
+use crate::planner_control::{PlanRecords, PlannerLoop, PlannerSettings, HEALTH_KEY};
+use crate::rpc::{NodeHealthView, PlanRecord, PlanView, Reply, Request};
 use crate::service::Node;
+use yard_actors::gateway::replan::{replan, stay, Rate, Replan, ReplanInput};
 
 /// The longest restart grace granted: a node gone longer than this should lose its VIPs.
 pub const MAX_GRACE_MS: u64 = 600_000;
@@ -63,6 +65,18 @@ enum Input {
     PlacementDone {
         term: u64,
     },
+    /// A gateway node's smoothed per-VIP rates.
+    Rates {
+        node: NodeId,
+        rates: Vec<(std::net::Ipv4Addr, Rate)>,
+        at: u64,
+    },
+    /// A re-plan of `term` finished on its blocking thread.
+    Replanned {
+        term: u64,
+        result: Result<Replan, String>,
+        measured_vips: usize,
+    },
 }
 
 /// Renewals and answers queued for the loop at most; more are dropped (a dropped renewal is a
@@ -84,6 +98,11 @@ pub struct GatewayControl {
     /// When this leader saw each node's lease lapse (ms on `epoch`), until the node is fenced
     /// or restored: the start of the fence phase that the failover histogram records.
     lapsed_at: Mutex<BTreeMap<NodeId, u64>>,
+    /// The service planner (`[planner]`), if enabled.
+    planner: Option<PlannerSettings>,
+    /// The latest re-plans and the nodes' history, as this node last led them.
+    plans: Mutex<PlanRecords>,
+    health: Mutex<Vec<NodeHealthView>>,
 }
 
 impl GatewayControl {
@@ -104,7 +123,105 @@ impl GatewayControl {
             tx,
             rx: Mutex::new(Some(rx)),
             lapsed_at: Mutex::default(),
+            planner: None,
+            plans: Mutex::default(),
+            health: Mutex::default(),
         }
+    }
+
+    /// Places VIPs by the service planner (see `planner_control`).
+    pub fn with_planner(mut self, settings: PlannerSettings) -> Self {
+        self.planner = Some(settings);
+        self
+    }
+
+    /// Whether the service planner is enabled.
+    pub fn planner_enabled(&self) -> bool {
+        self.planner.is_some()
+    }
+
+    /// A gateway node's rates, for the leader's planner (dropped when the loop is busy: the
+    /// next report replaces it anyway).
+    pub fn rates(&self, node: NodeId, rates: Vec<(std::net::Ipv4Addr, Rate)>) {
+        let _ = self.tx.try_send(Input::Rates {
+            node,
+            rates,
+            at: self.now_ms(),
+        });
+    }
+
+    /// Keeps a re-plan for `yard plan show` and the metrics.
+    pub fn record_plan(&self, record: PlanRecord) {
+        self.plans().record(record);
+    }
+
+    fn plans(&self) -> std::sync::MutexGuard<'_, PlanRecords> {
+        self.plans.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn health(&self) -> std::sync::MutexGuard<'_, Vec<NodeHealthView>> {
+        self.health.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `yard plan show` as this node (the leader) sees it.
+    pub fn plan_view(&self, me: NodeId) -> PlanView {
+        let plans = self.plans().clone();
+        PlanView {
+            leader: me,
+            enabled: self.planner.is_some(),
+            latest: plans.latest,
+            last_moved: plans.last_moved,
+            health: self.health().clone(),
+        }
+    }
+
+    /// The planner's metrics: load factor, predicted and measured load per node, moves.
+    pub fn planner_families(&self) -> Vec<Family> {
+        let plans = self.plans().clone();
+        let Some(latest) = plans.latest else {
+            return Vec::new();
+        };
+        let r = &latest.report;
+        let mut load = Vec::new();
+        for n in &r.nodes {
+            load.push((
+                format!("node=\"{}\",kind=\"predicted\"", n.node),
+                n.predicted,
+            ));
+            load.push((format!("node=\"{}\",kind=\"measured\"", n.node), n.measured));
+        }
+        vec![
+            Family {
+                name: "yard_planner_load_factor",
+                help: "the worst load (over capacity), nominal or after any single gateway failure, of the placement the latest re-plan chose",
+                kind: "gauge",
+                samples: vec![(String::new(), r.planned_worst)],
+            },
+            Family {
+                name: "yard_planner_node_load",
+                help: "each gateway node's load over capacity: measured where the vips are, predicted where the latest re-plan puts them",
+                kind: "gauge",
+                samples: load,
+            },
+            Family {
+                name: "yard_planner_moves_total",
+                help: "vip moves the leader's re-plans started",
+                kind: "counter",
+                samples: vec![(String::new(), plans.moves_total as f64)],
+            },
+            Family {
+                name: "yard_planner_replans_total",
+                help: "re-plans the leader ran",
+                kind: "counter",
+                samples: vec![(String::new(), plans.replans_total as f64)],
+            },
+            Family {
+                name: "yard_planner_last_moves",
+                help: "vip moves the latest re-plan started",
+                kind: "gauge",
+                samples: vec![(String::new(), r.moves.len() as f64)],
+            },
+        ]
     }
 
     /// Ownership damping settings.
@@ -262,9 +379,57 @@ impl GatewayControl {
     }
 
     /// Feeds one input to the core; whether a decision may have changed at once.
-    fn input(&self, core: &mut LeaderCore, input: Input) -> bool {
+    fn input(&self, core: &mut LeaderCore, pl: &mut Option<PlannerLoop>, input: Input) -> bool {
         let now = self.now_ms();
         match input {
+            Input::Rates { node, rates, at } => {
+                if let Some(pl) = pl.as_mut() {
+                    pl.report(node, at, rates);
+                }
+                false
+            }
+            Input::Replanned {
+                term,
+                result,
+                measured_vips,
+            } => {
+                let Some(pl) = pl.as_mut() else {
+                    return false;
+                };
+                pl.busy = false;
+                if core.term() != Some(term) {
+                    return false;
+                }
+                match result {
+                    Ok(r) => {
+                        let moves = r.report.moves.len();
+                        // No plan (no traffic measured yet, no node to plan on): counts
+                        // balance the VIPs, as without the planner.
+                        core.set_planned(r.planned);
+                        tracing::info!(
+                            moves,
+                            deferred = r.report.deferred,
+                            load_factor = r.report.planned_worst,
+                            reason = %r.report.reason,
+                            "planner: re-planned"
+                        );
+                        let at_unix_ms = std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map_or(0, |d| d.as_millis() as u64);
+                        self.record_plan(PlanRecord {
+                            at_unix_ms,
+                            term,
+                            measured_vips,
+                            report: r.report,
+                        });
+                        moves > 0
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "planner: the re-plan failed; the placement stays");
+                        false
+                    }
+                }
+            }
             Input::Renewal {
                 node,
                 applied,
@@ -329,6 +494,7 @@ impl GatewayControl {
         let raft = node.raft().clone();
         let feed = node.feed().clone();
         let mut core = LeaderCore::new(self.cfg, node.id());
+        let mut pl = self.planner.clone().map(PlannerLoop::new);
         let mut next_tick = self.now_ms();
         loop {
             let wait = next_tick.saturating_sub(self.now_ms());
@@ -336,17 +502,21 @@ impl GatewayControl {
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(wait)) => {}
                 input = rx.recv() => match input {
-                    Some(input) => urgent |= self.input(&mut core, input),
+                    Some(input) => urgent |= self.input(&mut core, &mut pl, input),
                     None => return,
                 },
             }
             while let Ok(input) = rx.try_recv() {
-                urgent |= self.input(&mut core, input);
+                urgent |= self.input(&mut core, &mut pl, input);
             }
             let m = raft.metrics().borrow().clone();
             if m.state != ServerState::Leader {
                 if core.term().is_some() {
                     core.lose();
+                    // A former leader's re-plans are not the cluster's any more: its metrics
+                    // would go on showing a placement nobody follows.
+                    self.plans().forget();
+                    self.health().clear();
                 }
                 next_tick = self.now_ms() + self.interval.as_millis() as u64;
                 continue;
@@ -361,8 +531,20 @@ impl GatewayControl {
                     next_tick = self.now_ms() + self.interval.as_millis() as u64;
                     continue;
                 }
-                let graces = feed.read(|d| d.gateway.graces.clone());
+                let (graces, history, placed) = feed.read(|d| {
+                    (
+                        d.gateway.graces.clone(),
+                        d.kv.get(HEALTH_KEY).map(|v| v.value.clone()),
+                        pl.as_ref()
+                            .map(|pl| stay(&d.gateway.vips, pl.settings.replan.target.max_moves)),
+                    )
+                });
                 core.gain(m.current_term, self.now_ms(), &graces);
+                if let Some(pl) = pl.as_mut() {
+                    pl.gain(self.now_ms(), history.as_deref());
+                    // Until the first re-plan the VIPs stay where the last leader left them.
+                    core.set_planned(placed);
+                }
                 tracing::info!(
                     term = m.current_term,
                     graces = graces.len(),
@@ -396,12 +578,77 @@ impl GatewayControl {
             for effect in effects {
                 self.execute(&node, &raft, m.current_term, effect);
             }
+            if let Some(pl) = pl.as_mut() {
+                self.replan(pl, &core, &raft, m.current_term, now, &vips);
+            }
             let interval = self.interval.as_millis() as u64;
             next_tick = core
                 .next_wake(now)
                 .map_or(now + interval, |t| t.min(now + interval))
                 .max(now + 1);
         }
+    }
+
+    /// Starts a re-plan when one is due: advances and commits the nodes' history, and plans
+    /// on a blocking thread, whose result comes back as `Input::Replanned`.
+    fn replan(
+        &self,
+        pl: &mut PlannerLoop,
+        core: &LeaderCore,
+        raft: &Raft,
+        term: u64,
+        now: u64,
+        vips: &BTreeMap<std::net::Ipv4Addr, yard_raft_store::gateway::VipRecord>,
+    ) {
+        let seen = core.seen().clone();
+        if !pl.due(now, &seen.placeable) {
+            return;
+        }
+        let (rates, nodes) = pl.start(now, &seen.known, &seen.live, &seen.placeable);
+        *self.health() = pl
+            .health
+            .iter()
+            .map(|(n, h)| NodeHealthView {
+                node: *n,
+                history: *h,
+                fail_prob: h.fail_prob(pl.settings.prior),
+            })
+            .collect();
+        let value = pl.health_json();
+        let raft = raft.clone();
+        tokio::spawn(async move {
+            let cmd = Command::Put {
+                key: HEALTH_KEY.to_owned(),
+                value,
+            };
+            if let Err(e) = raft.client_write(cmd).await {
+                tracing::debug!(error = %e, "planner: the node history was not committed");
+            }
+        });
+        let (vips, tenants, cfg, tx) = (
+            vips.clone(),
+            pl.settings.tenants.clone(),
+            pl.settings.replan,
+            self.tx.clone(),
+        );
+        tokio::task::spawn_blocking(move || {
+            let measured_vips = rates.len();
+            let result = replan(
+                &ReplanInput {
+                    vips: &vips,
+                    rates: &rates,
+                    tenants: &tenants,
+                    nodes: &nodes,
+                },
+                &cfg,
+            )
+            .map_err(|e| e.to_string());
+            let _ = tx.blocking_send(Input::Replanned {
+                term,
+                result,
+                measured_vips,
+            });
+        });
     }
 
     fn execute(&self, node: &Node, raft: &Raft, term: u64, effect: Effect) {

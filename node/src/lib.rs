@@ -17,6 +17,7 @@ pub mod gateway_service;
 pub mod http;
 pub mod latency;
 pub mod metrics;
+pub mod planner_control;
 pub mod prevote;
 pub mod raft_network;
 pub mod rpc;

@@ -58,6 +58,11 @@ pub enum Request {
     /// A voter that stopped hearing its leader asks whether this node would vote for it
     /// (`crate::prevote`): `PreVote { granted }`.
     PreVote,
+    /// A gateway node's smoothed per-VIP rates for the service planner on the leader:
+    /// `RatesAccepted`. The node is the one named by the caller's certificate.
+    GatewayRates {
+        rates: Vec<(Ipv4Addr, yard_actors::gateway::replan::Rate)>,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -110,6 +115,8 @@ pub enum AdminRequest {
     },
     /// Aggregation jobs and this node's aggregator.
     Agg(AggRequest),
+    /// `yard plan show`: the leader's service planner.
+    PlanShow,
 }
 
 /// Operator and worker requests about aggregation jobs.
@@ -267,6 +274,7 @@ impl AdminRequest {
                 | AdminRequest::KvGet { .. }
                 | AdminRequest::KvList { .. }
                 | AdminRequest::Diagnose { .. }
+                | AdminRequest::PlanShow
         ) || matches!(self, AdminRequest::Gateway(g) if g.is_read_only())
             || matches!(self, AdminRequest::Agg(a) if a.is_read_only())
     }
@@ -328,6 +336,8 @@ pub enum Reply {
     PreVote {
         granted: bool,
     },
+    /// The leader took a gateway node's rates.
+    RatesAccepted,
 }
 
 /// A Raft RPC failed on the receiver (serialised openraft error text).
@@ -397,6 +407,38 @@ pub enum AdminReply {
     Diagnosis(DiagnosisView),
     AggJobs(Vec<AggJobRow>),
     AggStats(AggStats),
+    Plan(Box<PlanView>),
+}
+
+/// `yard plan show`: the leader's service planner as it is.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PlanView {
+    pub leader: NodeId,
+    /// Whether `[planner]` is enabled on the leader.
+    pub enabled: bool,
+    /// The latest re-plan, and the latest that moved a VIP.
+    pub latest: Option<PlanRecord>,
+    pub last_moved: Option<PlanRecord>,
+    /// Each gateway node's replicated liveness history and failure estimate.
+    pub health: Vec<NodeHealthView>,
+}
+
+/// One re-plan on the leader.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PlanRecord {
+    pub at_unix_ms: u64,
+    pub term: u64,
+    /// VIPs with a measured rate.
+    pub measured_vips: usize,
+    pub report: yard_actors::gateway::replan::ReplanReport,
+}
+
+/// One node's liveness history.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct NodeHealthView {
+    pub node: NodeId,
+    pub history: yard_actors::gateway::replan::NodeHealth,
+    pub fail_prob: f64,
 }
 
 /// One job's diagnosis as replicated.

@@ -616,6 +616,13 @@ impl Node {
                     .await
             }
             AdminRequest::Agg(a) => self.handle_agg(forwarded, &req, a).await,
+            AdminRequest::PlanShow => {
+                let me = self.inner.id;
+                self.read(forwarded, &req, |_| {
+                    AdminReply::Plan(Box::new(self.inner.gateway.plan_view(me)))
+                })
+                .await
+            }
         }
     }
 
@@ -1049,6 +1056,10 @@ impl Handler for Node {
                         Err(e) => Reply::Error(e),
                     }
                 }
+                (PeerRole::Node(id), Request::GatewayRates { rates }) => {
+                    this.inner.gateway.rates(id, rates);
+                    Reply::RatesAccepted
+                }
                 (PeerRole::Node(_), Request::GatewayRevoke { node, stamp }) => {
                     match this.inner.gateway.revoke(node, stamp).await {
                         Ok((remaining_ms, held_ms)) => Reply::LeaseRevoked {
@@ -1098,6 +1109,7 @@ impl Handler for Node {
                         | Request::GatewayRevoke { .. }
                         | Request::GatewayUnrevoke { .. } => "gateway lease renewals",
                         Request::ProbeReport { .. } => "probe reports",
+                        Request::GatewayRates { .. } => "gateway rate reports",
                         Request::Join(_) | Request::RedeemToken(_) => "joins",
                     };
                     tracing::warn!(?role, what, "refused request for the peer's role");
@@ -1122,6 +1134,7 @@ impl GaugeSource for RaftGauges {
     fn families(&self) -> Vec<crate::metrics::Family> {
         use crate::metrics::Family;
         let mut families = self.0.diagnosis().families(self.0.feed());
+        families.extend(self.0.gateway().planner_families());
         if let Some(probe) = self.0.probe_view() {
             let p = probe.snapshot();
             families.push(Family {

@@ -237,6 +237,36 @@ async fn the_http_port_serves_metrics_health_and_readiness() {
     server.abort();
 }
 
+/// A re-plan with one node and one move, so that the planner's families are rendered.
+fn plan_record() -> yard::rpc::PlanRecord {
+    use yard_actors::gateway::replan::{NodeView, PlannedMove, Rate, ReplanReport};
+    yard::rpc::PlanRecord {
+        at_unix_ms: 1,
+        term: 1,
+        measured_vips: 1,
+        report: ReplanReport {
+            current_worst: 1.2,
+            planned_worst: 0.6,
+            moves: vec![PlannedMove {
+                vip: std::net::Ipv4Addr::new(198, 19, 255, 1),
+                from: 1,
+                to: 2,
+                rate: Rate { bps: 1e6, pps: 1e3 },
+            }],
+            deferred: 0,
+            reason: "a test".into(),
+            nodes: vec![NodeView {
+                node: 1,
+                fail_prob: 0.01,
+                measured: 1.2,
+                predicted: 0.6,
+                after_failure: 0.6,
+            }],
+            tenants: Vec::new(),
+        },
+    }
+}
+
 /// Every metric name a PromQL expression mentions: identifiers starting with `yard_`, string
 /// literals (label values) left out.
 fn metric_names(expr: &str) -> BTreeSet<String> {
@@ -336,6 +366,7 @@ async fn every_metric_the_dashboard_queries_is_exported() {
         ..GatewaySnapshot::default()
     });
     n.node.attach_gateway(gateway);
+    n.node.gateway().record_plan(plan_record());
     n.node
         .raft()
         .client_write(yard_raft_store::Command::Diagnosis(
@@ -360,6 +391,32 @@ async fn every_metric_the_dashboard_queries_is_exported() {
         .unwrap();
     let text = yard::metrics::render(&RaftGauges(n.node.clone())).unwrap();
     let families = exported(&text);
+    // The planner's families carry the recorded re-plan; `yard plan show` answers with it.
+    assert!(text.contains("yard_planner_load_factor 0.6"), "{text}");
+    assert!(
+        text.contains("yard_planner_node_load{kind=\"predicted\",node=\"1\"} 0.6"),
+        "{text}"
+    );
+    assert!(text.contains("yard_planner_moves_total 1"), "{text}");
+    let admin = n.net.transport("198.18.1.1:1", PeerRole::Admin);
+    let reply = admin
+        .call(
+            Target::any(ADDR),
+            Request::Admin(AdminRequest::PlanShow),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    let Reply::Admin(AdminReply::Plan(view)) = reply else {
+        panic!("{reply:?}");
+    };
+    assert_eq!(view.leader, 1);
+    assert!(!view.enabled, "this node has no [planner]");
+    assert_eq!(
+        view.last_moved.map(|r| r.report.moves.len()),
+        Some(1),
+        "the recorded move"
+    );
 
     let mut missing = BTreeSet::new();
     let mut queried = BTreeSet::new();

@@ -180,6 +180,21 @@ pub struct LeaderCore {
     watching_since: u64,
     /// The service planner's target placement, if one was given ([`LeaderCore::set_planned`]).
     planned: Option<Planned>,
+    /// What the latest tick saw: every gateway node it knows, the live ones, and those it
+    /// could place VIPs on (the re-plan plans on these).
+    seen: Seen,
+}
+
+/// Gateway nodes as the latest tick saw them ([`LeaderCore::seen`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Seen {
+    /// Every node that owns, is receiving or has renewed.
+    pub known: BTreeSet<NodeId>,
+    /// Nodes whose lease this leader holds as valid.
+    pub live: BTreeSet<NodeId>,
+    /// Live nodes that may receive VIPs: not held down, not draining (the leader itself counts
+    /// as draining when it holds no VIPs).
+    pub placeable: BTreeSet<NodeId>,
 }
 
 impl LeaderCore {
@@ -201,7 +216,13 @@ impl LeaderCore {
             last_tick: None,
             watching_since: 0,
             planned: None,
+            seen: Seen::default(),
         }
+    }
+
+    /// Gateway nodes as the latest tick saw them.
+    pub fn seen(&self) -> &Seen {
+        &self.seen
     }
 
     /// Replaces the service planner's target placement (`None`: balance VIP counts, as
@@ -603,9 +624,6 @@ impl LeaderCore {
         self.damping.prune(now_ms);
 
         // Placement.
-        if self.in_flight {
-            return out;
-        }
         let expired: BTreeSet<NodeId> = self
             .states
             .iter()
@@ -642,6 +660,18 @@ impl LeaderCore {
                 .any(|n| *n != self.me && !draining.contains(n))
         {
             draining.insert(self.me);
+        }
+        self.seen = Seen {
+            placeable: placeable
+                .iter()
+                .filter(|n| !draining.contains(n))
+                .copied()
+                .collect(),
+            live,
+            known,
+        };
+        if self.in_flight {
+            return out;
         }
         let changes = plan(&PlacementInput {
             vips: input.vips,
@@ -1388,5 +1418,149 @@ mod tests {
         );
         assert!(undamped >= 40, "{undamped}");
         assert!(damped <= 4, "{damped}");
+    }
+
+    /// Measured load (bytes/s over capacity) of every node that owns VIPs with no handoff.
+    fn measured(
+        w: &World,
+        rates: &BTreeMap<Ipv4Addr, crate::gateway::replan::Rate>,
+    ) -> BTreeMap<NodeId, f64> {
+        let mut load: BTreeMap<NodeId, f64> = BTreeMap::new();
+        for (v, rec) in &w.tables.vips {
+            if let (Some(n), None) = (rec.owner, rec.handoff_to) {
+                *load.entry(n).or_default() += rates[v].bps / GW_CAPACITY;
+            }
+        }
+        load
+    }
+
+    const GW_CAPACITY: f64 = 1.25e9;
+
+    /// Re-plans from the tick's placeable nodes and runs until the plan settles; the reports.
+    fn replan_until_settled(
+        w: &mut World,
+        rates: &BTreeMap<Ipv4Addr, crate::gateway::replan::Rate>,
+    ) -> Vec<crate::gateway::replan::ReplanReport> {
+        use crate::gateway::replan::{replan, ReplanConfig, ReplanInput};
+        use crate::gateway::service_plan::{GatewayProfile, TargetConfig};
+        let cfg = ReplanConfig {
+            target: TargetConfig {
+                availability: 0.999,
+                replicas: 2,
+                seed: 7,
+                max_moves: 1,
+            },
+            min_gain: 0.02,
+        };
+        let mut reports = Vec::new();
+        for _ in 0..12 {
+            let nodes: BTreeMap<NodeId, GatewayProfile> = w
+                .core
+                .seen()
+                .placeable
+                .iter()
+                .map(|n| {
+                    (
+                        *n,
+                        GatewayProfile {
+                            capacity_bps: GW_CAPACITY,
+                            capacity_pps: 1.5e6,
+                            fail_prob: 0.01,
+                        },
+                    )
+                })
+                .collect();
+            let r = replan(
+                &ReplanInput {
+                    vips: &w.tables.vips,
+                    rates,
+                    tenants: &BTreeMap::new(),
+                    nodes: &nodes,
+                },
+                &cfg,
+            )
+            .unwrap();
+            let done = r.report.moves.is_empty();
+            assert!(r.report.moves.len() <= 1, "the churn cap: {:?}", r.report);
+            reports.push(r.report);
+            w.core.set_planned(r.planned);
+            w.run(300);
+            if done {
+                return reports;
+            }
+        }
+        panic!("re-planning did not settle: {reports:?}");
+    }
+
+    /// The in-memory test: two heavy VIPs among light ones, spread by counts onto
+    /// three gateways. Re-planning from the measured rates reaches a placement in which the
+    /// survivors of any single failure stay under capacity; a node then dies, its VIPs move at
+    /// once by the fast path, and the re-plan after it leaves no survivor over capacity.
+    #[test]
+    fn a_skewed_profile_re_plans_so_that_no_survivor_of_a_failure_is_overloaded() {
+        use crate::gateway::replan::Rate;
+        let mut w = settled();
+        // The two heavy VIPs share a node under the count spread: rates chosen so.
+        let on_1: Vec<Ipv4Addr> = w
+            .tables
+            .vips
+            .iter()
+            .filter(|(_, r)| r.owner == Some(1))
+            .map(|(v, _)| *v)
+            .collect();
+        let rates: BTreeMap<Ipv4Addr, Rate> = w
+            .tables
+            .vips
+            .keys()
+            .map(|v| {
+                let bps = if on_1.contains(v) { 650e6 } else { 50e6 };
+                (
+                    *v,
+                    Rate {
+                        bps,
+                        pps: bps / 1500.0,
+                    },
+                )
+            })
+            .collect();
+        assert!(
+            measured(&w, &rates)[&1] > 1.0,
+            "the premise: node 1 is overloaded"
+        );
+        let reports = replan_until_settled(&mut w, &rates);
+        assert!(reports[0].current_worst > 1.0, "{:?}", reports[0]);
+        let last = reports.last().unwrap();
+        assert!(last.current_worst <= 1.0, "{reports:?}");
+        assert!(measured(&w, &rates).values().all(|l| *l <= 1.0));
+        // Planned moves were handoffs (make-before-break): every owner change from a live node
+        // went through a record with a handoff target.
+        let handoffs = w
+            .effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Propose(c) => Some(c),
+                _ => None,
+            })
+            .flatten()
+            .filter(|c| c.set.handoff_to.is_some())
+            .count();
+        assert!(handoffs >= reports.len() - 1, "{handoffs}");
+        // A node carrying a heavy VIP other than the leader dies.
+        let heavy_owner = w
+            .tables
+            .vips
+            .iter()
+            .filter(|(v, _)| rates[v].bps > 100e6)
+            .filter_map(|(_, r)| r.owner)
+            .find(|n| *n != 1)
+            .expect("the plan split the heavy vips");
+        w.silent.insert(heavy_owner);
+        w.run(1_000);
+        assert_eq!(w.owned_by(heavy_owner), 0, "the fast path moved its vips");
+        assert!(!w.core.seen().placeable.contains(&heavy_owner));
+        replan_until_settled(&mut w, &rates);
+        let after = measured(&w, &rates);
+        assert_eq!(after.len(), 2, "{after:?}");
+        assert!(after.values().all(|l| *l <= 1.0), "{after:?}");
     }
 }

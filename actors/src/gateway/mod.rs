@@ -12,4 +12,5 @@ pub mod leader;
 pub mod lease;
 pub mod neigh;
 pub mod placement;
+pub mod replan;
 pub mod service_plan;

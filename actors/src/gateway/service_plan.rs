@@ -1,8 +1,8 @@
 //! From measured VIP traffic and node reliability to a [`Planned`] target, through the service
 //! planner (`yard-planner`): the pure step between the leader's inputs and placement's rule 5.
 //!
-//! Not wired yet: the leader's shell does not collect per-VIP rates or failure estimates, so
-//! nothing calls this outside tests; see the gateway-integration item.
+//! The leader's re-plan ([`super::replan`]) calls it with the smoothed rates the gateway nodes
+//! report and the failure estimates from the replicated liveness history.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -40,14 +40,14 @@ pub struct TargetConfig {
     pub max_moves: usize,
 }
 
-/// The planner's placement of `vips` on `nodes` as a target for placement's rule 5. VIPs of
-/// one tenant are planned together (their node set, availability and failure reserve).
-pub fn target(
+/// The planner's instance for `vips` on `nodes`, and the VIPs of each of its tenants in unit
+/// order. VIPs of one tenant are planned together (their node set, availability and failure
+/// reserve).
+pub fn instance(
     vips: &BTreeMap<Ipv4Addr, VipTraffic>,
     nodes: &BTreeMap<NodeId, GatewayProfile>,
     cfg: &TargetConfig,
-) -> Result<Planned, PlanError> {
-    let ids: Vec<NodeId> = nodes.keys().copied().collect();
+) -> Result<(Instance, Vec<Vec<Ipv4Addr>>), PlanError> {
     let nodes_in: Vec<Node> = nodes
         .iter()
         .map(|(id, p)| Node {
@@ -81,7 +81,17 @@ pub fn target(
                 .collect(),
         })
         .collect();
-    let inst = Instance::new(tenants, nodes_in)?;
+    Ok((Instance::new(tenants, nodes_in)?, order))
+}
+
+/// The planner's placement of `vips` on `nodes` as a target for placement's rule 5.
+pub fn target(
+    vips: &BTreeMap<Ipv4Addr, VipTraffic>,
+    nodes: &BTreeMap<NodeId, GatewayProfile>,
+    cfg: &TargetConfig,
+) -> Result<Planned, PlanError> {
+    let ids: Vec<NodeId> = nodes.keys().copied().collect();
+    let (inst, order) = instance(vips, nodes, cfg)?;
     let mut opts = PlanOptions::default();
     opts.assign.seed = cfg.seed;
     let p = plan(&inst, &opts)?;

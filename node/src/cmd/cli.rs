@@ -106,7 +106,8 @@ enum Command {
         #[command(subcommand)]
         cmd: super::offload::OffloadCmd,
     },
-    /// The service planner: where tenants' VIPs should live (offline, from files).
+    /// The service planner: where tenants' VIPs should live (offline, from files), and the
+    /// live cluster's re-plans (`show`).
     Plan {
         #[command(subcommand)]
         cmd: super::plan::PlanCmd,
@@ -289,7 +290,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Command::Diagnose(d) if d.is_offline() => super::diagnose::offline(d, out),
         Command::Sim { cmd } => super::sim::run(cmd, out),
         Command::Offload { cmd } => super::offload::run(cmd, out),
-        Command::Plan { cmd } => super::plan::run(cmd, out),
+        Command::Plan { cmd } if cmd.is_offline() => super::plan::run(cmd, out),
         _ => runtime()?.block_on(client_command(&args, out)),
     }
 }
@@ -319,6 +320,9 @@ async fn client_command(args: &Args, out: Out) -> anyhow::Result<ExitCode> {
     }
     if let Command::Agg { cmd } = &args.command {
         return super::agg::run(&client, cmd, out).await;
+    }
+    if let Command::Plan { .. } = &args.command {
+        return super::plan::show(&client, out).await;
     }
     let req = match &args.command {
         Command::Status => AdminRequest::Status,
@@ -445,8 +449,15 @@ fn render(req: &AdminRequest, reply: AdminReply, out: Out) -> ExitCode {
         (_, AdminReply::Value(None)) => {}
         // Gateway replies are rendered by `yard gateway`.
         (_, AdminReply::Vips(_) | AdminReply::Endpoints(_) | AdminReply::GatewayStats(_)) => {}
-        // Diagnoses are rendered by `yard diagnose`, aggregation by `yard agg`.
-        (_, AdminReply::Diagnosis(_) | AdminReply::AggJobs(_) | AdminReply::AggStats(_)) => {}
+        // Diagnoses are rendered by `yard diagnose`, aggregation by `yard agg`, plans by
+        // `yard plan show`.
+        (
+            _,
+            AdminReply::Diagnosis(_)
+            | AdminReply::AggJobs(_)
+            | AdminReply::AggStats(_)
+            | AdminReply::Plan(_),
+        ) => {}
     }
     ExitCode::SUCCESS
 }

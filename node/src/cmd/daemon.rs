@@ -15,6 +15,7 @@ use yard::config::{Config, LogFormat, Offload, XdpMode};
 use yard::diagnosis_control::{DiagnosisControl, DiagnosisSettings};
 use yard::gateway_control::GatewayControl;
 use yard::http::{Endpoints, NodeReadiness};
+use yard::planner_control::PlannerSettings;
 use yard::rpc::{RedeemRequest, Reply, Request};
 use yard::service::{Node, NodeParts, RaftGauges};
 use yard::tls::PeerRole;
@@ -183,23 +184,25 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
     let reachability = Reachability::default();
     let rpc_timeout = Duration::from_millis(cfg.transport.rpc_timeout_ms);
     let renew_every = Duration::from_millis(cfg.liveness.interval_ms);
-    let gateway_control = Arc::new(
-        GatewayControl::new(
-            LeaseConfig {
-                lease_ms: cfg.liveness.lease_ms,
-                margin_ms: cfg.liveness.lease_margin_ms,
-            },
-            renew_every,
-            cfg.gateway.leader_holds_vips,
-        )
-        .with_damping(DampingConfig {
-            holddown_ms: cfg.gateway.holddown_ms,
-            max_holddown_ms: cfg.gateway.holddown_max_ms,
-            half_life_ms: cfg.gateway.holddown_half_life_ms,
-        })
-        .with_state_file(cfg.node.data_dir.join("gateway-revocations.json"))
-        .map_err(anyhow::Error::msg)?,
-    );
+    let mut control = GatewayControl::new(
+        LeaseConfig {
+            lease_ms: cfg.liveness.lease_ms,
+            margin_ms: cfg.liveness.lease_margin_ms,
+        },
+        renew_every,
+        cfg.gateway.leader_holds_vips,
+    )
+    .with_damping(DampingConfig {
+        holddown_ms: cfg.gateway.holddown_ms,
+        max_holddown_ms: cfg.gateway.holddown_max_ms,
+        half_life_ms: cfg.gateway.holddown_half_life_ms,
+    })
+    .with_state_file(cfg.node.data_dir.join("gateway-revocations.json"))
+    .map_err(anyhow::Error::msg)?;
+    if cfg.planner.enabled {
+        control = control.with_planner(PlannerSettings::from_config(&cfg.planner));
+    }
+    let gateway_control = Arc::new(control);
     let diagnosis_control = Arc::new(DiagnosisControl::new(DiagnosisSettings {
         analyzer: cfg.analyzer.to_core(),
         evaluate_every: Duration::from_millis(cfg.analyzer.evaluate_ms),
@@ -308,6 +311,15 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
             tracing::warn!(interface = %g.interface, reason = %placement, "gateway offload refused");
         }
         tracing::info!(interface = %g.interface, adopted, pin_dir = %g.pin_dir.display(), offload = ?g.offload, placement = %placement, "gateway data plane ready");
+        if cfg.planner.enabled {
+            // Sampled from the pinned counters, off the gateway actor's thread.
+            tokio::spawn(yard::planner_control::report_rates(
+                node.clone(),
+                g.pin_dir.clone(),
+                Duration::from_millis(cfg.planner.report_ms),
+                cfg.planner.smoothing,
+            ));
+        }
         let view = GatewayView::default();
         node.attach_gateway(view.clone());
         let settings = GatewaySettings {

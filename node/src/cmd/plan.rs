@@ -1,6 +1,9 @@
 //! `yard plan services`: the planner offline, from files — size a gateway cluster before
 //! building it, or check what the live planner would do with a traffic profile. The file
 //! formats are documented in `yard_planner::parse`.
+//!
+//! `yard plan show`: the live cluster's planner on the leader — each node's measured and
+//! predicted load, each tenant's availability, what the last re-plan moved and why.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -12,12 +15,23 @@ use serde_json::json;
 use yard_planner::eval::{self, Outcome};
 use yard_planner::{parse, plan, Instance, PlanOptions};
 
+use yard::rpc::{AdminReply, AdminRequest, PlanView};
+
 use super::output::Out;
 
 #[derive(Debug, Subcommand)]
 pub enum PlanCmd {
     /// Which gateway nodes serve each tenant and which node owns each VIP, from files.
     Services(ServicesArgs),
+    /// The live cluster's planner: per-node load, tenants' availability, the last moves.
+    Show,
+}
+
+impl PlanCmd {
+    /// Whether the command runs without a cluster.
+    pub fn is_offline(&self) -> bool {
+        matches!(self, PlanCmd::Services(_))
+    }
 }
 
 #[derive(Debug, Args)]
@@ -50,8 +64,92 @@ fn read(path: &Path, what: &str) -> anyhow::Result<String> {
         .with_context(|| format!("cannot read the {what} file {}", path.display()))
 }
 
+/// `yard plan show` through the admin RPC (answered by the leader).
+pub async fn show(client: &yard::client::AdminClient, out: Out) -> anyhow::Result<ExitCode> {
+    let AdminReply::Plan(view) = client.admin(AdminRequest::PlanShow).await? else {
+        bail!("unexpected reply to a plan request");
+    };
+    out.line(serde_json::to_value(&view)?, || show_human(&view));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn show_human(v: &PlanView) -> String {
+    let mut s = String::new();
+    if !v.enabled {
+        let _ = writeln!(
+            s,
+            "the planner is not enabled on the leader (node {}): vips are spread by count",
+            v.leader
+        );
+        return s.trim_end().to_owned();
+    }
+    let Some(latest) = &v.latest else {
+        let _ = writeln!(s, "leader {}: no re-plan yet", v.leader);
+        return s.trim_end().to_owned();
+    };
+    let r = &latest.report;
+    let _ = writeln!(
+        s,
+        "leader {} (term {}), {} vips measured: load factor {:.2} (now {:.2})",
+        v.leader, latest.term, latest.measured_vips, r.planned_worst, r.current_worst
+    );
+    let _ = writeln!(s, "{}", r.reason);
+    let _ = writeln!(
+        s,
+        "{:>6} {:>9} {:>9} {:>14} {:>10}",
+        "node", "measured", "predicted", "after failure", "fail prob"
+    );
+    for n in &r.nodes {
+        let _ = writeln!(
+            s,
+            "{:>6} {:>9.3} {:>9.3} {:>14.3} {:>10.5}",
+            n.node, n.measured, n.predicted, n.after_failure, n.fail_prob
+        );
+    }
+    for t in &r.tenants {
+        let nodes: Vec<String> = t.nodes.iter().map(|n| n.to_string()).collect();
+        let _ = writeln!(
+            s,
+            "tenant {}: {} vips on nodes {}, availability {:.6} (target {}{})",
+            t.tenant,
+            t.vips,
+            nodes.join(","),
+            t.availability,
+            t.target,
+            if met(t.availability, t.target) {
+                ""
+            } else {
+                ", NOT MET"
+            }
+        );
+    }
+    match &v.last_moved {
+        Some(m) => {
+            let _ = writeln!(
+                s,
+                "last moves (term {}, {} deferred): {}",
+                m.term, m.report.deferred, m.report.reason
+            );
+            for mv in &m.report.moves {
+                let _ = writeln!(
+                    s,
+                    "  {} {} -> {} ({:.0} B/s, {:.0} pkt/s)",
+                    mv.vip, mv.from, mv.to, mv.rate.bps, mv.rate.pps
+                );
+            }
+        }
+        None => {
+            let _ = writeln!(s, "no re-plan has moved a vip");
+        }
+    }
+    s.trim_end().to_owned()
+}
+
 pub fn run(cmd: &PlanCmd, out: Out) -> anyhow::Result<ExitCode> {
-    let PlanCmd::Services(a) = cmd;
+    let a = match cmd {
+        PlanCmd::Services(a) => a,
+        PlanCmd::Show => bail!("yard plan show needs a cluster"),
+    };
     let nodes = parse::nodes(&a.nodes.display().to_string(), &read(&a.nodes, "nodes")?)?;
     let tenants = parse::tenants(
         &a.tenants.display().to_string(),
@@ -193,4 +291,92 @@ pub fn run(cmd: &PlanCmd, out: Out) -> anyhow::Result<ExitCode> {
         s
     });
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use yard::rpc::{NodeHealthView, PlanRecord};
+    use yard_actors::gateway::replan::{
+        NodeHealth, NodeView, PlannedMove, Rate, ReplanReport, TenantView,
+    };
+
+    fn view() -> PlanView {
+        let report = ReplanReport {
+            current_worst: 1.2,
+            planned_worst: 0.61,
+            moves: vec![PlannedMove {
+                vip: "198.19.255.5".parse().unwrap(),
+                from: 2,
+                to: 1,
+                rate: Rate {
+                    bps: 98_000.0,
+                    pps: 910.0,
+                },
+            }],
+            deferred: 3,
+            reason: "the worst load drops".into(),
+            nodes: vec![NodeView {
+                node: 2,
+                fail_prob: 0.01,
+                measured: 1.2,
+                predicted: 0.593,
+                after_failure: 0.6,
+            }],
+            tenants: vec![TenantView {
+                tenant: "blue".into(),
+                vips: 2,
+                nodes: vec![1, 2],
+                availability: 0.9,
+                target: 0.999,
+            }],
+        };
+        let record = PlanRecord {
+            at_unix_ms: 1,
+            term: 4,
+            measured_vips: 2,
+            report,
+        };
+        PlanView {
+            leader: 1,
+            enabled: true,
+            latest: Some(record.clone()),
+            last_moved: Some(record),
+            health: vec![NodeHealthView {
+                node: 2,
+                history: NodeHealth::default(),
+                fail_prob: 0.01,
+            }],
+        }
+    }
+
+    #[test]
+    fn plan_show_names_loads_tenants_and_the_last_moves() {
+        let text = show_human(&view());
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "leader 1 (term 4), 2 vips measured: load factor 0.61 (now 1.20)"
+        );
+        assert!(
+            lines.contains(&"     2     1.200     0.593          0.600    0.01000"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "tenant blue: 2 vips on nodes 1,2, availability 0.900000 (target 0.999, NOT MET)"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("last moves (term 4, 3 deferred): the worst load drops"));
+        assert!(
+            text.contains("  198.19.255.5 2 -> 1 (98000 B/s, 910 pkt/s)"),
+            "{text}"
+        );
+        let off = PlanView {
+            enabled: false,
+            ..view()
+        };
+        assert!(show_human(&off).starts_with("the planner is not enabled on the leader (node 1)"));
+    }
 }
