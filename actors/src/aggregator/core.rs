@@ -210,15 +210,28 @@ mod tests {
         let mut t = tables();
         assert_eq!(worker_view(&t, "a", 1), WorkerView::Waiting);
         place(&mut t, "a", 1, 0);
-        let WorkerView::Running { worker, workers, aggregator, epoch, .. } = worker_view(&t, "a", 1)
+        let WorkerView::Running {
+            worker,
+            workers,
+            aggregator,
+            epoch,
+            ..
+        } = worker_view(&t, "a", 1)
         else {
             panic!("not running");
         };
         assert_eq!((worker, workers, epoch), (1, 2, t.jobs["a"].epoch));
-        assert_eq!(aggregator, SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 1), 7481));
+        assert_eq!(
+            aggregator,
+            SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 1), 7481)
+        );
         assert_eq!(worker_view(&t, "nope", 0), WorkerView::Gone);
         t.apply(
-            &AggCommand::WorkerGone { name: "a".into(), rank: 0, reason: "it exited".into() },
+            &AggCommand::WorkerGone {
+                name: "a".into(),
+                rank: 0,
+                reason: "it exited".into(),
+            },
             3,
         )
         .unwrap();
