@@ -178,6 +178,11 @@ impl<T: Borrow<Topology>> YardCluster<T> {
         self.node_dir(i).join("data").join("probe.sock")
     }
 
+    /// Node `i`'s aggregation agent socket, where workers on its host join their jobs.
+    pub fn agg_socket(&self, i: usize) -> PathBuf {
+        self.node_dir(i).join("data").join("agg.sock")
+    }
+
     fn config_path(&self, i: usize) -> PathBuf {
         self.node_dir(i).join("yard.toml")
     }

@@ -267,3 +267,173 @@ fn workers_sum_exactly_through_xdp_and_survive_the_aggregator_s_death() {
     assert!(counters["completed"]["packets"].as_u64().unwrap() > 0);
     assert_eq!(counters["foreign"]["packets"].as_u64().unwrap_or(0), 0);
 }
+
+/// Sums `rounds` rounds as `rank` of `job` through node 1's agent, following the membership
+/// the session pushes; `die_after`: drop the session without leaving after that many rounds
+/// (what a crashed worker's closed socket looks like to its node). Returns each round's sum.
+fn agent_worker(
+    socket: std::path::PathBuf,
+    job: &'static str,
+    rank: usize,
+    addr: SocketAddrV4,
+    rounds: u32,
+    die_after: Option<u32>,
+) -> Result<Vec<Vec<i32>>, String> {
+    use yard_agg::session::{JobState, Session};
+    let sock = UdpSocket::bind(addr).map_err(|e| format!("bind {addr}: {e}"))?;
+    let session = Session::join(&socket, job, rank as u16, addr).map_err(|e| e.to_string())?;
+    let m = session
+        .wait_running(Duration::from_secs(30))
+        .map_err(|e| e.to_string())?;
+    let tuning = Tuning {
+        give_up: Duration::from_millis(700),
+        ..Tuning::default()
+    };
+    let mut w = Worker::new(sock, m, tuning);
+    let mut out = Vec::new();
+    for round in 0..rounds {
+        if die_after == Some(round) {
+            drop(session);
+            return Ok(out);
+        }
+        let started = Instant::now();
+        loop {
+            let mut g = small_gradient(rank, round);
+            match w.all_reduce_i32(&mut g) {
+                Ok(_) => {
+                    out.push(g);
+                    break;
+                }
+                Err(AggError::Timeout { .. }) if started.elapsed() < Duration::from_secs(30) => {
+                    match session.state() {
+                        JobState::Running(m) => w.set_membership(m),
+                        JobState::Failed(why) | JobState::Closed(why) => return Err(why),
+                        JobState::Waiting => {}
+                    }
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    }
+    session.leave().map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
+const SMALL: u32 = 10_000;
+
+fn small_gradient(rank: usize, round: u32) -> Vec<i32> {
+    (0..SMALL)
+        .map(|i| (i as i32).wrapping_mul(31) ^ (rank as i32 * 1000 + round as i32))
+        .collect()
+}
+
+fn small_sum(ranks: &[usize], round: u32) -> Vec<i32> {
+    let mut s = vec![0i32; SMALL as usize];
+    for &r in ranks {
+        for (a, b) in s.iter_mut().zip(small_gradient(r, round)) {
+            *a = a.wrapping_add(b);
+        }
+    }
+    s
+}
+
+#[test]
+fn a_worker_that_dies_fails_its_job_and_an_elastic_job_goes_on_without_it() {
+    require_root();
+    let bin = yard_cluster_tests::yard::test_yard_bin();
+    let cluster = YardCluster::start(&bin, NODES, NODES + 3, &options()).unwrap();
+    let size = (u64::from(SMALL) * 4).to_string();
+    for (job, elastic) in [("strict", false), ("elastic", true)] {
+        let mut args = vec![
+            "agg",
+            "job",
+            "create",
+            job,
+            "--workers",
+            "3",
+            "--size",
+            &size,
+            "--dtype",
+            "i32",
+        ];
+        if elastic {
+            args.push("--elastic");
+        }
+        json(
+            &cluster.cli(1, &[&args[..], &["--json"]].concat()).unwrap(),
+            "yard agg job create",
+        );
+    }
+    let socket = cluster.agg_socket(1);
+    let mut threads = Vec::new();
+    for (j, job) in ["strict", "elastic"].into_iter().enumerate() {
+        for rank in 0..3 {
+            let host = NODES + 1 + rank;
+            let addr = SocketAddrV4::new(
+                cluster.topology().addr(host),
+                41000 + (j * 10 + rank) as u16,
+            );
+            let socket = socket.clone();
+            let die = (rank == 2).then_some(2);
+            threads.push((
+                job,
+                rank,
+                cluster
+                    .topology()
+                    .thread_in_host(host, move || agent_worker(socket, job, rank, addr, 5, die))
+                    .unwrap(),
+            ));
+        }
+    }
+    for (job, rank, t) in threads {
+        let result = t.join().unwrap();
+        match (job, rank) {
+            (_, 2) => assert_eq!(
+                result.unwrap().len(),
+                2,
+                "rank 2 summed two rounds, then died"
+            ),
+            ("strict", _) => {
+                let why = result.expect_err("a strict job must fail when a worker dies");
+                assert!(
+                    why.contains("worker rank 2 died") && why.contains("without a goodbye"),
+                    "rank {rank}: {why}"
+                );
+            }
+            _ => {
+                let sums = result.unwrap_or_else(|e| panic!("elastic rank {rank}: {e}"));
+                assert_eq!(sums.len(), 5);
+                for (round, s) in sums.iter().enumerate() {
+                    let round = round as u32;
+                    let want = if round < 2 {
+                        small_sum(&[0, 1, 2], round)
+                    } else {
+                        small_sum(&[0, 1], round)
+                    };
+                    assert!(
+                        *s == want,
+                        "elastic rank {rank} round {round}: not the exact sum"
+                    );
+                }
+            }
+        }
+    }
+    let shown = json(
+        &cluster
+            .cli(1, &["agg", "job", "show", "strict", "--json"])
+            .unwrap(),
+        "show",
+    );
+    assert!(shown["failed"]
+        .as_str()
+        .unwrap()
+        .contains("worker rank 2 died"));
+    let shown = json(
+        &cluster
+            .cli(1, &["agg", "job", "show", "elastic", "--json"])
+            .unwrap(),
+        "show",
+    );
+    assert_eq!(shown["gone"], serde_json::json!([2]));
+    assert_eq!(shown["running"], true);
+}

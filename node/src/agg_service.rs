@@ -117,6 +117,11 @@ impl Node {
                 ip: *ip,
                 slots: *slots,
             },
+            AggRequest::WorkerGone { name, rank, reason } => AggCommand::WorkerGone {
+                name: name.clone(),
+                rank: *rank,
+                reason: reason.clone(),
+            },
         };
         self.write(forwarded, req, Command::Aggregation(cmd)).await
     }

@@ -271,6 +271,10 @@ pub struct AggregatorSection {
     pub cluster_memory_mb: u64,
     /// How often the leader re-decides placements.
     pub place_ms: u64,
+    /// The Unix socket workers on this host join their jobs through (every node serves it,
+    /// aggregating or not; it has the probe socket's mode and group); defaults to
+    /// `<data_dir>/agg.sock`.
+    pub socket: Option<PathBuf>,
 }
 
 impl AggregatorSection {
@@ -301,6 +305,7 @@ impl Default for AggregatorSection {
             job_memory_mb: 256,
             cluster_memory_mb: 4096,
             place_ms: 100,
+            socket: None,
         }
     }
 }
@@ -820,6 +825,14 @@ impl Config {
             .socket
             .clone()
             .unwrap_or_else(|| self.node.data_dir.join("probe.sock"))
+    }
+
+    /// The aggregation agent's socket.
+    pub fn agg_socket(&self) -> PathBuf {
+        self.aggregator
+            .socket
+            .clone()
+            .unwrap_or_else(|| self.node.data_dir.join("agg.sock"))
     }
 
     /// Who may connect to the probe socket.

@@ -154,6 +154,12 @@ pub enum AggRequest {
         ip: std::net::Ipv4Addr,
         slots: u32,
     },
+    /// A worker's session with its node's agent ended without a goodbye.
+    WorkerGone {
+        name: String,
+        rank: u16,
+        reason: String,
+    },
 }
 
 impl AggRequest {

@@ -7,8 +7,11 @@
 //!   tested against, and the user-space UDP aggregator the benchmark compares it with.
 //! - [`worker`]: a worker's all-reduce over UDP: windowed sending, timeouts with
 //!   retransmission, result assembly.
+//! - [`session`]: joining a job through the local `yard` node's agent and following its
+//!   membership.
 
 pub mod fixed;
 pub mod model;
+pub mod session;
 pub mod wire;
 pub mod worker;

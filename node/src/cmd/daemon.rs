@@ -241,6 +241,12 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
     };
     let prevote = tokio::spawn(yard::prevote::run(node.clone()));
     node.set_agg_quota(cfg.aggregator.quota());
+    {
+        let path = cfg.agg_socket();
+        let listener = yard::agg_agent::bind(&path, cfg.probe_socket_access()?)
+            .with_context(|| format!("cannot listen on aggregator.socket {}", path.display()))?;
+        tokio::spawn(yard::agg_agent::serve(listener, node.clone()));
+    }
     tokio::spawn(yard::agg_control::run(
         node.clone(),
         Duration::from_millis(cfg.aggregator.place_ms),
