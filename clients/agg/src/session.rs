@@ -202,6 +202,14 @@ impl Session {
     }
 }
 
+impl Drop for Session {
+    /// Closes the session for both halves: the follower thread holds a clone of the socket, so
+    /// without a shutdown the node would not see the end of a session whose worker dropped it.
+    fn drop(&mut self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
