@@ -16,6 +16,9 @@
 //! benchmark, not a test: it prints figures and fails only if it cannot set up (needs root).
 
 #[allow(dead_code)]
+#[path = "../gateway/mod.rs"]
+mod gateway;
+#[allow(dead_code)]
 #[path = "../stats.rs"]
 mod stats;
 
@@ -67,24 +70,6 @@ fn gradient(rank: usize, round: u32, values: u32) -> Vec<i32> {
     (0..values)
         .map(|i| (i.wrapping_mul(2_654_435_761) ^ (rank as u32 * 7919) ^ round) as i32)
         .collect()
-}
-
-/// Busy ticks of the whole machine (all CPUs), from /proc/stat.
-fn busy_ticks() -> u64 {
-    let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let v: Vec<u64> = text
-        .lines()
-        .find(|l| l.starts_with("cpu "))
-        .map(|l| {
-            l.split_whitespace()
-                .skip(1)
-                .filter_map(|x| x.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default();
-    let get = |i: usize| v.get(i).copied().unwrap_or(0);
-    // user nice system irq softirq steal; idle (3) and iowait (4) left out
-    get(0) + get(1) + get(2) + get(5) + get(6) + get(7)
 }
 
 /// CPU seconds of the calling thread so far (/proc/thread-self/stat utime + stime).
@@ -250,7 +235,7 @@ fn run(args: &Args) -> Result<()> {
                         Ok(())
                     })?);
                 }
-                let busy0 = busy_ticks();
+                let busy0 = gateway::CpuTimes::now();
                 let t0 = Instant::now();
                 start.wait();
                 let mut failed = None;
@@ -260,7 +245,7 @@ fn run(args: &Args) -> Result<()> {
                     }
                 }
                 let secs = t0.elapsed().as_secs_f64();
-                let cpu = (busy_ticks() - busy0) as f64 / 100.0;
+                let cpu = gateway::CpuTimes::now().busy_s_since(&busy0);
                 stop.store(true, Ordering::Relaxed);
                 let agg_cpu = agg
                     .join()

@@ -333,6 +333,14 @@ impl CpuTimes {
         }
     }
 
+    /// Busy CPU time of all CPUs since `earlier` (everything but idle and iowait, softirq and
+    /// steal included), seconds (USER_HZ ticks of 10 ms).
+    pub fn busy_s_since(&self, earlier: &Self) -> f64 {
+        let total = self.total.saturating_sub(earlier.total);
+        let idle = self.idle.saturating_sub(earlier.idle);
+        total.saturating_sub(idle) as f64 / 100.0
+    }
+
     /// Busy, softirq and steal shares (percent of all CPUs) since `earlier`.
     pub fn since(&self, earlier: &Self) -> CpuShare {
         let total = self.total.saturating_sub(earlier.total).max(1) as f64;
