@@ -11,6 +11,7 @@
 //! Nothing is pinned: a restarted daemon starts with empty slots, and the round in flight is
 //! finished by the workers' resends to the (re-created) job, as after a regrouping.
 
+use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 use aya::maps::{Array, HashMap, MapData, PerCpuArray, PerCpuHashMap};
@@ -24,7 +25,7 @@ pub use yard_agg::model::Counter as AggCounter;
 
 use crate::layout::{
     ip_to_map, AggJob, AggJobCounterKey, AggMember, AggMemberKey, AggPeer, AggPeerKey, AggSlot,
-    GwCounter, AGG_COUNTER_MAX, AGG_MEMBERS_MAX,
+    GwCounter, AGG_COUNTER_MAX,
 };
 use crate::maps::{is_enoent, map_err, read_counter, take};
 use crate::test_run::{run_bench, run_once, run_raw, TestOutcome};
@@ -77,6 +78,9 @@ pub struct Aggregator {
     counters: PerCpuArray<MapData, GwCounter>,
     job_counters: PerCpuHashMap<MapData, AggJobCounterKey, GwCounter>,
     slot_count: u32,
+    /// The member keys written per job. Nothing else writes these maps (they are not pinned),
+    /// so this is what they hold, and stale members are found without scanning the map.
+    written: BTreeMap<u32, Vec<AggMemberKey>>,
     xdp_link: Option<XdpLinkId>,
     tc_link: Option<SchedClassifierLinkId>,
     ebpf: Ebpf,
@@ -121,6 +125,7 @@ impl Aggregator {
             counters: take(&mut ebpf, MAP_COUNTERS)?,
             job_counters: take(&mut ebpf, MAP_JOB_COUNTERS)?,
             slot_count,
+            written: BTreeMap::new(),
             xdp_link: None,
             tc_link: None,
             ebpf,
@@ -180,7 +185,7 @@ impl Aggregator {
                 count: entry.members.len(),
             });
         }
-        let stale_members = self.member_keys(entry.id)?;
+        let stale_members = self.written.get(&entry.id).cloned().unwrap_or_default();
         let mut wanted = Vec::with_capacity(entry.members.len());
         for (worker, addr) in entry.members.iter().enumerate() {
             let worker16 = u16::try_from(worker).unwrap_or(u16::MAX);
@@ -236,12 +241,13 @@ impl Aggregator {
         self.jobs
             .insert(entry.id, job, 0)
             .map_err(map_err("update", MAP_JOBS))?;
-        for key in stale_members.into_iter().filter(|k| !wanted.contains(k)) {
-            self.remove_member(&key)?;
+        for key in stale_members.iter().filter(|k| !wanted.contains(k)) {
+            self.remove_member(key)?;
         }
-        for worker in entry.members.len()..yard_agg::wire::WORKERS_MAX {
+        for worker in entry.members.len()..stale_members.len() {
             self.remove_peer(entry.id, worker)?;
         }
+        self.written.insert(entry.id, wanted);
         Ok(())
     }
 
@@ -251,10 +257,11 @@ impl Aggregator {
             Err(e) if !is_enoent(&e) => return Err(map_err("delete from", MAP_JOBS)(e)),
             _ => {}
         }
-        for key in self.member_keys(id)? {
-            self.remove_member(&key)?;
+        let members = self.written.remove(&id).unwrap_or_default();
+        for key in &members {
+            self.remove_member(key)?;
         }
-        for worker in 0..yard_agg::wire::WORKERS_MAX {
+        for worker in 0..members.len() {
             self.remove_peer(id, worker)?;
         }
         Ok(())
@@ -269,16 +276,6 @@ impl Aggregator {
             .map_err(map_err("iterate", MAP_JOBS))?;
         ids.sort_unstable();
         Ok(ids)
-    }
-
-    fn member_keys(&self, job: u32) -> Result<Vec<AggMemberKey>, EbpfError> {
-        let keys: Vec<AggMemberKey> = self
-            .members
-            .keys()
-            .collect::<Result<_, _>>()
-            .map_err(map_err("iterate", MAP_MEMBERS))?;
-        debug_assert!(keys.len() <= AGG_MEMBERS_MAX as usize);
-        Ok(keys.into_iter().filter(|k| k.job == job).collect())
     }
 
     fn remove_member(&mut self, key: &AggMemberKey) -> Result<(), EbpfError> {

@@ -234,12 +234,19 @@ pub fn try_hardware(iface: &str) -> String {
             "{iface} accepted the NIC part in hardware mode, but this loader cannot fill a \
              device's own maps, so it was detached and the whole program runs on the host"
         ),
-        Err(e) => format!(
-            "hardware-mode XDP on {iface} was refused ({}), so the whole program runs on the \
-             host (this loader does not bind programs to a device, which hardware mode needs)",
-            error_chain(&e).replace(": []", "")
-        ),
+        Err(e) => hardware_refused(iface, &e),
     }
+}
+
+/// The one sentence for a refused hardware-mode attach of a NIC part on `iface`: the kernel's
+/// reason, and that the whole program runs on the host.
+pub fn hardware_refused(iface: &str, e: &dyn std::error::Error) -> String {
+    format!(
+        "hardware-mode XDP on {iface} was refused ({}), so the whole program runs on the host \
+         (this loader does not bind programs to a device, which hardware mode needs)",
+        // aya prints the netlink extended ack as "[]" when the kernel gave none
+        error_chain(e).replace(": []", "")
+    )
 }
 
 /// An error and its causes on one line (a cause its parent's message already quotes is left

@@ -37,7 +37,7 @@ pub use aggregator::{AggCounter, AggJobEntry, Aggregator};
 pub use bounce::Bounce;
 pub use clock::ktime_now_ns;
 pub use counters::{Counter, CounterValue};
-pub use emunic::{error_chain, try_hardware, EmulatedNic};
+pub use emunic::{error_chain, hardware_refused, try_hardware, EmulatedNic};
 pub use gateway::{Endpoint, Gateway, GatewayConfig, GatewayImage, VipMode, VipStats, XdpMode};
 pub use peers::{Direction, PeerCounter, PeerCounters, PeerStat, TcAction};
 pub use test_run::{bench_xdp, run_xdp, TestOutcome, XdpAction};

@@ -534,3 +534,49 @@ fn the_fan_out_takes_only_fresh_results() {
     let failed = counter(&agg, Some(4), AggCounter::FanoutFailed);
     assert_eq!(sent + failed, 2, "one attempt per member");
 }
+
+#[test]
+fn a_member_left_out_of_a_new_epoch_is_a_stranger_and_a_removed_job_keeps_none() {
+    let a = spec(5, 3, 10, Dtype::I32);
+    let mut agg = loaded(4);
+    agg.set_job(&entry(&a, 0)).unwrap();
+    let mut model = Model::new();
+    model.set_job(a.clone());
+    // an elastic job loses worker 2: epoch 2 with workers 0 and 1
+    let mut next = a.clone();
+    next.epoch = 2;
+    next.members.truncate(2);
+    agg.set_job(&entry(&next, 0)).unwrap();
+    model.set_job(next.clone());
+    both(
+        &agg,
+        &mut model,
+        a.members[2],
+        &data(&next, 2, 0, 0, 0, &[1; 10]),
+    );
+    assert_eq!(counter(&agg, Some(5), AggCounter::Foreign), 1);
+    // the two left complete the chunk between them
+    both(
+        &agg,
+        &mut model,
+        next.members[0],
+        &data(&next, 0, 0, 0, 0, &[1; 10]),
+    );
+    let done = both(
+        &agg,
+        &mut model,
+        next.members[1],
+        &data(&next, 1, 0, 0, 0, &[2; 10]),
+    );
+    assert_eq!(done, XdpAction::Pass);
+    // once removed, nothing of the job answers
+    agg.remove_job(5).unwrap();
+    model.remove_job(5);
+    both(
+        &agg,
+        &mut model,
+        next.members[0],
+        &data(&next, 0, 1, 0, 0, &[1; 10]),
+    );
+    assert_eq!(counter(&agg, None, AggCounter::UnknownJob), 1);
+}

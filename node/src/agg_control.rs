@@ -28,13 +28,15 @@ pub async fn run(node: Node, every: Duration) {
             .filter(|(_, ok)| !ok)
             .map(|(id, _)| id)
             .collect();
-        let decision = node.feed().read(|d| {
-            let view = ClusterView {
-                unreachable,
-                node_ips: crate::agg_service::node_ips(d),
-            };
-            decide(&d.aggregation, &view)
-        });
+        // Copied out, so the tables' lock is not held while the core decides.
+        let (tables, node_ips) = node
+            .feed()
+            .read(|d| (d.aggregation.clone(), crate::agg_service::node_ips(d)));
+        let view = ClusterView {
+            unreachable,
+            node_ips,
+        };
+        let decision = decide(&tables, &view);
         for cmd in decision.commands {
             tracing::info!(command = ?cmd, "aggregation decision");
             if let Err(e) = node.raft().client_write(Command::Aggregation(cmd)).await {

@@ -9,7 +9,7 @@ use yard_agg::wire::Geometry;
 use yard_raft_store::aggregation::{AggCommand, AggTables};
 use yard_raft_store::{Command, NodeId, StateMachineData};
 
-use crate::rpc::{AdminReply, AdminRequest, AggJobRow, AggJobStats, AggRequest, AggStats, Reply};
+use crate::rpc::{AdminReply, AdminRequest, AggJobRow, AggRequest, AggStats, Reply};
 use crate::service::Node;
 
 /// Each member's host address, from the replicated node metadata.
@@ -144,18 +144,7 @@ impl Node {
             node: self.id(),
             enabled: true,
             slot_count: s.slot_count,
-            jobs: s
-                .jobs
-                .into_iter()
-                .map(|j| AggJobStats {
-                    id: j.id,
-                    epoch: j.epoch,
-                    workers: j.workers,
-                    slots: j.slots,
-                    bytes: j.bytes,
-                    counters: j.counters,
-                })
-                .collect(),
+            jobs: s.jobs,
             counters: s.counters,
             errors: s.errors,
             last_error: s.last_error,

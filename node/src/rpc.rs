@@ -187,22 +187,10 @@ pub struct AggStats {
     pub node: NodeId,
     pub enabled: bool,
     pub slot_count: u32,
-    /// (job id, epoch, workers, slots, bytes, counters as (name, packets, bytes))
-    pub jobs: Vec<AggJobStats>,
+    pub jobs: Vec<yard_actors::aggregator::actor::JobStats>,
     pub counters: Vec<(String, u64, u64)>,
     pub errors: u64,
     pub last_error: Option<String>,
-}
-
-/// One served job's figures.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct AggJobStats {
-    pub id: u32,
-    pub epoch: u32,
-    pub workers: usize,
-    pub slots: u64,
-    pub bytes: u64,
-    pub counters: Vec<(String, u64, u64)>,
 }
 
 /// Operator requests about the gateway.

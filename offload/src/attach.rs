@@ -101,12 +101,7 @@ pub fn attach(iface: &str, nic_obj: &[u8], host_obj: &[u8]) -> Result<Attached, 
     let mut nic = load(nic_obj, Role::Nic)?;
     let placement = match xdp(&mut nic, Role::Nic).attach(iface, XdpMode::Hardware) {
         Ok(_) => NicPlacement::Hardware,
-        Err(e) => NicPlacement::Refused(format!(
-            "hardware-mode XDP on {iface} was refused ({}), so the whole program runs on the host \
-             (this loader does not bind programs to a device, which hardware mode needs)",
-            // aya prints the netlink extended ack as "[]" when the kernel gave none
-            error_chain(&e).replace(": []", "")
-        )),
+        Err(e) => NicPlacement::Refused(yard_ebpf::hardware_refused(iface, &e)),
     };
     let nic_obj = match placement {
         NicPlacement::Hardware => Some(nic),
@@ -130,18 +125,4 @@ pub fn attach(iface: &str, nic_obj: &[u8], host_obj: &[u8]) -> Result<Attached, 
         nic_obj,
         host_obj: host,
     })
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let t = c.to_string();
-        if !s.contains(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        cur = c.source();
-    }
-    s
 }

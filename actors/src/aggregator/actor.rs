@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use tokio::sync::broadcast::error::RecvError;
-use yard_ebpf::{AggCounter, AggJobEntry, Aggregator, CounterValue};
+use yard_ebpf::{error_chain, AggCounter, AggJobEntry, Aggregator, CounterValue};
 use yard_raft_store::aggregation::AggTables;
 use yard_raft_store::{Change, ChangeFeed, NodeId};
 
@@ -45,19 +45,8 @@ impl AggDataPlane for Aggregator {
     }
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(inner) = src {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        src = inner.source();
-    }
-    s
-}
-
-/// One served job as the stats show it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// One served job as the stats show it (and `yard agg stats` carries it).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct JobStats {
     pub id: u32,
     pub epoch: u32,

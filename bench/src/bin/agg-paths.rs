@@ -251,7 +251,6 @@ fn run(args: &Args) -> Result<()> {
             });
         }
     }
-    let _ = bounce;
     let mut out = Vec::new();
     println!(
         "{:<14} {:>6} {:<7} {:>10} {:>10} {:>8} {:>12} {:>9}",

@@ -76,13 +76,11 @@ fn gradient(rank: usize, round: u32, values: u32) -> Vec<i32> {
 fn thread_cpu_s() -> f64 {
     let text = std::fs::read_to_string("/proc/thread-self/stat").unwrap_or_default();
     let after = text.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<u64> = after
-        .split_whitespace()
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    // fields after the comm: state(0, not numeric, skipped by the parse) ... utime is field 14
-    // of the whole line, i.e. index 11 of the numeric fields that follow the state
-    (f.get(10).copied().unwrap_or(0) + f.get(11).copied().unwrap_or(0)) as f64 / 100.0
+    // After the comm: state (field 3 of proc(5)) is index 0, so utime (14) and stime (15) are
+    // 11 and 12. By position: tpgid is often -1, so parsing first would shift them.
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    (tick(11) + tick(12)) as f64 / 100.0
 }
 
 struct Sample {
