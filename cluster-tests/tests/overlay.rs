@@ -134,6 +134,11 @@ fn keepalived_moves_the_vip_when_the_master_link_goes_down() {
         }
         std::thread::sleep(Duration::from_millis(500));
         let r = s.stop();
+        // With the default timings the stream was seen (2 CI runs of 5) to resume about 500 ms
+        // after the fault while no host held the VIP yet: VRRP makes host 2 master only after
+        // about 3.6 s. Why packets flowed before that is not understood yet. Wait, within the
+        // fault's deadline, for host 2 to take the VIP; the assertion below is unchanged.
+        let _ = ka.wait_master_is(2, deadline.saturating_duration_since(Instant::now()));
         let holders = ka.holders().unwrap();
         eprintln!(
             "keepalived {}: loss window {:.1} ms, lost {}, duplicates {}, reordered {}, gaps {}, holders now {:?}",
