@@ -113,6 +113,8 @@ class WorkerTest(unittest.TestCase):
             for r in range(3):
                 self.assertEqual(res[r][2 * rnd], want, "rank %d round %d" % (r, rnd))
         self.assertTrue(all(c == 1 for c in agg.completed.values()), "completed once each")
+        self.assertEqual(sum(res[r][2 * k + 1].conflicting for r in range(3) for k in range(4)),
+                         0, "repeated results are the same sums")
         resent = sum(res[r][2 * k + 1].resent for r in range(3) for k in range(4))
         self.assertGreater(resent, 0, "20%% loss must have caused resends")
         retx = [f for (_, _, _, f) in agg.flags_seen if f & wire.FLAG_RETX]

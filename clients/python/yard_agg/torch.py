@@ -61,6 +61,8 @@ class HookState:
         #: before the rounding to float32), for tests and metrics.
         self.bounds = []
         self.regroups = 0
+        #: Buckets DDP handed over in the last backward pass.
+        self.buckets_last_pass = 0
 
     def _fail(self, why):
         return AggJobError("job %s, rank %d: %s" % (self.job, self.rank, why))
@@ -99,6 +101,7 @@ class HookState:
             return fut
         buckets, self._buckets = self._buckets, {}
         order = sorted(buckets)
+        self.buckets_last_pass = len(order)
         try:
             for i in order:
                 if buckets[i][0].dtype != torch.float32:

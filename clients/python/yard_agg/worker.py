@@ -25,9 +25,12 @@ Tuning.__doc__ = """The client's window (chunks awaiting their result), first re
 its cap (it doubles on each resend) and how long a round may go without a new result before
 it fails, in seconds. The defaults are the Rust client's."""
 
-RoundStats = namedtuple("RoundStats", "sent resent results ignored")
+RoundStats = namedtuple("RoundStats", "sent resent results ignored conflicting")
 RoundStats.__doc__ = """Frames sent and resent, results taken, and frames ignored (results
-for chunks already received, or for another job, epoch or round) in one round."""
+for chunks already received, or for another job, epoch or round) in one round; and
+``conflicting``: repeats of a result already taken in this round and epoch whose exponent or
+sum differ from the first (a chunk completed twice with different sums, which must never
+happen; the Rust client counts the same)."""
 
 
 class AggError(Exception):
@@ -131,7 +134,7 @@ class Worker:
         self.membership = membership
         self.tuning = tuning or Tuning()
         self.round = 0
-        self.stats = RoundStats(0, 0, 0, 0)
+        self.stats = RoundStats(0, 0, 0, 0, 0)
         self._last = None  # the last completed round's input, for a regrouping
         self._replay = False
 
@@ -236,8 +239,9 @@ class Worker:
         sent_at = [now] * total
         timeout = [t.timeout] * total
         done = [False] * total
+        taken = [None] * total  # the result taken per frame: (exp, body), to tell repeats
         in_flight = set()
-        sent = resent = results = ignored = 0
+        sent = resent = results = ignored = conflicting = 0
         send = self.sock.sendto
         dest = m.aggregator
         for i in range(chunks, total):
@@ -274,7 +278,7 @@ class Worker:
                     wait = min(wait, due - now)
             waited = time.monotonic() - last_progress
             if waited > t.give_up:
-                self.stats = RoundStats(sent, resent, results, ignored)
+                self.stats = RoundStats(sent, resent, results, ignored, conflicting)
                 raise AggTimeout(m.job, m.aggregator, self.round, left, waited)
             self.sock.settimeout(max(wait, 0.0001))
             try:
@@ -295,12 +299,18 @@ class Worker:
             else:
                 i = None
             if (i is None or h.kind != KIND_RESULT or h.job != m.job or h.epoch != m.epoch
-                    or done[i] or h.count != g.chunk_len(h.chunk)):
+                    or h.count != g.chunk_len(h.chunk)):
                 ignored += 1
+                continue
+            if done[i]:
+                ignored += 1
+                if taken[i] != (h.exp, body):
+                    conflicting += 1
                 continue
             was_in_flight = i in in_flight
             in_flight.discard(i)
             done[i] = True
+            taken[i] = (h.exp, body)
             if i >= chunks:
                 continue  # a replay's acknowledgement
             s, e = g.chunk_range(h.chunk)
@@ -311,5 +321,5 @@ class Worker:
             results += 1
             left -= 1
             last_progress = time.monotonic()
-        self.stats = RoundStats(sent, resent, results, ignored)
+        self.stats = RoundStats(sent, resent, results, ignored, conflicting)
         return out_exps, out
