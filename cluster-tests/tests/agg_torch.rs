@@ -1,0 +1,233 @@
+//! Real PyTorch training through the XDP aggregator: three `yard` nodes that aggregate in XDP
+//! (hosts 1-3) and four worker hosts (4-7, each with its own node, whose agent socket its rank
+//! joins through), each running one real torch rank (`/usr/bin/python3` with Debian's
+//! `python3-torch`; `clients/python/tests/agg_torch_job.py`). The ranks train a small model
+//! with DDP (a gloo process group for DDP's own broadcasts), gradients summed by
+//! `yard_agg.hook` through the aggregator, then train it again from the same start with DDP's
+//! gloo all-reduce. The hook's final parameters must be bit-identical on every rank, and
+//! within [`tolerance`] of gloo's.
+//!
+//! Needs root and real torch, and fails (never skips) without either. Everything it starts
+//! belongs to the topology, so a failing assertion still kills the ranks and nodes.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use yard_cluster_tests::require_root;
+use yard_cluster_tests::torch;
+use yard_cluster_tests::yard::{ClusterOptions, YardCluster};
+
+/// Aggregating nodes (hosts 1-3); the job's aggregator is one of them, never a worker's host.
+const AGGREGATORS: usize = 3;
+/// Worker hosts, rank r on host `AGGREGATORS + 1 + r`.
+const WORKERS: usize = 4;
+const STEPS: u32 = 15;
+/// Chunk values at the namespaces' MTU of 1500.
+const CHUNK_VALUES: u64 = 360;
+
+fn options() -> ClusterOptions {
+    ClusterOptions {
+        extra_config: "[aggregator]\nenabled = true\ninterface = \"eth0\"\nxdp_mode = \"generic\"\nmemory_mb = 32\n".into(),
+    }
+}
+
+fn json(out: &std::process::Output, what: &str) -> Value {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{what}: not JSON ({e})"))
+}
+
+fn f32s(v: &Value) -> Vec<f32> {
+    v.as_array()
+        .expect("float32 bits")
+        .iter()
+        .map(|b| f32::from_bits(b.as_u64().expect("bits") as u32))
+        .collect()
+}
+
+/// How far the hook's training may end from gloo's, per parameter.
+///
+/// The two runs start from the same parameters; let `d_t` bound their difference after `t`
+/// SGD steps. Each step subtracts `lr` times the averaged gradient; the two averaged gradients
+/// differ by at most
+/// - `B_t`: yard_agg's fixed-point bound of the average, `max over chunks of
+///   error_bound(workers, E) / workers` with each result's exponent `E`
+///   (`yard_agg::fixed::error_bound`; each rank records it, `HookState.bounds`), plus
+/// - float32 rounding, to first order: gloo's and the hook's sums and the division, and the
+///   local gradients' dot products over `samples` terms, `(samples + 8) · 2^-24 · G_t` with
+///   `G_t` the largest local gradient element, plus
+/// - `L · d_t`, where `L` = ||H||_inf of the loss's Hessian: the model is linear in its
+///   parameters and the loss is MSE, so the gradient is `H θ − c` exactly and `L` is computed
+///   from the seeded data (`lipschitz` in the report).
+///
+/// Each update rounds once more in each run, `2 · 2^-24 · Θ` (`Θ` the largest parameter). So
+/// `d_{t+1} <= (1 + lr L) d_t + lr (B_t + (samples + 8) 2^-24 G_t) + 2^-23 Θ`, `d_0 = 0`,
+/// taking the largest `B_t`, `G_t` over the ranks.
+fn tolerance(reports: &[Value]) -> f64 {
+    let u = 2f64.powi(-24);
+    let r0 = &reports[0];
+    let steps = r0["steps"].as_u64().unwrap() as usize;
+    let lr = r0["lr"].as_f64().unwrap();
+    let lip = r0["lipschitz"].as_f64().unwrap();
+    let samples = r0["samples"].as_f64().unwrap();
+    let theta = reports
+        .iter()
+        .flat_map(|r| ["hook", "gloo", "initial"].map(|k| f32s(&r[k])))
+        .flatten()
+        .fold(0f64, |m, v| m.max(f64::from(v.abs())));
+    let step_max = |key: &str, t: usize| {
+        reports
+            .iter()
+            .map(|r| r[key][t].as_f64().unwrap())
+            .fold(0f64, f64::max)
+    };
+    let mut d = 0f64;
+    for t in 0..steps {
+        let b = step_max("bounds", t);
+        let g = step_max("grad_max", t);
+        d = (1.0 + lr * lip) * d + lr * (b + (samples + 8.0) * u * g) + 2.0 * u * theta;
+    }
+    d
+}
+
+#[test]
+fn ddp_through_the_xdp_aggregator_matches_gloo_on_four_worker_hosts() {
+    require_root();
+    let python = torch::torch_python();
+    let version = torch::torch_version(&python).unwrap_or_else(|e| panic!("{e}"));
+    let values = torch::agg_model_values(&python).unwrap_or_else(|e| panic!("{e}"));
+    let began = Instant::now();
+    let bin = yard_cluster_tests::yard::test_yard_bin();
+    let nodes = AGGREGATORS + WORKERS;
+    let cluster = YardCluster::start(&bin, nodes, nodes, &options()).unwrap();
+    json(
+        &cluster
+            .cli(
+                1,
+                &[
+                    "agg",
+                    "job",
+                    "create",
+                    "agg-torch",
+                    "--workers",
+                    &WORKERS.to_string(),
+                    "--size",
+                    &(values * 4).to_string(),
+                    "--dtype",
+                    "f32",
+                    "--json",
+                ],
+            )
+            .unwrap(),
+        "yard agg job create",
+    );
+    let hosts: Vec<usize> = (AGGREGATORS + 1..=nodes).collect();
+    let out_dir = cluster.topology().dir().join("agg-torch");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let ranks = torch::start_agg_ranks(
+        &cluster,
+        &python,
+        "agg-torch",
+        &hosts,
+        "eth0",
+        STEPS,
+        &out_dir,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut failed = Vec::new();
+    for (r, p) in ranks.iter().enumerate() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match p.wait_exit(left.max(Duration::from_millis(100))) {
+            Ok(s) if s.success() => {}
+            Ok(s) => failed.push(format!("rank {r} exited with {s}")),
+            Err(e) => failed.push(format!("rank {r}: {e}")),
+        }
+    }
+    if !failed.is_empty() {
+        let logs: Vec<String> = ranks
+            .iter()
+            .enumerate()
+            .map(|(r, p)| format!("--- rank {r}:\n{}", p.log_tail(30)))
+            .collect();
+        panic!(
+            "torch {version}: {}\n{}",
+            failed.join("; "),
+            logs.join("\n")
+        );
+    }
+    let reports: Vec<Value> = (0..WORKERS)
+        .map(|r| {
+            let path = out_dir.join(format!("rank{r}.json"));
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("rank {r} wrote no report {}: {e}", path.display()));
+            serde_json::from_str(&text).unwrap()
+        })
+        .collect();
+
+    // The same bits on every rank.
+    for r in &reports[1..] {
+        assert!(
+            r["hook"] == reports[0]["hook"],
+            "rank {}'s parameters after the hook's training differ from rank 0's",
+            r["rank"]
+        );
+        assert!(r["buckets"].as_u64().unwrap() >= 2, "several buckets a pass");
+    }
+    // Within the derived tolerance of gloo's training, and the tolerance is not vacuous.
+    let tol = tolerance(&reports);
+    let (mut worst, mut moved) = (0f64, 0f64);
+    for r in &reports {
+        let (hook, gloo, init) = (f32s(&r["hook"]), f32s(&r["gloo"]), f32s(&r["initial"]));
+        for ((h, g), i) in hook.iter().zip(&gloo).zip(&init) {
+            worst = worst.max(f64::from((h - g).abs()));
+            moved = moved.max(f64::from((g - i).abs()));
+        }
+    }
+    assert!(
+        worst <= tol,
+        "hook vs gloo: max |difference| {worst:e} exceeds the tolerance {tol:e}"
+    );
+    assert!(
+        tol < 1e-3 * moved,
+        "the tolerance {tol:e} is not small against the training's movement {moved:e}"
+    );
+
+    // The aggregator did the summing: a non-worker node, with completed chunks in XDP.
+    let job = json(
+        &cluster
+            .cli(1, &["agg", "job", "show", "agg-torch", "--json"])
+            .unwrap(),
+        "yard agg job show",
+    );
+    let node = job["aggregator_node"].as_u64().expect("placed") as usize;
+    assert!(
+        (1..=AGGREGATORS).contains(&node),
+        "aggregated on node {node}, a worker's host"
+    );
+    let stats = json(
+        &cluster.cli(node, &["agg", "stats", "--json"]).unwrap(),
+        "yard agg stats",
+    );
+    let counters = &stats["jobs"][0]["counters"];
+    let completed = counters["completed"]["packets"].as_u64().unwrap_or(0);
+    let chunks = values.div_ceil(CHUNK_VALUES);
+    assert!(
+        completed >= u64::from(STEPS) * chunks,
+        "{completed} chunks completed in XDP, want {STEPS} rounds of {chunks}: {counters:#}"
+    );
+    let hook_s: Vec<f64> = reports
+        .iter()
+        .map(|r| r["hook_s"].as_f64().unwrap())
+        .collect();
+    println!(
+        "torch {version}, {WORKERS} ranks, {values} values ({chunks} chunks), {STEPS} steps, \
+         aggregator node {node}: hook vs gloo max |diff| {worst:.3e} <= tolerance {tol:.3e} \
+         (parameters moved up to {moved:.3e}); {completed} chunks completed in XDP; hook \
+         training wall time per rank {hook_s:.2?} s; whole test {:.1} s",
+        began.elapsed().as_secs_f64()
+    );
+}
