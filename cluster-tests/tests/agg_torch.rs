@@ -25,9 +25,17 @@ const STEPS: u32 = 15;
 /// Chunk values at the namespaces' MTU of 1500.
 const CHUNK_VALUES: u64 = 360;
 
+/// Every node aggregates in XDP (placement keeps the job off the workers' hosts). Liveness is
+/// relaxed from 3 missed 20 ms probes to 30 missed 100 ms ones: with the defaults, seven debug
+/// nodes on a shared 2-core test machine flapped reachable/unreachable every few hundred ms
+/// from the cluster's start, and the leader, finding a worker's host unreachable once, failed
+/// the (strict) job naming that rank (2 runs of 2). This test is about the hook and the data
+/// plane, not about failure detection.
 fn options() -> ClusterOptions {
     ClusterOptions {
-        extra_config: "[aggregator]\nenabled = true\ninterface = \"eth0\"\nxdp_mode = \"generic\"\nmemory_mb = 32\n".into(),
+        extra_config: "[aggregator]\nenabled = true\ninterface = \"eth0\"\nxdp_mode = \"generic\"\nmemory_mb = 32\n\
+                       [liveness]\ninterval_ms = 100\nmisses = 30\nlease_ms = 300\n"
+            .into(),
     }
 }
 
@@ -203,6 +211,10 @@ fn ddp_through_the_xdp_aggregator_matches_gloo_on_four_worker_hosts() {
             .unwrap(),
         "yard agg job show",
     );
+    assert!(
+        job["failed"].is_null() && job["running"] == true,
+        "every rank left cleanly, so the job still runs: {job:#}"
+    );
     let node = job["aggregator_node"].as_u64().expect("placed") as usize;
     assert!(
         (1..=AGGREGATORS).contains(&node),
@@ -212,12 +224,14 @@ fn ddp_through_the_xdp_aggregator_matches_gloo_on_four_worker_hosts() {
         &cluster.cli(node, &["agg", "stats", "--json"]).unwrap(),
         "yard agg stats",
     );
-    let counters = &stats["jobs"][0]["counters"];
+    // The host's counters: it aggregates no other job.
+    let counters = &stats["counters"];
     let completed = counters["completed"]["packets"].as_u64().unwrap_or(0);
+    assert_eq!(counters["foreign"]["packets"].as_u64(), Some(0), "{stats:#}");
     let chunks = values.div_ceil(CHUNK_VALUES);
     assert!(
         completed >= u64::from(STEPS) * chunks,
-        "{completed} chunks completed in XDP, want {STEPS} rounds of {chunks}: {counters:#}"
+        "{completed} chunks completed in XDP, want {STEPS} rounds of {chunks}: {stats:#}"
     );
     let hook_s: Vec<f64> = reports
         .iter()
