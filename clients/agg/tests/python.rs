@@ -111,8 +111,14 @@ fn cases() -> Vec<Case> {
     let mut out = Vec::new();
     let mut job = 1;
     for workers in [1u16, 2, 3, 4, 5, 8, 64] {
-        for (n, cv) in [(1usize, 360u16), (359, 360), (360, 360), (361, 360), (2000, 768), (97, 1)]
-        {
+        for (n, cv) in [
+            (1usize, 360u16),
+            (359, 360),
+            (360, 360),
+            (361, 360),
+            (2000, 768),
+            (97, 1),
+        ] {
             let scale = rng.below(200) as i32 - 100;
             let mut x: Vec<f32> = (0..n).map(|_| value(&mut rng, scale)).collect();
             if n > 5 && rng.below(3) == 0 {
@@ -245,7 +251,8 @@ fn run(python: &Path, mode: &str) -> Value {
         assert_eq!(got.len(), want.len(), "case {i}: number of chunks");
         for (chunk, (g, w)) in got.iter().zip(&want).enumerate() {
             assert_eq!(
-                g, w,
+                g,
+                w,
                 "{mode}: case {i} ({} workers, {} values, chunks of {}) chunk {chunk}: the \
                  Python frame differs from the Rust one",
                 c.workers,

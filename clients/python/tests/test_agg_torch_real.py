@@ -163,5 +163,54 @@ class RealTorchHookTest(unittest.TestCase):
               % (version, WORLD, values, worst, tol, moved), file=sys.stderr)
 
 
+class HookFaultTest(unittest.TestCase):
+    """The hook when the job changes under it (``agg_hook_faults.py``, one gloo rank)."""
+
+    def run_rank(self, mode, agent, port):
+        p = subprocess.run([TORCH_PYTHON, os.path.join(HERE, "agg_hook_faults.py"), mode,
+                            agent.path, str(port)],
+                           capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1"))
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    @staticmethod
+    def membership(agg, epoch):
+        return {"membership": {"job": 7, "epoch": epoch, "worker": 0, "workers": 1,
+                               "aggregator": "127.0.0.1:%d" % agg.addr[1], "values": 33,
+                               "chunk_values": CV, "dtype": "f32"}}
+
+    def test_a_deleted_job_raises_from_the_backward_pass_naming_it(self):
+        torch_version()
+        agg = FakeAggregator(7, 1, 1, 33, CV, dtype="f32", mute_to=[0])
+        agent = FakeAgent(lambda join: [self.membership(agg, 1), 1.0,
+                                        {"gone": "the job was deleted"}])
+        try:
+            out = self.run_rank("gone", agent, free_port())
+        finally:
+            agent.close()
+            agg.close()
+        self.assertEqual(out["steps"], 0)
+        self.assertIn("AggJobError", out.get("error", ""))
+        self.assertIn("job t, rank 0: the job was deleted", out["error"])
+
+    def test_a_job_moved_to_another_aggregator_trains_on(self):
+        torch_version()
+        first = FakeAggregator(7, 1, 1, 33, CV, dtype="f32", mute_to=[0])
+        second = FakeAggregator(7, 2, 1, 33, CV, dtype="f32")
+        agent = FakeAgent(lambda join: [self.membership(first, 1), 0.8,
+                                        self.membership(second, 2)])
+        try:
+            out = self.run_rank("regroup", agent, free_port())
+        finally:
+            agent.close()
+            first.close()
+            second.close()
+        self.assertNotIn("error", out)
+        self.assertEqual((out["steps"], out["epoch"], out["regroups"]), (3, 2, 1))
+        self.assertEqual(len(second.completed), 3 * 1, "three rounds of one chunk at epoch 2")
+        self.assertFalse(first.completed.keys() - {(0, 0)}, "no later round at the first")
+
+
 if __name__ == "__main__":
     unittest.main()
