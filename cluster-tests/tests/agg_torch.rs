@@ -183,7 +183,10 @@ fn ddp_through_the_xdp_aggregator_matches_gloo_on_four_worker_hosts() {
             "rank {}'s parameters after the hook's training differ from rank 0's",
             r["rank"]
         );
-        assert!(r["buckets"].as_u64().unwrap() >= 2, "several buckets a pass");
+        assert!(
+            r["buckets"].as_u64().unwrap() >= 2,
+            "several buckets a pass"
+        );
     }
     // Within the derived tolerance of gloo's training, and the tolerance is not vacuous.
     let tol = tolerance(&reports);
@@ -227,7 +230,11 @@ fn ddp_through_the_xdp_aggregator_matches_gloo_on_four_worker_hosts() {
     // The host's counters: it aggregates no other job.
     let counters = &stats["counters"];
     let completed = counters["completed"]["packets"].as_u64().unwrap_or(0);
-    assert_eq!(counters["foreign"]["packets"].as_u64(), Some(0), "{stats:#}");
+    assert_eq!(
+        counters["foreign"]["packets"].as_u64(),
+        Some(0),
+        "{stats:#}"
+    );
     let chunks = values.div_ceil(CHUNK_VALUES);
     assert!(
         completed >= u64::from(STEPS) * chunks,
