@@ -4,8 +4,9 @@
 //! `python3-torch`; `clients/python/tests/agg_torch_job.py`). The ranks train a small model
 //! with DDP (a gloo process group for DDP's own broadcasts), gradients summed by
 //! `yard_agg.hook` through the aggregator, then train it again from the same start with DDP's
-//! gloo all-reduce. The hook's final parameters must be bit-identical on every rank, and
-//! within [`tolerance`] of gloo's.
+//! gloo all-reduce. Every host drops [`LOSS_PERCENT`] of what it sends (the TC loss program):
+//! workers' chunks and the aggregator's results are lost both ways and resent. The hook's
+//! final parameters must be bit-identical on every rank, and within [`tolerance`] of gloo's.
 //!
 //! Needs root and real torch, and fails (never skips) without either. Everything it starts
 //! belongs to the topology, so a failing assertion still kills the ranks and nodes.
@@ -22,6 +23,8 @@ const AGGREGATORS: usize = 3;
 /// Worker hosts, rank r on host `AGGREGATORS + 1 + r`.
 const WORKERS: usize = 4;
 const STEPS: u32 = 15;
+/// Loss on every host's egress: about 25 of the ~420 chunks and ~420 results of the training.
+const LOSS_PERCENT: f64 = 3.0;
 /// Chunk values at the namespaces' MTU of 1500.
 const CHUNK_VALUES: u64 = 360;
 
@@ -102,7 +105,7 @@ fn tolerance(reports: &[Value]) -> f64 {
 }
 
 #[test]
-fn ddp_through_the_xdp_aggregator_matches_gloo_on_four_worker_hosts() {
+fn ddp_through_the_xdp_aggregator_and_3_percent_loss_matches_gloo_on_four_worker_hosts() {
     require_root();
     let python = torch::torch_python();
     let version = torch::torch_version(&python).unwrap_or_else(|e| panic!("{e}"));
@@ -132,6 +135,9 @@ fn ddp_through_the_xdp_aggregator_matches_gloo_on_four_worker_hosts() {
             .unwrap(),
         "yard agg job create",
     );
+    for h in 1..=nodes {
+        cluster.topology().loss(h, LOSS_PERCENT).unwrap();
+    }
     let hosts: Vec<usize> = (AGGREGATORS + 1..=nodes).collect();
     let out_dir = cluster.topology().dir().join("agg-torch");
     std::fs::create_dir_all(&out_dir).unwrap();
@@ -240,14 +246,22 @@ fn ddp_through_the_xdp_aggregator_matches_gloo_on_four_worker_hosts() {
         completed >= u64::from(STEPS) * chunks,
         "{completed} chunks completed in XDP, want {STEPS} rounds of {chunks}: {stats:#}"
     );
+    // The loss was met: chunks resent, and results lost on the way answered from the store.
+    let resent: u64 = reports.iter().map(|r| r["resent"].as_u64().unwrap()).sum();
+    let answered = counters["result_resent"]["packets"].as_u64().unwrap_or(0);
+    assert!(
+        resent > 0,
+        "no chunk was resent through {LOSS_PERCENT}% loss"
+    );
     let hook_s: Vec<f64> = reports
         .iter()
         .map(|r| r["hook_s"].as_f64().unwrap())
         .collect();
     println!(
         "torch {version}, {WORKERS} ranks, {values} values ({chunks} chunks), {STEPS} steps, \
-         aggregator node {node}: hook vs gloo max |diff| {worst:.3e} <= tolerance {tol:.3e} \
-         (parameters moved up to {moved:.3e}); {completed} chunks completed in XDP; hook \
+         aggregator node {node}, {LOSS_PERCENT}% loss: hook vs gloo max |diff| {worst:.3e} <= tolerance {tol:.3e} \
+         (parameters moved up to {moved:.3e}); {completed} chunks completed in XDP, {resent} \
+         resent by the ranks, {answered} answered from the stored sum; hook \
          training wall time per rank {hook_s:.2?} s; whole test {:.1} s",
         began.elapsed().as_secs_f64()
     );

@@ -63,6 +63,8 @@ class HookState:
         self.regroups = 0
         #: Buckets DDP handed over in the last backward pass.
         self.buckets_last_pass = 0
+        #: Chunks resent after a timeout (RETX), over every round summed.
+        self.resent = 0
 
     def _fail(self, why):
         return AggJobError("job %s, rank %d: %s" % (self.job, self.rank, why))
@@ -109,6 +111,7 @@ class HookState:
                                      % (i, buckets[i][0].dtype))
             flat = torch.cat([buckets[i][0].reshape(-1) for i in order])
             summed = self.all_reduce(flat)
+            self.resent += self.worker.stats.resent
             workers = self.worker.membership.workers
             exps = self.worker.last_exps
             self.bounds.append(max(fixed.error_bound(workers, e) for e in exps) / workers)
