@@ -47,9 +47,13 @@ class HookState:
         self.rank = rank
         self.round_timeout = round_timeout
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(addr)
-        self.addr = self.sock.getsockname()
-        self.session = Session.join(job, rank, self.addr, path=path)
+        try:
+            self.sock.bind(addr)
+            self.addr = self.sock.getsockname()
+            self.session = Session.join(job, rank, self.addr, path=path)
+        except BaseException:
+            self.sock.close()
+            raise
         try:
             membership = self.session.wait_running(join_timeout)
         except Exception as e:
