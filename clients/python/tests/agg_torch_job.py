@@ -165,7 +165,8 @@ def main():
             "grad_max": grad_max, "hook": bits(hooked.module),
             "gloo": bits(plain.module), "initial": bits(make_model()),
             "hook_loss": hook_loss, "gloo_loss": gloo_loss, "hook_s": hook_s,
-            "regroups": state.regroups, "resent": state.resent, "buckets": state.buckets_last_pass, "last_round": stats._asdict(),
+            "regroups": state.regroups, "resent": state.resent,
+            "buckets": state.buckets_last_pass, "last_round": stats._asdict(),
             "torch": torch.__version__,
         }, f)
     os.rename(a.out + ".tmp", a.out)

@@ -77,7 +77,8 @@ class FixedTest(unittest.TestCase):
                 exact = math.fsum(x[j] for x in inputs)
                 slack = bound + abs(got) * 2.0 ** -23
                 self.assertLessEqual(abs(got - exact), slack,
-                                     "trial %d element %d: got %r, exact %r" % (trial, j, got, exact))
+                                     "trial %d element %d: got %r, exact %r"
+                                     % (trial, j, got, exact))
 
     def test_the_largest_magnitudes_fill_but_do_not_overflow_the_sum(self):
         # Every worker at the top of its range: the N-way sum is 2^30 at most.
