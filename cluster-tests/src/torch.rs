@@ -165,37 +165,49 @@ pub fn agg_model_values(python: &Path) -> std::result::Result<u64, String> {
         })
 }
 
-/// Starts rank `r` of aggregation job `job` in host `hosts[r]`: gloo rendezvous at
-/// `hosts[0]`'s address (port [`MASTER_PORT`], bound to `nic`), joining the job through that
-/// host's node agent socket, its UDP socket on the host's address; `steps` SGD steps through
-/// the hook, then as many with gloo. Each rank writes its report to `out_dir/rank<r>.json`;
-/// logs are `agg-torch-<job>-<r>.log` in the run directory.
+/// What [`start_agg_ranks`] runs.
+#[derive(Debug, Clone)]
+pub struct AggRanks<'a> {
+    /// The job's name (created beforehand with the model's size).
+    pub job: &'a str,
+    /// Rank r runs in host `hosts[r]`; `hosts[0]` holds gloo's rendezvous.
+    pub hosts: &'a [usize],
+    /// The interface gloo binds to.
+    pub nic: &'a str,
+    /// SGD steps through the hook, then as many with gloo.
+    pub steps: u32,
+    /// Where rank r writes `rank<r>.json`, its report.
+    pub out_dir: &'a Path,
+    /// More arguments for the script, as they are.
+    pub extra: &'a [&'a str],
+}
+
+/// Starts rank `r` of aggregation job `a.job` in host `a.hosts[r]`: gloo rendezvous at
+/// `hosts[0]`'s address (port [`MASTER_PORT`], bound to `a.nic`), joining the job through that
+/// host's node agent socket, its UDP socket on the host's address. Logs are
+/// `agg-torch-<job>-<r>.log` in the run directory.
 pub fn start_agg_ranks<T: Borrow<Topology>>(
     cluster: &YardCluster<T>,
     python: &Path,
-    job: &str,
-    hosts: &[usize],
-    nic: &str,
-    steps: u32,
-    out_dir: &Path,
+    a: &AggRanks<'_>,
 ) -> Result<Vec<crate::Process>> {
     let topo = cluster.topology();
-    for &h in hosts {
+    for &h in a.hosts {
         topo.check_host(h)?;
     }
-    let Some(&first) = hosts.first() else {
+    let Some(&first) = a.hosts.first() else {
         return Ok(Vec::new());
     };
     let init = format!("tcp://{}:{MASTER_PORT}", topo.addr(first));
     let envs = [
-        ("GLOO_SOCKET_IFNAME", nic),
+        ("GLOO_SOCKET_IFNAME", a.nic),
         ("OMP_NUM_THREADS", "1"),
         ("PYTHONUNBUFFERED", "1"),
     ];
-    let world = hosts.len().to_string();
-    let mut ranks = Vec::with_capacity(hosts.len());
-    for (r, &h) in hosts.iter().enumerate() {
-        let args = [
+    let world = a.hosts.len().to_string();
+    let mut ranks = Vec::with_capacity(a.hosts.len());
+    for (r, &h) in a.hosts.iter().enumerate() {
+        let mut args = vec![
             agg_rank_script().display().to_string(),
             "train".to_owned(),
             "--rank".to_owned(),
@@ -205,19 +217,24 @@ pub fn start_agg_ranks<T: Borrow<Topology>>(
             "--init".to_owned(),
             init.clone(),
             "--job".to_owned(),
-            job.to_owned(),
+            a.job.to_owned(),
             "--socket".to_owned(),
             cluster.agg_socket(h).display().to_string(),
             "--addr".to_owned(),
             topo.addr(h).to_string(),
             "--out".to_owned(),
-            out_dir.join(format!("rank{r}.json")).display().to_string(),
+            a.out_dir
+                .join(format!("rank{r}.json"))
+                .display()
+                .to_string(),
             "--steps".to_owned(),
-            steps.to_string(),
+            a.steps.to_string(),
             "--timeout-s".to_owned(),
             "120".to_owned(),
         ];
-        ranks.push(topo.spawn(h, python, &args, &envs, &format!("agg-torch-{job}-{r}.log"))?);
+        args.extend(a.extra.iter().map(|x| (*x).to_owned()));
+        let log = format!("agg-torch-{}-{r}.log", a.job);
+        ranks.push(topo.spawn(h, python, &args, &envs, &log)?);
     }
     Ok(ranks)
 }

@@ -5,6 +5,7 @@ with DDP's own gloo all-reduce, for ``cluster-tests/tests/agg_torch.rs`` and
     agg_torch_job.py size                      # prints the model's trainable values
     agg_torch_job.py train --rank R --world N --init tcp://IP:PORT --job NAME
                            --socket AGG_SOCK --addr IP --out FILE [--steps S --lr LR]
+                           [--step-sleep-ms MS --give-up-s S]
 
 The model is linear in its parameters (three ``nn.Linear`` on slices of the input, their
 outputs summed) with an MSE loss, so the gradient is ``H θ − c`` for a fixed Hessian ``H``
@@ -91,16 +92,21 @@ def bits(model):
                                                                *flat.tolist())))
 
 
-def train(model, x, y, steps, lr, grad_max=None):
+def train(model, x, y, steps, lr, sleep_s=0.0, label=None):
+    """``steps`` SGD steps; with ``label``, prints "<label> step N" after each (the namespace
+    test watches rank 0's progress), and sleeps ``sleep_s`` after each (simulated compute, so
+    a test can act mid-training)."""
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     loss_fn = nn.MSELoss()
-    for _ in range(steps):
+    for step in range(steps):
         opt.zero_grad()
         loss = loss_fn(model(x), y)
         loss.backward()
-        if grad_max is not None:
-            grad_max.append(max(float(p.grad.abs().max()) for p in model.parameters()))
         opt.step()
+        if label:
+            print("%s step %d" % (label, step + 1), flush=True)
+        if sleep_s:
+            time.sleep(sleep_s)
     return float(loss)
 
 
@@ -133,6 +139,8 @@ def main():
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--lr", type=float, default=0.02)
     ap.add_argument("--timeout-s", type=int, default=120)
+    ap.add_argument("--step-sleep-ms", type=int, default=0)
+    ap.add_argument("--give-up-s", type=float, default=10.0)
     a = ap.parse_args()
     if a.mode == "size":
         print(values())
@@ -145,12 +153,13 @@ def main():
     began = time.monotonic()
 
     state = yard_agg.HookState(a.job, a.rank, (a.addr, 0), path=a.socket,
+                               tuning=yard_agg.Tuning(give_up=a.give_up_s),
                                join_timeout=a.timeout_s, round_timeout=a.timeout_s)
     print("rank %d joined job %s: %r" % (a.rank, a.job, state.worker.membership), flush=True)
     hooked = nn.parallel.DistributedDataParallel(make_model(), bucket_cap_mb=4096 / 2**20)
     grad_max = []
     hooked.register_comm_hook(state, recording_hook(grad_max))
-    hook_loss = train(hooked, x, y, a.steps, a.lr)
+    hook_loss = train(hooked, x, y, a.steps, a.lr, a.step_sleep_ms / 1000.0, "hook")
     hook_s = time.monotonic() - began
     stats = state.worker.stats
     state.leave()
@@ -166,6 +175,8 @@ def main():
             "gloo": bits(plain.module), "initial": bits(make_model()),
             "hook_loss": hook_loss, "gloo_loss": gloo_loss, "hook_s": hook_s,
             "regroups": state.regroups, "resent": state.resent,
+            "epoch": state.worker.membership.epoch,
+            "aggregator": "%s:%d" % state.worker.membership.aggregator,
             "buckets": state.buckets_last_pass, "last_round": stats._asdict(),
             "torch": torch.__version__,
         }, f)
