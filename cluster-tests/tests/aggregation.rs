@@ -79,11 +79,15 @@ fn membership(job: &Value, rank: usize) -> Option<Membership> {
 }
 
 fn show(cluster: &YardCluster, from: usize) -> Option<Value> {
+    show_job(cluster, from, "train")
+}
+
+fn show_job(cluster: &YardCluster, from: usize, name: &str) -> Option<Value> {
     let out = cluster
         .cli_to(
             from,
             &cluster.all_endpoints(),
-            &["agg", "job", "show", "train", "--json"],
+            &["agg", "job", "show", name, "--json"],
         )
         .ok()?;
     out.status
@@ -436,4 +440,211 @@ fn a_worker_that_dies_fails_its_job_and_an_elastic_job_goes_on_without_it() {
     );
     assert_eq!(shown["gone"], serde_json::json!([2]));
     assert_eq!(shown["running"], true);
+}
+
+/// Two jobs at once, 10% loss on every host's egress (the TC loss program: contributions lost
+/// on the workers' links, results on the aggregators', whose fan-out passes TC egress), and a
+/// worker of one job forging frames into the other job (its job id, epoch, a worker index, a
+/// chunk of the right length) from its own registered address: both jobs' sums stay exact, the
+/// forged frames are dropped and counted as foreign by the other job's aggregator.
+#[test]
+fn two_jobs_sum_exactly_under_loss_both_ways_and_forged_frames_are_dropped() {
+    use std::collections::BTreeMap;
+    use yard_agg::wire::{Header, Kind};
+    require_root();
+    const JOBS: [&str; 2] = ["blue", "green"];
+    const ROUNDS: u32 = 8;
+    let bin = yard_cluster_tests::yard::test_yard_bin();
+    let cluster = YardCluster::start(&bin, NODES, NODES + 4, &options()).unwrap();
+    let size = (u64::from(SMALL) * 4).to_string();
+    for job in JOBS {
+        json(
+            &cluster
+                .cli(
+                    1,
+                    &[
+                        "agg",
+                        "job",
+                        "create",
+                        job,
+                        "--workers",
+                        "2",
+                        "--size",
+                        &size,
+                        "--dtype",
+                        "i32",
+                        "--json",
+                    ],
+                )
+                .unwrap(),
+            "yard agg job create",
+        );
+    }
+    for h in 1..=NODES + 4 {
+        cluster.topology().loss(h, 10.0).unwrap();
+    }
+    // Job j's rank r runs on host NODES + 1 + 2j + r, with gradient "rank" 10j + r.
+    type Shared = Arc<Mutex<Option<Membership>>>;
+    let shared: BTreeMap<(usize, usize), Shared> = (0..2)
+        .flat_map(|j| (0..2).map(move |r| ((j, r), Arc::new(Mutex::new(None)))))
+        .collect();
+    let mut threads = Vec::new();
+    for ((j, rank), mine) in &shared {
+        let (j, rank) = (*j, *rank);
+        let host = NODES + 1 + 2 * j + rank;
+        let addr = SocketAddrV4::new(
+            cluster.topology().addr(host),
+            43000 + (10 * j + rank) as u16,
+        );
+        json(
+            &cluster
+                .cli_to(
+                    host,
+                    &cluster.all_endpoints(),
+                    &[
+                        "agg",
+                        "job",
+                        "join",
+                        JOBS[j],
+                        "--rank",
+                        &rank.to_string(),
+                        "--addr",
+                        &addr.to_string(),
+                        "--json",
+                    ],
+                )
+                .unwrap(),
+            "yard agg job join",
+        );
+        let mine = mine.clone();
+        // Blue's rank 0 forges into green, as green's worker 0.
+        let victim = (j == 0 && rank == 0).then(|| shared[&(1, 0)].clone());
+        threads.push(
+            cluster
+                .topology()
+                .thread_in_host(
+                    host,
+                    move || -> Result<(Vec<Vec<i32>>, u64, u64), String> {
+                        let socket =
+                            UdpSocket::bind(addr).map_err(|e| format!("bind {addr}: {e}"))?;
+                        let forger = socket.try_clone().map_err(|e| e.to_string())?;
+                        let began = Instant::now();
+                        let first = loop {
+                            if let Some(m) = *mine.lock().unwrap() {
+                                break m;
+                            }
+                            if began.elapsed() > Duration::from_secs(30) {
+                                return Err("the job never ran".into());
+                            }
+                            std::thread::sleep(Duration::from_millis(50));
+                        };
+                        let tuning = Tuning {
+                            give_up: Duration::from_millis(700),
+                            ..Tuning::default()
+                        };
+                        let mut w = Worker::new(socket, first, tuning);
+                        let (mut out, mut resent, mut forged) = (Vec::new(), 0, 0);
+                        for round in 0..ROUNDS {
+                            let started = Instant::now();
+                            loop {
+                                let mut g = small_gradient(10 * j + rank, round);
+                                match w.all_reduce_i32(&mut g) {
+                                    Ok(stats) => {
+                                        resent += stats.resent;
+                                        out.push(g);
+                                        break;
+                                    }
+                                    Err(AggError::Timeout { .. })
+                                        if started.elapsed() < Duration::from_secs(60) =>
+                                    {
+                                        if let Some(m) = *mine.lock().unwrap() {
+                                            w.set_membership(m);
+                                        }
+                                    }
+                                    Err(e) => return Err(format!("{j}/{rank} round {round}: {e}")),
+                                }
+                            }
+                            let Some(v) = victim.as_ref().and_then(|v| *v.lock().unwrap()) else {
+                                continue;
+                            };
+                            for chunk in 0..5u32 {
+                                let len = v.geometry.chunk_len(chunk);
+                                let frame = yard_agg::wire::encode(
+                                    &Header {
+                                        kind: Kind::Data,
+                                        flags: 0,
+                                        exp: 0,
+                                        job: v.job,
+                                        epoch: v.epoch,
+                                        round,
+                                        chunk,
+                                        worker: 0,
+                                        count: 0,
+                                    },
+                                    &vec![1; len],
+                                );
+                                forger
+                                    .send_to(&frame, v.aggregator)
+                                    .map_err(|e| e.to_string())?;
+                                forged += 1;
+                            }
+                        }
+                        Ok((out, resent, forged))
+                    },
+                )
+                .unwrap(),
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while !threads.iter().all(|t| t.is_finished()) {
+        assert!(Instant::now() < deadline, "the two jobs did not finish");
+        for (j, job) in JOBS.iter().enumerate() {
+            if let Some(v) = show_job(&cluster, 1, job) {
+                for r in 0..2 {
+                    if let Some(m) = membership(&v, r) {
+                        *shared[&(j, r)].lock().unwrap() = Some(m);
+                    }
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (mut resent, mut forged) = (0, 0);
+    for (((j, rank), _), t) in shared.iter().zip(threads) {
+        let (sums, r, f) = t
+            .join()
+            .unwrap()
+            .unwrap_or_else(|e| panic!("job {j} rank {rank}: {e}"));
+        resent += r;
+        forged += f;
+        for (round, s) in sums.iter().enumerate() {
+            assert!(
+                *s == small_sum(&[10 * j, 10 * j + 1], round as u32),
+                "job {} rank {rank} round {round}: not the exact sum",
+                JOBS[*j]
+            );
+        }
+    }
+    assert!(resent > 0, "10% loss both ways made no worker resend");
+    assert_eq!(forged, 5 * u64::from(ROUNDS));
+    let green = show_job(&cluster, 1, "green").unwrap();
+    let node = green["aggregator_node"].as_u64().unwrap() as usize;
+    let id = green["id"].as_u64().unwrap();
+    let stats = json(
+        &cluster.cli(node, &["agg", "stats", "--json"]).unwrap(),
+        "yard agg stats",
+    );
+    let job = stats["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["id"].as_u64() == Some(id))
+        .expect("green's aggregator serves green");
+    let foreign = job["counters"]["foreign"]["packets"].as_u64().unwrap_or(0);
+    // Some forged frames are lost on the way, as any frame is; every one that arrived was
+    // dropped as foreign (green's sums are exact).
+    assert!(
+        foreign > 0 && foreign <= forged,
+        "green's aggregator counted {foreign} foreign frames of {forged} forged"
+    );
 }

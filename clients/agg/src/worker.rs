@@ -86,6 +86,10 @@ pub struct RoundStats {
     pub results: u64,
     /// Results for chunks already received, or for another job, epoch or round.
     pub ignored: u64,
+    /// Results for a chunk already received in this round and epoch that differ from the first
+    /// one: the chunk was completed twice with different sums, which must never happen (the
+    /// chaos schedule checks it stays 0).
+    pub conflicting: u64,
 }
 
 /// One worker of one job.
@@ -125,6 +129,8 @@ struct Pending {
     timeout: Duration,
     done: bool,
     in_flight: bool,
+    /// A digest of the result taken (exponent and sum), to tell a repeat from a conflict.
+    digest: u64,
 }
 
 impl Worker {
@@ -273,6 +279,7 @@ impl Worker {
                 timeout: self.tuning.timeout,
                 done: false,
                 in_flight: false,
+                digest: 0,
             };
             frames.len()
         ];
@@ -350,14 +357,22 @@ impl Worker {
                 || h.job != m.job
                 || h.epoch != m.epoch
                 || i >= pending.len()
-                || pending[i].done
                 || usize::from(h.count) != g.chunk_len(h.chunk)
             {
                 stats.ignored += 1;
                 continue;
             }
+            let digest = result_digest(h.exp, body);
+            if pending[i].done {
+                stats.ignored += 1;
+                if pending[i].digest != digest {
+                    stats.conflicting += 1;
+                }
+                continue;
+            }
             let was_in_flight = std::mem::replace(&mut pending[i].in_flight, false);
             pending[i].done = true;
+            pending[i].digest = digest;
             if i >= chunks as usize {
                 continue; // a replay's acknowledgement
             }
@@ -371,6 +386,15 @@ impl Worker {
         }
         Ok(stats)
     }
+}
+
+/// FNV-1a over a result's exponent and values: equal results, equal digests.
+fn result_digest(exp: i8, body: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in std::iter::once(exp as u8).chain(body.iter().copied()) {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    h
 }
 
 /// The same frame marked as a resend.
