@@ -72,9 +72,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// An aggregation request: the job rows a read answers (none for a write).
 async fn agg(client: &AdminClient, req: AggRequest) -> anyhow::Result<Vec<AggJobRow>> {
     match client.admin(AdminRequest::Agg(req)).await? {
         AdminReply::AggJobs(rows) => Ok(rows),
+        AdminReply::Written { .. } => Ok(Vec::new()),
         other => bail!("unexpected aggregation reply {other:?}"),
     }
 }
