@@ -94,6 +94,29 @@ fn membership_of(job: &Value, rank: usize, dtype: Dtype) -> Option<Membership> {
     })
 }
 
+/// A worker on `socket` once `shared` holds its membership (the test's poller fills it from
+/// `yard agg job show`), with a short give-up so a moved aggregator is noticed fast.
+fn worker_when_running(
+    socket: UdpSocket,
+    shared: &Mutex<Option<Membership>>,
+) -> Result<Worker, String> {
+    let began = Instant::now();
+    let first = loop {
+        if let Some(m) = *shared.lock().unwrap() {
+            break m;
+        }
+        if began.elapsed() > Duration::from_secs(30) {
+            return Err("the job never ran".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let tuning = Tuning {
+        give_up: Duration::from_millis(700),
+        ..Tuning::default()
+    };
+    Ok(Worker::new(socket, first, tuning))
+}
+
 fn show(cluster: &YardCluster, from: usize) -> Option<Value> {
     show_job(cluster, from, "train")
 }
@@ -263,21 +286,7 @@ fn failover(dtype: Dtype) {
                 .topology()
                 .thread_in_host(host, move || -> Result<Vec<Vec<u32>>, String> {
                     let socket = UdpSocket::bind(addr).map_err(|e| format!("bind {addr}: {e}"))?;
-                    let wait_start = Instant::now();
-                    let first = loop {
-                        if let Some(m) = *shared.lock().unwrap() {
-                            break m;
-                        }
-                        if wait_start.elapsed() > Duration::from_secs(30) {
-                            return Err("the job never ran".into());
-                        }
-                        std::thread::sleep(Duration::from_millis(50));
-                    };
-                    let tuning = Tuning {
-                        give_up: Duration::from_millis(700),
-                        ..Tuning::default()
-                    };
-                    let mut w = Worker::new(socket, first, tuning);
+                    let mut w = worker_when_running(socket, &shared)?;
                     let mut results = Vec::new();
                     for round in 0..ROUNDS {
                         let started = Instant::now();
@@ -614,21 +623,7 @@ fn two_jobs_sum_exactly_under_loss_both_ways_and_forged_frames_are_dropped() {
                         let socket =
                             UdpSocket::bind(addr).map_err(|e| format!("bind {addr}: {e}"))?;
                         let forger = socket.try_clone().map_err(|e| e.to_string())?;
-                        let began = Instant::now();
-                        let first = loop {
-                            if let Some(m) = *mine.lock().unwrap() {
-                                break m;
-                            }
-                            if began.elapsed() > Duration::from_secs(30) {
-                                return Err("the job never ran".into());
-                            }
-                            std::thread::sleep(Duration::from_millis(50));
-                        };
-                        let tuning = Tuning {
-                            give_up: Duration::from_millis(700),
-                            ..Tuning::default()
-                        };
-                        let mut w = Worker::new(socket, first, tuning);
+                        let mut w = worker_when_running(socket, &mine)?;
                         let (mut out, mut resent, mut forged) = (Vec::new(), 0, 0);
                         for round in 0..ROUNDS {
                             let started = Instant::now();
