@@ -2,7 +2,8 @@
 //! float32 gradients (every magnitude class: zeros, subnormals, values that scale to exact
 //! halves, the largest floats, mixed exponents) quantized and framed by `yard_agg.fixed` and
 //! `yard_agg.wire` must give exactly the frames [`fixed::quantize`] and [`wire::encode`] give,
-//! and summed chunks must dequantize to the same float32 bits; once with the pure-Python code
+//! summed chunks must dequantize to the same float32 bits, and results re-based for another
+//! number of workers ([`fixed::rebase`]) must be the same; once with the pure-Python code
 //! and once with its torch-vectorised code. A worker of either language can then join the same
 //! job: the aggregator sums values, and both send the same values.
 //!
@@ -51,6 +52,10 @@ for d in req["deq"]:
     else:
         f = list(fixed.dequantize(d["acc"], d["exp"], d["workers"]))
     out["deq"].append(list(struct.unpack("<%dI" % len(f), struct.pack("<%df" % len(f), *f))))
+out["rebase"] = []
+for d in req["rebase"]:
+    e, v = fixed.rebase(d["exp"], d["acc"], d["from"], d["to"])
+    out["rebase"].append([e, list(v)])
 json.dump(out, sys.stdout)
 "#;
 
@@ -200,6 +205,36 @@ fn deq_cases() -> Vec<(Vec<i32>, i8, u16)> {
     out
 }
 
+/// Results to re-base from one job size to another (an elastic job's replay).
+fn rebase_cases() -> Vec<(Vec<i32>, i8, u16, u16)> {
+    let mut rng = Rng(0x5EED_0003);
+    let mut out = Vec::new();
+    for (from, to) in [
+        (3u16, 2u16),
+        (8, 3),
+        (2, 2),
+        (64, 1),
+        (1, 64),
+        (4, 2),
+        (2, 4),
+        (5, 4),
+    ] {
+        for exp in [-128i8, -127, -126, -100, 0, 5, 100, 125, 126, 127] {
+            let acc: Vec<i32> = (0..20)
+                .map(|i| match i {
+                    0 => i32::MAX,
+                    1 => i32::MIN,
+                    2 => 0,
+                    3 => -1,
+                    _ => (rng.next() as i32) >> rng.below(31),
+                })
+                .collect();
+            out.push((acc, exp, from, to));
+        }
+    }
+    out
+}
+
 fn run(python: &Path, mode: &str) -> Value {
     let cases = cases();
     let request = json!({
@@ -215,6 +250,9 @@ fn run(python: &Path, mode: &str) -> Value {
         })).collect::<Vec<_>>(),
         "deq": deq_cases().iter().map(|(acc, exp, workers)| json!({
             "acc": acc, "exp": exp, "workers": workers,
+        })).collect::<Vec<_>>(),
+        "rebase": rebase_cases().iter().map(|(acc, exp, from, to)| json!({
+            "acc": acc, "exp": exp, "from": from, "to": to,
         })).collect::<Vec<_>>(),
     });
     let mut child = Command::new(python)
@@ -278,10 +316,31 @@ fn run(python: &Path, mode: &str) -> Value {
             "{mode}: dequantize of case {i} (exp {exp}, {workers} workers) differs"
         );
     }
+    for (i, (acc, exp, from, to)) in rebase_cases().iter().enumerate() {
+        let (want_exp, want) = fixed::rebase(*exp, acc, *from, *to);
+        let got = &answer["rebase"][i];
+        let got_exp = got[0].as_i64().expect("exp");
+        let got_values: Vec<i64> = got[1]
+            .as_array()
+            .expect("values")
+            .iter()
+            .map(|v| v.as_i64().expect("value"))
+            .collect();
+        assert_eq!(
+            (got_exp, got_values),
+            (
+                i64::from(want_exp),
+                want.iter().map(|v| i64::from(*v)).collect::<Vec<_>>()
+            ),
+            "{mode}: rebase of case {i} (exp {exp}, {from} -> {to} workers) differs"
+        );
+    }
     println!(
-        "{mode}: {} gradients, {frames} frames and {} dequantized chunks identical to Rust's",
+        "{mode}: {} gradients, {frames} frames, {} dequantized chunks and {} re-based results \
+         identical to Rust's",
         cases.len(),
-        deq_cases().len()
+        deq_cases().len(),
+        rebase_cases().len()
     );
     answer
 }

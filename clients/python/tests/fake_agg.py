@@ -3,8 +3,9 @@
 ``FakeAggregator`` is a UDP server thread on loopback with the XDP program's semantics that
 the client depends on (docs/aggregation-protocol.md, "The aggregator"): contributions summed
 once per worker (a duplicate is never added twice), a chunk completed exactly once and its sum
-sent to every worker, a contribution to a completed chunk answered with the stored sum, frames
-of another epoch or job dropped. Faults are seeded: loss of DATA and of RESULT frames,
+sent to every worker, a contribution to a completed chunk answered with the stored sum, a
+REPLAY (a regrouped worker's stored result) taken as the sum of an incomplete chunk, frames of
+another epoch or job dropped. Faults are seeded: loss of DATA and of RESULT frames,
 duplicated and reordered frames. It decodes and encodes frames with its own ``struct`` code,
 not ``yard_agg.wire``, so an encoder bug is not mirrored.
 
@@ -35,14 +36,16 @@ def wrap(v):
 class FakeAggregator:
     def __init__(self, job, epoch, workers, values, chunk_values, dtype="i32", seed=0,
                  drop_data=0.0, drop_result=0.0, duplicate=0.0, reorder=0.0,
-                 hold_results=False, mute_to=()):
+                 hold_results=False, mute_to=(), mute_from_round=0):
         self.job, self.epoch, self.workers = job, epoch, workers
         self.values, self.cv, self.dtype = values, chunk_values, dtype
         self.rng = random.Random(seed)
         self.drop_data, self.drop_result = drop_data, drop_result
         self.duplicate, self.reorder = duplicate, reorder
         self.hold_results = hold_results
-        self.mute_to = set(mute_to)  # worker indices that get no results at all
+        # Worker indices that get no results of rounds >= mute_from_round.
+        self.mute_to = set(mute_to)
+        self.mute_from_round = mute_from_round
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind(("127.0.0.1", 0))
         self.sock.settimeout(0.01)
@@ -87,7 +90,8 @@ class FakeAggregator:
             self._send(frame, to, w, key)
 
     def _send(self, frame, to, w, key):
-        if w in self.mute_to or self.rng.random() < self.drop_result:
+        muted = w in self.mute_to and key[1] >= self.mute_from_round
+        if muted or self.rng.random() < self.drop_result:
             return
         self.delivered.setdefault(key, set()).add(HDR.unpack_from(frame)[8])
         self.sock.sendto(frame, to)
@@ -145,10 +149,20 @@ class FakeAggregator:
             self.addrs[worker] = src
             self.flags_seen.append((worker, rnd, chunk, flags))
             self.seen.setdefault((worker, rnd), set()).add(chunk)
-            slot = self.slots.setdefault((rnd, chunk), {"bitmap": 0, "acc": [0] * count,
-                                                        "exp": -128, "done": False})
+            # An int32 sum's exponent is 0, a float32 one starts below any chunk's.
+            slot = self.slots.setdefault((rnd, chunk), {
+                "bitmap": 0, "acc": [0] * count, "exp": 0 if self.dtype == "i32" else -128,
+                "done": False})
             if slot["done"]:
                 to_send.append((self._result(rnd, chunk, slot), src, worker))
+            elif flags & 0x02:
+                # A REPLAY is a stored result: it is the chunk's sum, whatever was added.
+                slot.update(acc=vals, exp=exp, bitmap=(1 << self.workers) - 1, done=True)
+                key = (rnd, chunk)
+                self.completed[key] = self.completed.get(key, 0) + 1
+                frame = self._result(rnd, chunk, slot)
+                to_send.extend((frame, self.addrs[w], w) for w in range(self.workers)
+                               if w in self.addrs)
             elif not slot["bitmap"] & (1 << worker):
                 if self.dtype == "i32":
                     slot["acc"] = [wrap(a + v) for a, v in zip(slot["acc"], vals)]

@@ -96,6 +96,23 @@ class FixedTest(unittest.TestCase):
         # (2^31 - 1) * 2^97 rounds past float32's largest: an infinity, as Rust's `as f32`.
         self.assertEqual(fixed.dequantize([2**31 - 1], 127, 1)[0], float("inf"))
 
+    def test_a_rebased_result_decodes_to_the_same_floats(self):
+        acc = [123_456_789, -98_765, 0, 1 << 28]
+        for frm, to in ((3, 2), (8, 3), (2, 2), (64, 1)):
+            e, v = fixed.rebase(5, acc, frm, to)
+            self.assertEqual(list(v), acc, "%d -> %d: moving the exponent is enough" % (frm, to))
+            self.assertEqual(fixed.dequantize(v, e, to), fixed.dequantize(acc, 5, frm))
+        e, v = fixed.rebase(-128, [0, 0], 4, 2)
+        self.assertEqual((e, list(v)), (-128, [0, 0]))
+        # Past i8's range the values move instead; still the same floats where they fit.
+        e, v = fixed.rebase(127, [1 << 10], 4, 2)
+        self.assertEqual((e, list(v)), (127, [1 << 11]))
+        e, v = fixed.rebase(-127, [1 << 10], 2, 4)
+        self.assertEqual((e, list(v)), (-127, [1 << 9]))
+        self.assertEqual(fixed.dequantize(v, e, 4), fixed.dequantize([1 << 10], -127, 2))
+        e, v = fixed.rebase(127, [2**31 - 1, -2**31], 64, 1)  # saturates, as Rust's
+        self.assertEqual((e, list(v)), (127, [2**31 - 1, -2**31]))
+
     def test_error_bound(self):
         self.assertEqual(fixed.error_bound(4, 0), 2.5 * 4 * 2.0 ** -28)
         self.assertEqual(fixed.error_bound(0, 3), 2.5 * 2.0 ** (3 - 30))

@@ -4,6 +4,7 @@ error; and an epoch change in the middle of training with workers a round apart,
 the REPLAY of the last completed round lets finish."""
 
 import math
+from array import array
 import os
 import socket
 import sys
@@ -194,26 +195,36 @@ class WorkerTest(unittest.TestCase):
                 Worker(udp(), membership(agg, 0, 1, 10, dtype="f32")).all_reduce_f32(
                     [1.0] * 9 + [float("inf")])
 
-    def test_an_epoch_change_with_workers_a_round_apart_completes_through_replay(self):
-        """Worker 0 gets every result of round 1 from the first aggregator, worker 1 none:
-        then the first aggregator dies. At the second (a new epoch), worker 0 is in round 2
-        and worker 1 still in round 1: round 1 completes only because worker 0 replays it."""
-        values, n, rounds = CV + 5, 2, 4
-        first = FakeAggregator(JOB, 1, n, values, CV, seed=3)
+    def split_then_regroup(self, n, dtype, values=CV + 5, rounds=4):
+        """Workers 0..n-2 get every result of round 1 from the first aggregator, worker n-1
+        none: then the first aggregator dies. At the second (a new epoch) the fast workers are
+        in round 2 and the slow one still in round 1: round 1 completes there only because
+        the fast ones replay their stored results of it. Returns (results, first, second)."""
+        slow = n - 1
+        grad = grad_i32 if dtype == "i32" else (lambda r, rnd, k: [
+            v * 10.0 ** r for v in grad_f32(r, rnd, k)])  # other exponents per worker
+        # The slow worker gets nothing of round 1 on: set before any result is sent, so no
+        # race with the last result of round 0.
+        first = FakeAggregator(JOB, 1, n, values, CV, dtype=dtype, seed=3, mute_to=[slow],
+                               mute_from_round=1)
         second = None
         current = {"m": None}
-        progress = [0, 0]
-        timeouts = [0, 0]
+        progress = [0] * n
+        timeouts = [0] * n
         lock = threading.Lock()
 
         def body(r):
-            w = Worker(udp(), membership(first, r, n, values, epoch=1), Tuning(give_up=0.3))
+            w = Worker(udp(), membership(first, r, n, values, epoch=1, dtype=dtype),
+                       Tuning(give_up=0.3))
             out = []
             for rnd in range(rounds):
                 started = time.monotonic()
                 while True:
                     try:
-                        out.append(list(w.all_reduce_i32(grad_i32(r, rnd, values))))
+                        if dtype == "i32":
+                            out.append(list(w.all_reduce_i32(grad(r, rnd, values))))
+                        else:
+                            out.append(list(w.all_reduce_f32(grad(r, rnd, values))))
                         break
                     except AggTimeout:
                         with lock:
@@ -225,11 +236,9 @@ class WorkerTest(unittest.TestCase):
                             w.set_membership(m._replace(worker=r))
                 with lock:
                     progress[r] = rnd + 1
-                if r == 0 and rnd == 0:
-                    first.mute_to.add(1)  # worker 1 gets nothing of round 1 now
             return out
 
-        results = [None, None]
+        results = [None] * n
         errors = []
 
         def run(r):
@@ -243,31 +252,71 @@ class WorkerTest(unittest.TestCase):
             t.start()
         try:
             deadline = time.monotonic() + 20
-            while not (progress[0] >= 2 and timeouts[1] >= 1):
+            while not (min(progress[:slow]) >= 2 and timeouts[slow] >= 1):
                 self.assertLess(time.monotonic(), deadline, "did not reach the split")
                 time.sleep(0.01)
-            self.assertEqual(progress, [2, 1], "worker 0 a round ahead of worker 1")
+            self.assertEqual(progress, [2] * slow + [1], "fast workers a round ahead")
             first.close()
-            second = FakeAggregator(JOB, 2, n, values, CV, seed=4)
+            second = FakeAggregator(JOB, 2, n, values, CV, dtype=dtype, seed=4)
             with lock:
-                current["m"] = membership(second, 0, n, values, epoch=2)
+                current["m"] = membership(second, 0, n, values, epoch=2, dtype=dtype)
             for t in threads:
                 t.join(60)
             self.assertFalse(errors, errors)
-            for rnd in range(rounds):
-                want = exact_i32(range(n), rnd, values)
-                for r in range(n):
-                    self.assertEqual(results[r][rnd], want, "rank %d round %d" % (r, rnd))
-            replays = {(w, rnd) for (w, rnd, _, f) in second.flags_seen if f & wire.FLAG_REPLAY}
-            self.assertIn((0, 1), replays, "worker 0 replayed round 1 at the new epoch")
-            self.assertIn((1, 0), replays, "worker 1 replayed round 0 (nobody needs it)")
-            self.assertEqual(second.completed.get((1, 0)), 1, "round 1 completed at epoch 2")
-            self.assertNotIn((0, 0), second.completed, "round 0 was not summed again")
         finally:
             if not first.stop_flag:
                 first.close()
             if second is not None:
                 second.close()
+        replays = {(w, rnd) for (w, rnd, _, f) in second.flags_seen if f & wire.FLAG_REPLAY}
+        for w in range(slow):
+            self.assertIn((w, 1), replays, "worker %d replayed round 1 at the new epoch" % w)
+        self.assertIn((slow, 0), replays, "the slow worker replayed round 0 (everybody has it)")
+        self.assertTrue(all(c == 1 for c in second.completed.values()), "completed once each")
+        return results, first, second
+
+    def test_an_epoch_change_with_workers_a_round_apart_completes_through_replay(self):
+        n, values, rounds = 2, CV + 5, 4
+        results, _, second = self.split_then_regroup(n, "i32", values, rounds)
+        for rnd in range(rounds):
+            want = exact_i32(range(n), rnd, values)
+            for r in range(n):
+                self.assertEqual(results[r][rnd], want, "rank %d round %d" % (r, rnd))
+        self.assertEqual(second.completed.get((1, 0)), 1, "round 1 completed at epoch 2")
+
+    def test_float_results_stay_bit_identical_across_a_regrouping(self):
+        """Three workers with different exponents: a re-sum of round 1 at the new aggregator
+        could differ in the last bits from the first sum, which the fast workers keep; the
+        replayed results make the slow worker's round 1 the very same bits."""
+        n, values, rounds = 3, 2 * CV + 5, 4
+        results, _, _ = self.split_then_regroup(n, "f32", values, rounds)
+        for rnd in range(rounds):
+            for r in range(1, n):
+                self.assertEqual(results[r][rnd], results[0][rnd],
+                                 "round %d: worker %d's bits differ from worker 0's" % (rnd, r))
+            inputs = [fixed.as_f32([v * 10.0 ** r for v in grad_f32(r, rnd, values)])
+                      for r in range(n)]
+            for j, got in enumerate(results[0][rnd]):
+                exact = math.fsum(x[j] for x in inputs)
+                c = j // CV
+                top = max(abs(x[k]) for x in inputs for k in range(c * CV, min((c + 1) * CV,
+                                                                                values)))
+                slack = fixed.error_bound(n, fixed.exp_of_max(top)) + abs(got) * 2.0 ** -24
+                self.assertLessEqual(abs(got - exact), slack, "round %d element %d" % (rnd, j))
+
+    def test_a_replay_to_fewer_workers_is_rebased(self):
+        """An elastic job goes from 3 workers to 2: the stored float results of the last round
+        travel in the 2-worker fixed point, decoding to the same floats."""
+        with FakeAggregator(JOB, 1, 1, 10, CV, dtype="f32") as agg:
+            w = Worker(udp(), membership(agg, 0, 1, 10, dtype="f32"), Tuning(give_up=0.3))
+            w._last = (3, [5], array("i", [123456789, -98765, 0, 1 << 28] + [7] * 6))
+            w.set_membership(membership(agg, 0, 1, 10, epoch=1, dtype="f32"))
+            frames = w._replay_frames(w._last, 0)
+        h, body = wire.parse(frames[0])
+        self.assertEqual(h.flags, wire.FLAG_REPLAY)
+        self.assertEqual(h.exp, 5 + fixed.frac_bits(1) - fixed.frac_bits(3))
+        self.assertEqual(list(fixed.dequantize(wire.values(body), h.exp, 1)),
+                         list(fixed.dequantize(w._last[2], 5, 3)))
 
 
 if __name__ == "__main__":

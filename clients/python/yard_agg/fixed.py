@@ -128,6 +128,26 @@ def error_bound(workers, exp):
     return 2.5 * max(int(workers), 1) * math.ldexp(1.0, exp - frac_bits(workers))
 
 
+def rebase(exp, acc, from_workers, to_workers):
+    """A result ``(exp, acc)`` of a job of ``from_workers`` in the fixed point of
+    ``to_workers`` (an elastic job that lost a worker replays its last round's results after
+    the regrouping): the same values, ``acc * 2^(exp - F(from))``, re-expressed by moving the
+    exponent, which is exact. Only if the exponent leaves i8's range is ``acc`` shifted
+    instead: right (losing low bits) below it, left (saturating) above it. As
+    ``fixed::rebase``; returns ``(exp, array('i'))``."""
+    if exp == EXP_ZERO:
+        return exp, array("i", acc)  # an all-zero chunk
+    want = exp + frac_bits(to_workers) - frac_bits(from_workers)
+    clamped = max(-127, min(127, want))
+    shift = want - clamped
+    if shift == 0:
+        return clamped, array("i", acc)
+    if shift < 0:
+        return clamped, array("i", (a >> min(-shift, 31) for a in acc))
+    m = 1 << min(shift, 30)
+    return clamped, array("i", (max(I32_MIN, min(I32_MAX, a * m)) for a in acc))
+
+
 def _wrap_i32(v):
     return ((v + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)
 

@@ -135,7 +135,9 @@ class Worker:
         self.tuning = tuning or Tuning()
         self.round = 0
         self.stats = RoundStats(0, 0, 0, 0, 0)
-        self._last = None  # the last completed round's input, for a regrouping
+        # The last completed round's results as they came, for a regrouping:
+        # (workers, exponent per chunk, values).
+        self._last = None
         self._replay = False
 
     def set_round(self, round):
@@ -146,10 +148,13 @@ class Worker:
     def set_membership(self, membership):
         """Takes a new membership (a regrouping: the aggregator moved, or a worker left an
         elastic job). The round that failed under the old one is summed again, whole, under
-        the new epoch by the next call; and, because workers can be one round apart when the
-        epoch changes, the next call also contributes this worker's last completed round
-        again, flagged REPLAY, so a slower worker's round completes at the new aggregator
-        (this worker takes those results only as acknowledgements)."""
+        the new epoch by the next call. Workers can be one round apart when the epoch changes,
+        so the next call also sends this worker's stored *results* of its last completed
+        round, flagged REPLAY: the new aggregator takes each as that chunk's result, so a
+        slower worker gets the very bits this one already has (a re-sum of float32 could
+        differ in the last bits), and this worker takes the echo only as an acknowledgement.
+        A float32 result is re-based onto the new epoch's fixed point if the number of
+        workers changed (:func:`yard_agg.fixed.rebase`)."""
         if membership.epoch != self.membership.epoch:
             self._replay = self._last is not None
         self.membership = membership
@@ -202,15 +207,34 @@ class Worker:
     def _reduce(self, inp):
         self._check(len(inp), inp.dtype)
         exps, acc = self._round_trip(inp)
-        self._last = inp
+        self._last = (self.membership.workers, list(exps), array("i", acc))  # the caller's own
         self._replay = False
         self.round = (self.round + 1) & 0xFFFFFFFF
         return exps, acc
 
     def _frames(self, inp, round, flags):
+        """DATA frames of ``inp``'s chunks for ``round``."""
+        exps, q = inp.quantize(self.membership.workers, self.membership.geometry)
+        return self._encode(exps, q, round, flags)
+
+    def _replay_frames(self, last, round):
+        """REPLAY frames of the stored results ``last`` of ``round``, re-based if the number
+        of workers changed."""
+        workers, exps, acc = last
+        m = self.membership
+        if m.dtype == DTYPE_F32 and workers != m.workers:
+            out_exps, out = [], array("i")
+            for c in range(m.geometry.chunks()):
+                s, e = m.geometry.chunk_range(c)
+                exp, values = fixed.rebase(exps[c], acc[s:e], workers, m.workers)
+                out_exps.append(exp)
+                out.extend(values)
+            exps, acc = out_exps, out
+        return self._encode(exps, acc, round, FLAG_REPLAY)
+
+    def _encode(self, exps, q, round, flags):
         m = self.membership
         g = m.geometry
-        exps, q = inp.quantize(m.workers, g)
         frames = []
         for c in range(g.chunks()):
             s, e = g.chunk_range(c)
@@ -220,7 +244,7 @@ class Worker:
 
     def _round_trip(self, inp):
         """Every chunk of ``inp`` sent, resent until its result came; after a regrouping the
-        last round's chunks too, whose results only acknowledge them. Returns the result's
+        last round's results too, whose echoes only acknowledge them. Returns the result's
         exponent per chunk and its int32 values."""
         m = self.membership
         g = m.geometry
@@ -228,12 +252,13 @@ class Worker:
         chunks = g.chunks()
         previous = (self.round - 1) & 0xFFFFFFFF
         replayed = self._last if self._replay and self._last is not None else None
-        # Frame i < chunks is this round's chunk i; i >= chunks the last round's chunk
-        # i - chunks, replayed: sent at once, outside the window, resent until acknowledged
-        # or until this round is complete, never waited for.
+        # Frame i < chunks is this round's chunk i; i >= chunks the last round's result of
+        # chunk i - chunks, replayed: sent at once, outside the window, resent until
+        # acknowledged or until this round is complete, never waited for. A worker that was
+        # itself behind replays a round everybody has; it completes a slot nobody waits on.
         frames = self._frames(inp, self.round, 0)
         if replayed is not None:
-            frames += self._frames(replayed, previous, FLAG_REPLAY)
+            frames += self._replay_frames(replayed, previous)
         total = len(frames)
         now = time.monotonic()
         sent_at = [now] * total
