@@ -39,7 +39,9 @@ const CHUNK_VALUES: u64 = 360;
 /// relaxed from 3 missed 20 ms probes to 30 missed 100 ms ones: with the defaults, seven debug
 /// nodes on a shared 2-core test machine flapped reachable/unreachable every few hundred ms
 /// from the cluster's start, and the leader, finding a worker's host unreachable once, failed
-/// the (strict) job naming that rank (2 runs of 2). This test is about the hook and the data
+/// the (strict) job naming that rank (2 runs of 2). (That led to `aggregator.worker_gone_ms`:
+/// the leader now waits for a sustained stretch before failing a job, but a flapping aggregator
+/// host would still move the job back and forth.) This test is about the hook and the data
 /// plane, not about failure detection.
 fn options() -> ClusterOptions {
     ClusterOptions {

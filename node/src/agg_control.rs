@@ -1,6 +1,7 @@
 //! The leader's aggregation loop: on every tick while this node leads, the placement core
 //! (`yard_actors::aggregator::placement`) decides on the replicated tables and the leader's
-//! reachability view, and its commands are proposed. Each command is guarded by its job's
+//! reachability view (and how long each node has been unreachable, `Sustained`), and its
+//! commands are proposed. Each command is guarded by its job's
 //! epoch, so a decision overtaken by another write is skipped at apply time; the loop itself
 //! decides nothing.
 
@@ -8,18 +9,23 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use openraft::ServerState;
-use yard_actors::aggregator::placement::{decide, ClusterView};
+use yard_actors::aggregator::placement::{decide, ClusterView, Sustained};
 use yard_raft_store::Command;
 
 use crate::service::Node;
 
 /// Runs until the process ends.
-pub async fn run(node: Node, every: Duration) {
+pub async fn run(node: Node, every: Duration, worker_gone: Duration) {
     let mut tick = tokio::time::interval(every);
+    let began = tokio::time::Instant::now();
+    let gone_ms = u64::try_from(worker_gone.as_millis()).unwrap_or(u64::MAX);
+    let mut sustained = Sustained::new(gone_ms);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         if node.raft().metrics().borrow().state != ServerState::Leader {
+            // A new term starts the stretches over: only this leader's own probes count.
+            sustained = Sustained::new(gone_ms);
             continue;
         }
         let unreachable: BTreeSet<u64> = node
@@ -32,8 +38,11 @@ pub async fn run(node: Node, every: Duration) {
         let (tables, node_ips) = node
             .feed()
             .read(|d| (d.aggregation.clone(), crate::agg_service::node_ips(d)));
+        let now_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let gone = sustained.update(now_ms, &unreachable);
         let view = ClusterView {
             unreachable,
+            gone,
             node_ips,
         };
         let decision = decide(&tables, &view);

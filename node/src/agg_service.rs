@@ -32,6 +32,7 @@ fn rows(d: &StateMachineData, only: Option<&str>) -> Vec<AggJobRow> {
     let t: &AggTables = &d.aggregation;
     let view = ClusterView {
         unreachable: BTreeSet::new(),
+        gone: BTreeSet::new(),
         node_ips: node_ips(d),
     };
     let waiting: BTreeMap<String, String> = decide(t, &view).waiting.into_iter().collect();

@@ -274,6 +274,9 @@ pub struct AggregatorSection {
     pub cluster_memory_mb: u64,
     /// How often the leader re-decides placements.
     pub place_ms: u64,
+    /// How long a worker's node must stay unreachable before the worker is reported gone (its
+    /// job fails, or an elastic one goes on without it).
+    pub worker_gone_ms: u64,
     /// The Unix socket workers on this host join their jobs through (every node serves it,
     /// aggregating or not; it has the probe socket's mode and group); defaults to
     /// `<data_dir>/agg.sock`.
@@ -315,6 +318,7 @@ impl Default for AggregatorSection {
             job_memory_mb: 256,
             cluster_memory_mb: 4096,
             place_ms: 100,
+            worker_gone_ms: 5000,
             socket: None,
         }
     }

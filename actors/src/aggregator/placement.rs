@@ -9,8 +9,12 @@
 //!   the frames it makes a round (workers × chunks in, as many results out), and a host's is
 //!   the sum of its jobs' over its `cpu_millis`. Ties go to the most free slots, then the
 //!   lowest node id, so every leader decides the same.
-//! - A member whose address is a node that the leader finds unreachable is reported gone, once;
-//!   the tables then fail the job naming the worker, or, for an elastic job, go on without it.
+//! - A member whose address is a node that the leader has found unreachable for a sustained
+//!   time ([`Sustained`], `aggregator.worker_gone_ms`) is reported gone, once; the tables then
+//!   fail the job naming the worker, or, for an elastic job, go on without it. A job's failure
+//!   is final, so it waits out the probe flaps of a loaded machine (seen in the real-torch
+//!   namespace test: 7 debug nodes on 2 cores flapped every few hundred ms and failed a healthy
+//!   job); a move is safe and reversible, so an unreachable aggregator is left at once.
 //!
 //! Each decision is one command guarded by the job's epoch, so a decision made on tables that
 //! have moved on is skipped when applied, never applied over a newer one.
@@ -26,6 +30,9 @@ use yard_raft_store::NodeId;
 pub struct ClusterView {
     /// Members the leader's liveness probes find unreachable.
     pub unreachable: BTreeSet<NodeId>,
+    /// Members unreachable for the whole of `aggregator.worker_gone_ms` (a subset of
+    /// `unreachable`): their workers are gone.
+    pub gone: BTreeSet<NodeId>,
     /// Each member's host address (from its advertised address).
     pub node_ips: BTreeMap<NodeId, Ipv4Addr>,
 }
@@ -102,14 +109,49 @@ fn lost_worker(job: &AggJob, view: &ClusterView) -> Option<AggCommand> {
         let node = view
             .node_ips
             .iter()
-            .find(|(id, ip)| **ip == *addr.ip() && view.unreachable.contains(id))?
+            .find(|(id, ip)| **ip == *addr.ip() && view.gone.contains(id))?
             .0;
         Some(AggCommand::WorkerGone {
             name: job.name.clone(),
             rank: *rank,
-            reason: format!("its host, node {node} at {}, is unreachable", addr.ip()),
+            reason: format!(
+                "its host, node {node} at {}, has been unreachable too long",
+                addr.ip()
+            ),
         })
     })
+}
+
+/// Which nodes have been unreachable for at least `after_ms` without a break: fed the leader's
+/// reachability on every tick, it answers [`ClusterView::gone`].
+#[derive(Debug, Clone, Default)]
+pub struct Sustained {
+    after_ms: u64,
+    /// Node → when it was first seen unreachable in its current stretch.
+    since: BTreeMap<NodeId, u64>,
+}
+
+impl Sustained {
+    pub fn new(after_ms: u64) -> Self {
+        Self {
+            after_ms,
+            since: BTreeMap::new(),
+        }
+    }
+
+    /// Takes the nodes unreachable at `now_ms` and returns those unreachable since at least
+    /// `after_ms` ago; a node seen reachable starts over.
+    pub fn update(&mut self, now_ms: u64, unreachable: &BTreeSet<NodeId>) -> BTreeSet<NodeId> {
+        self.since.retain(|n, _| unreachable.contains(n));
+        for n in unreachable {
+            self.since.entry(*n).or_insert(now_ms);
+        }
+        self.since
+            .iter()
+            .filter(|(_, t)| now_ms.saturating_sub(**t) >= self.after_ms)
+            .map(|(n, _)| *n)
+            .collect()
+    }
 }
 
 /// The lowest base at which `need` slots fit in `slots` around the `taken` ranges.
@@ -246,6 +288,7 @@ mod tests {
     fn view() -> ClusterView {
         ClusterView {
             unreachable: BTreeSet::new(),
+            gone: BTreeSet::new(),
             node_ips: (1..=5u8).map(|i| (u64::from(i), ip(i))).collect(),
         }
     }
@@ -395,6 +438,11 @@ mod tests {
         apply_all(&mut t, &d);
         let mut v = view();
         v.unreachable.insert(5);
+        assert!(
+            decide(&t, &v).commands.is_empty(),
+            "unreachable for a moment is not gone"
+        );
+        v.gone.insert(5);
         let d = decide(&t, &v);
         assert!(matches!(
             &d.commands[..],
@@ -410,6 +458,20 @@ mod tests {
             decide(&t, &v).commands.is_empty(),
             "a failed job needs nothing more"
         );
+    }
+
+    #[test]
+    fn only_a_stretch_of_unreachability_as_long_as_the_threshold_is_gone() {
+        let mut s = Sustained::new(1000);
+        let set = |n: &[NodeId]| n.iter().copied().collect::<BTreeSet<_>>();
+        assert!(s.update(0, &set(&[5])).is_empty());
+        assert!(s.update(900, &set(&[5, 6])).is_empty());
+        // reachable once: 5 starts over
+        assert!(s.update(950, &set(&[6])).is_empty());
+        assert!(s.update(1000, &set(&[5, 6])).is_empty());
+        assert_eq!(s.update(1900, &set(&[5, 6])), set(&[6]));
+        assert_eq!(s.update(2000, &set(&[5, 6])), set(&[5, 6]));
+        assert!(s.update(2100, &set(&[])).is_empty());
     }
 
     #[test]

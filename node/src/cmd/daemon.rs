@@ -250,6 +250,7 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
     tokio::spawn(yard::agg_control::run(
         node.clone(),
         Duration::from_millis(cfg.aggregator.place_ms),
+        Duration::from_millis(cfg.aggregator.worker_gone_ms),
     ));
     let aggregator = if cfg.aggregator.enabled {
         let a = &cfg.aggregator;
