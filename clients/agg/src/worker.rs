@@ -44,6 +44,12 @@ pub struct Tuning {
     pub max_timeout: Duration,
     /// A round that receives no new result for this long fails.
     pub give_up: Duration,
+    /// `Some(p)`: send as if the aggregator had a SwitchML-style pool of `p` slots, reused
+    /// chunk after chunk, instead of the whole gradient cached: chunk `k + p` goes only once
+    /// chunk `k`'s result is in (in such a pool it reuses chunk `k`'s slot), however much of
+    /// the window is free. The agg-hetero benchmark compares the two; `None`, the default, is
+    /// the whole-gradient cache the aggregator has.
+    pub slot_pool: Option<usize>,
 }
 
 impl Default for Tuning {
@@ -53,6 +59,7 @@ impl Default for Tuning {
             timeout: Duration::from_millis(20),
             max_timeout: Duration::from_millis(500),
             give_up: Duration::from_secs(10),
+            slot_pool: None,
         }
     }
 }
@@ -311,7 +318,13 @@ impl Worker {
         let mut last_progress = Instant::now();
         while left > 0 {
             // Fill the window.
-            while in_flight < self.tuning.window && next < chunks as usize {
+            while in_flight < self.tuning.window
+                && next < chunks as usize
+                && self
+                    .tuning
+                    .slot_pool
+                    .map_or(true, |p| next < p.max(1) || pending[next - p.max(1)].done)
+            {
                 let i = next;
                 self.socket.send_to(&frames[i], m.aggregator)?;
                 pending[i].sent_at = Instant::now();
