@@ -45,10 +45,11 @@ pub struct Tuning {
     /// A round that receives no new result for this long fails.
     pub give_up: Duration,
     /// `Some(p)`: send as if the aggregator had a SwitchML-style pool of `p` slots, reused
-    /// chunk after chunk, instead of the whole gradient cached: chunk `k + p` goes only once
-    /// chunk `k`'s result is in (in such a pool it reuses chunk `k`'s slot), however much of
-    /// the window is free. The agg-hetero benchmark compares the two; `None`, the default, is
-    /// the whole-gradient cache the aggregator has.
+    /// chunk after chunk, instead of the whole gradient cached: chunks `0..p` go at once and
+    /// chunk `k + p` goes when chunk `k`'s result comes in (in such a pool it reuses chunk `k`'s
+    /// slot), so at most `p` chunks are in flight and `window` only bounds the first burst.
+    /// The agg-hetero benchmark compares the two; `None`, the default, is the whole-gradient
+    /// cache the aggregator has.
     pub slot_pool: Option<usize>,
 }
 
@@ -318,12 +319,11 @@ impl Worker {
         let mut last_progress = Instant::now();
         while left > 0 {
             // Fill the window.
+            // With a slot pool only the first `p` chunks go from here; each later one goes
+            // when its slot is free (below, as a result comes in).
             while in_flight < self.tuning.window
                 && next < chunks as usize
-                && self
-                    .tuning
-                    .slot_pool
-                    .map_or(true, |p| next < p.max(1) || pending[next - p.max(1)].done)
+                && self.tuning.slot_pool.map_or(true, |p| next < p.max(1))
             {
                 let i = next;
                 self.socket.send_to(&frames[i], m.aggregator)?;
@@ -411,6 +411,18 @@ impl Worker {
             if was_in_flight {
                 in_flight -= 1;
             }
+            // A pool's slot is free once its chunk is summed: the chunk `p` further reuses it.
+            if let Some(p) = self.tuning.slot_pool {
+                let j = i + p.max(1);
+                if j < chunks as usize && !pending[j].in_flight && !pending[j].done {
+                    self.socket.send_to(&frames[j], m.aggregator)?;
+                    pending[j].sent_at = Instant::now();
+                    pending[j].in_flight = true;
+                    stats.sent += 1;
+                    in_flight += 1;
+                    next = next.max(j + 1);
+                }
+            }
             stats.results += 1;
             left -= 1;
             last_progress = Instant::now();
@@ -437,4 +449,90 @@ fn frames_retx(frame: &[u8]) -> Vec<u8> {
     let mut f = frame.to_vec();
     f[6] |= FLAG_RETX;
     f
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+    use std::net::Ipv4Addr;
+
+    /// A one-worker job of 20 chunks against a fake aggregator on loopback that answers every
+    /// chunk at once except chunk 0, which it answers only on its third resend. Returns the
+    /// chunks the fake had received when it answered chunk 0, and the round's result.
+    fn hold_chunk_zero(tuning: Tuning) -> (BTreeSet<u32>, Vec<i32>) {
+        let agg = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let sock = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let std::net::SocketAddr::V4(agg_addr) = agg.local_addr().unwrap() else {
+            unreachable!("bound to an IPv4 address")
+        };
+        let geometry = Geometry {
+            values: 20 * 8,
+            chunk_values: 8,
+        };
+        let m = Membership {
+            job: 1,
+            epoch: 1,
+            worker: 0,
+            workers: 1,
+            aggregator: agg_addr,
+            geometry,
+            dtype: Dtype::I32,
+        };
+        let fake = std::thread::spawn(move || {
+            let mut seen = BTreeSet::new();
+            let mut at_answer = None;
+            let mut resends_of_zero = 0;
+            let mut answered = BTreeSet::new();
+            let mut buf = [0u8; 2048];
+            agg.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            while answered.len() < 20 {
+                let (n, from) = agg.recv_from(&mut buf).expect("the worker keeps sending");
+                let (h, body) = Header::parse(&buf[..n]).unwrap();
+                seen.insert(h.chunk);
+                if h.chunk == 0 && resends_of_zero < 3 {
+                    if h.flags & FLAG_RETX != 0 {
+                        resends_of_zero += 1;
+                    }
+                    if resends_of_zero < 3 {
+                        continue;
+                    }
+                    at_answer = Some(seen.clone());
+                }
+                let reply = Header {
+                    kind: Kind::Result,
+                    worker: 1,
+                    ..h
+                };
+                agg.send_to(&wire::encode(&reply, &wire::values(body)), from)
+                    .unwrap();
+                answered.insert(h.chunk);
+            }
+            at_answer.expect("chunk 0 was answered")
+        });
+        let mut w = Worker::new(sock, m, tuning);
+        let mut grad: Vec<i32> = (0..160).collect();
+        w.all_reduce_i32(&mut grad).unwrap();
+        (fake.join().unwrap(), grad)
+    }
+
+    #[test]
+    fn a_slot_pool_holds_back_chunk_k_plus_p_until_chunk_k_is_summed() {
+        let (seen, grad) = hold_chunk_zero(Tuning {
+            slot_pool: Some(4),
+            ..Tuning::default()
+        });
+        // 4, 8, 12 and 16 reuse chunk 0's slot in turn: none could go before its result.
+        let all: BTreeSet<u32> = (0..20).collect();
+        let blocked: BTreeSet<u32> = [4, 8, 12, 16].into();
+        assert_eq!(seen, &all - &blocked);
+        assert_eq!(grad, (0..160).collect::<Vec<i32>>());
+    }
+
+    #[test]
+    fn the_whole_gradient_cache_sends_past_a_chunk_whose_result_is_late() {
+        let (seen, grad) = hold_chunk_zero(Tuning::default());
+        assert_eq!(seen, (0..20).collect());
+        assert_eq!(grad, (0..160).collect::<Vec<i32>>());
+    }
 }
