@@ -33,7 +33,13 @@ fn main() {
         println!("cargo:rerun-if-changed={}", src.display());
         let file = src.file_name().expect("a file").to_string_lossy();
         let stem = file.trim_end_matches(".c").to_string();
-        compile(src, &out_dir.join(format!("{stem}.o")), &[], arch, multiarch);
+        compile(
+            src,
+            &out_dir.join(format!("{stem}.o")),
+            &[],
+            arch,
+            multiarch,
+        );
     }
 
     // The aggregator's sum strategies, measured against the shipped spin lock (agg_variants

@@ -370,10 +370,8 @@ impl Aggregator {
         }
         let empty = match &self.partials {
             Some(_) => {
-                let cpus = aya::util::nr_cpus().map_err(|(what, source)| EbpfError::Cpus {
-                    what,
-                    source,
-                })?;
+                let cpus = aya::util::nr_cpus()
+                    .map_err(|(what, source)| EbpfError::Cpus { what, source })?;
                 Some(vec![AggPartial::default(); cpus])
             }
             None => None,

@@ -114,7 +114,14 @@ fn run_round(
         let range = g.chunk_start(c)..g.chunk_start(c) + g.chunk_len(c);
         for k in 0..n {
             let w = (k + c as usize) % n;
-            let payload = data(spec, w, round, c, exps[w][c as usize], &grads[w][range.clone()]);
+            let payload = data(
+                spec,
+                w,
+                round,
+                c,
+                exps[w][c as usize],
+                &grads[w][range.clone()],
+            );
             let got = agg.test_run(&frame(spec.members[w], &payload)).unwrap();
             let want = model.receive(spec.members[w], &payload);
             if k + 1 < n {
@@ -122,7 +129,11 @@ fn run_round(
                 assert_eq!(want.action, Action::Drop);
                 continue;
             }
-            assert_eq!(got.action, XdpAction::Pass, "the last contribution fans out");
+            assert_eq!(
+                got.action,
+                XdpAction::Pass,
+                "the last contribution fans out"
+            );
             let Action::Fanout(bytes) = want.action else {
                 panic!("the model did not complete chunk {c}");
             };
@@ -166,7 +177,12 @@ fn every_variant_sums_int32_exactly_at_every_size_over_rounds() {
                 let exact: Vec<i32> = (0..values as usize)
                     .map(|i| grads.iter().fold(0i32, |a, g| a.wrapping_add(g[i])))
                     .collect();
-                assert_eq!(flat, exact, "{} {values} values round {round}", variant.name());
+                assert_eq!(
+                    flat,
+                    exact,
+                    "{} {values} values round {round}",
+                    variant.name()
+                );
             }
             assert_eq!(
                 counter(&agg, AggCounter::Completed),
@@ -252,17 +268,27 @@ fn lock_free_variants_keep_out_duplicates_answer_resends_and_refuse_stale_and_ah
         let done = run(1, 0, 0, 2);
         assert_eq!(done.action, XdpAction::Pass, "{name}: completes");
         let sum = wire::values(&done.frame[HEADERS + wire::HEADER_LEN..]);
-        assert!(sum.iter().all(|v| *v == 3), "{name}: 1 + 2, duplicate not added");
+        assert!(
+            sum.iter().all(|v| *v == 3),
+            "{name}: 1 + 2, duplicate not added"
+        );
         // a resend to the complete chunk: the stored sum, to the sender
         let again = run(0, 0, 0, 1);
         assert_eq!(again.action, XdpAction::Tx, "{name}: resend answered");
-        assert_eq!(wire::values(&again.frame[HEADERS + wire::HEADER_LEN..]), sum);
+        assert_eq!(
+            wire::values(&again.frame[HEADERS + wire::HEADER_LEN..]),
+            sum
+        );
         // round 1 (recycled by round 0's completion), then round 2 takes round 0's slot
         assert_eq!(run(0, 1, 0, 5).action, XdpAction::Drop);
         assert_eq!(run(1, 1, 0, 6).action, XdpAction::Pass);
         assert_eq!(run(0, 2, 0, 7).action, XdpAction::Drop);
         let r2 = run(1, 2, 0, 8);
-        assert_eq!(r2.action, XdpAction::Pass, "{name}: round 2 in round 0's slot");
+        assert_eq!(
+            r2.action,
+            XdpAction::Pass,
+            "{name}: round 2 in round 0's slot"
+        );
         assert!(wire::values(&r2.frame[HEADERS + wire::HEADER_LEN..])
             .iter()
             .all(|v| *v == 15));
@@ -278,14 +304,20 @@ fn lock_free_variants_keep_out_duplicates_answer_resends_and_refuse_stale_and_ah
         let mut fresh = Aggregator::load_variant(4, variant).unwrap();
         fresh.set_job(&entry(&other)).unwrap();
         let out = fresh
-            .test_run(&frame(other.members[0], &data(&other, 0, 0, 0, 0, &[1; 360])))
+            .test_run(&frame(
+                other.members[0],
+                &data(&other, 0, 0, 0, 0, &[1; 360]),
+            ))
             .unwrap();
         assert_eq!(out.action, XdpAction::Drop);
         assert_eq!(counter(&fresh, AggCounter::Stale), 1, "{name}: unprepared");
         // more than 32 workers do not fit the lock-free bitmap
         let big = spec(33, 360, Dtype::I32);
         let err = fresh.set_job(&entry(&big)).unwrap_err().to_string();
-        assert_eq!(err, format!("the {name} sum strategy holds at most 32 workers per job"));
+        assert_eq!(
+            err,
+            format!("the {name} sum strategy holds at most 32 workers per job")
+        );
     }
 }
 
@@ -371,8 +403,16 @@ fn two_cpus_contributing_to_the_same_chunks_complete_each_once_with_the_exact_su
                 handles.into_iter().map(|h| h.join().unwrap()).collect()
             });
             let name = format!("{} {dtype:?}", variant.name());
-            assert_eq!(passes.iter().sum::<u64>(), u64::from(chunks), "{name}: one completion per chunk");
-            assert_eq!(counter(&agg, AggCounter::Completed), u64::from(chunks), "{name}");
+            assert_eq!(
+                passes.iter().sum::<u64>(),
+                u64::from(chunks),
+                "{name}: one completion per chunk"
+            );
+            assert_eq!(
+                counter(&agg, AggCounter::Completed),
+                u64::from(chunks),
+                "{name}"
+            );
             assert_eq!(
                 counter(&agg, AggCounter::Added),
                 u64::from(chunks) * (workers as u64 - 1),
@@ -395,8 +435,7 @@ fn two_cpus_contributing_to_the_same_chunks_complete_each_once_with_the_exact_su
                         let got = fixed::dequantize(&slot.acc[..len], slot.exp, workers as u16);
                         let bound = fixed::error_bound(workers as u16, slot.exp);
                         for (j, v) in got.iter().enumerate() {
-                            let exact: f64 =
-                                floats.iter().map(|f| f64::from(f[start + j])).sum();
+                            let exact: f64 = floats.iter().map(|f| f64::from(f[start + j])).sum();
                             let slack = bound + f64::from(v.abs()) * f64::from(f32::EPSILON);
                             assert!(
                                 (f64::from(*v) - exact).abs() <= slack,

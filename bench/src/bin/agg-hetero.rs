@@ -50,8 +50,9 @@ struct Args {
     /// TBF rate of the fast links, both directions; the slow link gets a quarter.
     #[arg(long, default_value_t = 200)]
     fast_mbit: u32,
-    /// Client windows of the whole-gradient cache rows (64 is the client's default).
-    #[arg(long, value_delimiter = ',', default_values_t = [64usize])]
+    /// Client windows of the whole-gradient cache rows: 64 is the client's default; a window
+    /// of at least the gradient's chunks lets a fast worker send all of it at once.
+    #[arg(long, value_delimiter = ',', default_values_t = [64usize, 4096])]
     cache_windows: Vec<usize>,
     /// Slot pools of the pool rows (window = pool). SwitchML keeps 256 packets in flight per
     /// worker (its configs/general.cfg), 64 per worker thread.
@@ -84,6 +85,8 @@ struct Mode {
 #[derive(Clone, Debug)]
 struct Seen {
     secs: f64,
+    /// Until every chunk had been sent once.
+    sent_secs: f64,
     resent: u64,
     error: Option<String>,
 }
@@ -160,7 +163,11 @@ fn run(args: &Args) -> Result<()> {
         Arc::new(Topology::new(n + 1).context("cannot make the namespace hosts (needs root)")?);
     for w in 0..n {
         let host = w + 2;
-        let rate = if w == n - 1 { slow_mbit } else { args.fast_mbit };
+        let rate = if w == n - 1 {
+            slow_mbit
+        } else {
+            args.fast_mbit
+        };
         topo.rate_limit(host, rate)?;
         limit_toward(&topo, host, rate)?;
     }
@@ -241,16 +248,19 @@ fn run(args: &Args) -> Result<()> {
                 seen.push(match result {
                     Ok(stats) if grad == exact[g] => Seen {
                         secs,
+                        sent_secs: stats.all_sent_after.as_secs_f64(),
                         resent: stats.resent,
                         error: None,
                     },
                     Ok(stats) => Seen {
                         secs,
+                        sent_secs: stats.all_sent_after.as_secs_f64(),
                         resent: stats.resent,
                         error: Some("not the exact sum".into()),
                     },
                     Err(e) => Seen {
                         secs,
+                        sent_secs: f64::NAN,
                         resent: 0,
                         error: Some(e.to_string()),
                     },
@@ -283,12 +293,23 @@ fn report(args: &Args, modes: &[Mode], per_worker: &[Vec<Seen>], slow_mbit: u32)
         slow_mbit
     );
     println!(
-        "{:<13} {:>6} {:>7} {:>12} {:>12} {:>12} {:>10} {:>12} {:>10}",
-        "row", "rounds", "failed", "comm ms", "fast ms", "slow ms", "resends", "vs cache", "less time"
+        "{:<13} {:>6} {:>7} {:>9} {:>9} {:>9} {:>13} {:>8} {:>9} {:>10}",
+        "row",
+        "rounds",
+        "failed",
+        "comm ms",
+        "fast ms",
+        "slow ms",
+        "fast sent ms",
+        "resends",
+        "vs first",
+        "less time"
     );
     let mut rows = Vec::new();
     for (k, mode) in modes.iter().enumerate() {
-        let (mut comm, mut fast, mut slow, mut resent) = (Vec::new(), Vec::new(), Vec::new(), 0u64);
+        let (mut comm, mut fast, mut slow, mut sent) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut resent = 0u64;
         let mut failed = Vec::new();
         let rounds: Vec<usize> = (0..per_worker[0].len())
             .filter(|g| g % modes.len() == k)
@@ -302,25 +323,38 @@ fn report(args: &Args, modes: &[Mode], per_worker: &[Vec<Seen>], slow_mbit: u32)
             comm.push(seen.iter().map(|s| s.secs).fold(0.0, f64::max) * 1e3);
             fast.push(seen[..n - 1].iter().map(|s| s.secs).sum::<f64>() / (n - 1) as f64 * 1e3);
             slow.push(seen[n - 1].secs * 1e3);
+            sent.push(
+                seen[..n - 1].iter().map(|s| s.sent_secs).sum::<f64>() / (n - 1) as f64 * 1e3,
+            );
             resent += seen.iter().map(|s| s.resent).sum::<u64>();
         }
-        rows.push((mode.name.clone(), rounds.len(), failed, comm, fast, slow, resent));
+        rows.push((
+            mode.name.clone(),
+            rounds.len(),
+            failed,
+            comm,
+            fast,
+            slow,
+            sent,
+            resent,
+        ));
     }
     let cache = stats::median(&rows[0].3);
     let mut out = Vec::new();
-    for (name, rounds, failed, comm, fast, slow, resent) in &rows {
+    for (name, rounds, failed, comm, fast, slow, sent, resent) in &rows {
         let m = stats::median(comm);
         let vs = stats::ratio(m, cache);
         // how much less time the cache takes than this row: 1 - cache / row
         let less = stats::ratio(cache, m).map(|r| 1.0 - r);
         println!(
-            "{:<13} {:>6} {:>7} {:>12.1} {:>12.1} {:>12.1} {:>10} {:>11.2}x {:>9.0}%",
+            "{:<13} {:>6} {:>7} {:>9.1} {:>9.1} {:>9.1} {:>13.1} {:>8} {:>8.2}x {:>9.0}%",
             name,
             rounds,
             failed.len(),
             m.unwrap_or(f64::NAN),
             stats::median(fast).unwrap_or(f64::NAN),
             stats::median(slow).unwrap_or(f64::NAN),
+            stats::median(sent).unwrap_or(f64::NAN),
             resent,
             vs.unwrap_or(f64::NAN),
             less.unwrap_or(f64::NAN) * 100.0
@@ -328,13 +362,16 @@ fn report(args: &Args, modes: &[Mode], per_worker: &[Vec<Seen>], slow_mbit: u32)
         for f in failed {
             println!("    failed: {f}");
         }
-        out.push(json!({"row": name, "rounds": rounds, "failed": failed, "comm_ms_median": m,
+        out.push(
+            json!({"row": name, "rounds": rounds, "failed": failed, "comm_ms_median": m,
             "fast_ms_median": stats::median(fast), "slow_ms_median": stats::median(slow),
+            "fast_sent_ms_median": stats::median(sent),
             "resends": resent, "vs_first_row": vs, "first_row_less_time": less,
-            "comm_ms": comm}));
+            "comm_ms": comm}),
+        );
     }
     println!(
-        "statistic: median over each row's rounds, rows interleaved round by round; comm = the slowest worker's all-reduce time in a round (every worker has the sum), fast = the fast workers' mean, slow = the slow worker's; vs cache = row / first row; less time = 1 - first row / row; every completed round bit-exact"
+        "statistic: median over each row's rounds, rows interleaved round by round; comm = the slowest worker's all-reduce time in a round (every worker has the sum), fast = the fast workers' mean, slow = the slow worker's; fast sent = the fast workers' mean time until each of their chunks had gone once; vs first = row / first row (the client's default: whole-gradient cache, window 64); less time = 1 - first row / row; every completed round bit-exact"
     );
     if args.json {
         println!("{}", Value::Array(out));

@@ -269,7 +269,10 @@ fn run(args: &Args) -> Result<()> {
                         .collect();
                     handles
                         .into_iter()
-                        .map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("a thread panicked"))))
+                        .map(|h| {
+                            h.join()
+                                .unwrap_or_else(|_| Err(anyhow!("a thread panicked")))
+                        })
                         .collect()
                 });
                 let (mut sum, mut floor, mut calls) = (0u64, 0u64, 0u64);
@@ -349,9 +352,11 @@ fn report(args: &Args, rows: &[Row]) {
             vs_lock.unwrap_or(f64::NAN),
             r.verified * 100.0
         );
-        out.push(json!({"variant": r.variant.name(), "path": r.path, "values": r.values,
+        out.push(
+            json!({"variant": r.variant.name(), "path": r.path, "values": r.values,
             "median_ns": m, "floor_median_ns": f, "over_floor_ns": over, "vs_spin_lock": vs_lock,
-            "samples": r.ns, "floor_samples": r.floor, "verified": r.verified}));
+            "samples": r.ns, "floor_samples": r.floor, "verified": r.verified}),
+        );
     }
     println!(
         "statistic: median of {} interleaved samples (single: {} chunks of 32 contributions each; 1cpu/2cpu: {} chunks each), kernel ns per call from BPF_PROG_TEST_RUN; vs lock = median / the shipped spin lock's median",

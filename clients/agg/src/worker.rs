@@ -98,6 +98,10 @@ pub struct RoundStats {
     /// one: the chunk was completed twice with different sums, which must never happen (the
     /// chaos schedule checks it stays 0).
     pub conflicting: u64,
+    /// From the round's start until every chunk of it had been sent once: when this worker's
+    /// upload was done and only results were awaited (the agg-hetero benchmark's figure of how
+    /// far a fast worker gets ahead of a slow one).
+    pub all_sent_after: Duration,
 }
 
 /// One worker of one job.
@@ -297,6 +301,7 @@ impl Worker {
         }
         let mut results: Vec<(i8, Vec<i32>)> = vec![(0, Vec::new()); chunks as usize];
         let now = Instant::now();
+        let started = now;
         let mut pending = vec![
             Pending {
                 sent_at: now,
@@ -314,6 +319,7 @@ impl Worker {
             stats.sent += 1;
         }
         let mut next = 0usize;
+        let mut first_sent = 0usize;
         let mut in_flight = 0usize;
         let mut left = chunks as usize;
         let mut last_progress = Instant::now();
@@ -332,6 +338,10 @@ impl Worker {
                 stats.sent += 1;
                 in_flight += 1;
                 next += 1;
+                first_sent += 1;
+                if first_sent == chunks as usize {
+                    stats.all_sent_after = started.elapsed();
+                }
             }
             // Resend what timed out; the earliest deadline bounds the wait.
             let now = Instant::now();
@@ -421,6 +431,10 @@ impl Worker {
                     stats.sent += 1;
                     in_flight += 1;
                     next = next.max(j + 1);
+                    first_sent += 1;
+                    if first_sent == chunks as usize {
+                        stats.all_sent_after = started.elapsed();
+                    }
                 }
             }
             stats.results += 1;
