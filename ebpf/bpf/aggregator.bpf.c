@@ -606,8 +606,9 @@ decided:
 		/*
 		 * Every worker contributed to round r, so each has round r - 1's result: the other
 		 * parity's slot becomes round r + 1's, before this result (the first thing that lets
-		 * a worker send round r + 1) leaves. Its tag first, so a late round r - 1 frame is
-		 * stale rather than answered from a sum being cleared.
+		 * a worker send round r + 1) leaves. Its tag first, so a late round r - 1 frame that
+		 * reads it is stale; one that read it just before may be answered from a sum being
+		 * cleared, and its sender, already in round r, ignores a round r - 1 result.
 		 */
 		struct agg_slot *o = bpf_map_lookup_elem(&agg_slots, &other_idx);
 

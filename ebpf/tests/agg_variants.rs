@@ -362,11 +362,11 @@ fn two_cpus_contributing_to_the_same_chunks_complete_each_once_with_the_exact_su
             let ints: Vec<Vec<i32>> = (0..workers)
                 .map(|_| (0..s.geometry.values).map(|_| rng.gen()).collect())
                 .collect();
-            // frames[w][c]
-            let frames: Vec<Vec<Vec<u8>>> = (0..workers)
-                .map(|w| {
-                    (0..chunks)
-                        .map(|c| {
+            // frames[c][w]
+            let frames: Vec<Vec<Vec<u8>>> = (0..chunks)
+                .map(|c| {
+                    (0..workers)
+                        .map(|w| {
                             let r = s.geometry.chunk_start(c)
                                 ..s.geometry.chunk_start(c) + s.geometry.chunk_len(c);
                             let (e, q) = match dtype {
@@ -387,10 +387,10 @@ fn two_cpus_contributing_to_the_same_chunks_complete_each_once_with_the_exact_su
                             pin(t);
                             assert_eq!(cpu_now(), t);
                             let mut passes = 0u64;
-                            for c in 0..chunks as usize {
+                            for chunk in frames {
                                 barrier.wait();
-                                for w in (t..workers).step_by(2) {
-                                    let out = agg.test_run(&frames[w][c]).unwrap();
+                                for f in chunk.iter().skip(t).step_by(2) {
+                                    let out = agg.test_run(f).unwrap();
                                     if out.action == XdpAction::Pass {
                                         passes += 1;
                                     }

@@ -329,7 +329,7 @@ impl Worker {
             // when its slot is free (below, as a result comes in).
             while in_flight < self.tuning.window
                 && next < chunks as usize
-                && self.tuning.slot_pool.map_or(true, |p| next < p.max(1))
+                && self.tuning.slot_pool.is_none_or(|p| next < p.max(1))
             {
                 let i = next;
                 self.socket.send_to(&frames[i], m.aggregator)?;
