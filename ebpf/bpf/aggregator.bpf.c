@@ -120,7 +120,8 @@ struct {
  * into it meanwhile), so the completer of (chunk, round r) recycles the other parity's slot
  * for round r + 1 (every worker had round r - 1's result before contributing to round r), and
  * the daemon prepares a job's slots for its first round (Aggregator::prepare_round). What the
- * variants do not do: regrouping (a new epoch needs prepare_round again), AGG_F_REPLAY.
+ * variants do not do: regrouping (a new epoch needs prepare_round again, and a replayed result,
+ * AGG_F_REPLAY, is dropped as stale rather than taken as the chunk's result).
  */
 #if defined(AGG_SUM_ATOMIC) && defined(AGG_SUM_PERCPU)
 #error "one sum variant at a time"
@@ -525,6 +526,10 @@ unlock:
 #endif
 	if (slot->job != job_id || slot->epoch != h->epoch) {
 		out = STALE; /* not prepared for this job and epoch */
+		goto decided;
+	}
+	if (h->flags & AGG_F_REPLAY) {
+		out = STALE; /* a replayed result: the variants do not regroup */
 		goto decided;
 	}
 	__u64 word = *(volatile __u64 *)&slot->seen;

@@ -292,6 +292,13 @@ fn lock_free_variants_keep_out_duplicates_answer_resends_and_refuse_stale_and_ah
         assert!(wire::values(&r2.frame[HEADERS + wire::HEADER_LEN..])
             .iter()
             .all(|v| *v == 15));
+        // a replayed result (a regrouping's) is not taken as the sum: the variants do not regroup
+        let mut replay = data(&s, 0, 3, 0, 0, &[9; 360]);
+        replay[6] |= wire::FLAG_REPLAY;
+        let stale_before = counter(&agg, AggCounter::Stale);
+        let out = agg.test_run(&frame(s.members[0], &replay)).unwrap();
+        assert_eq!(out.action, XdpAction::Drop, "{name}: replay");
+        assert_eq!(counter(&agg, AggCounter::Stale), stale_before + 1, "{name}");
         // a late round-0 frame now meets a slot of round 2: stale, not answered
         let stale_before = counter(&agg, AggCounter::Stale);
         assert_eq!(run(0, 0, 0, 1).action, XdpAction::Drop, "{name}");
