@@ -31,22 +31,47 @@ fn main() {
 
     for src in &sources {
         println!("cargo:rerun-if-changed={}", src.display());
-        compile(src, &out_dir, arch, multiarch);
+        let file = src.file_name().expect("a file").to_string_lossy();
+        let stem = file.trim_end_matches(".c").to_string();
+        compile(
+            src,
+            &out_dir.join(format!("{stem}.o")),
+            &[],
+            arch,
+            multiarch,
+        );
+    }
+
+    // The aggregator's sum strategies, measured against the shipped spin lock (agg_variants
+    // tests, agg-sum-variants bench); nothing ships them. BPF ISA v3 for the fetching atomics
+    // (compare-and-swap, fetch-and-add), so the lock is also built as v3 to separate the
+    // strategy from the instruction set.
+    let aggregator = Path::new("bpf/aggregator.bpf.c");
+    for (name, flags) in [
+        ("aggregator_lock_v3", &["-mcpu=v3"][..]),
+        ("aggregator_atomic", &["-mcpu=v3", "-DAGG_SUM_ATOMIC"][..]),
+        ("aggregator_percpu", &["-mcpu=v3", "-DAGG_SUM_PERCPU"][..]),
+    ] {
+        compile(
+            aggregator,
+            &out_dir.join(format!("{name}.bpf.o")),
+            flags,
+            arch,
+            multiarch,
+        );
     }
 }
 
-fn compile(src: &Path, out_dir: &Path, arch: &str, multiarch: &str) {
-    let file = src.file_name().expect("a file").to_string_lossy();
-    let stem = file.trim_end_matches(".c");
-    let out = out_dir.join(format!("{stem}.o"));
+fn compile(src: &Path, out: &Path, flags: &[&str], arch: &str, multiarch: &str) {
     let result = Command::new("clang")
         .args(["-O2", "-g", "-target", "bpf"])
         .arg(format!("-D__TARGET_ARCH_{arch}"))
         .arg(format!("-I{multiarch}"))
+        .args(flags)
         .args(["-Wall", "-Werror", "-c"])
         .arg(src)
         .arg("-o")
-        .arg(&out)
+        .arg(out)
         .status();
     match result {
         Ok(status) if status.success() => {}

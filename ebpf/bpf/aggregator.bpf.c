@@ -100,6 +100,60 @@ struct {
 	__type(value, struct gw_counter);
 } agg_job_counters SEC(".maps");
 
+/*
+ * Sum strategies (issue 12, "measure atomic adds against per-CPU partial sums and a spin lock").
+ * The shipped program sums a slot under its bpf_spin_lock. build.rs also compiles this file
+ * with -DAGG_SUM_ATOMIC and with -DAGG_SUM_PERCPU into objects used only by the agg_variants
+ * tests and the agg-sum-variants bench, so the three are measured on one source:
+ * - ATOMIC: every value added with __sync_fetch_and_add into the shared slot; int32 only,
+ *   because float32's re-scaling (shift the sum onto a coarser exponent, then add) is a
+ *   read-modify-write of every value that no atomic instruction does;
+ * - PERCPU: each CPU sums into its own copy of the slot (agg_partials, a per-CPU array indexed
+ *   like agg_slots), with the shipped shift-and-add, no lock; the completing contribution
+ *   merges every CPU's partial with bpf_map_lookup_percpu_elem into the shared slot.
+ * Both decide membership of the sum without the lock: the slot's `seen` word is
+ * round << 32 | bitmap, claimed with one compare-and-swap (so a contribution cannot be counted
+ * into a round the slot moved on to), which limits them to 32 workers; `count` and `values`
+ * read as one __u32 finish counter, and the contribution whose fetch-and-add brings it to the
+ * job's workers completes the chunk, after every add (each adds before it counts).
+ * A lock-free slot cannot be re-initialised by its first contributor (the others would add
+ * into it meanwhile), so the completer of (chunk, round r) recycles the other parity's slot
+ * for round r + 1 (every worker had round r - 1's result before contributing to round r), and
+ * the daemon prepares a job's slots for its first round (Aggregator::prepare_round). What the
+ * variants do not do: regrouping (a new epoch needs prepare_round again, and a replayed result,
+ * AGG_F_REPLAY, is dropped as stale rather than taken as the chunk's result).
+ */
+#if defined(AGG_SUM_ATOMIC) && defined(AGG_SUM_PERCPU)
+#error "one sum variant at a time"
+#endif
+#if defined(AGG_SUM_ATOMIC) || defined(AGG_SUM_PERCPU)
+#define AGG_SUM_VARIANT 1
+#define AGG_SLOT_WORKERS 32 /* the low half of the seen word */
+#else
+#define AGG_SLOT_WORKERS AGG_WORKERS_MAX
+#endif
+
+#ifdef AGG_SUM_PERCPU
+/* One CPU's part of one slot's sum. */
+struct agg_partial {
+	__u32 count; /* contributions summed on this CPU this round; 0: exp and acc are free */
+	__s8 exp;
+	__u8 pad[3];
+	__s32 acc[AGG_VALUES_MAX];
+};
+
+/* max_entries is the loader's: agg_slots' size. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct agg_partial);
+} agg_partials SEC(".maps");
+
+/* Past any CPU count: bpf_map_lookup_percpu_elem returns NULL from nr_cpu_ids on. */
+#define AGG_CPUS_MAX 8192
+#endif
+
 /* The headers every aggregation frame starts with; IPv4 options are not accepted. */
 struct agg_frame {
 	struct ethhdr eth;
@@ -198,6 +252,100 @@ static __always_inline void reverse(struct ethhdr *eth, struct iphdr *ip, struct
 	udp->check = 0;
 }
 
+#ifdef AGG_SUM_VARIANT
+/* The slot's finish counter: count (low half, little-endian) and values (kept 0) as one word. */
+static __always_inline __u32 *finish_word(struct agg_slot *slot)
+{
+	return (__u32 *)&slot->count;
+}
+
+/*
+ * Sets done (byte 1 of the word at exp, offset 28) with a fully ordered atomic, so a reader
+ * that sees done also sees the sum and the recycled other slot.
+ */
+static __always_inline void mark_done(struct agg_slot *slot)
+{
+	__sync_fetch_and_or((__u32 *)&slot->exp, 1U << 8);
+}
+
+#ifdef AGG_SUM_ATOMIC
+/* Zeroes the first (frame's count) values of a slot's sum, the frame bounding the loop. */
+static __always_inline void zero_acc(struct xdp_md *ctx, struct agg_slot *slot)
+{
+	void *data_end = (void *)(long)ctx->data_end;
+	__s32 *v = (void *)(long)ctx->data + AGG_HEADERS;
+
+#pragma clang loop unroll(disable)
+	for (__u32 i = 0; i < AGG_VALUES_MAX; i++) {
+		if ((void *)(v + i + 1) > data_end)
+			break;
+		slot->acc[i] = 0;
+	}
+}
+#endif
+
+#ifdef AGG_SUM_PERCPU
+/* What merge_cpu needs: the slot, its chunk's values, and whether a partial is merged yet. */
+struct agg_merge {
+	__u32 idx;
+	__u32 n;
+	__u32 first;
+};
+
+/*
+ * bpf_loop callback: merges CPU `cpu`'s partial of slot m->idx into the shared slot (the
+ * shipped shift-and-add, a partial standing for one contribution) and frees the partial. Run
+ * by the completing contribution only, after every contributor has counted, so no CPU writes
+ * the partials meanwhile. A callback, because a loop over CPUs around a loop over values would
+ * be walked by the verifier once per CPU it cannot rule out.
+ */
+static long merge_cpu(__u64 cpu, void *arg)
+{
+	struct agg_merge *m = arg;
+	__u32 idx = m->idx;
+	struct agg_partial *p = bpf_map_lookup_percpu_elem(&agg_partials, &idx, (__u32)cpu);
+
+	if (!p)
+		return 1; /* no such CPU: every one is merged */
+	if (!p->count)
+		return 0;
+	struct agg_slot *s = bpf_map_lookup_elem(&agg_slots, &idx);
+	if (!s)
+		return 1;
+	__u32 n = m->n;
+
+	if (m->first) {
+		s->exp = p->exp;
+#pragma clang loop unroll(disable)
+		for (__u32 i = 0; i < AGG_VALUES_MAX; i++) {
+			if (i >= n)
+				break;
+			s->acc[i] = p->acc[i];
+		}
+		m->first = 0;
+	} else {
+		__s32 up = (__s32)p->exp - (__s32)s->exp;
+		__u32 shift_acc = up > 0 ? (up > 31 ? 31 : up) : 0;
+		__u32 shift_val = up < 0 ? (-up > 31 ? 31 : -up) : 0;
+
+		if (up > 0)
+			s->exp = p->exp;
+#pragma clang loop unroll(disable)
+		for (__u32 i = 0; i < AGG_VALUES_MAX; i++) {
+			if (i >= n)
+				break;
+			__u32 a = (__u32)(s->acc[i] >> shift_acc);
+			__u32 b = (__u32)(p->acc[i] >> shift_val);
+
+			s->acc[i] = (__s32)(a + b);
+		}
+	}
+	p->count = 0;
+	return 0;
+}
+#endif
+#endif /* AGG_SUM_VARIANT */
+
 enum outcome { ADD, COMPLETE, RESEND, DUP, STALE, AHEAD };
 
 SEC("xdp")
@@ -248,7 +396,11 @@ int yard_agg(struct xdp_md *ctx)
 		return XDP_DROP;
 	}
 	if (h->chunk >= job->chunks || n != chunk_len(job, h->chunk) ||
-	    (job->dtype == AGG_DTYPE_I32 && h->exp != 0) || h->worker >= AGG_WORKERS_MAX) {
+	    (job->dtype == AGG_DTYPE_I32 && h->exp != 0) || h->worker >= AGG_SLOT_WORKERS
+#ifdef AGG_SUM_ATOMIC
+	    || job->dtype != AGG_DTYPE_I32
+#endif
+	) {
 		count(AGG_BAD_HEADER, job_id, len);
 		return XDP_DROP;
 	}
@@ -278,6 +430,7 @@ int yard_agg(struct xdp_md *ctx)
 		return XDP_DROP;
 	}
 
+#ifndef AGG_SUM_VARIANT
 	__u64 bit = 1ULL << h->worker;
 	__u16 workers = job->workers;
 	__s32 *v = (void *)(h + 1);
@@ -350,6 +503,132 @@ int yard_agg(struct xdp_md *ctx)
 	}
 unlock:
 	bpf_spin_unlock(&slot->lock);
+#else  /* AGG_SUM_VARIANT: no lock; see the top of this file */
+	__u32 round = h->round;
+	__u32 bit = 1U << h->worker;
+	__u32 chunk = h->chunk;
+#ifdef AGG_SUM_PERCPU
+	__s8 exp = h->exp;
+#endif
+	__u16 workers = job->workers;
+	__u32 other_idx = job->base + chunk * 2 + ((round + 1) & 1);
+	__s32 *v = (void *)(h + 1);
+	enum outcome out;
+	int claimed = 0;
+#ifdef AGG_SUM_PERCPU
+	struct agg_partial *part = bpf_map_lookup_elem(&agg_partials, &slot_idx);
+
+	if (!part) {
+		/* sized like agg_slots by the loader: a miss means it was not */
+		count(AGG_BAD_HEADER, job_id, len);
+		return XDP_DROP;
+	}
+#endif
+	if (slot->job != job_id || slot->epoch != h->epoch) {
+		out = STALE; /* not prepared for this job and epoch */
+		goto decided;
+	}
+	if (h->flags & AGG_F_REPLAY) {
+		out = STALE; /* a replayed result: the variants do not regroup */
+		goto decided;
+	}
+	__u64 word = *(volatile __u64 *)&slot->seen;
+
+#pragma clang loop unroll(disable)
+	for (int i = 0; i < AGG_SLOT_WORKERS; i++) {
+		__u32 tag = word >> 32;
+
+		if (tag != round) {
+			out = (__s32)(round - tag) < 0 ? STALE : AHEAD;
+			goto decided;
+		}
+		if (*(volatile __u8 *)&slot->done) {
+			out = RESEND;
+			goto decided;
+		}
+		if ((__u32)word & bit) {
+			out = DUP;
+			goto decided;
+		}
+		__u64 was = __sync_val_compare_and_swap(&slot->seen, word, word | bit);
+
+		if (was == word) {
+			claimed = 1;
+			break;
+		}
+		word = was; /* another worker claimed its bit first: at most 31 times */
+	}
+	if (!claimed) {
+		out = DUP; /* cannot happen: see the loop */
+		goto decided;
+	}
+#ifdef AGG_SUM_ATOMIC
+#pragma clang loop unroll(disable)
+	for (__u32 i = 0; i < AGG_VALUES_MAX; i++) {
+		if ((void *)(v + i + 1) > data_end)
+			break;
+		__sync_fetch_and_add(&slot->acc[i], v[i]);
+	}
+#else
+	if (part->count == 0) {
+		part->exp = exp;
+#pragma clang loop unroll(disable)
+		for (__u32 i = 0; i < AGG_VALUES_MAX; i++) {
+			if ((void *)(v + i + 1) > data_end)
+				break;
+			part->acc[i] = v[i];
+		}
+	} else {
+		__s32 up = (__s32)exp - (__s32)part->exp;
+		__u32 shift_acc = up > 0 ? (up > 31 ? 31 : up) : 0;
+		__u32 shift_val = up < 0 ? (-up > 31 ? 31 : -up) : 0;
+
+		if (up > 0)
+			part->exp = exp;
+#pragma clang loop unroll(disable)
+		for (__u32 i = 0; i < AGG_VALUES_MAX; i++) {
+			if ((void *)(v + i + 1) > data_end)
+				break;
+			__u32 a = (__u32)(part->acc[i] >> shift_acc);
+			__u32 b = (__u32)(v[i] >> shift_val);
+
+			part->acc[i] = (__s32)(a + b);
+		}
+	}
+	part->count += 1;
+#endif
+	/* Counted after adding: the one that brings the count to workers sees every add. */
+	__u32 before = __sync_fetch_and_add(finish_word(slot), 1);
+
+	out = before + 1 == workers ? COMPLETE : ADD;
+decided:
+	if (out == COMPLETE) {
+#ifdef AGG_SUM_PERCPU
+		struct agg_merge m = { .idx = slot_idx, .n = chunk_len(job, chunk), .first = 1 };
+
+		bpf_loop(AGG_CPUS_MAX, merge_cpu, &m, 0);
+#endif
+		/*
+		 * Every worker contributed to round r, so each has round r - 1's result: the other
+		 * parity's slot becomes round r + 1's, before this result (the first thing that lets
+		 * a worker send round r + 1) leaves. Its tag first, so a late round r - 1 frame that
+		 * reads it is stale; one that read it just before may be answered from a sum being
+		 * cleared, and its sender, already in round r, ignores a round r - 1 result.
+		 */
+		struct agg_slot *o = bpf_map_lookup_elem(&agg_slots, &other_idx);
+
+		if (o) {
+			o->seen = (__u64)(round + 1) << 32;
+			o->round = round + 1;
+			*finish_word(o) = 0;
+			o->done = 0;
+#ifdef AGG_SUM_ATOMIC
+			zero_acc(ctx, o);
+#endif
+		}
+		mark_done(slot);
+	}
+#endif /* AGG_SUM_VARIANT */
 	RELOAD();
 
 	switch (out) {

@@ -24,8 +24,8 @@ use yard_agg::wire::{Dtype, Geometry};
 pub use yard_agg::model::Counter as AggCounter;
 
 use crate::layout::{
-    ip_to_map, AggJob, AggJobCounterKey, AggMember, AggMemberKey, AggPeer, AggPeerKey, AggSlot,
-    GwCounter, AGG_COUNTER_MAX,
+    ip_to_map, AggJob, AggJobCounterKey, AggMember, AggMemberKey, AggPartial, AggPeer, AggPeerKey,
+    AggSlot, GwCounter, AGG_COUNTER_MAX,
 };
 use crate::maps::{is_enoent, map_err, read_counter, take};
 use crate::test_run::{run_bench, run_once, run_raw, TestOutcome};
@@ -36,6 +36,12 @@ const PROGRAM_XDP: &str = "yard_agg";
 const PROGRAM_FANOUT: &str = "yard_agg_fanout";
 
 static BYTES: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/aggregator.bpf.o"));
+static BYTES_LOCK_V3: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/aggregator_lock_v3.bpf.o"));
+static BYTES_ATOMIC: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/aggregator_atomic.bpf.o"));
+static BYTES_PERCPU: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/aggregator_percpu.bpf.o"));
 
 const MAP_JOBS: &str = "agg_jobs";
 const MAP_MEMBERS: &str = "agg_members";
@@ -43,6 +49,73 @@ const MAP_PEERS: &str = "agg_peers";
 const MAP_SLOTS: &str = "agg_slots";
 const MAP_COUNTERS: &str = "agg_counters";
 const MAP_JOB_COUNTERS: &str = "agg_job_counters";
+const MAP_PARTIALS: &str = "agg_partials";
+
+/// How a chunk's slot sums its contributions: the shipped spin lock, or one of the strategies
+/// issue 12 measures against it, compiled from the same source (`bpf/aggregator.bpf.c`, whose
+/// head says how each works). Only [`SumVariant::SpinLock`] is used by the daemon; the others
+/// exist for the agg_variants tests and the agg-sum-variants bench.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SumVariant {
+    /// The shipped program: a `bpf_spin_lock` per slot.
+    SpinLock,
+    /// The shipped source built for BPF ISA v3, the variants' instruction set, so a difference
+    /// between a variant and the lock is the strategy's, not the compiler's.
+    SpinLockV3,
+    /// `__sync_fetch_and_add` per value into the shared slot: int32 only (float32's re-scaling
+    /// is a read-modify-write no atomic instruction does).
+    Atomic,
+    /// Per-CPU partial sums, merged by the completing contribution.
+    PerCpu,
+}
+
+impl SumVariant {
+    pub const ALL: [SumVariant; 4] = [
+        SumVariant::SpinLock,
+        SumVariant::SpinLockV3,
+        SumVariant::Atomic,
+        SumVariant::PerCpu,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SumVariant::SpinLock => "spin-lock",
+            SumVariant::SpinLockV3 => "spin-lock-v3",
+            SumVariant::Atomic => "atomic",
+            SumVariant::PerCpu => "per-cpu",
+        }
+    }
+
+    fn object(self) -> (&'static [u8], &'static str) {
+        match self {
+            SumVariant::SpinLock => (BYTES, OBJECT),
+            SumVariant::SpinLockV3 => (BYTES_LOCK_V3, "aggregator_lock_v3.bpf.o"),
+            SumVariant::Atomic => (BYTES_ATOMIC, "aggregator_atomic.bpf.o"),
+            SumVariant::PerCpu => (BYTES_PERCPU, "aggregator_percpu.bpf.o"),
+        }
+    }
+
+    /// Whether slots are lock-free, and so must be prepared for a job's first round
+    /// ([`Aggregator::prepare_round`]) and hold at most 32 workers.
+    pub fn lock_free(self) -> bool {
+        matches!(self, SumVariant::Atomic | SumVariant::PerCpu)
+    }
+
+    /// Workers a job may have: the lock-free slots claim a contributor's bit and the round
+    /// in one 64-bit compare-and-swap, so their bitmap has 32 bits.
+    pub fn max_workers(self) -> usize {
+        if self.lock_free() {
+            32
+        } else {
+            yard_agg::wire::WORKERS_MAX
+        }
+    }
+
+    /// Whether jobs of `dtype` can be summed.
+    pub fn sums(self, dtype: Dtype) -> bool {
+        self != SumVariant::Atomic || dtype == Dtype::I32
+    }
+}
 
 /// Bytes of kernel memory one slot takes (its value; the array adds no per-entry overhead).
 pub const SLOT_BYTES: u64 = std::mem::size_of::<AggSlot>() as u64;
@@ -77,6 +150,9 @@ pub struct Aggregator {
     slots: Array<MapData, AggSlot>,
     counters: PerCpuArray<MapData, GwCounter>,
     job_counters: PerCpuHashMap<MapData, AggJobCounterKey, GwCounter>,
+    /// [`SumVariant::PerCpu`] only: each CPU's partial sums, indexed like `slots`.
+    partials: Option<PerCpuArray<MapData, AggPartial>>,
+    variant: SumVariant,
     slot_count: u32,
     /// The member keys written per job. Nothing else writes these maps (they are not pinned),
     /// so this is what they hold, and stale members are found without scanning the map.
@@ -107,17 +183,32 @@ impl Aggregator {
     /// Loads both programs with a slot map of `slot_count` entries ([`SLOT_BYTES`] each) and no
     /// job; attaches nothing.
     pub fn load(slot_count: u32) -> Result<Self, EbpfError> {
+        Self::load_variant(slot_count, SumVariant::SpinLock)
+    }
+
+    /// [`Aggregator::load`] with the sum strategy `variant` (tests and benches).
+    pub fn load_variant(slot_count: u32, variant: SumVariant) -> Result<Self, EbpfError> {
         let slot_count = slot_count.max(1);
         let mut loader = EbpfLoader::new();
         loader.map_max_entries(MAP_SLOTS, slot_count);
-        let mut ebpf = crate::program::load_object(&mut loader, BYTES, OBJECT)?;
+        if variant == SumVariant::PerCpu {
+            loader.map_max_entries(MAP_PARTIALS, slot_count);
+        }
+        let (bytes, object) = variant.object();
+        let mut ebpf = crate::program::load_object(&mut loader, bytes, object)?;
         crate::program::xdp_mut(&mut ebpf, PROGRAM_XDP)?
             .load()
             .map_err(prog_err("load", PROGRAM_XDP))?;
         crate::program::get_mut::<SchedClassifier>(&mut ebpf, PROGRAM_FANOUT)?
             .load()
             .map_err(prog_err("load", PROGRAM_FANOUT))?;
+        let partials = match variant {
+            SumVariant::PerCpu => Some(take(&mut ebpf, MAP_PARTIALS)?),
+            _ => None,
+        };
         Ok(Self {
+            partials,
+            variant,
             jobs: take(&mut ebpf, MAP_JOBS)?,
             members: take(&mut ebpf, MAP_MEMBERS)?,
             peers: take(&mut ebpf, MAP_PEERS)?,
@@ -185,6 +276,18 @@ impl Aggregator {
                 count: entry.members.len(),
             });
         }
+        if entry.members.len() > self.variant.max_workers() {
+            return Err(EbpfError::SumVariant {
+                variant: self.variant.name(),
+                reason: "holds at most 32 workers per job",
+            });
+        }
+        if !self.variant.sums(entry.dtype) {
+            return Err(EbpfError::SumVariant {
+                variant: self.variant.name(),
+                reason: "sums int32 jobs only",
+            });
+        }
         let stale_members = self.written.get(&entry.id).cloned().unwrap_or_default();
         let mut wanted = Vec::with_capacity(entry.members.len());
         for (worker, addr) in entry.members.iter().enumerate() {
@@ -248,6 +351,63 @@ impl Aggregator {
             self.remove_peer(entry.id, worker)?;
         }
         self.written.insert(entry.id, wanted);
+        Ok(())
+    }
+
+    /// The sum strategy this value loaded.
+    pub fn variant(&self) -> SumVariant {
+        self.variant
+    }
+
+    /// Lock-free strategies only (nothing to do for the spin lock, whose first contributor
+    /// initialises a slot): makes `entry`'s slots ready for `round`, the first the workers
+    /// will send, in its epoch: round's parity tagged `round`, the other `round + 1`, sums and
+    /// bitmaps empty. From then on each completion recycles the other parity's slot. Call it
+    /// after [`Aggregator::set_job`], before any frame of the epoch, and again for a new epoch.
+    pub fn prepare_round(&mut self, entry: &AggJobEntry, round: u32) -> Result<(), EbpfError> {
+        if !self.variant.lock_free() {
+            return Ok(());
+        }
+        let empty = match &self.partials {
+            Some(_) => {
+                let cpus = aya::util::nr_cpus()
+                    .map_err(|(what, source)| EbpfError::Cpus { what, source })?;
+                Some(vec![AggPartial::default(); cpus])
+            }
+            None => None,
+        };
+        for c in 0..entry.geometry.chunks() {
+            for parity in 0..2u32 {
+                let tag = if parity == round & 1 {
+                    round
+                } else {
+                    round.wrapping_add(1)
+                };
+                let index = entry.base + c * 2 + parity;
+                let slot = AggSlot {
+                    job: entry.id,
+                    epoch: entry.epoch,
+                    round: tag,
+                    seen: u64::from(tag) << 32,
+                    ..AggSlot::default()
+                };
+                self.slots
+                    .set(index, slot, 0)
+                    .map_err(map_err("update", MAP_SLOTS))?;
+                if let (Some(partials), Some(empty)) = (self.partials.as_mut(), empty.as_ref()) {
+                    let values =
+                        aya::maps::PerCpuValues::try_from(empty.clone()).map_err(|source| {
+                            EbpfError::Cpus {
+                                what: "one partial per possible CPU",
+                                source,
+                            }
+                        })?;
+                    partials
+                        .set(index, values, 0)
+                        .map_err(map_err("update", MAP_PARTIALS))?;
+                }
+            }
+        }
         Ok(())
     }
 

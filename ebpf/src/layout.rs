@@ -210,6 +210,29 @@ impl Default for AggSlot {
     }
 }
 
+/// `struct agg_partial` (bpf/aggregator.bpf.c, the per-CPU sum strategy only): one CPU's part of
+/// one slot's sum.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AggPartial {
+    /// Contributions summed on this CPU this round; 0: `exp` and `acc` are free.
+    pub count: u32,
+    pub exp: i8,
+    pub pad: [u8; 3],
+    pub acc: [i32; AGG_VALUES_MAX],
+}
+
+impl Default for AggPartial {
+    fn default() -> Self {
+        AggPartial {
+            count: 0,
+            exp: 0,
+            pad: [0; 3],
+            acc: [0; AGG_VALUES_MAX],
+        }
+    }
+}
+
 // SAFETY: each type is `#[repr(C)]`, made only of integers and integer arrays, has no padding
 // (asserted below: the sizes equal the sum of the fields) and every bit pattern is a valid value,
 // so reading it from and writing it to map bytes is sound.
@@ -242,6 +265,8 @@ unsafe impl aya::Pod for AggPeer {}
 unsafe impl aya::Pod for AggJobCounterKey {}
 // SAFETY: as above (the lock is a u32 the kernel owns; user space never writes it).
 unsafe impl aya::Pod for AggSlot {}
+// SAFETY: as above.
+unsafe impl aya::Pod for AggPartial {}
 
 /// `GW_VIP_OWNED`.
 pub const VIP_OWNED: u32 = 1;
@@ -485,6 +510,7 @@ const _: () = {
     assert!(size_of::<AggPeer>() == 4 + 2 + 6);
     assert!(size_of::<AggJobCounterKey>() == 4 + 4);
     assert!(size_of::<AggSlot>() == 4 * 4 + 8 + 2 + 2 + 1 + 1 + 1 + 1 + 4 * AGG_VALUES_MAX);
+    assert!(size_of::<AggPartial>() == 4 + 1 + 3 + 4 * AGG_VALUES_MAX);
 };
 
 /// An IPv4 address as the maps store it: network order in memory.

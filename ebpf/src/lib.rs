@@ -33,7 +33,7 @@ mod test_run;
 use std::io;
 use std::path::PathBuf;
 
-pub use aggregator::{AggCounter, AggJobEntry, Aggregator};
+pub use aggregator::{AggCounter, AggJobEntry, Aggregator, SumVariant};
 pub use bounce::Bounce;
 pub use clock::ktime_now_ns;
 pub use counters::{Counter, CounterValue};
@@ -134,4 +134,17 @@ pub enum EbpfError {
     /// More ports than the program's port map holds.
     #[error("{count} ports do not fit the port map, which holds {max}")]
     TooManyPorts { count: usize, max: u32 },
+    /// A job the chosen sum strategy of the aggregator cannot sum (see `SumVariant`).
+    #[error("the {variant} sum strategy {reason}")]
+    SumVariant {
+        variant: &'static str,
+        reason: &'static str,
+    },
+    /// The possible CPUs could not be counted (a per-CPU map's values are one per CPU).
+    #[error("could not count the possible CPUs ({what})")]
+    Cpus {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
 }

@@ -44,6 +44,13 @@ pub struct Tuning {
     pub max_timeout: Duration,
     /// A round that receives no new result for this long fails.
     pub give_up: Duration,
+    /// `Some(p)`: send as if the aggregator had a SwitchML-style pool of `p` slots, reused
+    /// chunk after chunk, instead of the whole gradient cached: chunks `0..p` go at once and
+    /// chunk `k + p` goes when chunk `k`'s result comes in (in such a pool it reuses chunk `k`'s
+    /// slot), so at most `p` chunks are in flight and `window` only bounds the first burst.
+    /// The agg-hetero benchmark compares the two; `None`, the default, is the whole-gradient
+    /// cache the aggregator has.
+    pub slot_pool: Option<usize>,
 }
 
 impl Default for Tuning {
@@ -53,6 +60,7 @@ impl Default for Tuning {
             timeout: Duration::from_millis(20),
             max_timeout: Duration::from_millis(500),
             give_up: Duration::from_secs(10),
+            slot_pool: None,
         }
     }
 }
@@ -90,6 +98,10 @@ pub struct RoundStats {
     /// one: the chunk was completed twice with different sums, which must never happen (the
     /// chaos schedule checks it stays 0).
     pub conflicting: u64,
+    /// From the round's start until every chunk of it had been sent once: when this worker's
+    /// upload was done and only results were awaited (the agg-hetero benchmark's figure of how
+    /// far a fast worker gets ahead of a slow one).
+    pub all_sent_after: Duration,
 }
 
 /// One worker of one job.
@@ -289,6 +301,7 @@ impl Worker {
         }
         let mut results: Vec<(i8, Vec<i32>)> = vec![(0, Vec::new()); chunks as usize];
         let now = Instant::now();
+        let started = now;
         let mut pending = vec![
             Pending {
                 sent_at: now,
@@ -306,12 +319,18 @@ impl Worker {
             stats.sent += 1;
         }
         let mut next = 0usize;
+        let mut first_sent = 0usize;
         let mut in_flight = 0usize;
         let mut left = chunks as usize;
         let mut last_progress = Instant::now();
         while left > 0 {
             // Fill the window.
-            while in_flight < self.tuning.window && next < chunks as usize {
+            // With a slot pool only the first `p` chunks go from here; each later one goes
+            // when its slot is free (below, as a result comes in).
+            while in_flight < self.tuning.window
+                && next < chunks as usize
+                && self.tuning.slot_pool.is_none_or(|p| next < p.max(1))
+            {
                 let i = next;
                 self.socket.send_to(&frames[i], m.aggregator)?;
                 pending[i].sent_at = Instant::now();
@@ -319,6 +338,10 @@ impl Worker {
                 stats.sent += 1;
                 in_flight += 1;
                 next += 1;
+                first_sent += 1;
+                if first_sent == chunks as usize {
+                    stats.all_sent_after = started.elapsed();
+                }
             }
             // Resend what timed out; the earliest deadline bounds the wait.
             let now = Instant::now();
@@ -398,6 +421,22 @@ impl Worker {
             if was_in_flight {
                 in_flight -= 1;
             }
+            // A pool's slot is free once its chunk is summed: the chunk `p` further reuses it.
+            if let Some(p) = self.tuning.slot_pool {
+                let j = i + p.max(1);
+                if j < chunks as usize && !pending[j].in_flight && !pending[j].done {
+                    self.socket.send_to(&frames[j], m.aggregator)?;
+                    pending[j].sent_at = Instant::now();
+                    pending[j].in_flight = true;
+                    stats.sent += 1;
+                    in_flight += 1;
+                    next = next.max(j + 1);
+                    first_sent += 1;
+                    if first_sent == chunks as usize {
+                        stats.all_sent_after = started.elapsed();
+                    }
+                }
+            }
             stats.results += 1;
             left -= 1;
             last_progress = Instant::now();
@@ -424,4 +463,90 @@ fn frames_retx(frame: &[u8]) -> Vec<u8> {
     let mut f = frame.to_vec();
     f[6] |= FLAG_RETX;
     f
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+    use std::net::Ipv4Addr;
+
+    /// A one-worker job of 20 chunks against a fake aggregator on loopback that answers every
+    /// chunk at once except chunk 0, which it answers only on its third resend. Returns the
+    /// chunks the fake had received when it answered chunk 0, and the round's result.
+    fn hold_chunk_zero(tuning: Tuning) -> (BTreeSet<u32>, Vec<i32>) {
+        let agg = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let sock = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let std::net::SocketAddr::V4(agg_addr) = agg.local_addr().unwrap() else {
+            unreachable!("bound to an IPv4 address")
+        };
+        let geometry = Geometry {
+            values: 20 * 8,
+            chunk_values: 8,
+        };
+        let m = Membership {
+            job: 1,
+            epoch: 1,
+            worker: 0,
+            workers: 1,
+            aggregator: agg_addr,
+            geometry,
+            dtype: Dtype::I32,
+        };
+        let fake = std::thread::spawn(move || {
+            let mut seen = BTreeSet::new();
+            let mut at_answer = None;
+            let mut resends_of_zero = 0;
+            let mut answered = BTreeSet::new();
+            let mut buf = [0u8; 2048];
+            agg.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            while answered.len() < 20 {
+                let (n, from) = agg.recv_from(&mut buf).expect("the worker keeps sending");
+                let (h, body) = Header::parse(&buf[..n]).unwrap();
+                seen.insert(h.chunk);
+                if h.chunk == 0 && resends_of_zero < 3 {
+                    if h.flags & FLAG_RETX != 0 {
+                        resends_of_zero += 1;
+                    }
+                    if resends_of_zero < 3 {
+                        continue;
+                    }
+                    at_answer = Some(seen.clone());
+                }
+                let reply = Header {
+                    kind: Kind::Result,
+                    worker: 1,
+                    ..h
+                };
+                agg.send_to(&wire::encode(&reply, &wire::values(body)), from)
+                    .unwrap();
+                answered.insert(h.chunk);
+            }
+            at_answer.expect("chunk 0 was answered")
+        });
+        let mut w = Worker::new(sock, m, tuning);
+        let mut grad: Vec<i32> = (0..160).collect();
+        w.all_reduce_i32(&mut grad).unwrap();
+        (fake.join().unwrap(), grad)
+    }
+
+    #[test]
+    fn a_slot_pool_holds_back_chunk_k_plus_p_until_chunk_k_is_summed() {
+        let (seen, grad) = hold_chunk_zero(Tuning {
+            slot_pool: Some(4),
+            ..Tuning::default()
+        });
+        // 4, 8, 12 and 16 reuse chunk 0's slot in turn: none could go before its result.
+        let all: BTreeSet<u32> = (0..20).collect();
+        let blocked: BTreeSet<u32> = [4, 8, 12, 16].into();
+        assert_eq!(seen, &all - &blocked);
+        assert_eq!(grad, (0..160).collect::<Vec<i32>>());
+    }
+
+    #[test]
+    fn the_whole_gradient_cache_sends_past_a_chunk_whose_result_is_late() {
+        let (seen, grad) = hold_chunk_zero(Tuning::default());
+        assert_eq!(seen, (0..20).collect());
+        assert_eq!(grad, (0..160).collect::<Vec<i32>>());
+    }
 }
