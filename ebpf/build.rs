@@ -33,22 +33,29 @@ fn main() {
         println!("cargo:rerun-if-changed={}", src.display());
         let file = src.file_name().expect("a file").to_string_lossy();
         let stem = file.trim_end_matches(".c").to_string();
+        // The aggregator ships as BPF ISA v3 (32-bit jumps and ALU): its spin-locked add path
+        // measured 12-16% cheaper than the default ISA's (agg-sum-variants, spin-lock-v1 row).
+        let flags: &[&str] = if file == "aggregator.bpf.c" {
+            &["-mcpu=v3"]
+        } else {
+            &[]
+        };
         compile(
             src,
             &out_dir.join(format!("{stem}.o")),
-            &[],
+            flags,
             arch,
             multiarch,
         );
     }
 
     // The aggregator's sum strategies, measured against the shipped spin lock (agg_variants
-    // tests, agg-sum-variants bench); nothing ships them. BPF ISA v3 for the fetching atomics
-    // (compare-and-swap, fetch-and-add), so the lock is also built as v3 to separate the
-    // strategy from the instruction set.
+    // tests, agg-sum-variants bench); nothing ships them. BPF ISA v3, as the shipped lock, for
+    // the fetching atomics (compare-and-swap, fetch-and-add); the lock is also built for the
+    // default ISA, to show what v3 gains.
     let aggregator = Path::new("bpf/aggregator.bpf.c");
     for (name, flags) in [
-        ("aggregator_lock_v3", &["-mcpu=v3"][..]),
+        ("aggregator_lock_v1", &[][..]),
         ("aggregator_atomic", &["-mcpu=v3", "-DAGG_SUM_ATOMIC"][..]),
         ("aggregator_percpu", &["-mcpu=v3", "-DAGG_SUM_PERCPU"][..]),
     ] {

@@ -36,8 +36,8 @@ const PROGRAM_XDP: &str = "yard_agg";
 const PROGRAM_FANOUT: &str = "yard_agg_fanout";
 
 static BYTES: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/aggregator.bpf.o"));
-static BYTES_LOCK_V3: &[u8] =
-    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/aggregator_lock_v3.bpf.o"));
+static BYTES_LOCK_V1: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/aggregator_lock_v1.bpf.o"));
 static BYTES_ATOMIC: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/aggregator_atomic.bpf.o"));
 static BYTES_PERCPU: &[u8] =
@@ -57,11 +57,10 @@ const MAP_PARTIALS: &str = "agg_partials";
 /// exist for the agg_variants tests and the agg-sum-variants bench.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SumVariant {
-    /// The shipped program: a `bpf_spin_lock` per slot.
+    /// The shipped program: a `bpf_spin_lock` per slot, BPF ISA v3 like the variants.
     SpinLock,
-    /// The shipped source built for BPF ISA v3, the variants' instruction set, so a difference
-    /// between a variant and the lock is the strategy's, not the compiler's.
-    SpinLockV3,
+    /// The shipped source built for the default ISA (v1): what v3 gains.
+    SpinLockV1,
     /// `__sync_fetch_and_add` per value into the shared slot: int32 only (float32's re-scaling
     /// is a read-modify-write no atomic instruction does).
     Atomic,
@@ -72,7 +71,7 @@ pub enum SumVariant {
 impl SumVariant {
     pub const ALL: [SumVariant; 4] = [
         SumVariant::SpinLock,
-        SumVariant::SpinLockV3,
+        SumVariant::SpinLockV1,
         SumVariant::Atomic,
         SumVariant::PerCpu,
     ];
@@ -80,7 +79,7 @@ impl SumVariant {
     pub fn name(self) -> &'static str {
         match self {
             SumVariant::SpinLock => "spin-lock",
-            SumVariant::SpinLockV3 => "spin-lock-v3",
+            SumVariant::SpinLockV1 => "spin-lock-v1",
             SumVariant::Atomic => "atomic",
             SumVariant::PerCpu => "per-cpu",
         }
@@ -89,7 +88,7 @@ impl SumVariant {
     fn object(self) -> (&'static [u8], &'static str) {
         match self {
             SumVariant::SpinLock => (BYTES, OBJECT),
-            SumVariant::SpinLockV3 => (BYTES_LOCK_V3, "aggregator_lock_v3.bpf.o"),
+            SumVariant::SpinLockV1 => (BYTES_LOCK_V1, "aggregator_lock_v1.bpf.o"),
             SumVariant::Atomic => (BYTES_ATOMIC, "aggregator_atomic.bpf.o"),
             SumVariant::PerCpu => (BYTES_PERCPU, "aggregator_percpu.bpf.o"),
         }

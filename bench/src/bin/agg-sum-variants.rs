@@ -1,7 +1,7 @@
 //! `agg-sum-variants`: per-packet cost of the aggregator's sum strategies (`SumVariant`: the
-//! shipped spin lock, the same source built for BPF ISA v3, atomic adds, per-CPU partial sums
+//! shipped spin lock (BPF ISA v3), the same source built for the default ISA v1, atomic adds, per-CPU partial sums
 //! merged at completion), measured in the kernel with BPF_PROG_TEST_RUN beside the bounce floor
-//! (`yard_bounce`), all in one run, samples interleaved (floor, lock, lock-v3, atomic, per-cpu,
+//! (`yard_bounce`), all in one run, samples interleaved (floor, lock, lock-v1, atomic, per-cpu,
 //! floor, ...). Headline figures are medians over samples and their ratio to the shipped lock.
 //!
 //! - `single`: one thread, one run per call (the floor measured the same way, so both include
