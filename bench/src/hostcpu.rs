@@ -108,3 +108,71 @@ pub fn this_tid() -> u32 {
         .and_then(|l| l.file_name()?.to_str()?.parse().ok())
         .unwrap_or(0)
 }
+
+/// Frames lost inside `ns` so far: every interface's receive and transmit drops plus the UDP
+/// stack's input errors (receive-buffer overflows included) (`ip -s link`, /proc/net/snmp of the namespace).
+pub fn drops(ns: &str) -> Result<u64> {
+    let out = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns,
+            "sh",
+            "-c",
+            "ip -s -o link; cat /proc/net/snmp",
+        ])
+        .output()
+        .context("cannot run ip netns exec")?;
+    Ok(parse_drops(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// The drops in `ip -s -o link` lines (RX and TX "dropped" columns) and /proc/net/snmp's Udp
+/// InErrors.
+fn parse_drops(text: &str) -> u64 {
+    let mut total = 0;
+    let mut udp_names: Option<Vec<&str>> = None;
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("Udp: ") {
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            match &udp_names {
+                None => udp_names = Some(fields),
+                Some(names) => {
+                    for (n, v) in names.iter().zip(&fields) {
+                        // InErrors includes RcvbufErrors.
+                        if *n == "InErrors" {
+                            total += v.parse::<u64>().unwrap_or(0);
+                        }
+                    }
+                }
+            }
+            continue;
+        }
+        // One-line form: "... RX:  bytes packets errors dropped ...\    N N N N ...".
+        for part in ["RX:", "TX:"] {
+            if let Some(after) = line.split(part).nth(1) {
+                let nums: Vec<u64> = after
+                    .split('\\')
+                    .nth(1)
+                    .unwrap_or("")
+                    .split_whitespace()
+                    .filter_map(|v| v.parse().ok())
+                    .collect();
+                total += nums.get(3).copied().unwrap_or(0);
+            }
+        }
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_link_and_udp_drops() {
+        let text = "2: eth0@if3: <UP> mtu 1500\\    link/ether 02:59 brd ff\\    RX:  bytes packets errors dropped  missed   mcast           \\    100 10 0 7 0 0 \\    TX:  bytes packets errors dropped carrier collsns           \\    50 5 0 2 0 0 \n\
+Udp: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors\n\
+Udp: 10 0 4 9 4 0\n";
+        assert_eq!(parse_drops(text), 7 + 2 + 4);
+    }
+}

@@ -19,7 +19,7 @@ use yard_agg::wire::Header;
 
 /// Frames per `recvmmsg` and messages per `sendmmsg`.
 pub const BATCH: usize = 64;
-/// Receive buffer the aggregator's socket asks for: bursts from 8 workers' 64-chunk windows.
+/// Socket buffers the aggregator's socket asks for: bursts from 8 workers' 64-chunk windows.
 pub const RCVBUF: i32 = 8 << 20;
 const FRAME_MAX: usize = 9216;
 
@@ -73,12 +73,7 @@ fn send_all(
         while done < msgs.len() {
             // SAFETY: every header points into `addrs` and `iovs`, alive across the call.
             let n = unsafe {
-                libc::sendmmsg(
-                    fd,
-                    msgs[done..].as_mut_ptr(),
-                    (msgs.len() - done) as u32,
-                    0,
-                )
+                libc::sendmmsg(fd, msgs[done..].as_mut_ptr(), (msgs.len() - done) as u32, 0)
             };
             served.send_calls += 1;
             if n < 0 {
@@ -95,22 +90,22 @@ fn send_all(
     Ok(())
 }
 
-/// Runs `model` on `sock` until `stop` is set (checked at least every 50 ms).
-pub fn serve(sock: &UdpSocket, model: &mut Aggregator, stop: &AtomicBool) -> io::Result<Served> {
+/// Sets a UDP socket's receive and send buffers to `bytes` (the FORCE variants, past
+/// `net.core.*mem_max`: the bench is root; the plain ones otherwise).
+pub fn set_buffers(sock: &UdpSocket, bytes: i32) -> io::Result<()> {
     let fd = sock.as_raw_fd();
     for (name, fallback) in [
         (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
         (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
     ] {
-        let v = RCVBUF;
         let set = |opt| {
-            // SAFETY: `v` lives across the call and its size is passed with it.
+            // SAFETY: `bytes` lives across the call and its size is passed with it.
             unsafe {
                 libc::setsockopt(
                     fd,
                     libc::SOL_SOCKET,
                     opt,
-                    std::ptr::from_ref(&v).cast(),
+                    std::ptr::from_ref(&bytes).cast(),
                     std::mem::size_of::<i32>() as u32,
                 )
             }
@@ -119,6 +114,13 @@ pub fn serve(sock: &UdpSocket, model: &mut Aggregator, stop: &AtomicBool) -> io:
             return Err(io::Error::last_os_error());
         }
     }
+    Ok(())
+}
+
+/// Runs `model` on `sock` until `stop` is set (checked at least every 50 ms).
+pub fn serve(sock: &UdpSocket, model: &mut Aggregator, stop: &AtomicBool) -> io::Result<Served> {
+    let fd = sock.as_raw_fd();
+    set_buffers(sock, RCVBUF)?;
     sock.set_read_timeout(Some(Duration::from_millis(50)))?;
     let mut bufs = vec![vec![0u8; FRAME_MAX]; BATCH];
     // SAFETY: sockaddr_in and mmsghdr are plain data; zeroed values are valid.

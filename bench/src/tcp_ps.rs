@@ -283,12 +283,18 @@ impl TcpWorker {
     /// Connects to `server` from `local` (the worker's host address), retrying for up to 5 s
     /// while the server starts; a read or write that waits longer than `io_timeout` fails (a
     /// dead server must not hang the caller).
-    pub fn connect(local: Ipv4Addr, server: SocketAddrV4, io_timeout: Duration) -> io::Result<Self> {
+    pub fn connect(
+        local: Ipv4Addr,
+        server: SocketAddrV4,
+        io_timeout: Duration,
+    ) -> io::Result<Self> {
         let deadline = Instant::now() + Duration::from_secs(5);
         let stream = loop {
             match connect_from(local, server) {
                 Ok(s) => break s,
-                Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
                 Err(e) => return Err(e),
             }
         };
@@ -357,13 +363,47 @@ fn connect_from(local: Ipv4Addr, server: SocketAddrV4) -> io::Result<TcpStream> 
     }
 }
 
+/// Runs `workers` workers against a server on `addr` for `rounds` rounds of `values` values
+/// (not a multiple of the staging buffer) and fails unless every worker got the exact wrapping
+/// sum every round: the check both servers' tests share.
+#[cfg(test)]
+pub fn exercise(addr: SocketAddrV4, workers: usize, values: usize, rounds: u32) {
+    let grad = move |w: usize, r: u32| -> Vec<i32> {
+        (0..values)
+            .map(|i| (i as i32).wrapping_mul(0x6b43_a9b5) ^ (w as i32 * 77 + r as i32))
+            .collect()
+    };
+    let threads: Vec<_> = (0..workers)
+        .map(|w| {
+            std::thread::spawn(move || {
+                let mut c =
+                    TcpWorker::connect(Ipv4Addr::LOCALHOST, addr, Duration::from_secs(30)).unwrap();
+                for r in 0..rounds {
+                    let mut g = grad(w, r);
+                    c.all_reduce_i32(&mut g).unwrap();
+                    let mut want = vec![0i32; values];
+                    for k in 0..workers {
+                        for (s, v) in want.iter_mut().zip(grad(k, r)) {
+                            *s = s.wrapping_add(v);
+                        }
+                    }
+                    assert!(g == want, "worker {w} round {r}: not the exact sum");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::Arc;
 
-    /// Three workers over loopback, three rounds of a gradient that is not a multiple of the
-    /// staging buffer: every worker gets the exact wrapping sum every round.
+    /// Three workers over loopback, three rounds: exact sums, and the server ends when the
+    /// workers hang up.
     #[test]
     fn sums_exactly_over_loopback() {
         let values = 100_003usize;
@@ -374,33 +414,7 @@ mod tests {
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let server = std::thread::spawn(move || serve(&listener, 3, values, &stop2));
-        let grad = |w: usize, r: u32| -> Vec<i32> {
-            (0..values)
-                .map(|i| (i as i32).wrapping_mul(0x6b43_a9b5) ^ (w as i32 * 77 + r as i32))
-                .collect()
-        };
-        let workers: Vec<_> = (0..3)
-            .map(|w| {
-                std::thread::spawn(move || {
-                    let mut c = TcpWorker::connect(Ipv4Addr::LOCALHOST, addr, Duration::from_secs(30)).unwrap();
-                    for r in 0..3 {
-                        let mut g = grad(w, r);
-                        c.all_reduce_i32(&mut g).unwrap();
-                        let mut want = vec![0i32; values];
-                        for k in 0..3 {
-                            for (s, v) in want.iter_mut().zip(grad(k, r)) {
-                                *s = s.wrapping_add(v);
-                            }
-                        }
-                        assert!(g == want, "worker {w} round {r}: not the exact sum");
-                    }
-                })
-            })
-            .collect();
-        for w in workers {
-            w.join().unwrap();
-        }
+        exercise(addr, 3, values, 3);
         server.join().unwrap().unwrap();
-        assert!(!stop.load(Ordering::Relaxed));
     }
 }
