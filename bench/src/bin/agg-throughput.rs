@@ -48,6 +48,8 @@
 //! repetitions stay in the per-run table. A benchmark, not a test: it prints figures and fails
 //! only if it cannot set up (needs root, ethtool, threaded NAPI, and cc for `tcp-c`).
 
+#[path = "../bpfstats.rs"]
+mod bpfstats;
 #[allow(dead_code)]
 #[path = "../gateway/mod.rs"]
 mod gateway;
@@ -108,6 +110,10 @@ struct Args {
     /// see the module doc for why off is the fair setting.
     #[arg(long, default_value = "off")]
     tcp_tso: String,
+    /// Also read the kernel's run statistics of the XDP and TC programs (kernel.bpf_stats_enabled
+    /// for the run: two clock reads more per program run).
+    #[arg(long)]
+    bpf_stats: bool,
     #[arg(long)]
     json: bool,
 }
@@ -177,6 +183,8 @@ struct Figures {
     lost: (u64, u64),
     /// The UDP aggregator's batching: frames per recvmmsg and model time.
     udp: Option<mmsg_agg::Served>,
+    /// XDP mode with `--bpf-stats`: (program, run time ns, runs) over the window.
+    bpf: Vec<(String, u64, u64)>,
 }
 
 impl Figures {
@@ -266,6 +274,11 @@ fn run(args: &Args) -> Result<()> {
     let tmp = std::env::temp_dir().join(format!("agg-throughput-{}", std::process::id()));
     let c_server = if modes.contains(&Mode::TcpC) {
         Some(compile_c_server(&tmp)?)
+    } else {
+        None
+    };
+    let _stats = if args.bpf_stats {
+        Some(bpfstats::enable()?)
     } else {
         None
     };
@@ -371,7 +384,7 @@ impl<'a> Bench<'a> {
         let stop = Arc::new(AtomicBool::new(false));
         // The aggregator side: a thread in host 1 (or the C server process), which reports
         // the task whose CPU is the aggregator's once it serves.
-        let (ready_tx, ready_rx) = mpsc::channel::<Result<u32>>();
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<(u32, Vec<u32>)>>();
         let mut agg_thread = None;
         let mut c_process = None;
         let (geometry, agg_addr, values) = (self.geometry, self.agg_addr, self.args.values);
@@ -426,7 +439,7 @@ impl<'a> Bench<'a> {
                     &[],
                     "tcp_sum_server.log",
                 )?;
-                let _ = ready_tx.send(Ok(p.pid()));
+                let _ = ready_tx.send(Ok((p.pid(), Vec::new())));
                 c_process = Some(p);
             }
             _ => {
@@ -437,6 +450,7 @@ impl<'a> Bench<'a> {
                         let tid = hostcpu::this_tid();
                         match mode {
                             Mode::Xdp => {
+                                let before = bpfstats::ids_named(&["yard_agg", "yard_agg_fanout"]);
                                 let setup = (|| -> Result<Aggregator> {
                                     let mut a = Aggregator::load(geometry.chunks() * 2)?;
                                     a.attach("eth0", xdp_mode)?;
@@ -458,7 +472,12 @@ impl<'a> Bench<'a> {
                                         return Err(e);
                                     }
                                 };
-                                let _ = ready_tx.send(Ok(tid));
+                                let ours: Vec<u32> =
+                                    bpfstats::ids_named(&["yard_agg", "yard_agg_fanout"])
+                                        .into_iter()
+                                        .filter(|id| !before.contains(id))
+                                        .collect();
+                                let _ = ready_tx.send(Ok((tid, ours)));
                                 while !stop2.load(Ordering::Relaxed) {
                                     std::thread::sleep(Duration::from_millis(20));
                                 }
@@ -475,7 +494,7 @@ impl<'a> Bench<'a> {
                                 };
                                 let mut model = Model::new();
                                 model.set_job(spec);
-                                let _ = ready_tx.send(Ok(tid));
+                                let _ = ready_tx.send(Ok((tid, Vec::new())));
                                 Ok(Some(mmsg_agg::serve(&sock, &mut model, &stop2)?))
                             }
                             _ => {
@@ -487,7 +506,7 @@ impl<'a> Bench<'a> {
                                         return Err(e.into());
                                     }
                                 };
-                                let _ = ready_tx.send(Ok(tid));
+                                let _ = ready_tx.send(Ok((tid, Vec::new())));
                                 tcp_ps::serve(&l, n, values as usize, &stop2)?;
                                 Ok(None)
                             }
@@ -534,8 +553,12 @@ impl<'a> Bench<'a> {
     }
 
     /// Runs the workers once the aggregator is ready and measures the window they run in.
-    fn drive(&self, mode: Mode, ready: &mpsc::Receiver<Result<u32>>) -> Result<Figures> {
-        let agg_task = ready
+    fn drive(
+        &self,
+        mode: Mode,
+        ready: &mpsc::Receiver<Result<(u32, Vec<u32>)>>,
+    ) -> Result<Figures> {
+        let (agg_task, prog_ids) = ready
             .recv_timeout(Duration::from_secs(10))
             .context("the aggregator did not start within 10 s")??;
         let n = self.n;
@@ -618,12 +641,22 @@ impl<'a> Bench<'a> {
             agg_user(agg_task)?,
             hostcpu::pids_s(&self.switch_napi)?,
         );
+        let bpf0 = bpfstats::stats(&prog_ids);
         let busy0 = gateway::CpuTimes::now();
         let t0 = Instant::now();
         start.wait();
         end.wait();
         let secs = t0.elapsed().as_secs_f64();
         let machine_s = gateway::CpuTimes::now().busy_s_since(&busy0);
+        let bpf: Vec<(String, u64, u64)> = if self.args.bpf_stats {
+            bpfstats::stats(&prog_ids)
+                .into_iter()
+                .zip(bpf0)
+                .map(|((name, t1, c1), (_, t0, c0))| (name, t1 - t0, c1 - c0))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let (k1, u1, s1) = (
             hostcpu::pids_s(&self.agg_napi)?,
             agg_user(agg_task)?,
@@ -650,6 +683,7 @@ impl<'a> Bench<'a> {
             resent,
             lost: (0, 0),
             udp: None,
+            bpf,
         })
     }
 }
@@ -679,13 +713,19 @@ fn report(args: &Args, modes: &[Mode], samples: &[Sample]) {
     for s in samples {
         match &s.outcome {
             Ok(f) => {
-                let note = f.udp.map_or(String::new(), |u| {
+                let mut note = f.udp.map_or(String::new(), |u| {
                     format!(
                         "{:.1} frames/recvmmsg, model {:.0}% of the thread",
                         u.frames as f64 / u.recv_calls.max(1) as f64,
                         100.0 * u.model_s / f.agg_user_s.max(1e-9)
                     )
                 });
+                for (name, ns, runs) in &f.bpf {
+                    note.push_str(&format!(
+                        "{name} {:.0} ns/run x {runs}; ",
+                        *ns as f64 / (*runs).max(1) as f64
+                    ));
+                }
                 println!(
                     "{:<6} {:>3} {:>3} {:>7.3} {:>8.3} {:>8.3} {:>8.3} {:>9.3} {:>8.3} {:>9.2} {:>7} {:>11}  {note}",
                     s.mode.name(),
@@ -708,7 +748,8 @@ fn report(args: &Args, modes: &[Mode], samples: &[Sample]) {
                     "machine_cpu_s": f.machine_s, "gb_per_machine_cpu_s": f.gb_per_machine_cpu_s(),
                     "resent": f.resent, "lost_fabric": f.lost.0, "lost_hosts": f.lost.1,
                     "udp_frames_per_recvmmsg": f.udp.map(|u| u.frames as f64 / u.recv_calls.max(1) as f64),
-                    "udp_model_s": f.udp.map(|u| u.model_s)}));
+                    "udp_model_s": f.udp.map(|u| u.model_s),
+                    "bpf_programs": f.bpf.iter().map(|(n, ns, runs)| json!({"program": n, "run_ns": ns, "runs": runs})).collect::<Vec<_>>()}));
             }
             Err(e) => {
                 println!(
