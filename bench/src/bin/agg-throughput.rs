@@ -110,6 +110,10 @@ struct Args {
     /// see the module doc for why off is the fair setting.
     #[arg(long, default_value = "off")]
     tcp_tso: String,
+    /// MTU of every veth and the bridge; the chunk is the most values a frame of it carries
+    /// (360 at 1500, 768 at 9000: jumbo frames).
+    #[arg(long, default_value_t = 1500)]
+    mtu: u32,
     /// Also read the kernel's run statistics of the XDP and TC programs (kernel.bpf_stats_enabled
     /// for the run: two clock reads more per program run).
     #[arg(long)]
@@ -120,7 +124,6 @@ struct Args {
 
 const PORT: u16 = yard_agg::wire::PORT;
 const TCP_PORT: u16 = 7482;
-const CHUNK: u16 = 360;
 /// UDP socket buffers of the workers, both UDP modes.
 const WORKER_SOCKBUF: i32 = 4 << 20;
 const C_SERVER: &str = include_str!("../../c/tcp_sum_server.c");
@@ -329,13 +332,35 @@ impl<'a> Bench<'a> {
             // work) and the receiving host merges it again with GRO, as a NIC's host does.
             hostcpu::tx_offload(&topo.fabric_ns(), &port, false)?;
         }
+        if args.mtu != 1500 {
+            let mtu = args.mtu.to_string();
+            let ip = |ns: &str, dev: &str| -> Result<()> {
+                let out = std::process::Command::new("ip")
+                    .args(["-n", ns, "link", "set", dev, "mtu", &mtu])
+                    .output()
+                    .context("cannot run ip")?;
+                if !out.status.success() {
+                    bail!(
+                        "cannot set MTU {mtu} on {dev} in {ns}: {}",
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    );
+                }
+                Ok(())
+            };
+            for i in 1..=n + 1 {
+                ip(&topo.fabric_ns(), &format!("h{i}"))?;
+                ip(&topo.ns_name(i), "eth0")?;
+            }
+            ip(&topo.fabric_ns(), "br0")?;
+        }
         let agg_addr = SocketAddrV4::new(topo.addr(1), PORT);
         let members: Vec<SocketAddrV4> = (0..n)
             .map(|w| SocketAddrV4::new(topo.addr(w + 2), 40000))
             .collect();
         let geometry = Geometry {
             values: args.values,
-            chunk_values: CHUNK,
+            chunk_values: Geometry::chunk_values_for_mtu(args.mtu)
+                .with_context(|| format!("an MTU of {} carries no chunk", args.mtu))?,
         };
         let exact: Vec<Vec<i32>> = (0..args.rounds)
             .map(|r| {
@@ -507,7 +532,13 @@ impl<'a> Bench<'a> {
                                     }
                                 };
                                 let _ = ready_tx.send(Ok((tid, Vec::new())));
-                                tcp_ps::serve(&l, n, values as usize, &stop2)?;
+                                let served = tcp_ps::serve(&l, n, values as usize, &stop2);
+                                // The server ends when the workers hang up, which they may do
+                                // before the window's CPU is read: the thread stays until then.
+                                while !stop2.load(Ordering::Relaxed) {
+                                    std::thread::sleep(Duration::from_millis(5));
+                                }
+                                served?;
                                 Ok(None)
                             }
                         }
@@ -843,11 +874,12 @@ fn report(args: &Args, modes: &[Mode], samples: &[Sample]) {
         "statistic: median of {} interleaved repetitions ({}) of {} rounds of {} int32 values per worker; \
          ratios are medians of per-repetition ratios; every result checked bit-exact; \
          aggregator CPU = its eth0 NAPI thread (softirq work, XDP included) + its server threads; \
-         XDP {} mode; TCP TSO {}; targets: xdp/tcp >= 3.3x, xdp/udp >= 2x per aggregator CPU-second",
+         MTU {}; XDP {} mode; TCP TSO {}; targets: xdp/tcp >= 3.3x, xdp/udp >= 2x per aggregator CPU-second",
         args.reps,
         modes.iter().map(|m| m.name()).collect::<Vec<_>>().join(", "),
         args.rounds,
         args.values,
+        args.mtu,
         args.xdp_mode,
         args.tcp_tso
     );
