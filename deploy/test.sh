@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, cheapest first: unit and property tests, openraft's storage suite,
 # in-memory clusters, real processes on loopback, real clusters in network namespaces, then the
-# seeded chaos schedule (bounded; CHAOS_SECONDS, default 240, at most 600). Needs root for the
+# seeded chaos schedules (bounded: CHAOS_SECONDS, default 240, at most 600, with the gateway;
+# CHAOS_AGG_SECONDS, default 90, with the aggregator, which shares no interface with the
+# gateway). Needs root for the
 # namespace tests: they fail, never skip, without it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,3 +15,5 @@ cargo build --release -p yard
 cargo test --workspace -- --test-threads=2
 CHAOS_SECONDS=${CHAOS_SECONDS:-240}
 cargo run --release -p yard-chaos --bin chaos -- --yard-bin target/release/yard --seconds "$CHAOS_SECONDS" ${CHAOS_SEED:+--seed "$CHAOS_SEED"}
+CHAOS_AGG_SECONDS=${CHAOS_AGG_SECONDS:-90}
+cargo run --release -p yard-chaos --bin chaos -- --yard-bin target/release/yard --seconds "$CHAOS_AGG_SECONDS" --no-gateway --aggregation ${CHAOS_SEED:+--seed "$CHAOS_SEED"}

@@ -11,9 +11,14 @@
 //! - [`gateway`]: the gateway's invariants under faults (one data-plane owner per VIP at any
 //!   instant, a live owner within a budget, probe loss windows per phase of the run).
 //!
-//! - [`inject`], [`yard_client`] and [`gateway_monitor`] connect them to a real `yard` cluster
+//! - [`aggregation`]: the aggregator's invariants under faults (every round exact and completed
+//!   once, progress after the faults heal).
+//!
+//! - [`inject`], [`yard_client`], [`gateway_monitor`] and [`agg_monitor`] connect them to a real `yard` cluster
 //!   in network namespaces; the `chaos` binary runs a seeded schedule against one.
 
+pub mod agg_monitor;
+pub mod aggregation;
 pub mod gateway;
 pub mod gateway_monitor;
 pub mod history;

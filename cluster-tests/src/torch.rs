@@ -118,3 +118,123 @@ pub fn start_job<T: Borrow<Topology>>(
     }
     Ok(RingJob::from_ranks(job, ranks, PROGRESS_PREFIX))
 }
+
+/// The aggregation rank script: DDP training through `yard_agg`'s comm hook, then the same
+/// training with gloo's all-reduce (`clients/python/tests/agg_torch_job.py`).
+pub fn agg_rank_script() -> PathBuf {
+    python_client_dir().join("tests").join("agg_torch_job.py")
+}
+
+/// The torch version `python` imports, with gloo; or a sentence saying how to get it.
+pub fn torch_version(python: &Path) -> std::result::Result<String, String> {
+    let out = std::process::Command::new(python)
+        .args([
+            "-c",
+            "import torch, torch.distributed as d; assert d.is_gloo_available(); print(torch.__version__)",
+        ])
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", python.display()))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    } else {
+        Err(format!(
+            "real torch with gloo is needed at {} (apt-get install python3-torch, or \
+             deploy/install-deps.sh; another interpreter via YARD_TORCH_PYTHON): {}",
+            python.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// Trainable values of the aggregation script's model (`agg_torch_job.py size`): the job's
+/// gradient is 4 bytes each.
+pub fn agg_model_values(python: &Path) -> std::result::Result<u64, String> {
+    let out = std::process::Command::new(python)
+        .arg(agg_rank_script())
+        .arg("size")
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", python.display()))?;
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .map_err(|_| {
+            format!(
+                "agg_torch_job.py size failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )
+        })
+}
+
+/// What [`start_agg_ranks`] runs.
+#[derive(Debug, Clone)]
+pub struct AggRanks<'a> {
+    /// The job's name (created beforehand with the model's size).
+    pub job: &'a str,
+    /// Rank r runs in host `hosts[r]`; `hosts[0]` holds gloo's rendezvous.
+    pub hosts: &'a [usize],
+    /// The interface gloo binds to.
+    pub nic: &'a str,
+    /// SGD steps through the hook, then as many with gloo.
+    pub steps: u32,
+    /// Where rank r writes `rank<r>.json`, its report.
+    pub out_dir: &'a Path,
+    /// More arguments for the script, as they are.
+    pub extra: &'a [&'a str],
+}
+
+/// Starts rank `r` of aggregation job `a.job` in host `a.hosts[r]`: gloo rendezvous at
+/// `hosts[0]`'s address (port [`MASTER_PORT`], bound to `a.nic`), joining the job through that
+/// host's node agent socket, its UDP socket on the host's address. Logs are
+/// `agg-torch-<job>-<r>.log` in the run directory.
+pub fn start_agg_ranks<T: Borrow<Topology>>(
+    cluster: &YardCluster<T>,
+    python: &Path,
+    a: &AggRanks<'_>,
+) -> Result<Vec<crate::Process>> {
+    let topo = cluster.topology();
+    for &h in a.hosts {
+        topo.check_host(h)?;
+    }
+    let Some(&first) = a.hosts.first() else {
+        return Ok(Vec::new());
+    };
+    let init = format!("tcp://{}:{MASTER_PORT}", topo.addr(first));
+    let envs = [
+        ("GLOO_SOCKET_IFNAME", a.nic),
+        ("OMP_NUM_THREADS", "1"),
+        ("PYTHONUNBUFFERED", "1"),
+    ];
+    let world = a.hosts.len().to_string();
+    let mut ranks = Vec::with_capacity(a.hosts.len());
+    for (r, &h) in a.hosts.iter().enumerate() {
+        let mut args = vec![
+            agg_rank_script().display().to_string(),
+            "train".to_owned(),
+            "--rank".to_owned(),
+            r.to_string(),
+            "--world".to_owned(),
+            world.clone(),
+            "--init".to_owned(),
+            init.clone(),
+            "--job".to_owned(),
+            a.job.to_owned(),
+            "--socket".to_owned(),
+            cluster.agg_socket(h).display().to_string(),
+            "--addr".to_owned(),
+            topo.addr(h).to_string(),
+            "--out".to_owned(),
+            a.out_dir
+                .join(format!("rank{r}.json"))
+                .display()
+                .to_string(),
+            "--steps".to_owned(),
+            a.steps.to_string(),
+            "--timeout-s".to_owned(),
+            "120".to_owned(),
+        ];
+        args.extend(a.extra.iter().map(|x| (*x).to_owned()));
+        let log = format!("agg-torch-{}-{r}.log", a.job);
+        ranks.push(topo.spawn(h, python, &args, &envs, &log)?);
+    }
+    Ok(ranks)
+}

@@ -22,16 +22,19 @@
  *   depends on arrival order, so the low bits of a float sum can differ from run to run, but a
  *   chunk is completed once and every worker gets that one stored result: bit-identical
  *   everywhere, and within the bound in the protocol document of the exact sum.
+ * - across a regrouping too: a worker that had completed the round in flight sends its stored
+ *   result of it (AGG_F_REPLAY), which becomes the chunk's result here whatever was added so
+ *   far, so the workers that had not completed it get the very bits the others already have
+ *   instead of a re-sum (whose low bits could differ).
  *
  * Slot lifetime: a slot whose (job, epoch) differ from the frame's is free, so a new job or a
  * regrouping reuses memory without the daemon clearing it. Within a job, round r + 2 may
  * overwrite a complete round r: a worker sends round r + 2 only after it has round r + 1's
  * result, which needed every worker's round r + 1 contribution, which each sent only after it
  * had round r's result. So nobody still needs round r. A round-(r + 2) frame reaching an
- * incomplete round r breaks that rule; it is dropped (AHEAD) rather than lose a sum, unless
- * every contribution in the slot is a replay (AGG_F_REPLAY): after a regrouping each worker
- * contributes its last completed round again, for workers that were one round behind when the
- * epoch changed, and the replay of a worker that was itself behind is needed by nobody.
+ * incomplete round r breaks that rule; it is dropped (AHEAD) rather than lose a sum. A replayed
+ * result completes its slot at once, so the replay of a worker that was itself behind (a round
+ * everybody has) never holds up the round after next.
  *
  * Admission: a frame must name a job served here, the job's current epoch, and come from the
  * source address and port the daemon registered for the worker index it claims
@@ -278,6 +281,7 @@ int yard_agg(struct xdp_md *ctx)
 	__u64 bit = 1ULL << h->worker;
 	__u16 workers = job->workers;
 	__s32 *v = (void *)(h + 1);
+	int replay = (h->flags & AGG_F_REPLAY) != 0;
 	enum outcome out;
 	int fresh;
 
@@ -288,31 +292,33 @@ int yard_agg(struct xdp_md *ctx)
 			out = STALE;
 			goto unlock;
 		}
-		if (!slot->done && !slot->replay_only) {
+		if (!slot->done) {
 			out = AHEAD;
 			goto unlock;
 		}
 		fresh = 1;
 	}
-	if (fresh) {
+	if (!fresh && slot->done) {
+		out = RESEND;
+		goto unlock;
+	}
+	if (fresh || replay) {
+		/* A first contribution, or a replayed result: the sum from now on (a result counts as
+		 * every worker's contribution, and overrides what was added of the same round). */
 		slot->job = job_id;
 		slot->epoch = h->epoch;
 		slot->round = h->round;
 		slot->seen = bit;
-		slot->count = 1;
+		slot->count = replay ? workers : 1;
 		slot->values = n;
 		slot->exp = h->exp;
 		slot->done = 0;
-		slot->replay_only = (h->flags & AGG_F_REPLAY) ? 1 : 0;
 #pragma clang loop unroll(disable)
 		for (__u32 i = 0; i < AGG_VALUES_MAX; i++) {
 			if ((void *)(v + i + 1) > data_end)
 				break;
 			slot->acc[i] = v[i];
 		}
-	} else if (slot->done) {
-		out = RESEND;
-		goto unlock;
 	} else if (slot->seen & bit) {
 		out = DUP;
 		goto unlock;
@@ -335,8 +341,6 @@ int yard_agg(struct xdp_md *ctx)
 		}
 		slot->seen |= bit;
 		slot->count += 1;
-		if (!(h->flags & AGG_F_REPLAY))
-			slot->replay_only = 0;
 	}
 	if (slot->count >= workers) {
 		slot->done = 1;

@@ -219,7 +219,7 @@ enum agg_dtype {
 
 /* agg_hdr.flags */
 #define AGG_F_RETX 0x01   /* a worker's resend after a timeout (handled like any DATA) */
-#define AGG_F_REPLAY 0x02 /* a regrouped worker's last round again, for workers one round behind */
+#define AGG_F_REPLAY 0x02 /* a regrouped worker's stored result of its last round, for workers one round behind */
 
 /* After the UDP header: 32 bytes, little-endian. */
 struct agg_hdr {
@@ -324,8 +324,7 @@ struct agg_slot {
 	__u16 values;  /* values in this chunk */
 	__s8 exp;      /* f32: acc is in units of 2^(exp - frac bits) */
 	__u8 done;     /* 1 once count reached the job's workers: acc is the result */
-	__u8 replay_only; /* 1 while every contribution was a replay (AGG_F_REPLAY) */
-	__u8 pad;
+	__u8 pad[2];
 	__s32 acc[AGG_VALUES_MAX];
 };
 YARD_ASSERT_SIZE(struct agg_slot, 3104); /* 32 + 4 x AGG_VALUES_MAX */

@@ -188,9 +188,7 @@ pub struct AggSlot {
     pub values: u16,
     pub exp: i8,
     pub done: u8,
-    /// 1 while every contribution was a replay.
-    pub replay_only: u8,
-    pub pad: u8,
+    pub pad: [u8; 2],
     pub acc: [i32; AGG_VALUES_MAX],
 }
 
@@ -206,8 +204,7 @@ impl Default for AggSlot {
             values: 0,
             exp: 0,
             done: 0,
-            replay_only: 0,
-            pad: 0,
+            pad: [0; 2],
             acc: [0; AGG_VALUES_MAX],
         }
     }

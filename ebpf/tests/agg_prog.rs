@@ -580,3 +580,72 @@ fn a_member_left_out_of_a_new_epoch_is_a_stranger_and_a_removed_job_keeps_none()
     );
     assert_eq!(counter(&agg, None, AggCounter::UnknownJob), 1);
 }
+
+/// After a regrouping, a worker that had completed the round sends its stored result of it
+/// (REPLAY): that becomes the chunk's result whatever the slow workers added so far, so they get
+/// the very bits the fast one has; a replay to a complete chunk is only acknowledged; a replayed
+/// round everybody has completes its slot, so the round after next may take it.
+#[test]
+fn a_replayed_result_becomes_the_chunk_s_result() {
+    let a = spec(5, 3, 360, Dtype::F32);
+    let mut agg = loaded(8);
+    agg.set_job(&entry(&a, 0)).unwrap();
+    let mut model = Model::new();
+    model.set_job(a.clone());
+    let replay = |w: usize, round: u32, exp: i8, values: &[i32]| {
+        let mut p = data(&a, w, round, 0, exp, values);
+        p[6] |= wire::FLAG_REPLAY;
+        p
+    };
+    // Slow workers 0 and 1 contribute round 4 again; fast worker 2 replays its result.
+    let slow = vec![1 << 20; 360];
+    for w in 0..2 {
+        assert_eq!(
+            both(&agg, &mut model, a.members[w], &data(&a, w, 4, 0, 3, &slow)),
+            XdpAction::Drop
+        );
+    }
+    let stored: Vec<i32> = (0..360).map(|i| 3 * (1 << 20) + i - 180).collect();
+    let got = agg
+        .test_run(&frame(a.members[2], &replay(2, 4, 3, &stored)))
+        .unwrap();
+    assert_eq!(
+        got.action,
+        XdpAction::Pass,
+        "the replay completes the chunk"
+    );
+    let (h, body) = Header::parse(payload_of(&got.frame)).unwrap();
+    assert_eq!((h.exp, h.worker), (3, 3));
+    assert_eq!(
+        wire::values(body),
+        stored,
+        "the fast worker's bits, not a re-sum"
+    );
+    let want = model.receive(a.members[2], &replay(2, 4, 3, &stored));
+    assert!(matches!(want.action, Action::Fanout(_)));
+    // A slow worker's resend gets those bits; a second replay is acknowledged the same way.
+    for (w, p) in [
+        (0, data(&a, 0, 4, 0, 3, &slow)),
+        (2, replay(2, 4, 3, &stored)),
+    ] {
+        let got = agg.test_run(&frame(a.members[w], &p)).unwrap();
+        assert_eq!(got.action, XdpAction::Tx);
+        assert_eq!(
+            wire::values(Header::parse(payload_of(&got.frame)).unwrap().1),
+            stored
+        );
+        model.receive(a.members[w], &p);
+    }
+    // A behind worker's replay of round 5 (parity 1) completes that slot, which round 7 then
+    // takes: nobody waits on a round everybody has.
+    assert_eq!(
+        both(&agg, &mut model, a.members[0], &replay(0, 5, 3, &stored)),
+        XdpAction::Pass
+    );
+    assert_eq!(
+        both(&agg, &mut model, a.members[1], &data(&a, 1, 7, 0, 3, &slow)),
+        XdpAction::Drop
+    );
+    assert_eq!(counter(&agg, Some(5), AggCounter::Ahead), 0);
+    assert_eq!(agg.slot(1).unwrap().round, 7);
+}

@@ -4,11 +4,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 
+use yard_actors::aggregator::actor::AggSnapshot;
 use yard_actors::aggregator::placement::{decide, ClusterView};
+use yard_agg::model::Counter;
 use yard_agg::wire::Geometry;
 use yard_raft_store::aggregation::{AggCommand, AggTables};
 use yard_raft_store::{Command, NodeId, StateMachineData};
 
+use crate::metrics::Family;
 use crate::rpc::{AdminReply, AdminRequest, AggJobRow, AggRequest, AggStats, Reply};
 use crate::service::Node;
 
@@ -44,6 +47,78 @@ fn rows(d: &StateMachineData, only: Option<&str>) -> Vec<AggJobRow> {
             waiting: waiting.get(&j.name).cloned(),
         })
         .collect()
+}
+
+/// The aggregator's metric families: per job (its id) frames and bytes by outcome, rounds
+/// summed, kernel memory; and the host's frames by outcome over every job.
+pub fn families(s: &AggSnapshot) -> Vec<Family> {
+    let mut frames = Vec::new();
+    let mut bytes = Vec::new();
+    let mut rounds = Vec::new();
+    let mut memory = Vec::new();
+    for j in &s.jobs {
+        for (name, packets, b) in &j.counters {
+            let labels = format!("job=\"{}\",outcome=\"{name}\"", j.id);
+            frames.push((labels.clone(), *packets as f64));
+            bytes.push((labels, *b as f64));
+        }
+        // Each round completes every chunk once; the job holds two slots per chunk.
+        let chunks = (j.slots / 2).max(1);
+        let completed = j
+            .counters
+            .iter()
+            .find(|c| c.0 == Counter::Completed.name())
+            .map_or(0, |c| c.1);
+        rounds.push((format!("job=\"{}\"", j.id), (completed / chunks) as f64));
+        memory.push((format!("job=\"{}\"", j.id), j.bytes as f64));
+    }
+    let host = s
+        .counters
+        .iter()
+        .map(|(name, packets, _)| (format!("outcome=\"{name}\""), *packets as f64))
+        .collect();
+    vec![
+        Family {
+            name: "yard_agg_job_frames_total",
+            help: "frames the aggregator XDP program handled for a job, by outcome (added, completed, result_resent for retransmissions, duplicate, stale, foreign, ...)",
+            kind: "counter",
+            samples: frames,
+        },
+        Family {
+            name: "yard_agg_job_bytes_total",
+            help: "bytes of a job's frames by outcome (added: gradient bytes summed)",
+            kind: "counter",
+            samples: bytes,
+        },
+        Family {
+            name: "yard_agg_job_rounds_total",
+            help: "rounds a job completed on this host (completed chunks over chunks per round)",
+            kind: "counter",
+            samples: rounds,
+        },
+        Family {
+            name: "yard_agg_job_memory_bytes",
+            help: "kernel memory a job's slots take on this host",
+            kind: "gauge",
+            samples: memory,
+        },
+        Family {
+            name: "yard_agg_xdp_packets_total",
+            help: "frames the aggregator XDP program handled on this host, by outcome",
+            kind: "counter",
+            samples: host,
+        },
+        Family {
+            name: "yard_agg_state",
+            help: "the aggregator now: slots of its map, jobs served, table write errors",
+            kind: "gauge",
+            samples: vec![
+                ("what=\"slots\"".into(), f64::from(s.slot_count)),
+                ("what=\"jobs\"".into(), s.jobs.len() as f64),
+                ("what=\"errors\"".into(), s.errors as f64),
+            ],
+        },
+    ]
 }
 
 impl Node {
@@ -112,10 +187,16 @@ impl Node {
                 };
             }
             AggRequest::Stats => return Reply::Admin(AdminReply::AggStats(self.agg_stats())),
-            AggRequest::Host { node, ip, slots } => AggCommand::Host {
+            AggRequest::Host {
+                node,
+                ip,
+                slots,
+                cpu_millis,
+            } => AggCommand::Host {
                 node: *node,
                 ip: *ip,
                 slots: *slots,
+                cpu_millis: *cpu_millis,
             },
             AggRequest::WorkerGone { name, rank, reason } => AggCommand::WorkerGone {
                 name: name.clone(),
@@ -148,6 +229,56 @@ impl Node {
             counters: s.counters,
             errors: s.errors,
             last_error: s.last_error,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use yard_actors::aggregator::actor::JobStats;
+
+    #[test]
+    fn metrics_count_a_job_s_rounds_and_frames_by_outcome() {
+        let s = AggSnapshot {
+            node: 2,
+            slot_count: 100,
+            jobs: vec![JobStats {
+                id: 7,
+                epoch: 3,
+                workers: 4,
+                slots: 20,
+                bytes: 20 * yard_raft_store::aggregation::SLOT_BYTES,
+                counters: vec![
+                    ("added".into(), 90, 90 * 1500),
+                    ("completed".into(), 30, 30 * 1500),
+                    ("foreign".into(), 2, 3000),
+                ],
+            }],
+            counters: vec![("added".into(), 90, 0)],
+            errors: 0,
+            last_error: None,
+        };
+        let fams = families(&s);
+        let get = |name: &str, labels: &str| {
+            fams.iter()
+                .find(|f| f.name == name)
+                .and_then(|f| f.samples.iter().find(|x| x.0 == labels))
+                .map(|x| x.1)
+        };
+        // 10 chunks a round, 30 completed chunks: 3 rounds.
+        assert_eq!(get("yard_agg_job_rounds_total", "job=\"7\""), Some(3.0));
+        assert_eq!(
+            get("yard_agg_job_frames_total", "job=\"7\",outcome=\"foreign\""),
+            Some(2.0)
+        );
+        assert_eq!(
+            get("yard_agg_job_memory_bytes", "job=\"7\""),
+            Some((20 * yard_raft_store::aggregation::SLOT_BYTES) as f64)
+        );
+        for f in &fams {
+            f.to_metric_families()
+                .unwrap_or_else(|e| panic!("{}: {e}", f.name));
         }
     }
 }

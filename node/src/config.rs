@@ -263,6 +263,9 @@ pub struct AggregatorSection {
     pub xdp_mode: XdpMode,
     /// Kernel memory for gradients on this host (the slot map is allocated at start).
     pub memory_mb: u64,
+    /// Cores this host gives to summing (softirq time on its receive queues): the leader
+    /// places a job where it adds the least load per core.
+    pub cpu_cores: f64,
     /// How often per-job counters are read for stats and metrics.
     pub stats_ms: u64,
     /// Aggregator memory one job may take (checked by the leader at creation).
@@ -285,6 +288,12 @@ impl AggregatorSection {
         u32::try_from(slots).unwrap_or(u32::MAX)
     }
 
+    /// The CPU budget in thousandths of a core, as the tables carry it.
+    pub fn cpu_millis(&self) -> u32 {
+        // Validated to (0, 1024] cores, so the product fits.
+        (self.cpu_cores * 1000.0).round() as u32
+    }
+
     /// The limits a job creation is checked against.
     pub fn quota(&self) -> yard_raft_store::aggregation::Quota {
         yard_raft_store::aggregation::Quota {
@@ -301,6 +310,7 @@ impl Default for AggregatorSection {
             interface: "eth0".into(),
             xdp_mode: XdpMode::Native,
             memory_mb: 256,
+            cpu_cores: 1.0,
             stats_ms: 1000,
             job_memory_mb: 256,
             cluster_memory_mb: 4096,
@@ -648,6 +658,15 @@ impl Config {
             return bad(
                 "aggregator.memory_mb",
                 "is more than the slot map can index",
+            );
+        }
+        if !(agg.cpu_cores >= 0.001 && agg.cpu_cores <= 1024.0) {
+            return bad("aggregator.cpu_cores", "must be between 0.001 and 1024");
+        }
+        if agg.enabled && self.gateway.enabled && agg.interface == self.gateway.interface {
+            return bad(
+                "aggregator.interface",
+                "must differ from gateway.interface: both attach an XDP program",
             );
         }
         if agg.stats_ms == 0 || agg.place_ms == 0 {
@@ -1024,6 +1043,18 @@ mod tests {
                 .to_string();
             assert!(err.contains(key), "{toml}: {err}");
         }
+    }
+
+    #[test]
+    fn the_aggregator_and_the_gateway_cannot_share_an_interface() {
+        let both =
+            "[gateway]\nenabled = true\ninterface = \"eth0\"\n[aggregator]\nenabled = true\n";
+        let err = load_toml(&format!("{both}interface = \"eth0\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("aggregator.interface"), "{err}");
+        let cfg = load_toml(&format!("{both}interface = \"eth1\"\n")).unwrap();
+        assert_eq!(cfg.aggregator.interface, "eth1");
     }
 
     #[test]

@@ -153,6 +153,7 @@ pub enum AggRequest {
         node: NodeId,
         ip: std::net::Ipv4Addr,
         slots: u32,
+        cpu_millis: u32,
     },
     /// A worker's session with its node's agent ended without a goodbye.
     WorkerGone {
@@ -179,6 +180,32 @@ pub struct AggJobRow {
     pub aggregator: Option<std::net::SocketAddrV4>,
     /// Why the job has no aggregator yet, if it is complete and waits for one.
     pub waiting: Option<String>,
+}
+
+impl AggJobRow {
+    /// What worker `rank` sums as, if the job runs: an operator's worker (joined with `yard agg
+    /// job join`) follows the job through these rows, as an agent's session does through its
+    /// pushed memberships.
+    pub fn membership(&self, rank: u16) -> Option<yard_agg::worker::Membership> {
+        let j = &self.job;
+        if !j.running() {
+            return None;
+        }
+        let order = j.worker_order();
+        let worker = order.iter().position(|(r, _)| *r == rank)?;
+        Some(yard_agg::worker::Membership {
+            job: j.id,
+            epoch: j.epoch,
+            worker: u16::try_from(worker).ok()?,
+            workers: u16::try_from(order.len()).ok()?,
+            aggregator: self.aggregator?,
+            geometry: yard_agg::wire::Geometry {
+                values: j.values,
+                chunk_values: j.chunk_values,
+            },
+            dtype: yard_agg::wire::Dtype::from_raw(j.dtype)?,
+        })
+    }
 }
 
 /// `yard agg stats`: one node's aggregator.

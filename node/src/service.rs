@@ -1135,6 +1135,9 @@ impl GaugeSource for RaftGauges {
         use crate::metrics::Family;
         let mut families = self.0.diagnosis().families(self.0.feed());
         families.extend(self.0.gateway().planner_families());
+        if let Some(view) = self.0.agg_view() {
+            families.extend(crate::agg_service::families(&view.snapshot()));
+        }
         if let Some(probe) = self.0.probe_view() {
             let p = probe.snapshot();
             families.push(Family {

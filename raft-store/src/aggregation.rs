@@ -99,6 +99,8 @@ pub struct AggHost {
     pub ip: Ipv4Addr,
     /// Entries of its slot map.
     pub slots: u32,
+    /// The CPU it gives to summing, in thousandths of a core (`aggregator.cpu_cores`).
+    pub cpu_millis: u32,
 }
 
 /// The limits a job creation is checked against, carried in the command so that every node
@@ -153,6 +155,7 @@ pub enum AggCommand {
         node: NodeId,
         ip: Ipv4Addr,
         slots: u32,
+        cpu_millis: u32,
     },
 }
 
@@ -311,13 +314,19 @@ impl AggTables {
                     true
                 }
             }
-            AggCommand::Host { node, ip, slots } => {
+            AggCommand::Host {
+                node,
+                ip,
+                slots,
+                cpu_millis,
+            } => {
                 if *slots == 0 {
                     self.hosts.remove(node).is_some()
                 } else {
                     let host = AggHost {
                         ip: *ip,
                         slots: *slots,
+                        cpu_millis: *cpu_millis,
                     };
                     self.hosts.insert(*node, host) != Some(host)
                 }

@@ -165,6 +165,7 @@ mod tests {
                 node: 1,
                 ip: Ipv4Addr::new(198, 18, 0, 1),
                 slots: 100,
+                cpu_millis: 1000,
             },
             1,
         )

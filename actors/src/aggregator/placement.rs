@@ -2,10 +2,13 @@
 //! reachability view (the cluster's one failure detector) to the commands to propose.
 //!
 //! - A complete job with no placement, or whose host is unreachable or no longer aggregates,
-//!   is placed on the reachable host with the most free slots that can hold its whole gradient
-//!   in one contiguous range (first fit within the host), never a worker's own host unless the
-//!   job allows it: summing where a worker runs would put the job's whole traffic on that
-//!   worker's link. Ties go to the lowest node id, so every leader decides the same.
+//!   is placed on a reachable host that can hold its whole gradient in one contiguous range
+//!   (first fit within the host; memory is the hard budget), never a worker's own host unless
+//!   the job allows it: summing where a worker runs would put the job's whole traffic on that
+//!   worker's link. Among those, the host whose CPU budget the job loads least: a job's load is
+//!   the frames it makes a round (workers × chunks in, as many results out), and a host's is
+//!   the sum of its jobs' over its `cpu_millis`. Ties go to the most free slots, then the
+//!   lowest node id, so every leader decides the same.
 //! - A member whose address is a node that the leader finds unreachable is reported gone, once;
 //!   the tables then fail the job naming the worker, or, for an elastic job, go on without it.
 //!
@@ -40,6 +43,8 @@ pub fn decide(tables: &AggTables, view: &ClusterView) -> Decision {
     let mut out = Decision::default();
     // Slot ranges in use per host, by jobs that keep their placement.
     let mut used: BTreeMap<NodeId, Vec<(u32, u32)>> = BTreeMap::new();
+    // Frames a round per host, by the same jobs.
+    let mut load: BTreeMap<NodeId, u64> = BTreeMap::new();
     let mut to_place = Vec::new();
     for job in tables.jobs.values() {
         if job.failed.is_some() {
@@ -57,16 +62,18 @@ pub fn decide(tables: &AggTables, view: &ClusterView) -> Decision {
                 used.entry(p.node)
                     .or_default()
                     .push((p.base, p.base + job.slots()));
+                *load.entry(p.node).or_default() += cpu_load(job);
             }
             _ => to_place.push(job),
         }
     }
     for job in to_place {
-        match choose(tables, view, &used, job) {
+        match choose(tables, view, &used, &load, job) {
             Ok(placement) => {
                 used.entry(placement.node)
                     .or_default()
                     .push((placement.base, placement.base + job.slots()));
+                *load.entry(placement.node).or_default() += cpu_load(job);
                 out.commands.push(AggCommand::Place {
                     name: job.name.clone(),
                     expect_epoch: job.epoch,
@@ -77,6 +84,12 @@ pub fn decide(tables: &AggTables, view: &ClusterView) -> Decision {
         }
     }
     out
+}
+
+/// Frames a round of `job` makes its aggregator handle: every worker's chunks in, and a result
+/// per chunk to every worker.
+fn cpu_load(job: &AggJob) -> u64 {
+    2 * u64::from(job.workers) * u64::from(job.chunks())
 }
 
 fn host_usable(tables: &AggTables, view: &ClusterView, node: NodeId) -> bool {
@@ -117,11 +130,14 @@ fn choose(
     tables: &AggTables,
     view: &ClusterView,
     used: &BTreeMap<NodeId, Vec<(u32, u32)>>,
+    load: &BTreeMap<NodeId, u64>,
     job: &AggJob,
 ) -> Result<Placement, String> {
     let worker_ips: BTreeSet<Ipv4Addr> = job.members.values().map(|a| *a.ip()).collect();
     let need = job.slots();
-    let mut best: Option<(u32, NodeId, u32)> = None; // (free, node, base)
+    let cost = cpu_load(job);
+    // (load after placing, its host's cpu, free slots, node, base)
+    let mut best: Option<(u64, u32, u32, NodeId, u32)> = None;
     let mut reasons = Vec::new();
     for (node, host) in &tables.hosts {
         if view.unreachable.contains(node) {
@@ -143,12 +159,22 @@ fn choose(
             reasons.push(format!("node {node} has {free} of the {need} slots free"));
             continue;
         };
-        if best.is_none_or(|(f, _, _)| free > f) {
-            best = Some((free, *node, base));
+        let after = load.get(node).copied().unwrap_or(0) + cost;
+        let cpu = host.cpu_millis.max(1);
+        // after / cpu below the best's, compared exactly by cross-multiplying.
+        let better = best.is_none_or(|(b_after, b_cpu, b_free, _, _)| {
+            let (mine, theirs) = (
+                u128::from(after) * u128::from(b_cpu),
+                u128::from(b_after) * u128::from(cpu),
+            );
+            mine < theirs || (mine == theirs && free > b_free)
+        });
+        if better {
+            best = Some((after, cpu, free, *node, base));
         }
     }
     match best {
-        Some((_, node, base)) => Ok(Placement { node, base }),
+        Some((_, _, _, node, base)) => Ok(Placement { node, base }),
         None if tables.hosts.is_empty() => {
             Err("no node aggregates (none has aggregator.enabled)".into())
         }
@@ -180,6 +206,7 @@ mod tests {
                     node: u64::from(node),
                     ip: ip(node),
                     slots,
+                    cpu_millis: 1000,
                 },
                 1,
             )
@@ -227,6 +254,51 @@ mod tests {
         for c in &d.commands {
             t.apply(c, 9).unwrap();
         }
+    }
+
+    #[test]
+    fn a_job_goes_where_it_loads_the_cpu_budget_least_not_where_memory_is_freest() {
+        // Host 1: much memory, a quarter core; host 2: little memory, two cores; host 3 gone.
+        let mut t = world(1000, &[("a", 1000, false)]);
+        t.hosts.remove(&3);
+        t.hosts.get_mut(&1).unwrap().cpu_millis = 250;
+        let h2 = t.hosts.get_mut(&2).unwrap();
+        h2.slots = 30;
+        h2.cpu_millis = 2000;
+        let d = decide(&t, &view());
+        apply_all(&mut t, &d);
+        assert_eq!(t.jobs["a"].placement.unwrap().node, 2);
+        // With host 2's memory taken, the next job still fits only on host 1.
+        let mut t2 = t.clone();
+        t2.apply(
+            &AggCommand::Create {
+                name: "b".into(),
+                workers: 2,
+                values: 1000,
+                dtype: 0,
+                elastic: false,
+                chunk_values: 100,
+                colocate: false,
+                quota: QUOTA,
+            },
+            1,
+        )
+        .unwrap();
+        for rank in 0..2u16 {
+            let addr = SocketAddrV4::new(ip(4 + u8::try_from(rank).unwrap()), 40001);
+            t2.apply(
+                &AggCommand::Join {
+                    name: "b".into(),
+                    rank,
+                    addr,
+                },
+                1,
+            )
+            .unwrap();
+        }
+        let d = decide(&t2, &view());
+        apply_all(&mut t2, &d);
+        assert_eq!(t2.jobs["b"].placement.unwrap().node, 1);
     }
 
     #[test]
@@ -293,6 +365,7 @@ mod tests {
                 node: 4,
                 ip: ip(4),
                 slots: 50,
+                cpu_millis: 1000,
             },
             1,
         )

@@ -1,6 +1,8 @@
 //! `chaos`: a seeded fault schedule against a real `yard` cluster in network namespaces, with a
 //! concurrent KV workload recorded and checked for linearizability, and the XDP gateway on every
-//! node carrying probe streams between overlay tenants on two compute hosts (never faulted).
+//! node carrying probe streams between overlay tenants on two compute hosts (never faulted), or,
+//! with `--no-gateway --aggregation`, the XDP aggregator summing an int32 job's rounds for three
+//! workers on a worker host (never faulted), every round checked exact and completed once.
 //!
 //! Prints the seed, every fault it injected, each fault's gateway verdicts (one data-plane owner
 //! per VIP at every instant; a down owner's VIPs moved within the budget; the probe streams'
@@ -18,6 +20,8 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use yard::client::AdminClient;
 use yard::rpc::{AdminReply, AdminRequest};
+use yard_chaos::agg_monitor::{aggregator_config, AggRun};
+use yard_chaos::aggregation::judge;
 use yard_chaos::gateway::{
     answering_mismatches, balanced, check_ownership, converged_at, gaps_in, largest_gap,
     lost_within, owned_before, owned_by_any, owner_changes, phase_of, reassignment, unanswered,
@@ -64,6 +68,10 @@ struct Args {
     /// Run without the gateway (the KV workload and linearizability check only).
     #[arg(long)]
     no_gateway: bool,
+    /// Run an aggregation job (int32, three workers on a worker host) through the nodes' XDP
+    /// aggregator and judge its rounds; needs --no-gateway (both attach XDP to eth0).
+    #[arg(long)]
+    aggregation: bool,
     /// VIPs in the gateway's pool (198.19.255.1 on).
     #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u8).range(2..=200))]
     vips: u8,
@@ -220,12 +228,22 @@ fn run(args: Args) -> anyhow::Result<bool> {
 
     let n = args.hosts;
     let gateway = !args.no_gateway;
+    if gateway && args.aggregation {
+        bail!("--aggregation needs --no-gateway: the aggregator and the gateway would both attach XDP to eth0");
+    }
     // Hosts 1..=n: yard nodes; n+1: the KV clients and the VIP-table poller; n+2, n+3: compute
-    // hosts with overlay tenants.
+    // hosts with overlay tenants (gateway), or n+2 the aggregation workers.
     let client_host = n + 1;
-    let topo = Topology::new(if gateway { n + 3 } else { n + 1 })?;
+    let worker_host = n + 2;
+    let topo = Topology::new(match (gateway, args.aggregation) {
+        (true, _) => n + 3,
+        (false, true) => n + 2,
+        (false, false) => n + 1,
+    })?;
     let extra_config = if gateway {
         gateway_config(&topo, n, args.holddown_max_ms)?
+    } else if args.aggregation {
+        aggregator_config()
     } else {
         String::new()
     };
@@ -259,6 +277,30 @@ fn run(args: Args) -> anyhow::Result<bool> {
             })
         }
         None => None,
+    };
+    let agg = if args.aggregation {
+        let run = AggRun::start(
+            &cluster,
+            worker_host,
+            AGG_WORKERS,
+            clock,
+            Duration::from_millis(200),
+        )?;
+        let began = Instant::now();
+        while run.rounds_after(Ms::MIN) < 2 {
+            if began.elapsed() > Duration::from_secs(30) {
+                let (_, _, errors) = run.stop();
+                bail!("the aggregation job summed no round before the schedule: {errors:?}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        println!(
+            "chaos: aggregation job {} with {AGG_WORKERS} workers on host {worker_host} summing",
+            yard_chaos::agg_monitor::JOB
+        );
+        Some(run)
+    } else {
+        None
     };
 
     let endpoints: Vec<String> = (1..=n).map(|i| cluster.endpoint(i)).collect();
@@ -489,6 +531,10 @@ fn run(args: Args) -> anyhow::Result<bool> {
         ctx.gateway_verdicts(&cluster, gw, &mut checks)?;
     }
 
+    if let Some(run) = agg {
+        agg_verdicts(run, &faults, &mut checks);
+    }
+
     for (name, _) in checks.0.iter().filter(|c| !c.1) {
         println!("chaos: FAILED: {name}");
     }
@@ -499,6 +545,65 @@ fn run(args: Args) -> anyhow::Result<bool> {
         checks.failed()
     );
     Ok(ok)
+}
+
+/// Workers of the chaos aggregation job.
+const AGG_WORKERS: usize = 3;
+
+/// Waits for the aggregation job to sum again after the last fault healed, stops it, and adds
+/// its checks: every round exact and completed once, and progress after the faults.
+fn agg_verdicts(run: AggRun, faults: &[Injected], checks: &mut Checks) {
+    let healed = faults.iter().map(|f| f.healed).max().unwrap_or(0);
+    let began = Instant::now();
+    while run.rounds_after(healed) < 3 && began.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let workers = run.workers();
+    let (done, placed, errors) = run.stop();
+    let v = judge(&done, workers, healed);
+    // Which faults hit the host summing the job when they began.
+    let at = |t: Ms| {
+        placed
+            .iter()
+            .take_while(|p| p.at_ms <= t)
+            .last()
+            .map(|p| p.node)
+    };
+    let hit = faults
+        .iter()
+        .filter(|f| at(f.injected).is_some_and(|node| f.nodes.contains(&(node as usize))))
+        .count();
+    println!(
+        "chaos: aggregation: {} rounds on every worker, epochs {:?}, aggregators {:?}; {hit} of {} faults hit the aggregating node; last heal at t={:.1}s",
+        v.rounds,
+        v.epochs,
+        placed.iter().map(|p| (secs(p.at_ms), p.node)).collect::<Vec<_>>(),
+        faults.len(),
+        secs(healed),
+    );
+    for e in &errors {
+        println!("chaos: aggregation worker error: {e}");
+    }
+    if !v.safe() {
+        println!(
+            "chaos: aggregation: inexact {:?}, out of order {:?}, conflicting chunk results {}",
+            v.inexact, v.out_of_order, v.conflicting
+        );
+    }
+    checks.add(
+        "aggregation: every completed round exact and completed once",
+        v.safe(),
+    );
+    if !v.live() {
+        println!(
+            "chaos: aggregation: workers {:?} summed nothing after the last heal",
+            v.stuck
+        );
+    }
+    checks.add(
+        "aggregation: rounds complete after the faults healed",
+        v.live() && errors.is_empty(),
+    );
 }
 
 /// The workload's operations by the fault in force when each was invoked (`none`: between

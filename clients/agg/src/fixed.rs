@@ -84,6 +84,29 @@ pub fn error_bound(workers: u16, exp: i8) -> f64 {
     2.5 * f64::from(workers.max(1)) * 2f64.powi(i32::from(exp) - frac_bits(workers))
 }
 
+/// A result `(exp, acc)` of a job of `from` workers in the fixed point of `to` workers (an
+/// elastic job that lost a worker replays its last round's results after the regrouping): the
+/// same values, `acc * 2^(exp - F(from))`, re-expressed by moving the exponent, which is exact.
+/// Only if the exponent leaves i8's range is `acc` shifted instead: right (losing low bits) below
+/// it, left (saturating) above it, which needs a chunk beyond about 2^120.
+pub fn rebase(exp: i8, acc: &[i32], from: u16, to: u16) -> (i8, Vec<i32>) {
+    if exp == i8::MIN {
+        return (exp, acc.to_vec()); // an all-zero chunk
+    }
+    let want = i32::from(exp) + frac_bits(to) - frac_bits(from);
+    let clamped = want.clamp(-127, 127);
+    let shift = want - clamped;
+    let values = acc
+        .iter()
+        .map(|a| match shift {
+            0 => *a,
+            s if s < 0 => a >> (-s).min(31),
+            s => a.saturating_mul(1i32 << s.min(30)),
+        })
+        .collect();
+    (i8::try_from(clamped).unwrap_or(i8::MAX), values)
+}
+
 /// What the aggregator does with one contribution, in plain Rust: `(acc, acc_exp)` plus
 /// `(values, exp)`. The XDP program does the same with the same shifts.
 pub fn add_into(acc: &mut [i32], acc_exp: &mut i8, values: &[i32], exp: i8) {
@@ -128,6 +151,23 @@ mod tests {
             "gradient element 1 is NaN, which cannot be summed"
         );
         assert!(check_finite(&[1.0, -3.0]).is_ok());
+    }
+
+    #[test]
+    fn a_rebased_result_decodes_to_the_same_floats() {
+        let acc = vec![123_456_789, -98_765, 0, 1 << 28];
+        for (from, to) in [(3u16, 2u16), (8, 3), (2, 2), (64, 1)] {
+            let (e, v) = rebase(5, &acc, from, to);
+            assert_eq!(v, acc, "{from} -> {to}: moving the exponent is enough");
+            assert_eq!(dequantize(&v, e, to), dequantize(&acc, 5, from));
+        }
+        assert_eq!(rebase(i8::MIN, &[0, 0], 4, 2), (i8::MIN, vec![0, 0]));
+        // Past i8's range the values move instead; still the same floats where they fit.
+        let (e, v) = rebase(127, &[1 << 10], 4, 2);
+        assert_eq!((e, v.as_slice()), (127, &[1 << 11][..]));
+        let (e, v) = rebase(-127, &[1 << 10], 2, 4);
+        assert_eq!((e, v.as_slice()), (-127, &[1 << 9][..]));
+        assert_eq!(dequantize(&v, e, 4), dequantize(&[1 << 10], -127, 2));
     }
 
     proptest! {

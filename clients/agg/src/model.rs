@@ -126,7 +126,6 @@ struct Slot {
     count: u16,
     exp: i8,
     done: bool,
-    replay_only: bool,
     acc: Vec<i32>,
 }
 
@@ -215,27 +214,29 @@ impl Aggregator {
             if (h.round.wrapping_sub(slot.round) as i32) < 0 {
                 return Outcome::drop(Counter::Stale);
             }
-            if !slot.done && !slot.replay_only {
+            if !slot.done {
                 return Outcome::drop(Counter::Ahead);
             }
             fresh = true;
         }
-        if fresh {
+        if !fresh && slot.done {
+            return Outcome {
+                counter: Counter::ResultResent,
+                action: Action::Reply(result(&h, slot)),
+            };
+        }
+        if fresh || replay {
+            // A replayed result is the sum: it counts as every worker's contribution and
+            // overrides what was added of the same round.
             *slot = Slot {
                 job: h.job,
                 epoch: h.epoch,
                 round: h.round,
                 seen: bit,
-                count: 1,
+                count: if replay { workers } else { 1 },
                 exp: h.exp,
                 done: false,
-                replay_only: replay,
                 acc: values,
-            };
-        } else if slot.done {
-            return Outcome {
-                counter: Counter::ResultResent,
-                action: Action::Reply(result(&h, slot)),
             };
         } else if slot.seen & bit != 0 {
             return Outcome::drop(Counter::Duplicate);
@@ -243,9 +244,6 @@ impl Aggregator {
             add_into(&mut slot.acc, &mut slot.exp, &values, h.exp);
             slot.seen |= bit;
             slot.count += 1;
-            if !replay {
-                slot.replay_only = false;
-            }
         }
         if slot.count >= workers {
             slot.done = true;

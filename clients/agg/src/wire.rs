@@ -19,7 +19,7 @@ pub const WORKERS_MAX: usize = 64;
 pub const IP_UDP_LEN: usize = 20 + 8;
 /// `AGG_F_RETX`: a worker's resend after a timeout.
 pub const FLAG_RETX: u8 = 0x01;
-/// `AGG_F_REPLAY`: a regrouped worker's last completed round again (see
+/// `AGG_F_REPLAY`: a regrouped worker's stored result of its last completed round (see
 /// [`crate::worker::Worker::set_membership`]).
 pub const FLAG_REPLAY: u8 = 0x02;
 

@@ -86,6 +86,10 @@ pub struct RoundStats {
     pub results: u64,
     /// Results for chunks already received, or for another job, epoch or round.
     pub ignored: u64,
+    /// Results for a chunk already received in this round and epoch that differ from the first
+    /// one: the chunk was completed twice with different sums, which must never happen (the
+    /// chaos schedule checks it stays 0).
+    pub conflicting: u64,
 }
 
 /// One worker of one job.
@@ -96,10 +100,19 @@ pub struct Worker {
     tuning: Tuning,
     round: u32,
     buf: Vec<u8>,
-    /// The last completed round's input, kept for a regrouping (see [`Worker::set_membership`]).
-    last: Option<Input>,
-    /// Whether the next round also contributes the last one again (the epoch changed).
+    /// The last completed round's results, kept for a regrouping (see
+    /// [`Worker::set_membership`]).
+    last: Option<LastRound>,
+    /// Whether the next round also sends the last one's results again (the epoch changed).
     replay: bool,
+}
+
+/// A completed round's results as they arrived: each chunk's exponent and sum, in units of the
+/// job's fixed point for `workers`.
+#[derive(Debug, Clone)]
+struct LastRound {
+    workers: u16,
+    chunks: Vec<(i8, Vec<i32>)>,
 }
 
 /// A round's input as the caller gave it.
@@ -125,6 +138,8 @@ struct Pending {
     timeout: Duration,
     done: bool,
     in_flight: bool,
+    /// A digest of the result taken (exponent and sum), to tell a repeat from a conflict.
+    digest: u64,
 }
 
 impl Worker {
@@ -161,12 +176,13 @@ impl Worker {
     /// epoch by the next call: results of the old epoch are never mixed with the new one's.
     ///
     /// Workers can be one round apart when the epoch changes (a fast one had every result of
-    /// round r before the old aggregator died, a slow one had not), so the next call also
-    /// contributes this worker's last completed round again: the slow workers' round r then
-    /// completes at the new aggregator, and the fast ones take its results only as
-    /// acknowledgements. int32 sums are exact, so both see the same round r; for float32 the
-    /// re-summed round can differ from the first in the last bits (within the fixed-point
-    /// bound), because the aggregator's re-scaling depends on arrival order.
+    /// round r before the old aggregator died, a slow one had not), so the next call also sends
+    /// this worker's stored *results* of its last completed round, flagged REPLAY: the new
+    /// aggregator takes each as that chunk's result, so the slow workers get the very bits the
+    /// fast ones already have (a re-sum of float32 could differ in the last bits, because the
+    /// aggregator's re-scaling depends on arrival order), and the fast ones take the echo only
+    /// as an acknowledgement. A result is re-based onto the new epoch's fixed point if the
+    /// number of workers changed ([`fixed::rebase`]).
     pub fn set_membership(&mut self, membership: Membership) {
         if membership.epoch != self.membership.epoch {
             self.replay = self.last.is_some();
@@ -181,7 +197,7 @@ impl Worker {
         self.round_trip(&input, |range, _exp, values| {
             grad[range].copy_from_slice(values)
         })
-        .map(|stats| self.finish(input, stats))
+        .map(|(stats, last)| self.finish(last, stats))
     }
 
     /// Sums `grad` (float32) with every worker's, in place, within [`fixed::error_bound`].
@@ -193,11 +209,11 @@ impl Worker {
         self.round_trip(&input, |range, exp, values| {
             grad[range].copy_from_slice(&fixed::dequantize(values, exp, workers))
         })
-        .map(|stats| self.finish(input, stats))
+        .map(|(stats, last)| self.finish(last, stats))
     }
 
-    fn finish(&mut self, input: Input, stats: RoundStats) -> RoundStats {
-        self.last = Some(input);
+    fn finish(&mut self, last: LastRound, stats: RoundStats) -> RoundStats {
+        self.last = Some(last);
         self.replay = false;
         self.round = self.round.wrapping_add(1);
         stats
@@ -223,19 +239,18 @@ impl Worker {
     }
 
     /// One round: every chunk of `input` sent, resent until its result came, and `store(range,
-    /// exp, sum)` given each result. After a regrouping the last round's chunks go too, and
-    /// their results only acknowledge them.
+    /// exp, sum)` given each result; returns the results as they came, for a replay. After a
+    /// regrouping the last round's results go too, and their echoes only acknowledge them.
     fn round_trip(
         &mut self,
         input: &Input,
         mut store: impl FnMut(std::ops::Range<usize>, i8, &[i32]),
-    ) -> Result<RoundStats, AggError> {
+    ) -> Result<(RoundStats, LastRound), AggError> {
         let m = self.membership;
         let g = m.geometry;
         let chunks = g.chunks();
         let range = |c: u32| g.chunk_start(c)..g.chunk_start(c) + g.chunk_len(c);
-        let frame = |round: u32, c: u32, input: &Input, flags: u8| {
-            let (exp, values) = input.chunk(range(c), m.workers);
+        let frame = |round: u32, c: u32, (exp, values): (i8, Vec<i32>), flags: u8| {
             wire::encode(
                 &Header {
                     kind: Kind::Data,
@@ -256,16 +271,23 @@ impl Worker {
             (Some(last), true) => Some(last),
             _ => None,
         };
-        // Frame i < chunks is this round's chunk i; i >= chunks the last round's chunk i - chunks,
-        // replayed: sent at once, outside the window, and resent until acknowledged or until
-        // this round is complete, but never waited for. A worker that was itself behind replays
-        // a round nobody needs; the aggregator lets a newer round take over such a slot.
+        // Frame i < chunks is this round's chunk i; i >= chunks the last round's result of chunk
+        // i - chunks, replayed: sent at once, outside the window, and resent until acknowledged
+        // or until this round is complete, but never waited for. A worker that was itself behind
+        // replays a round everybody has; it completes a slot nobody waits on.
         let mut frames: Vec<Vec<u8>> = (0..chunks)
-            .map(|c| frame(self.round, c, input, 0))
+            .map(|c| frame(self.round, c, input.chunk(range(c), m.workers), 0))
             .collect();
         if let Some(last) = replayed {
-            frames.extend((0..chunks).map(|c| frame(previous, c, last, FLAG_REPLAY)));
+            frames.extend(last.chunks.iter().enumerate().map(|(c, (exp, values))| {
+                let rebased = match m.dtype {
+                    Dtype::I32 => (*exp, values.clone()),
+                    Dtype::F32 => fixed::rebase(*exp, values, last.workers, m.workers),
+                };
+                frame(previous, c as u32, rebased, FLAG_REPLAY)
+            }));
         }
+        let mut results: Vec<(i8, Vec<i32>)> = vec![(0, Vec::new()); chunks as usize];
         let now = Instant::now();
         let mut pending = vec![
             Pending {
@@ -273,6 +295,7 @@ impl Worker {
                 timeout: self.tuning.timeout,
                 done: false,
                 in_flight: false,
+                digest: 0,
             };
             frames.len()
         ];
@@ -350,18 +373,28 @@ impl Worker {
                 || h.job != m.job
                 || h.epoch != m.epoch
                 || i >= pending.len()
-                || pending[i].done
                 || usize::from(h.count) != g.chunk_len(h.chunk)
             {
                 stats.ignored += 1;
                 continue;
             }
+            let digest = result_digest(h.exp, body);
+            if pending[i].done {
+                stats.ignored += 1;
+                if pending[i].digest != digest {
+                    stats.conflicting += 1;
+                }
+                continue;
+            }
             let was_in_flight = std::mem::replace(&mut pending[i].in_flight, false);
             pending[i].done = true;
+            pending[i].digest = digest;
             if i >= chunks as usize {
                 continue; // a replay's acknowledgement
             }
-            store(range(h.chunk), h.exp, &wire::values(body));
+            let values = wire::values(body);
+            store(range(h.chunk), h.exp, &values);
+            results[h.chunk as usize] = (h.exp, values);
             if was_in_flight {
                 in_flight -= 1;
             }
@@ -369,8 +402,21 @@ impl Worker {
             left -= 1;
             last_progress = Instant::now();
         }
-        Ok(stats)
+        let last = LastRound {
+            workers: m.workers,
+            chunks: results,
+        };
+        Ok((stats, last))
     }
+}
+
+/// FNV-1a over a result's exponent and values: equal results, equal digests.
+fn result_digest(exp: i8, body: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in std::iter::once(exp as u8).chain(body.iter().copied()) {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    h
 }
 
 /// The same frame marked as a resend.

@@ -278,7 +278,12 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
         tracing::info!(interface = %a.interface, slots = a.slots(), "aggregator data plane ready");
         let view = yard_actors::aggregator::actor::AggView::default();
         node.attach_aggregator(view.clone());
-        tokio::spawn(register_aggregator(node.clone(), ip, a.slots()));
+        tokio::spawn(register_aggregator(
+            node.clone(),
+            ip,
+            a.slots(),
+            a.cpu_millis(),
+        ));
         Some((program, view, Duration::from_millis(a.stats_ms)))
     } else {
         None
@@ -580,6 +585,7 @@ fn webhook_client(cfg: &Config) -> anyhow::Result<Option<Arc<yard::alert::Webhoo
 
 /// Renews this node's gateway lease with every voter, on the node's runtime; asks the leader
 /// for restart graces.
+#[derive(Clone)]
 struct LeaseRenewer {
     node: Node,
     transport: Arc<dyn Transport>,
@@ -689,8 +695,24 @@ impl Renewer for LeaseRenewer {
         })
     }
 
+    /// Asked again every 150 ms until granted or `GRACE_ASK` is up: a planned restart soon
+    /// after a leader change reaches a leader that may not yet lead the gateway (it refuses),
+    /// and one refused ask would cost the node its VIPs for a restart of a second.
     fn grace(&self, applied: u64, grace_ms: u64) -> RenewFuture {
-        self.ask(Request::GatewayGrace { applied, grace_ms })
+        const GRACE_ASK: Duration = Duration::from_millis(1_500);
+        let this = self.clone();
+        Box::pin(async move {
+            let began = tokio::time::Instant::now();
+            loop {
+                if let Some(grant) = this.ask(Request::GatewayGrace { applied, grace_ms }).await {
+                    return Some(grant);
+                }
+                if began.elapsed() >= GRACE_ASK {
+                    return None;
+                }
+                tokio::time::sleep(Duration::from_millis(150)).await;
+            }
+        })
     }
 }
 
@@ -863,14 +885,20 @@ impl ActorSystem {
     }
 }
 
-/// Registers this host as an aggregator with `slots` slots, retrying until a leader commits it
+/// Registers this host as an aggregator with `slots` slots and its CPU budget, retrying until a leader commits it
 /// (the node may still be joining).
-async fn register_aggregator(node: yard::service::Node, ip: std::net::Ipv4Addr, slots: u32) {
+async fn register_aggregator(
+    node: yard::service::Node,
+    ip: std::net::Ipv4Addr,
+    slots: u32,
+    cpu_millis: u32,
+) {
     use yard::rpc::{AdminRequest, AggRequest, Reply};
     let req = AdminRequest::Agg(AggRequest::Host {
         node: node.id(),
         ip,
         slots,
+        cpu_millis,
     });
     loop {
         match node.serve_admin(req.clone()).await {
