@@ -13,7 +13,7 @@
 //!   duplex, `TCP_NODELAY`, 4 MiB buffers, summing as bytes arrive); workers stream the
 //!   gradient and read the sum back concurrently;
 //! - `tcp-c`: the same server written in plain C (`bench/c/tcp_sum_server.c`, compiled with `cc
-//!   -O2` by this program), the same workers: the Rust server must match it.
+//!   -O3` by this program), the same workers: the Rust server must match it.
 //!
 //! What is counted as the aggregator host's CPU: all hosts share this machine's CPUs (and, on
 //! a shared machine, so do other people's jobs), so /proc/stat cannot tell the aggregator's
@@ -246,7 +246,7 @@ fn compile_c_server(dir: &Path) -> Result<PathBuf> {
     let bin = dir.join("tcp_sum_server");
     std::fs::write(&src, C_SERVER).with_context(|| format!("cannot write {}", src.display()))?;
     let out = std::process::Command::new("cc")
-        .args(["-O2", "-Wall", "-o"])
+        .args(["-O3", "-Wall", "-o"])
         .arg(&bin)
         .arg(&src)
         .output()
