@@ -313,11 +313,18 @@ impl Worker {
             frames.len()
         ];
         let mut stats = RoundStats::default();
+        // Indices in flight, so that the resend scan after each result costs the window, not
+        // the gradient (a full scan made a round quadratic in its chunks).
+        let mut flying: Vec<usize> = Vec::with_capacity(self.tuning.window);
         for i in chunks as usize..frames.len() {
             self.socket.send_to(&frames[i], m.aggregator)?;
             pending[i].in_flight = true;
+            flying.push(i);
             stats.sent += 1;
         }
+        // The socket's read timeout as last set, in whole milliseconds: set again only when it
+        // changes.
+        let mut read_timeout_ms = 0u128;
         let mut next = 0usize;
         let mut first_sent = 0usize;
         let mut in_flight = 0usize;
@@ -335,6 +342,7 @@ impl Worker {
                 self.socket.send_to(&frames[i], m.aggregator)?;
                 pending[i].sent_at = Instant::now();
                 pending[i].in_flight = true;
+                flying.push(i);
                 stats.sent += 1;
                 in_flight += 1;
                 next += 1;
@@ -346,10 +354,8 @@ impl Worker {
             // Resend what timed out; the earliest deadline bounds the wait.
             let now = Instant::now();
             let mut wait = self.tuning.max_timeout;
-            for (i, p) in pending.iter_mut().enumerate() {
-                if !p.in_flight {
-                    continue;
-                }
+            for &i in &flying {
+                let p = &mut pending[i];
                 let due = p.sent_at + p.timeout;
                 if due <= now {
                     self.socket
@@ -371,8 +377,12 @@ impl Worker {
                     waited: last_progress.elapsed(),
                 });
             }
-            self.socket
-                .set_read_timeout(Some(wait.max(Duration::from_micros(100))))?;
+            let wait_ms = wait.as_millis().max(1);
+            if wait_ms != read_timeout_ms {
+                self.socket
+                    .set_read_timeout(Some(Duration::from_millis(wait_ms as u64)))?;
+                read_timeout_ms = wait_ms;
+            }
             let (n, _from) = match self.socket.recv_from(&mut self.buf) {
                 Ok(r) => r,
                 Err(e)
@@ -410,6 +420,11 @@ impl Worker {
                 continue;
             }
             let was_in_flight = std::mem::replace(&mut pending[i].in_flight, false);
+            if was_in_flight {
+                if let Some(k) = flying.iter().position(|x| *x == i) {
+                    flying.swap_remove(k);
+                }
+            }
             pending[i].done = true;
             pending[i].digest = digest;
             if i >= chunks as usize {
@@ -428,6 +443,7 @@ impl Worker {
                     self.socket.send_to(&frames[j], m.aggregator)?;
                     pending[j].sent_at = Instant::now();
                     pending[j].in_flight = true;
+                    flying.push(j);
                     stats.sent += 1;
                     in_flight += 1;
                     next = next.max(j + 1);
