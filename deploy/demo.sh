@@ -5,12 +5,15 @@
 # XDP gateway nodes owning six VIPs, tenants on two compute hosts talking over VXLAN through
 # them, an owner's link cut under a probe stream (the loss window is printed) and a drain; then
 # the probe: a training job's ranks doing a real ring all-reduce on three hosts, diagnosed by
-# `yard diagnose` through a throttled link and a SIGSTOPped rank; and offline, a simulated
-# 64-rank job with a skipped collective diagnosed from its Flight Recorder dumps.
+# `yard diagnose` through a throttled link and a SIGSTOPped rank; then the aggregator: a real
+# PyTorch DDP job of four ranks summing its gradients in XDP through `yard_agg.hook`, the
+# aggregating node killed with -9 mid-training and the job moved, the parameters compared with
+# gloo's; and offline, a simulated 64-rank job with a skipped collective diagnosed from its
+# Flight Recorder dumps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./deploy/install-deps.sh
-cargo build --release -p yard -p yard-cluster-tests --bin yard --bin gateway-demo --bin probe-demo --bin ring-rank
+cargo build --release -p yard -p yard-cluster-tests --bin yard --bin gateway-demo --bin probe-demo --bin ring-rank --bin agg-demo
 export YARD_BIN=$PWD/target/release/yard STATE=${STATE:-/tmp/yard-local-cluster}
 ./deploy/local-cluster.sh up 3
 yard() { ip netns exec ydlc-1 "$YARD_BIN" --endpoint 198.18.0.1:7480,198.18.0.2:7480,198.18.0.3:7480 --tls-dir "$STATE/tls" "$@"; }
@@ -34,6 +37,7 @@ yard status
 [[ ${KEEP:-0} == 1 ]] || ./deploy/local-cluster.sh down
 ./target/release/gateway-demo "$YARD_BIN"
 ./target/release/probe-demo "$YARD_BIN" "$PWD/target/release/ring-rank" "${STATE%/*}/yard-hang.svg"
+./target/release/agg-demo "$YARD_BIN"
 sim=$(mktemp -d /tmp/yard-sim.XXXXXX)
 "$YARD_BIN" sim ccl --scale small --scenario skip_collective-s1-clean --out "$sim"
 "$YARD_BIN" diagnose --fr-dumps "$sim/fr" --svg "$sim/timeline.svg"
