@@ -3,21 +3,19 @@
 //! duplicates, rounds, epochs, foreign and forged frames; a seeded fuzz run in which every frame
 //! must give the model's counter and the model's reply, byte for byte. Needs root.
 
+mod agg_common;
 mod common;
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 
+use agg_common::*;
 use common::require_root;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use yard_agg::fixed;
 use yard_agg::model::{Action, Aggregator as Model, JobSpec};
 use yard_agg::wire::{self, Dtype, Geometry, Header, Kind};
 use yard_ebpf::frames::HostFrame;
 use yard_ebpf::{AggCounter, AggJobEntry, Aggregator, XdpAction};
-
-const AGG: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 100);
-const CHUNK: u16 = 360;
 
 fn worker_addr(job: u32, w: usize) -> SocketAddrV4 {
     SocketAddrV4::new(
@@ -56,96 +54,9 @@ fn entry(spec: &JobSpec, base: u32) -> AggJobEntry {
     }
 }
 
-fn frame(from: SocketAddrV4, payload: &[u8]) -> Vec<u8> {
-    HostFrame::udp(*from.ip(), from.port(), AGG, wire::PORT, payload).build()
-}
-
-const HEADERS: usize = 14 + 20 + 8;
-
-/// The aggregation payload of an output frame.
-fn payload_of(frame: &[u8]) -> &[u8] {
-    &frame[HEADERS..]
-}
-
-fn data(spec: &JobSpec, w: usize, round: u32, chunk: u32, exp: i8, values: &[i32]) -> Vec<u8> {
-    wire::encode(
-        &Header {
-            kind: Kind::Data,
-            flags: 0,
-            exp,
-            job: spec.id,
-            epoch: spec.epoch,
-            round,
-            chunk,
-            worker: u16::try_from(w).unwrap(),
-            count: 0,
-        },
-        values,
-    )
-}
-
 fn loaded(slots: u32) -> Aggregator {
     require_root();
     Aggregator::load(slots).expect("load the aggregator programs")
-}
-
-/// Sums one round of `grads` (one per worker) through the program and the model, chunk by
-/// chunk, workers in a rotating order; returns the program's results (values and exponent per
-/// chunk), asserting each equals the model's byte for byte.
-fn run_round(
-    agg: &Aggregator,
-    model: &mut Model,
-    spec: &JobSpec,
-    round: u32,
-    grads: &[Vec<i32>],
-    exps: &[Vec<i8>],
-) -> Vec<(i8, Vec<i32>)> {
-    let g = spec.geometry;
-    let n = grads.len();
-    let mut out = Vec::new();
-    for c in 0..g.chunks() {
-        let range = g.chunk_start(c)..g.chunk_start(c) + g.chunk_len(c);
-        let mut result = None;
-        for k in 0..n {
-            let w = (k + c as usize) % n;
-            let payload = data(
-                spec,
-                w,
-                round,
-                c,
-                exps[w][c as usize],
-                &grads[w][range.clone()],
-            );
-            let got = agg.test_run(&frame(spec.members[w], &payload)).unwrap();
-            let want = model.receive(spec.members[w], &payload);
-            if k + 1 < n {
-                assert_eq!(got.action, XdpAction::Drop, "chunk {c} worker {w}");
-                assert_eq!(want.action, Action::Drop);
-            } else {
-                assert_eq!(
-                    got.action,
-                    XdpAction::Pass,
-                    "the last contribution fans out"
-                );
-                let Action::Fanout(bytes) = want.action else {
-                    panic!("the model did not complete chunk {c}");
-                };
-                let mut expected = bytes.clone();
-                expected[5] = Kind::Fanout as u8; // XDP hands it to TC as a fan-out
-                assert_eq!(payload_of(&got.frame), expected.as_slice(), "chunk {c}");
-                let (h, body) = Header::parse(&bytes).unwrap();
-                assert_eq!(usize::from(h.worker), n, "contributors");
-                result = Some((h.exp, wire::values(body)));
-            }
-        }
-        out.push(result.expect("a result"));
-    }
-    out
-}
-
-fn sizes() -> [u32; 5] {
-    let c = u32::from(CHUNK);
-    [1, c - 1, c, c + 1, 1_000_003]
 }
 
 #[test]
@@ -192,40 +103,10 @@ fn float32_sums_are_within_the_fixed_point_bound_at_every_size() {
         agg.set_job(&entry(&s, 0)).unwrap();
         let mut model = Model::new();
         model.set_job(s.clone());
-        // Workers at different scales, so exponents differ and re-scaling is exercised.
-        let floats: Vec<Vec<f32>> = (0..n)
-            .map(|w| {
-                (0..values)
-                    .map(|_| rng.gen_range(-1.0f32..1.0) * 4f32.powi(i32::try_from(w).unwrap()))
-                    .collect()
-            })
-            .collect();
-        let g = s.geometry;
-        let mut grads = vec![Vec::new(); n];
-        let mut exps = vec![Vec::new(); n];
-        for w in 0..n {
-            for c in 0..g.chunks() {
-                let range = g.chunk_start(c)..g.chunk_start(c) + g.chunk_len(c);
-                let (e, q) = fixed::quantize(&floats[w][range], n as u16);
-                grads[w].extend(q);
-                exps[w].push(e);
-            }
-        }
+        let floats = scaled_floats(&mut rng, n, values);
+        let (grads, exps) = quantized(&s, &floats);
         let results = run_round(&agg, &mut model, &s, 0, &grads, &exps);
-        for (c, (exp, acc)) in results.iter().enumerate() {
-            let start = g.chunk_start(c as u32);
-            let got = fixed::dequantize(acc, *exp, n as u16);
-            let bound = fixed::error_bound(n as u16, *exp);
-            for (j, v) in got.iter().enumerate() {
-                let exact: f64 = floats.iter().map(|f| f64::from(f[start + j])).sum();
-                let slack = bound + f64::from(v.abs()) * f64::from(f32::EPSILON);
-                assert!(
-                    (f64::from(*v) - exact).abs() <= slack,
-                    "{values} values, element {}: {v} vs {exact} (bound {slack})",
-                    start + j
-                );
-            }
-        }
+        assert_within_bound(&s, &floats, &results, &format!("{values} values"));
     }
 }
 

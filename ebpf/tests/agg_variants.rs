@@ -6,23 +6,20 @@
 //! two CPUs contributing to the same chunks at once, complete every chunk exactly once with the
 //! exact int32 sum (float32 within the fixed-point bound). Needs root and two CPUs.
 
+mod agg_common;
 mod common;
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Barrier;
 
+use agg_common::*;
 use common::require_root;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use yard_agg::fixed;
-use yard_agg::model::{Action, Aggregator as Model, JobSpec};
-use yard_agg::wire::{self, Dtype, Geometry, Header, Kind};
-use yard_ebpf::frames::HostFrame;
+use yard_agg::model::{Aggregator as Model, JobSpec};
+use yard_agg::wire::{self, Dtype, Geometry};
 use yard_ebpf::{AggCounter, AggJobEntry, Aggregator, SumVariant, XdpAction};
-
-const AGG: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 100);
-const CHUNK: u16 = 360;
-const HEADERS: usize = 14 + 20 + 8;
 
 fn worker_addr(w: usize) -> SocketAddrV4 {
     SocketAddrV4::new(
@@ -56,27 +53,6 @@ fn entry(spec: &JobSpec) -> AggJobEntry {
     }
 }
 
-fn data(spec: &JobSpec, w: usize, round: u32, chunk: u32, exp: i8, values: &[i32]) -> Vec<u8> {
-    wire::encode(
-        &Header {
-            kind: Kind::Data,
-            flags: 0,
-            exp,
-            job: spec.id,
-            epoch: spec.epoch,
-            round,
-            chunk,
-            worker: u16::try_from(w).unwrap(),
-            count: 0,
-        },
-        values,
-    )
-}
-
-fn frame(from: SocketAddrV4, payload: &[u8]) -> Vec<u8> {
-    HostFrame::udp(*from.ip(), from.port(), AGG, wire::PORT, payload).build()
-}
-
 /// `variant` loaded with room for `spec`, serving it, prepared for round 0.
 fn loaded(variant: SumVariant, spec: &JobSpec) -> Aggregator {
     require_root();
@@ -95,62 +71,6 @@ fn counter(agg: &Aggregator, c: AggCounter) -> u64 {
         .unwrap()
         .1
         .packets
-}
-
-/// One round of `grads` through the program and the model, workers in a rotating order per
-/// chunk; asserts every reply equals the model's byte for byte and returns the results.
-fn run_round(
-    agg: &Aggregator,
-    model: &mut Model,
-    spec: &JobSpec,
-    round: u32,
-    grads: &[Vec<i32>],
-    exps: &[Vec<i8>],
-) -> Vec<(i8, Vec<i32>)> {
-    let g = spec.geometry;
-    let n = grads.len();
-    let mut out = Vec::new();
-    for c in 0..g.chunks() {
-        let range = g.chunk_start(c)..g.chunk_start(c) + g.chunk_len(c);
-        for k in 0..n {
-            let w = (k + c as usize) % n;
-            let payload = data(
-                spec,
-                w,
-                round,
-                c,
-                exps[w][c as usize],
-                &grads[w][range.clone()],
-            );
-            let got = agg.test_run(&frame(spec.members[w], &payload)).unwrap();
-            let want = model.receive(spec.members[w], &payload);
-            if k + 1 < n {
-                assert_eq!(got.action, XdpAction::Drop, "chunk {c} worker {w}");
-                assert_eq!(want.action, Action::Drop);
-                continue;
-            }
-            assert_eq!(
-                got.action,
-                XdpAction::Pass,
-                "the last contribution fans out"
-            );
-            let Action::Fanout(bytes) = want.action else {
-                panic!("the model did not complete chunk {c}");
-            };
-            let mut expected = bytes.clone();
-            expected[5] = Kind::Fanout as u8;
-            assert_eq!(&got.frame[HEADERS..], expected.as_slice(), "chunk {c}");
-            let (h, body) = Header::parse(&bytes).unwrap();
-            assert_eq!(usize::from(h.worker), n, "contributors");
-            out.push((h.exp, wire::values(body)));
-        }
-    }
-    out
-}
-
-fn sizes() -> [u32; 5] {
-    let c = u32::from(CHUNK);
-    [1, c - 1, c, c + 1, 1_000_003]
 }
 
 #[test]
@@ -212,36 +132,11 @@ fn float32_variants_are_within_the_fixed_point_bound_and_atomic_refuses_float() 
             let agg = loaded(variant, &s);
             let mut model = Model::new();
             model.set_job(s.clone());
-            let floats: Vec<Vec<f32>> = (0..n)
-                .map(|w| {
-                    (0..values)
-                        .map(|_| rng.gen_range(-1.0f32..1.0) * 4f32.powi(i32::try_from(w).unwrap()))
-                        .collect()
-                })
-                .collect();
-            let g = s.geometry;
-            let mut grads = vec![Vec::new(); n];
-            let mut exps = vec![Vec::new(); n];
-            for w in 0..n {
-                for c in 0..g.chunks() {
-                    let range = g.chunk_start(c)..g.chunk_start(c) + g.chunk_len(c);
-                    let (e, q) = fixed::quantize(&floats[w][range], n as u16);
-                    grads[w].extend(q);
-                    exps[w].push(e);
-                }
-            }
+            let floats = scaled_floats(&mut rng, n, values);
+            let (grads, exps) = quantized(&s, &floats);
             // From one CPU a variant's result is the model's, byte for byte (run_round checks).
             let results = run_round(&agg, &mut model, &s, 0, &grads, &exps);
-            for (c, (exp, acc)) in results.iter().enumerate() {
-                let start = g.chunk_start(c as u32);
-                let got = fixed::dequantize(acc, *exp, n as u16);
-                let bound = fixed::error_bound(n as u16, *exp);
-                for (j, v) in got.iter().enumerate() {
-                    let exact: f64 = floats.iter().map(|f| f64::from(f[start + j])).sum();
-                    let slack = bound + f64::from(v.abs()) * f64::from(f32::EPSILON);
-                    assert!((f64::from(*v) - exact).abs() <= slack, "{}", variant.name());
-                }
-            }
+            assert_within_bound(&s, &floats, &results, variant.name());
         }
     }
 }

@@ -27,8 +27,13 @@
 #[path = "../gateway/mod.rs"]
 mod gateway;
 #[allow(dead_code)]
+#[path = "../hostcpu.rs"]
+mod hostcpu;
+#[allow(dead_code)]
 #[path = "../stats.rs"]
 mod stats;
+
+use hostcpu::kthreads;
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -100,22 +105,6 @@ fn tx_packets(ns: &str, dev: &str) -> Result<u64> {
     link_json(ns, dev)?["stats64"]["tx"]["packets"]
         .as_u64()
         .with_context(|| format!("no tx packets for {dev} in {ns}"))
-}
-
-/// The pids of kernel threads whose name starts with `prefix`.
-fn kthreads(prefix: &str) -> Vec<u32> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse().ok()) else {
-            continue;
-        };
-        let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
-        if comm.trim_end().starts_with(prefix) {
-            out.push(pid);
-        }
-    }
-    out.sort_unstable();
-    out
 }
 
 /// Turns on threaded NAPI for `dev` in `ns` and returns its new NAPI thread(s), pinned to
