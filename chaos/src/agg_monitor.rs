@@ -171,6 +171,11 @@ impl AggRun {
         self.workers
     }
 
+    /// The node summing the job, as last seen.
+    pub fn aggregator(&self) -> Option<NodeId> {
+        lock(&self.placed).last().map(|p| p.node)
+    }
+
     /// Rounds completed so far by the slowest worker after `after_ms`.
     pub fn rounds_after(&self, after_ms: Ms) -> usize {
         let done = lock(&self.done);

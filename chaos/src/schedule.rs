@@ -181,6 +181,40 @@ pub struct Schedule {
 }
 
 impl Schedule {
+    /// The same schedule with every host index `i` renamed `(i + k) % hosts`, `k` chosen so
+    /// that the first step that takes its hosts out (a kill, pause, link down or partition)
+    /// hits `target`; returns it and `k`. A seeded schedule knows host indices, not roles: this
+    /// aims it at one (the host summing an aggregation job) without changing its shape, and the
+    /// same seed and target give the same run.
+    pub fn aimed_at(&self, target: usize) -> (Schedule, usize) {
+        let n = self.config.hosts.max(1);
+        let outage = |k: FaultKind| {
+            matches!(
+                k,
+                FaultKind::Kill9
+                    | FaultKind::Kill9Stall
+                    | FaultKind::Pause
+                    | FaultKind::LinkDown
+                    | FaultKind::LinkDownStall
+                    | FaultKind::Partition
+            )
+        };
+        let k = self
+            .steps
+            .iter()
+            .find(|s| outage(s.fault.kind))
+            .and_then(|s| s.fault.targets.first())
+            .map_or(0, |t| (target % n + n - t % n) % n);
+        let mut out = self.clone();
+        for s in &mut out.steps {
+            for t in &mut s.fault.targets {
+                *t = (*t + k) % n;
+            }
+            s.fault.targets.sort_unstable();
+        }
+        (out, k)
+    }
+
     /// Hosts faulted at instant `t` (a step covers `[start, end)`).
     pub fn faulted_at(&self, t: Duration) -> Vec<usize> {
         let mut hosts: Vec<usize> = self
@@ -324,6 +358,47 @@ mod millis {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         u64::deserialize(d).map(Duration::from_millis)
+    }
+}
+
+#[cfg(test)]
+mod aimed_tests {
+    use super::*;
+
+    #[test]
+    fn an_aimed_schedule_first_takes_out_the_target_and_keeps_its_shape() {
+        let config = ScheduleConfig::new(7, 3, Duration::from_secs(120), FaultKind::every());
+        let s = generate(&config).unwrap();
+        for target in 0..3 {
+            let (a, k) = s.aimed_at(target);
+            assert_eq!(a.steps.len(), s.steps.len());
+            let first = a
+                .steps
+                .iter()
+                .find(|x| {
+                    !matches!(
+                        x.fault.kind,
+                        FaultKind::Loss { .. }
+                            | FaultKind::ControlLoss { .. }
+                            | FaultKind::ControlOneway
+                            | FaultKind::Stall
+                    )
+                })
+                .unwrap();
+            assert!(first.fault.targets.contains(&target), "{a}");
+            for (x, y) in a.steps.iter().zip(&s.steps) {
+                assert_eq!(
+                    (x.start, x.duration, x.fault.kind),
+                    (y.start, y.duration, y.fault.kind)
+                );
+                assert_eq!(x.fault.targets.len(), y.fault.targets.len());
+                assert!(y
+                    .fault
+                    .targets
+                    .iter()
+                    .all(|t| x.fault.targets.contains(&((t + k) % 3))));
+            }
+        }
     }
 }
 

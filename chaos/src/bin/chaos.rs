@@ -219,7 +219,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
     config.max_fault = Duration::from_secs(15);
     config.min_gap = Duration::from_secs(3);
     config.max_gap = Duration::from_secs(8);
-    let schedule = generate(&config)?;
+    let mut schedule = generate(&config)?;
     println!("chaos: seed {seed} (rerun with --seed {seed})");
     print!("{schedule}");
     if args.dry_run {
@@ -298,6 +298,16 @@ fn run(args: Args) -> anyhow::Result<bool> {
             "chaos: aggregation job {} with {AGG_WORKERS} workers on host {worker_host} summing",
             yard_chaos::agg_monitor::JOB
         );
+        // The seeded schedule names host indices; aim it so that its first outage takes out
+        // the node summing the job (which the leader places deterministically).
+        if let Some(node) = run.aggregator() {
+            let (aimed, k) = schedule.aimed_at(node as usize - 1);
+            schedule = aimed;
+            println!(
+                "chaos: host indices shifted by {k} so the first outage hits node {node}, the aggregator:"
+            );
+            print!("{schedule}");
+        }
         Some(run)
     } else {
         None
