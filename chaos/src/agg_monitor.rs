@@ -29,7 +29,10 @@ const FIRST_PORT: u16 = 42000;
 
 /// The `[aggregator]` config of every node: XDP on `eth0`, generic mode (veth in namespaces).
 pub fn aggregator_config() -> String {
-    "[aggregator]\nenabled = true\ninterface = \"eth0\"\nxdp_mode = \"generic\"\nmemory_mb = 16\nplace_ms = 200\n".into()
+    format!(
+        "{}place_ms = 200\n",
+        yard_cluster_tests::yard::aggregator_config(16)
+    )
 }
 
 /// Worker `rank`'s gradient in `round`: different per worker and round, overflowing when summed.

@@ -35,6 +35,14 @@ pub const METRICS_PORT: u16 = 9480;
 /// Replaced by the host (= node) number in [`ClusterOptions::extra_config`].
 pub const HOST_PLACEHOLDER: &str = "@HOST@";
 
+/// The `[aggregator]` section of nodes that sum in XDP on `eth0` in generic mode (the veths of
+/// test hosts), with `memory_mb` of slots; keys of the same section may follow it.
+pub fn aggregator_config(memory_mb: u64) -> String {
+    format!(
+        "[aggregator]\nenabled = true\ninterface = \"eth0\"\nxdp_mode = \"generic\"\nmemory_mb = {memory_mb}\n"
+    )
+}
+
 /// Extra `[raft]`/`[liveness]` settings for a test cluster.
 #[derive(Debug, Clone, Default)]
 pub struct ClusterOptions {

@@ -35,19 +35,15 @@ const LOSS_PERCENT: f64 = 3.0;
 /// Chunk values at the namespaces' MTU of 1500.
 const CHUNK_VALUES: u64 = 360;
 
-/// Every node aggregates in XDP (placement keeps the job off the workers' hosts). Liveness is
-/// relaxed from 3 missed 20 ms probes to 30 missed 100 ms ones: with the defaults, seven debug
-/// nodes on a shared 2-core test machine flapped reachable/unreachable every few hundred ms
-/// from the cluster's start, and the leader, finding a worker's host unreachable once, failed
-/// the (strict) job naming that rank (2 runs of 2). (That led to `aggregator.worker_gone_ms`:
-/// the leader now waits for a sustained stretch before failing a job, but a flapping aggregator
-/// host would still move the job back and forth.) This test is about the hook and the data
-/// plane, not about failure detection.
+/// Every node aggregates in XDP (placement keeps the job off the workers' hosts), with
+/// liveness relaxed for seven nodes and four torch ranks on two cores ([`torch::AGG_TORCH_LIVENESS`]).
 fn options() -> ClusterOptions {
     ClusterOptions {
-        extra_config: "[aggregator]\nenabled = true\ninterface = \"eth0\"\nxdp_mode = \"generic\"\nmemory_mb = 32\n\
-                       [liveness]\ninterval_ms = 100\nmisses = 30\nlease_ms = 300\n"
-            .into(),
+        extra_config: format!(
+            "{}{}",
+            yard_cluster_tests::yard::aggregator_config(32),
+            torch::AGG_TORCH_LIVENESS
+        ),
     }
 }
 

@@ -23,7 +23,7 @@ const ROUNDS: u32 = 12;
 
 fn options() -> ClusterOptions {
     ClusterOptions {
-        extra_config: "[aggregator]\nenabled = true\ninterface = \"eth0\"\nxdp_mode = \"generic\"\nmemory_mb = 32\n".into(),
+        extra_config: yard_cluster_tests::yard::aggregator_config(32),
     }
 }
 

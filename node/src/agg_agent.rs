@@ -36,18 +36,10 @@ pub fn view_json(view: &WorkerView) -> Value {
         WorkerView::Waiting => {
             json!({"waiting": "waiting for every rank to join and the leader to place the job"})
         }
-        WorkerView::Running {
-            job,
-            epoch,
-            worker,
-            workers,
-            aggregator,
-            geometry,
-            dtype,
-        } => json!({"membership": {
-            "job": job, "epoch": epoch, "worker": worker, "workers": workers,
-            "aggregator": aggregator.to_string(), "values": geometry.values,
-            "chunk_values": geometry.chunk_values, "dtype": dtype.name(),
+        WorkerView::Running(m) => json!({"membership": {
+            "job": m.job, "epoch": m.epoch, "worker": m.worker, "workers": m.workers,
+            "aggregator": m.aggregator.to_string(), "values": m.geometry.values,
+            "chunk_values": m.geometry.chunk_values, "dtype": m.dtype.name(),
         }}),
         WorkerView::Failed(why) => json!({"failed": why}),
         WorkerView::Gone => json!({"gone": "the job was deleted"}),

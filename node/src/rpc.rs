@@ -187,24 +187,7 @@ impl AggJobRow {
     /// job join`) follows the job through these rows, as an agent's session does through its
     /// pushed memberships.
     pub fn membership(&self, rank: u16) -> Option<yard_agg::worker::Membership> {
-        let j = &self.job;
-        if !j.running() {
-            return None;
-        }
-        let order = j.worker_order();
-        let worker = order.iter().position(|(r, _)| *r == rank)?;
-        Some(yard_agg::worker::Membership {
-            job: j.id,
-            epoch: j.epoch,
-            worker: u16::try_from(worker).ok()?,
-            workers: u16::try_from(order.len()).ok()?,
-            aggregator: self.aggregator?,
-            geometry: yard_agg::wire::Geometry {
-                values: j.values,
-                chunk_values: j.chunk_values,
-            },
-            dtype: yard_agg::wire::Dtype::from_raw(j.dtype)?,
-        })
+        yard_actors::aggregator::core::membership(&self.job, self.aggregator?, rank)
     }
 }
 

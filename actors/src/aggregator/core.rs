@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use yard_agg::wire::{Dtype, Geometry};
+use yard_agg::worker::Membership;
 use yard_ebpf::AggJobEntry;
 use yard_raft_store::aggregation::{AggJob, AggTables};
 use yard_raft_store::NodeId;
@@ -57,15 +58,7 @@ pub enum WorkerView {
     /// Not every rank has joined yet, or the job has no aggregator yet.
     Waiting,
     /// The job runs: this worker's membership in the current epoch.
-    Running {
-        job: u32,
-        epoch: u32,
-        worker: u16,
-        workers: u16,
-        aggregator: std::net::SocketAddrV4,
-        geometry: Geometry,
-        dtype: Dtype,
-    },
+    Running(Membership),
     /// The job failed (a worker died), or this rank is no longer in it.
     Failed(String),
     /// There is no such job (deleted).
@@ -89,22 +82,36 @@ pub fn worker_view(tables: &AggTables, name: &str, rank: u16) -> WorkerView {
     let Some(host) = tables.hosts.get(&p.node) else {
         return WorkerView::Waiting;
     };
+    let aggregator = std::net::SocketAddrV4::new(host.ip, yard_agg::wire::PORT);
+    membership(job, aggregator, rank).map_or(WorkerView::Waiting, WorkerView::Running)
+}
+
+/// What rank `rank` of `job` sums as, with the job summed at `aggregator`: its index among
+/// this epoch's members (ranks ascending), if the job runs and the rank is one of them. The one
+/// place a membership is made from the tables: the agent pushes it, and an operator's worker
+/// (`yard agg job show`) reads it from the job's row.
+pub fn membership(
+    job: &AggJob,
+    aggregator: std::net::SocketAddrV4,
+    rank: u16,
+) -> Option<Membership> {
+    if !job.running() {
+        return None;
+    }
     let order = job.worker_order();
-    let Some(worker) = order.iter().position(|(r, _)| *r == rank) else {
-        return WorkerView::Waiting;
-    };
-    WorkerView::Running {
+    let worker = order.iter().position(|(r, _)| *r == rank)?;
+    Some(Membership {
         job: job.id,
         epoch: job.epoch,
-        worker: u16::try_from(worker).unwrap_or(u16::MAX),
-        workers: u16::try_from(order.len()).unwrap_or(u16::MAX),
-        aggregator: std::net::SocketAddrV4::new(host.ip, yard_agg::wire::PORT),
+        worker: u16::try_from(worker).ok()?,
+        workers: u16::try_from(order.len()).ok()?,
+        aggregator,
         geometry: Geometry {
             values: job.values,
             chunk_values: job.chunk_values,
         },
-        dtype: Dtype::from_raw(job.dtype).unwrap_or(Dtype::I32),
-    }
+        dtype: Dtype::from_raw(job.dtype)?,
+    })
 }
 
 /// Effects from `current` to `wanted`: removals first (they free slot ranges a new job may
@@ -211,13 +218,13 @@ mod tests {
         let mut t = tables();
         assert_eq!(worker_view(&t, "a", 1), WorkerView::Waiting);
         place(&mut t, "a", 1, 0);
-        let WorkerView::Running {
+        let WorkerView::Running(Membership {
             worker,
             workers,
             aggregator,
             epoch,
             ..
-        } = worker_view(&t, "a", 1)
+        }) = worker_view(&t, "a", 1)
         else {
             panic!("not running");
         };

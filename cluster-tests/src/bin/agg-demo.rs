@@ -53,12 +53,13 @@ fn run(bin: &Path) -> Result<(), String> {
     let version = torch::torch_version(&python)?;
     let values = torch::agg_model_values(&python)?;
     let nodes = AGGREGATORS + WORKERS;
-    // Relaxed liveness, as in the real-torch test: seven nodes and four torch ranks share the
-    // machine's cores, and a flapping aggregator host would move the job back and forth.
+    // Relaxed liveness, as in the real-torch test (`torch::AGG_TORCH_LIVENESS` says why).
     let opts = ClusterOptions {
-        extra_config: "[aggregator]\nenabled = true\ninterface = \"eth0\"\nxdp_mode = \"generic\"\nmemory_mb = 32\n\
-                       [liveness]\ninterval_ms = 100\nmisses = 30\nlease_ms = 300\n"
-            .into(),
+        extra_config: format!(
+            "{}{}",
+            yard_cluster_tests::yard::aggregator_config(32),
+            torch::AGG_TORCH_LIVENESS
+        ),
     };
     let mut c = YardCluster::start(bin, nodes, nodes, &opts).map_err(|e| e.to_string())?;
     let size = (values * 4).to_string();
