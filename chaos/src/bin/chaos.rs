@@ -150,11 +150,19 @@ fn main() -> std::process::ExitCode {
 
 /// Named pass/fail verdicts; the last line counts them.
 #[derive(Default)]
-struct Checks(Vec<(String, bool)>);
+/// Named verdicts; a failed one may carry why, repeated at the end of the output (CI shows only
+/// its tail).
+struct Checks(Vec<(String, bool, Option<String>)>);
 
 impl Checks {
     fn add(&mut self, name: impl Into<String>, ok: bool) -> bool {
-        self.0.push((name.into(), ok));
+        self.0.push((name.into(), ok, None));
+        ok
+    }
+    /// A verdict with the reason it failed, if it did.
+    fn add_why(&mut self, name: impl Into<String>, outcome: Result<(), String>) -> bool {
+        let ok = outcome.is_ok();
+        self.0.push((name.into(), ok, outcome.err()));
         ok
     }
     fn passed(&self) -> usize {
@@ -536,7 +544,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
             poll: args.poll_ms as Ms,
             max_owner_changes: args.max_owner_changes,
             converge: args.converge_ms as Ms,
-            settle: Duration::from_millis(args.holddown_max_ms) + Duration::from_secs(15),
+            settle: Duration::from_millis(2 * args.holddown_max_ms) + Duration::from_secs(15),
         };
         ctx.gateway_verdicts(&cluster, gw, &mut checks)?;
     }
@@ -545,9 +553,13 @@ fn run(args: Args) -> anyhow::Result<bool> {
         agg_verdicts(run, &faults, &mut checks);
     }
 
-    for (name, _) in checks.0.iter().filter(|c| !c.1) {
-        println!("chaos: FAILED: {name}");
+    for (name, _, why) in checks.0.iter().filter(|c| !c.1) {
+        match why {
+            Some(why) => println!("chaos: FAILED: {name}: {why}"),
+            None => println!("chaos: FAILED: {name}"),
+        }
     }
+    println!("chaos: seed {seed} (rerun with --seed {seed})");
     let ok = checks.failed() == 0;
     println!(
         "chaos: {} passed, {} failed",
@@ -717,7 +729,10 @@ struct Judge<'a> {
     poll: Ms,
     max_owner_changes: u32,
     converge: Ms,
-    /// How long the final placement may take to settle (the longest hold-down and then some).
+    /// How long after the last fault healed the final placement may take to settle: the
+    /// longest hold-down twice (one that starts as the node's lease is restored after the heal,
+    /// and one more should it lapse once while its renewals catch up) and then some. The wait
+    /// ends as soon as the placement is balanced.
     settle: Duration,
 }
 
@@ -746,10 +761,19 @@ impl Judge<'_> {
         // (d) The end state, all healed: one owner per VIP, balanced, answered for by exactly
         // that owner, and the probes flowing without loss over a quiet second.
         let final_start = self.clock.now();
-        let placed = wait_vips(cluster, 1, self.settle, |rows| {
+        let last_heal = self
+            .faults
+            .iter()
+            .map(|f| f.healed)
+            .max()
+            .unwrap_or(final_start);
+        let settle = (self.settle + Duration::from_millis(last_heal.max(0) as u64))
+            .saturating_sub(Duration::from_millis(final_start.max(0) as u64))
+            .max(Duration::from_secs(15));
+        let placed = wait_vips(cluster, 1, settle, |rows| {
             rows.len() == vips.len() && balanced_without_leader(cluster, rows, self.nodes)
         });
-        let placement_ok = match &placed {
+        let placement = match &placed {
             Ok(rows) => {
                 let loads: Vec<usize> = self
                     .nodes
@@ -760,16 +784,20 @@ impl Judge<'_> {
                     "chaos: final vip placement settled {:.1}s after the schedule: vips per node {loads:?}",
                     secs(self.clock.now() - final_start)
                 );
-                true
+                Ok(())
             }
             Err(e) => {
-                println!("chaos: final vip placement: {e:#}");
-                false
+                let leaders: Vec<Option<usize>> =
+                    (1..=self.nodes.len()).map(|i| cluster.leader(i)).collect();
+                println!(
+                    "chaos: final vip placement: {e:#}; leader as nodes 1.. see it: {leaders:?}"
+                );
+                Err(format!("{e:#}; leader as nodes 1.. see it: {leaders:?}"))
             }
         };
-        checks.add(
+        checks.add_why(
             "gateway final: one owner per vip, balanced within 1 over the non-leaders",
-            placement_ok,
+            placement,
         );
         let mut mismatches = vec!["no placement to compare with".to_owned()];
         if let Ok(rows) = &placed {
@@ -804,9 +832,13 @@ impl Judge<'_> {
                 }
             }
         }
-        checks.add(
+        checks.add_why(
             "gateway final: each vip answered by exactly its owner",
-            mismatches.is_empty(),
+            if mismatches.is_empty() {
+                Ok(())
+            } else {
+                Err(mismatches.join("; "))
+            },
         );
         let quiet_from = self.clock.now();
         let sent_before: Vec<u64> = streams.iter().map(ProbeStream::sent).collect();
