@@ -189,6 +189,13 @@ pub fn serve(sock: &UdpSocket, model: &mut Aggregator, stop: &AtomicBool) -> io:
                     }
                     frames.push(b);
                 }
+                Action::Up(b) => {
+                    let job = Header::parse(&b).map_or(0, |(h, _)| h.job);
+                    if let Some(p) = model.parent(job) {
+                        out.push((frames.len(), p.addr));
+                        frames.push(b);
+                    }
+                }
             }
         }
         served.model_s += t0.elapsed().as_secs_f64();

@@ -36,6 +36,20 @@
  * result completes its slot at once, so the replay of a worker that was itself behind (a round
  * everybody has) never holds up the round after next.
  *
+ * Trees (ALEPH): a job may be summed by a tree of aggregators, one per cluster of workers. A
+ * cluster aggregator (agg_job.parent_ip set) completes a chunk like any other, but sends the
+ * partial sum up as a DATA frame to its parent, where it is one contribution under this host's
+ * worker index (slot state AGG_SLOT_FORWARDED), and takes the parent's RESULT frame as the
+ * chunk's result, which it fans out to its members (AGG_SLOT_DONE). The parent is just an
+ * aggregator whose members include its children, so the root needs nothing new. Losses are
+ * repaired from below: a member that times out resends its contribution, and a cluster
+ * aggregator that holds a forwarded chunk answers it by sending the partial up again, which the
+ * parent adds, drops as a duplicate or answers with its stored result. Every level checks the
+ * job's epoch, so a regrouping never sums a chunk under two trees. A replayed result
+ * (AGG_F_REPLAY) goes up flagged as such, so the root takes it as the chunk's result too.
+ * Fixed point: the workers scale for the job's whole N, so partial sums and the root's sum
+ * both fit int32 by construction.
+ *
  * Admission: a frame must name a job served here, the job's current epoch, and come from the
  * source address and port the daemon registered for the worker index it claims
  * (agg_members, filled from Raft), so a worker of another job cannot add to this one's sums.
@@ -53,6 +67,7 @@
 #include <linux/udp.h>
 #include <bpf/bpf_endian.h>
 
+#include "ipv4.h"
 #include "yard.h"
 
 char LICENSE[] SEC("license") = "GPL";
@@ -346,7 +361,58 @@ static long merge_cpu(__u64 cpu, void *arg)
 #endif
 #endif /* AGG_SUM_VARIANT */
 
-enum outcome { ADD, COMPLETE, RESEND, DUP, STALE, AHEAD };
+enum outcome { ADD, COMPLETE, RESEND, DUP, STALE, AHEAD, FORWARD, FORWARD_AGAIN, PARENT };
+
+/*
+ * Sends the slot's partial sum to the job's parent as a DATA frame with this host's worker
+ * index there, out of the interface it came in on (XDP_TX). The frame is a member's DATA frame
+ * of the same chunk, so its length is already the chunk's.
+ */
+static __always_inline int forward_up(struct xdp_md *ctx, const struct agg_job *job,
+				      struct agg_slot *slot, __u32 job_id, __u64 len, __u32 reason)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + sizeof(*eth);
+	struct udphdr *udp = (void *)ip + sizeof(*ip);
+	struct agg_hdr *h = (void *)udp + sizeof(*udp);
+	__u8 mac[ETH_ALEN];
+
+	if ((void *)(h + 1) > data_end)
+		return XDP_DROP; /* cannot happen: checked before */
+	__builtin_memcpy(mac, job->parent_mac, ETH_ALEN);
+	if (!(mac[0] | mac[1] | mac[2] | mac[3] | mac[4] | mac[5])) {
+		/* the daemon has not resolved the parent yet: a member's resend tries again */
+		count(AGG_FORWARD_FAILED, job_id, len);
+		return XDP_DROP;
+	}
+	write_result(ctx, slot);
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+	eth = data;
+	ip = data + sizeof(*eth);
+	udp = (void *)ip + sizeof(*ip);
+	h = (void *)udp + sizeof(*udp);
+	if ((void *)(h + 1) > data_end)
+		return XDP_DROP;
+	h->kind = AGG_DATA;
+	h->flags = slot->up_flags;
+	h->exp = slot->exp;
+	h->worker = job->parent_worker;
+	/* From this host (the member addressed it) to the parent. */
+	__builtin_memcpy(eth->h_source, eth->h_dest, ETH_ALEN);
+	__builtin_memcpy(eth->h_dest, mac, ETH_ALEN);
+	ip->saddr = job->self_ip;
+	ip->daddr = job->parent_ip;
+	ip->ttl = 64;
+	ip->check = ipv4_csum20(ip);
+	udp->source = bpf_htons(AGG_PORT);
+	udp->dest = job->parent_port;
+	udp->check = 0;
+	count(reason, job_id, len);
+	return XDP_TX;
+}
 
 SEC("xdp")
 int yard_agg(struct xdp_md *ctx)
@@ -376,7 +442,8 @@ int yard_agg(struct xdp_md *ctx)
 	}
 	__u32 n = h->count;
 
-	if (h->magic != AGG_MAGIC || h->version != AGG_VERSION || h->kind != AGG_DATA ||
+	if (h->magic != AGG_MAGIC || h->version != AGG_VERSION ||
+	    (h->kind != AGG_DATA && h->kind != AGG_RESULT) ||
 	    h->reserved != 0 || n == 0 || n > AGG_VALUES_MAX) {
 		count(AGG_BAD_HEADER, 0, len);
 		return XDP_DROP;
@@ -408,6 +475,22 @@ int yard_agg(struct xdp_md *ctx)
 		count(AGG_STALE, job_id, len);
 		return XDP_DROP;
 	}
+	/* A RESULT only from this cluster aggregator's parent, to its AGG_PORT. */
+	int from_parent = h->kind == AGG_RESULT;
+
+	if (from_parent && (!job->parent_ip || ip->saddr != job->parent_ip ||
+			    udp->source != job->parent_port)) {
+		count(AGG_FOREIGN, job_id, len);
+		return XDP_DROP;
+	}
+#ifdef AGG_SUM_VARIANT
+	if (from_parent) {
+		count(AGG_BAD_HEADER, job_id, len); /* the variants sum flat jobs only */
+		return XDP_DROP;
+	}
+#endif
+	if (from_parent)
+		goto admitted;
 	struct agg_member_key mkey = {
 		.job = job_id, .ip = ip->saddr, .port = udp->source, .pad = 0,
 	};
@@ -422,6 +505,7 @@ int yard_agg(struct xdp_md *ctx)
 	if (peer)
 		__builtin_memcpy(peer->mac, eth->h_source, ETH_ALEN);
 
+admitted:;
 	__u32 slot_idx = job->base + h->chunk * 2 + (h->round & 1);
 	struct agg_slot *slot = bpf_map_lookup_elem(&agg_slots, &slot_idx);
 	if (!slot) {
@@ -445,14 +529,45 @@ int yard_agg(struct xdp_md *ctx)
 			out = STALE;
 			goto unlock;
 		}
-		if (!slot->done) {
+		/* Only a result may be overwritten by round + 2 (see the top of this file). */
+		if (slot->done != AGG_SLOT_DONE) {
 			out = AHEAD;
 			goto unlock;
 		}
 		fresh = 1;
 	}
-	if (!fresh && slot->done) {
-		out = RESEND;
+	if (!fresh && slot->done == AGG_SLOT_DONE) {
+		out = from_parent ? DUP : RESEND;
+		goto unlock;
+	}
+	if (from_parent) {
+		/* The root's result, whatever this host had summed or sent up of the round. */
+		slot->job = job_id;
+		slot->epoch = h->epoch;
+		slot->round = h->round;
+		slot->seen = ~0ULL;
+		slot->count = h->worker;
+		slot->values = n;
+		slot->exp = h->exp;
+		slot->done = AGG_SLOT_DONE;
+		slot->up_flags = 0;
+#pragma clang loop unroll(disable)
+		for (__u32 i = 0; i < AGG_VALUES_MAX; i++) {
+			if ((void *)(v + i + 1) > data_end)
+				break;
+			slot->acc[i] = v[i];
+		}
+		out = PARENT;
+		goto unlock;
+	}
+	/*
+	 * A member's frame for a chunk whose partial sum went up: it timed out waiting, so the
+	 * partial (or the parent's answer) was lost; send it up again. A replayed result still
+	 * replaces a partial that was summed, as it would an incomplete sum.
+	 */
+	if (!fresh && slot->done == AGG_SLOT_FORWARDED &&
+	    !(replay && !(slot->up_flags & AGG_F_REPLAY))) {
+		out = FORWARD_AGAIN;
 		goto unlock;
 	}
 	if (fresh || replay) {
@@ -465,7 +580,8 @@ int yard_agg(struct xdp_md *ctx)
 		slot->count = replay ? workers : 1;
 		slot->values = n;
 		slot->exp = h->exp;
-		slot->done = 0;
+		slot->done = AGG_SLOT_SUMMING;
+		slot->up_flags = 0;
 #pragma clang loop unroll(disable)
 		for (__u32 i = 0; i < AGG_VALUES_MAX; i++) {
 			if ((void *)(v + i + 1) > data_end)
@@ -496,8 +612,15 @@ int yard_agg(struct xdp_md *ctx)
 		slot->count += 1;
 	}
 	if (slot->count >= workers) {
-		slot->done = 1;
-		out = COMPLETE;
+		if (job->parent_ip) {
+			/* A cluster aggregator: the partial sum goes up, the result comes down. */
+			slot->done = AGG_SLOT_FORWARDED;
+			slot->up_flags = replay ? AGG_F_REPLAY : 0;
+			out = FORWARD;
+		} else {
+			slot->done = AGG_SLOT_DONE;
+			out = COMPLETE;
+		}
 	} else {
 		out = ADD;
 	}
@@ -644,6 +767,17 @@ decided:
 	case AHEAD:
 		count(AGG_AHEAD, job_id, len);
 		return XDP_DROP;
+	case FORWARD:
+		return forward_up(ctx, job, slot, job_id, len, AGG_FORWARDED);
+	case FORWARD_AGAIN:
+		return forward_up(ctx, job, slot, job_id, len, AGG_FORWARD_RESENT);
+	case PARENT:
+		/* The values in the frame are the result: to every member through the fan-out. */
+		h->kind = AGG_FANOUT;
+		h->flags = 0;
+		reverse(eth, ip, udp);
+		count(AGG_PARENT_RESULT, job_id, len);
+		return XDP_PASS;
 	default:
 		break;
 	}

@@ -26,6 +26,7 @@
 #include <linux/udp.h>
 #include <bpf/bpf_endian.h>
 
+#include "ipv4.h"
 #include "yard.h"
 
 char LICENSE[] SEC("license") = "GPL";
@@ -161,21 +162,6 @@ static __always_inline int vip_mode_known(const struct gw_vip *vip)
 static __always_inline int lease_valid(const struct gw_config *cfg)
 {
 	return bpf_ktime_get_ns() < cfg->lease_deadline_ns;
-}
-
-/* Header checksum of a 20-byte (option-less) IPv4 header, computed with check = 0. */
-static __always_inline __u16 ipv4_csum20(struct iphdr *ip)
-{
-	__u16 *p = (__u16 *)ip;
-	__u32 sum = 0;
-
-	ip->check = 0;
-#pragma unroll
-	for (int i = 0; i < 10; i++)
-		sum += p[i];
-	sum = (sum & 0xffff) + (sum >> 16);
-	sum = (sum & 0xffff) + (sum >> 16);
-	return (__u16)~sum;
 }
 
 /* TTL - 1 with the checksum adjusted incrementally (RFC 1624), as Linux's ip_decrease_ttl(). */

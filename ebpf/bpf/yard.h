@@ -207,8 +207,8 @@ _Static_assert(PEERS_COUNTER_MAX == 8, "Rust PeerCounter::ALL has 8 entries");
 #define AGG_WORKERS_MAX 64
 
 enum agg_kind {
-	AGG_DATA = 1,   /* worker -> aggregator: one chunk of one round's gradient */
-	AGG_RESULT = 2, /* aggregator -> worker: the chunk's sum */
+	AGG_DATA = 1,   /* worker (or cluster aggregator) -> aggregator: one chunk of one round's gradient (or partial sum) */
+	AGG_RESULT = 2, /* aggregator -> worker (or parent -> cluster aggregator): the chunk's sum */
 	AGG_FANOUT = 3, /* internal: a fresh result XDP hands to the TC fan-out; dropped if received */
 };
 
@@ -261,8 +261,18 @@ struct agg_job {
 	__u8 dtype;         /* enum agg_dtype */
 	__u8 pad[3];        /* 0 */
 	__u32 self_ip;      /* the address results are sent from (network order) */
+	/*
+	 * A cluster aggregator of a tree (ALEPH): where its finished partial sums go, as DATA
+	 * frames from this host's AGG_PORT, and whose RESULT frames it takes as the chunk's result.
+	 * parent_ip 0: this host is the job's root (or its only aggregator) and fans results out.
+	 */
+	__u32 parent_ip;      /* network order */
+	__u16 parent_port;    /* network order */
+	__u16 parent_worker;  /* this host's worker index in the parent's sums */
+	__u8 parent_mac[6];   /* next hop toward the parent (the daemon resolves it) */
+	__u8 pad2[2];         /* 0 */
 };
-YARD_ASSERT_SIZE(struct agg_job, 28);
+YARD_ASSERT_SIZE(struct agg_job, 44);
 YARD_ASSERT_OFFSET(struct agg_job, epoch, 0);
 YARD_ASSERT_OFFSET(struct agg_job, base, 4);
 YARD_ASSERT_OFFSET(struct agg_job, chunks, 8);
@@ -271,6 +281,10 @@ YARD_ASSERT_OFFSET(struct agg_job, chunk_values, 16);
 YARD_ASSERT_OFFSET(struct agg_job, workers, 18);
 YARD_ASSERT_OFFSET(struct agg_job, dtype, 20);
 YARD_ASSERT_OFFSET(struct agg_job, self_ip, 24);
+YARD_ASSERT_OFFSET(struct agg_job, parent_ip, 28);
+YARD_ASSERT_OFFSET(struct agg_job, parent_port, 32);
+YARD_ASSERT_OFFSET(struct agg_job, parent_worker, 34);
+YARD_ASSERT_OFFSET(struct agg_job, parent_mac, 36);
 
 /* agg_members key: who may send for a job, by source address and port. */
 struct agg_member_key {
@@ -323,13 +337,21 @@ struct agg_slot {
 	__u16 count;   /* contributions in acc */
 	__u16 values;  /* values in this chunk */
 	__s8 exp;      /* f32: acc is in units of 2^(exp - frac bits) */
-	__u8 done;     /* 1 once count reached the job's workers: acc is the result */
-	__u8 pad[2];
+	__u8 done;     /* AGG_SLOT_*: summing, the result, or a partial sum sent to the parent */
+	__u8 up_flags; /* AGG_SLOT_FORWARDED: the flags the partial went up with (AGG_F_REPLAY) */
+	__u8 pad;
 	__s32 acc[AGG_VALUES_MAX];
 };
 YARD_ASSERT_SIZE(struct agg_slot, 3104); /* 32 + 4 x AGG_VALUES_MAX */
 YARD_ASSERT_OFFSET(struct agg_slot, seen, 16);
 YARD_ASSERT_OFFSET(struct agg_slot, acc, 32);
+
+/* agg_slot.done */
+enum agg_slot_state {
+	AGG_SLOT_SUMMING = 0,   /* contributions are being added */
+	AGG_SLOT_DONE = 1,      /* acc is the chunk's result (the root's, in a tree) */
+	AGG_SLOT_FORWARDED = 2, /* a cluster aggregator's partial sum, sent to the parent: waiting */
+};
 
 /* agg_job_counters key: a job and a reason (enum agg_counter_idx); value struct gw_counter. */
 struct agg_job_counter_key {
@@ -355,9 +377,13 @@ enum agg_counter_idx {
 	AGG_PASS_NOT_AGG,       /* not IPv4 UDP to AGG_PORT: passed to the stack untouched */
 	AGG_FANOUT_SENT,        /* TC: one copy of a result sent to one worker */
 	AGG_FANOUT_FAILED,      /* TC: a worker's copy could not be sent (no address yet, clone failed) */
+	AGG_FORWARDED,          /* the last contribution at a cluster aggregator: the partial sum to the parent */
+	AGG_FORWARD_RESENT,     /* a contribution to a forwarded chunk: the partial sum to the parent again */
+	AGG_FORWARD_FAILED,     /* a partial sum that could not go up (the parent's MAC is not known yet) */
+	AGG_PARENT_RESULT,      /* the parent's result for a chunk: taken, and fanned out to the members */
 	AGG_COUNTER_MAX,        /* number of counters: agg_counters' max_entries */
 };
-_Static_assert(AGG_COUNTER_MAX == 12, "Rust AggCounter::ALL has 12 entries");
+_Static_assert(AGG_COUNTER_MAX == 16, "Rust AggCounter::ALL has 16 entries");
 
 /* Job-table and membership sizes, mirrored in Rust. agg_slots' size is set by the loader. */
 #define AGG_JOBS_MAX 1024

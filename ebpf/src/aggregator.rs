@@ -132,6 +132,21 @@ pub struct AggJobEntry {
     pub members: Vec<SocketAddrV4>,
     /// The address results are sent from (this host's, as the workers address it).
     pub self_ip: Ipv4Addr,
+    /// Where a cluster aggregator of a tree sends its partial sums; `None` at the root or a
+    /// flat job's only aggregator.
+    pub parent: Option<AggParent>,
+}
+
+/// A cluster aggregator's parent in a job's tree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AggParent {
+    /// The parent's aggregator address (its `AGG_PORT`).
+    pub addr: SocketAddrV4,
+    /// This host's worker index in the parent's sums.
+    pub worker: u16,
+    /// Next hop toward the parent: its MAC, or the router's (`[0; 6]` while unresolved: the
+    /// partial sums are dropped and counted until it is set).
+    pub mac: [u8; 6],
 }
 
 impl AggJobEntry {
@@ -339,6 +354,11 @@ impl Aggregator {
             dtype: entry.dtype as u8,
             pad: [0; 3],
             self_ip: ip_to_map(entry.self_ip),
+            parent_ip: entry.parent.map_or(0, |p| ip_to_map(*p.addr.ip())),
+            parent_port: entry.parent.map_or(0, |p| p.addr.port().to_be()),
+            parent_worker: entry.parent.map_or(0, |p| p.worker),
+            parent_mac: entry.parent.map_or([0; 6], |p| p.mac),
+            pad2: [0; 2],
         };
         self.jobs
             .insert(entry.id, job, 0)

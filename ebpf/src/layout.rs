@@ -115,6 +115,15 @@ pub struct AggJob {
     pub pad: [u8; 3],
     /// Address results are sent from, network order.
     pub self_ip: u32,
+    /// A cluster aggregator's parent (network order); 0 at the root or a flat job's aggregator.
+    pub parent_ip: u32,
+    /// Network order.
+    pub parent_port: u16,
+    /// This host's worker index in the parent's sums.
+    pub parent_worker: u16,
+    /// Next hop toward the parent.
+    pub parent_mac: [u8; 6],
+    pub pad2: [u8; 2],
 }
 
 /// `struct agg_member_key`: key of `agg_members`.
@@ -172,7 +181,7 @@ pub const AGG_JOBS_MAX: u32 = 1024;
 /// `AGG_MEMBERS_MAX`.
 pub const AGG_MEMBERS_MAX: u32 = 65_536;
 /// `AGG_COUNTER_MAX`.
-pub const AGG_COUNTER_MAX: u32 = 12;
+pub const AGG_COUNTER_MAX: u32 = 16;
 
 /// `struct agg_slot`: value of `agg_slots`, one chunk of one round parity of one job.
 #[repr(C)]
@@ -187,8 +196,11 @@ pub struct AggSlot {
     pub count: u16,
     pub values: u16,
     pub exp: i8,
+    /// `enum agg_slot_state`.
     pub done: u8,
-    pub pad: [u8; 2],
+    /// The flags a forwarded partial sum went up with.
+    pub up_flags: u8,
+    pub pad: u8,
     pub acc: [i32; AGG_VALUES_MAX],
 }
 
@@ -204,7 +216,8 @@ impl Default for AggSlot {
             values: 0,
             exp: 0,
             done: 0,
-            pad: [0; 2],
+            up_flags: 0,
+            pad: 0,
             acc: [0; AGG_VALUES_MAX],
         }
     }
@@ -350,7 +363,7 @@ pub const C_LAYOUTS: &[Layout] = &[
     },
     Layout {
         name: "agg_job",
-        size: 28,
+        size: 44,
         fields: &[
             ("epoch", 0),
             ("base", 4),
@@ -360,6 +373,10 @@ pub const C_LAYOUTS: &[Layout] = &[
             ("workers", 18),
             ("dtype", 20),
             ("self_ip", 24),
+            ("parent_ip", 28),
+            ("parent_port", 32),
+            ("parent_worker", 34),
+            ("parent_mac", 36),
         ],
     },
     Layout {
@@ -462,6 +479,10 @@ pub fn rust_layouts() -> Vec<RustLayout> {
                 ("workers", offset_of!(AggJob, workers)),
                 ("dtype", offset_of!(AggJob, dtype)),
                 ("self_ip", offset_of!(AggJob, self_ip)),
+                ("parent_ip", offset_of!(AggJob, parent_ip)),
+                ("parent_port", offset_of!(AggJob, parent_port)),
+                ("parent_worker", offset_of!(AggJob, parent_worker)),
+                ("parent_mac", offset_of!(AggJob, parent_mac)),
             ],
         ),
         (
@@ -503,7 +524,7 @@ const _: () = {
     assert!(size_of::<GwCounter>() == 8 + 8);
     assert!(size_of::<PeersKey>() == 4 + 1 + 3);
     assert!(size_of::<PeersValue>() == 8 + 8 + 8);
-    assert!(size_of::<AggJob>() == 4 * 4 + 2 + 2 + 1 + 3 + 4);
+    assert!(size_of::<AggJob>() == 4 * 4 + 2 + 2 + 1 + 3 + 4 + 4 + 2 + 2 + 6 + 2);
     assert!(size_of::<AggMemberKey>() == 4 + 4 + 2 + 2);
     assert!(size_of::<AggMember>() == 2 + 2);
     assert!(size_of::<AggPeerKey>() == 4 + 4);

@@ -33,7 +33,7 @@ mod test_run;
 use std::io;
 use std::path::PathBuf;
 
-pub use aggregator::{AggCounter, AggJobEntry, Aggregator, SumVariant};
+pub use aggregator::{AggCounter, AggJobEntry, AggParent, Aggregator, SumVariant};
 pub use bounce::Bounce;
 pub use clock::ktime_now_ns;
 pub use counters::{Counter, CounterValue};

@@ -39,6 +39,7 @@ fn spec(job: u32, workers: usize, values: u32, dtype: Dtype) -> JobSpec {
         },
         dtype,
         members: (0..workers).map(|w| worker_addr(job, w)).collect(),
+        parent: None,
     }
 }
 
@@ -51,6 +52,7 @@ fn entry(spec: &JobSpec, base: u32) -> AggJobEntry {
         dtype: spec.dtype,
         members: spec.members.clone(),
         self_ip: AGG,
+        parent: None,
     }
 }
 
@@ -152,6 +154,11 @@ fn both(agg: &Aggregator, model: &mut Model, from: SocketAddrV4, payload: &[u8])
             let mut expected = bytes;
             expected[5] = Kind::Fanout as u8;
             assert_eq!(payload_of(&got.frame), expected.as_slice());
+        }
+        Action::Up(bytes) => {
+            // trees are agg_tree's: the same bytes up, out of the same interface
+            assert_eq!(got.action, XdpAction::Tx);
+            assert_eq!(payload_of(&got.frame), bytes.as_slice());
         }
     }
     got.action

@@ -38,6 +38,7 @@ fn spec(workers: usize, values: u32, dtype: Dtype) -> JobSpec {
         },
         dtype,
         members: (0..workers).map(worker_addr).collect(),
+        parent: None,
     }
 }
 
@@ -50,6 +51,7 @@ fn entry(spec: &JobSpec) -> AggJobEntry {
         dtype: spec.dtype,
         members: spec.members.clone(),
         self_ip: AGG,
+        parent: None,
     }
 }
 

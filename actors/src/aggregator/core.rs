@@ -31,6 +31,7 @@ pub fn entry(job: &AggJob, base: u32, self_ip: std::net::Ipv4Addr) -> AggJobEntr
         dtype: Dtype::from_raw(job.dtype).unwrap_or(Dtype::I32),
         members: job.worker_order().into_iter().map(|(_, a)| a).collect(),
         self_ip,
+        parent: None,
     }
 }
 

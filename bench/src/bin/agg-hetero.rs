@@ -209,6 +209,7 @@ fn run(args: &Args) -> Result<()> {
             dtype: Dtype::I32,
             members: members2,
             self_ip: *agg_addr.ip(),
+            parent: None,
         })?;
         ready2.wait();
         while !stop2.load(Ordering::Relaxed) {

@@ -127,6 +127,7 @@ fn run(args: &Args) -> Result<()> {
             dtype: Dtype::I32,
             members: (0..WORKERS).map(worker).collect(),
             self_ip: AGG,
+            parent: None,
         })?;
         // A two-worker job for the duplicate path: worker 0's contribution is in, so its
         // repeats are duplicates and leave frame and slot as they are.
@@ -141,6 +142,7 @@ fn run(args: &Args) -> Result<()> {
             dtype: Dtype::I32,
             members: vec![worker(0), worker(1)],
             self_ip: AGG,
+            parent: None,
         })?;
         let data: Vec<i32> = (0..values).map(|i| i32::try_from(i).unwrap_or(0)).collect();
         let dup = frame(2, 0, 0, 0, &data);

@@ -95,6 +95,7 @@ fn job(id: u32, base: u32, chunks: u32, cv: u16) -> AggJobEntry {
         dtype: Dtype::I32,
         members: (0..WORKERS).map(worker).collect(),
         self_ip: AGG,
+        parent: None,
     }
 }
 

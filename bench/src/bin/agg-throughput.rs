@@ -419,6 +419,7 @@ impl<'a> Bench<'a> {
             geometry,
             dtype: Dtype::I32,
             members: self.members.clone(),
+            parent: None,
         };
         let xdp_mode = self.xdp_mode;
         // Native XDP_TX (the answer to a resend for a finished chunk) reaches the bridge only
@@ -487,6 +488,7 @@ impl<'a> Bench<'a> {
                                         dtype: Dtype::I32,
                                         members: spec.members.clone(),
                                         self_ip: *agg_addr.ip(),
+                                        parent: None,
                                     })?;
                                     Ok(a)
                                 })();

@@ -28,11 +28,15 @@ pub enum Counter {
     PassNotAgg,
     FanoutSent,
     FanoutFailed,
+    Forwarded,
+    ForwardResent,
+    ForwardFailed,
+    ParentResult,
 }
 
 impl Counter {
     /// Every counter in index order.
-    pub const ALL: [Counter; 12] = [
+    pub const ALL: [Counter; 16] = [
         Counter::Added,
         Counter::Completed,
         Counter::ResultResent,
@@ -45,6 +49,10 @@ impl Counter {
         Counter::PassNotAgg,
         Counter::FanoutSent,
         Counter::FanoutFailed,
+        Counter::Forwarded,
+        Counter::ForwardResent,
+        Counter::ForwardFailed,
+        Counter::ParentResult,
     ];
 
     /// Stable snake_case name, the metric label: never rename.
@@ -62,6 +70,10 @@ impl Counter {
             Counter::PassNotAgg => "pass_not_agg",
             Counter::FanoutSent => "fanout_sent",
             Counter::FanoutFailed => "fanout_failed",
+            Counter::Forwarded => "forwarded",
+            Counter::ForwardResent => "forward_resent",
+            Counter::ForwardFailed => "forward_failed",
+            Counter::ParentResult => "parent_result",
         }
     }
 
@@ -79,8 +91,20 @@ pub struct JobSpec {
     pub geometry: Geometry,
     pub dtype: Dtype,
     /// The members of this epoch by worker index; a chunk completes with one contribution from
-    /// each.
+    /// each. In a tree, a parent's members include its cluster aggregators (their
+    /// [`wire::PORT`]).
     pub members: Vec<SocketAddrV4>,
+    /// A cluster aggregator's parent: where its partial sums go, whose results it takes.
+    pub parent: Option<Parent>,
+}
+
+/// A cluster aggregator's parent in a job's tree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Parent {
+    /// The parent aggregator's address ([`wire::PORT`]).
+    pub addr: SocketAddrV4,
+    /// This aggregator's worker index in the parent's sums.
+    pub worker: u16,
 }
 
 impl JobSpec {
@@ -99,6 +123,8 @@ pub enum Action {
     Reply(Vec<u8>),
     /// This frame completed the chunk: this result to every member of the job.
     Fanout(Vec<u8>),
+    /// A cluster aggregator's partial sum (a DATA frame) to its parent.
+    Up(Vec<u8>),
 }
 
 /// The counter a frame counts and what follows from it.
@@ -117,6 +143,17 @@ impl Outcome {
     }
 }
 
+/// `enum agg_slot_state`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum State {
+    #[default]
+    Summing,
+    /// `acc` is the chunk's result.
+    Done,
+    /// A cluster aggregator's partial sum went up with these flags; waiting for the result.
+    Forwarded { up_flags: u8 },
+}
+
 #[derive(Clone, Debug, Default)]
 struct Slot {
     job: u32,
@@ -125,7 +162,7 @@ struct Slot {
     seen: u64,
     count: u16,
     exp: i8,
-    done: bool,
+    state: State,
     acc: Vec<i32>,
 }
 
@@ -173,13 +210,20 @@ impl Aggregator {
             .unwrap_or(&[])
     }
 
+    /// The job's parent, where [`Action::Up`] frames go.
+    pub fn parent(&self, job: u32) -> Option<Parent> {
+        self.jobs.get(&job).and_then(|s| s.spec.parent)
+    }
+
     /// One frame from `from` (a UDP payload sent to [`wire::PORT`]).
     pub fn receive(&mut self, from: SocketAddrV4, payload: &[u8]) -> Outcome {
         let Ok((h, body)) = Header::parse(payload) else {
             return Outcome::drop(Counter::BadHeader);
         };
         // The program wants the frame to end exactly after the values announced.
-        if h.kind != Kind::Data || payload.len() != wire::HEADER_LEN + body.len() {
+        if !matches!(h.kind, Kind::Data | Kind::Result)
+            || payload.len() != wire::HEADER_LEN + body.len()
+        {
             return Outcome::drop(Counter::BadHeader);
         }
         let Some(served) = self.jobs.get_mut(&h.job) else {
@@ -197,9 +241,15 @@ impl Aggregator {
         if h.epoch != spec.epoch {
             return Outcome::drop(Counter::Stale);
         }
-        if spec.members.get(usize::from(h.worker)) != Some(&from) {
+        // A result only from this cluster aggregator's parent.
+        let from_parent = h.kind == Kind::Result;
+        if from_parent && spec.parent.map(|p| p.addr) != Some(from) {
             return Outcome::drop(Counter::Foreign);
         }
+        if !from_parent && spec.members.get(usize::from(h.worker)) != Some(&from) {
+            return Outcome::drop(Counter::Foreign);
+        }
+        let parent = spec.parent;
         let workers = spec.workers();
         let index = usize::try_from(h.chunk).unwrap_or(usize::MAX) * 2 + (h.round & 1) as usize;
         let Some(slot) = served.slots.get_mut(index) else {
@@ -214,16 +264,47 @@ impl Aggregator {
             if (h.round.wrapping_sub(slot.round) as i32) < 0 {
                 return Outcome::drop(Counter::Stale);
             }
-            if !slot.done {
+            // Only a result may be overwritten by round + 2.
+            if slot.state != State::Done {
                 return Outcome::drop(Counter::Ahead);
             }
             fresh = true;
         }
-        if !fresh && slot.done {
+        if !fresh && slot.state == State::Done {
+            if from_parent {
+                return Outcome::drop(Counter::Duplicate);
+            }
             return Outcome {
                 counter: Counter::ResultResent,
                 action: Action::Reply(result(&h, slot)),
             };
+        }
+        if from_parent {
+            // The root's result, whatever this aggregator had summed or sent up of the round.
+            *slot = Slot {
+                job: h.job,
+                epoch: h.epoch,
+                round: h.round,
+                seen: u64::MAX,
+                count: h.worker,
+                exp: h.exp,
+                state: State::Done,
+                acc: values,
+            };
+            return Outcome {
+                counter: Counter::ParentResult,
+                action: Action::Fanout(result(&h, slot)),
+            };
+        }
+        // A member timed out waiting for a chunk whose partial went up: send it up again. A
+        // replayed result still replaces a partial that was summed.
+        if let (false, State::Forwarded { up_flags }, Some(p)) = (fresh, slot.state, parent) {
+            if !(replay && up_flags & wire::FLAG_REPLAY == 0) {
+                return Outcome {
+                    counter: Counter::ForwardResent,
+                    action: Action::Up(partial(&h, slot, p, up_flags)),
+                };
+            }
         }
         if fresh || replay {
             // A replayed result is the sum: it counts as every worker's contribution and
@@ -235,7 +316,7 @@ impl Aggregator {
                 seen: bit,
                 count: if replay { workers } else { 1 },
                 exp: h.exp,
-                done: false,
+                state: State::Summing,
                 acc: values,
             };
         } else if slot.seen & bit != 0 {
@@ -246,7 +327,16 @@ impl Aggregator {
             slot.count += 1;
         }
         if slot.count >= workers {
-            slot.done = true;
+            if let Some(p) = parent {
+                // A cluster aggregator: the partial sum goes up, the result comes down.
+                let up_flags = if replay { wire::FLAG_REPLAY } else { 0 };
+                slot.state = State::Forwarded { up_flags };
+                return Outcome {
+                    counter: Counter::Forwarded,
+                    action: Action::Up(partial(&h, slot, p, up_flags)),
+                };
+            }
+            slot.state = State::Done;
             Outcome {
                 counter: Counter::Completed,
                 action: Action::Fanout(result(&h, slot)),
@@ -255,6 +345,18 @@ impl Aggregator {
             Outcome::drop(Counter::Added)
         }
     }
+}
+
+/// The DATA frame carrying a forwarded slot's partial sum to the parent.
+fn partial(h: &Header, slot: &Slot, parent: Parent, up_flags: u8) -> Vec<u8> {
+    let header = Header {
+        kind: Kind::Data,
+        flags: up_flags,
+        exp: slot.exp,
+        worker: parent.worker,
+        ..*h
+    };
+    wire::encode(&header, &slot.acc)
 }
 
 /// The result frame for a complete slot, in answer to `h`.
@@ -288,6 +390,7 @@ mod tests {
             },
             dtype: Dtype::I32,
             members: (0..workers).map(addr).collect(),
+            parent: None,
         }
     }
 

@@ -122,6 +122,7 @@ fn rust_and_python_workers_get_the_same_bits_from_one_job() {
         geometry,
         dtype: Dtype::F32,
         members: members.clone(),
+        parent: None,
     });
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = stop.clone();
@@ -142,6 +143,11 @@ fn rust_and_python_workers_get_the_same_bits_from_one_job() {
                 Action::Fanout(frame) => {
                     for m in model.members(5).to_vec() {
                         let _ = agg_sock.send_to(&frame, m);
+                    }
+                }
+                Action::Up(frame) => {
+                    if let Some(p) = model.parent(5) {
+                        let _ = agg_sock.send_to(&frame, p.addr);
                     }
                 }
             }
