@@ -6,4 +6,5 @@ pub mod aggregator;
 pub mod gateway;
 pub mod health;
 pub mod liveness;
+pub mod neigh;
 pub mod probe;

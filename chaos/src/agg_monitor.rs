@@ -120,6 +120,7 @@ impl AggRun {
                                 elastic: false,
                                 mtu: 1500,
                                 colocate: false,
+                                grouping: yard::rpc::Grouping::Auto,
                             },
                         )
                         .await

@@ -46,6 +46,7 @@ fn rows(d: &StateMachineData, only: Option<&str>) -> Vec<AggJobRow> {
                 .and_then(|p| t.hosts.get(&p.node))
                 .map(|h| SocketAddrV4::new(h.ip, yard_agg::wire::PORT)),
             waiting: waiting.get(&j.name).cloned(),
+            aggregators: yard_actors::aggregator::core::aggregator_ips(t, j),
         })
         .collect()
 }
@@ -138,6 +139,7 @@ impl Node {
                 elastic,
                 mtu,
                 colocate,
+                grouping,
             } => {
                 let Some(chunk_values) = Geometry::chunk_values_for_mtu(*mtu) else {
                     return Reply::Error(format!(
@@ -153,6 +155,7 @@ impl Node {
                     chunk_values,
                     colocate: *colocate,
                     quota: self.agg_quota(),
+                    grouping: *grouping,
                 }
             }
             AggRequest::Delete { name } => AggCommand::Delete { name: name.clone() },
@@ -198,6 +201,15 @@ impl Node {
                 ip: *ip,
                 slots: *slots,
                 cpu_millis: *cpu_millis,
+            },
+            AggRequest::Bandwidth {
+                from,
+                to,
+                bytes_per_s,
+            } => AggCommand::Bandwidth {
+                from: *from,
+                to: *to,
+                bytes_per_s: *bytes_per_s,
             },
             AggRequest::WorkerGone { name, rank, reason } => AggCommand::WorkerGone {
                 name: name.clone(),

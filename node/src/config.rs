@@ -281,6 +281,13 @@ pub struct AggregatorSection {
     /// aggregating or not; it has the probe socket's mode and group); defaults to
     /// `<data_dir>/agg.sock`.
     pub socket: Option<PathBuf>,
+    /// The TCP port of the bandwidth sink every aggregating host runs (the grouping measures
+    /// each worker host's bandwidth to it).
+    pub probe_port: u16,
+    /// Bytes of one bandwidth probe.
+    pub probe_bytes: u64,
+    /// How often a node running a worker of a grouped job measures each host again.
+    pub probe_every_ms: u64,
 }
 
 impl AggregatorSection {
@@ -320,6 +327,11 @@ impl Default for AggregatorSection {
             place_ms: 100,
             worker_gone_ms: 5000,
             socket: None,
+            probe_port: 7482,
+            // 4 MiB: a third of a second at 100 Mbit/s, 3 ms at 10 Gbit/s; long enough that
+            // TCP's slow start is a small part of it at the links the tests shape.
+            probe_bytes: 4 << 20,
+            probe_every_ms: 30_000,
         }
     }
 }
@@ -677,6 +689,18 @@ impl Config {
             return bad(
                 "aggregator.stats_ms",
                 "and aggregator.place_ms must be above 0",
+            );
+        }
+        if agg.probe_bytes == 0 || agg.probe_bytes > crate::agg_bandwidth::MAX_PROBE_BYTES {
+            return bad(
+                "aggregator.probe_bytes",
+                "must be between 1 and 67108864 (64 MiB)",
+            );
+        }
+        if agg.probe_every_ms == 0 || agg.probe_port == 0 {
+            return bad(
+                "aggregator.probe_every_ms",
+                "and aggregator.probe_port must be above 0",
             );
         }
         if agg.job_memory_mb > agg.cluster_memory_mb {

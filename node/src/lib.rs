@@ -4,6 +4,7 @@
 
 pub mod admin_actor;
 pub mod agg_agent;
+pub mod agg_bandwidth;
 pub mod agg_control;
 pub mod agg_service;
 pub mod alert;

@@ -8,6 +8,7 @@ use openraft::raft::{
 use serde::{Deserialize, Serialize};
 use std::net::Ipv4Addr;
 
+pub use yard_raft_store::aggregation::Grouping;
 use yard_raft_store::gateway::{Endpoint, EndpointKey};
 use yard_raft_store::{NodeId, TypeConfig};
 
@@ -131,6 +132,7 @@ pub enum AggRequest {
         elastic: bool,
         mtu: u32,
         colocate: bool,
+        grouping: Grouping,
     },
     Delete {
         name: String,
@@ -161,6 +163,12 @@ pub enum AggRequest {
         rank: u16,
         reason: String,
     },
+    /// A node measured its bandwidth to an aggregating host (its daemon's probe).
+    Bandwidth {
+        from: NodeId,
+        to: NodeId,
+        bytes_per_s: u64,
+    },
 }
 
 impl AggRequest {
@@ -180,6 +188,8 @@ pub struct AggJobRow {
     pub aggregator: Option<std::net::SocketAddrV4>,
     /// Why the job has no aggregator yet, if it is complete and waits for one.
     pub waiting: Option<String>,
+    /// The addresses of the job's aggregators by node: the root's, and each cluster's in a tree.
+    pub aggregators: std::collections::BTreeMap<NodeId, Ipv4Addr>,
 }
 
 impl AggJobRow {
@@ -187,7 +197,7 @@ impl AggJobRow {
     /// job join`) follows the job through these rows, as an agent's session does through its
     /// pushed memberships.
     pub fn membership(&self, rank: u16) -> Option<yard_agg::worker::Membership> {
-        yard_actors::aggregator::core::membership(&self.job, self.aggregator?, rank)
+        yard_actors::aggregator::core::membership(&self.job, &self.aggregators, rank)
     }
 }
 

@@ -1,6 +1,7 @@
-//! The aggregator's replicated tables: aggregation jobs (shape, members, the host that sums
-//! them and the epoch of that arrangement) and the hosts that can aggregate, with their slot
-//! budgets.
+//! The aggregator's replicated tables: aggregation jobs (shape, members, the hosts that sum
+//! them — one, or a tree of them — and the epoch of that arrangement), the hosts that can
+//! aggregate, with their slot budgets, and the measured bandwidth from each node to each
+//! aggregating host.
 //!
 //! Every change of who sums a job or who contributes to it bumps the job's epoch, in one
 //! command: the aggregator and every worker act on the epoch they see, and frames of any other
@@ -22,6 +23,59 @@ pub const SLOT_BYTES: u64 = 3104;
 pub const MAX_WORKERS: u16 = 64;
 /// Most values in one chunk (`AGG_VALUES_MAX`).
 pub const MAX_CHUNK_VALUES: u16 = 768;
+
+/// How a job's workers are grouped onto aggregators (`yard agg job create --grouping`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Grouping {
+    /// ALEPH: a tree of aggregators, clusters sized to the measured bandwidths and the hosts'
+    /// CPU (one aggregator, chosen by CPU load, until every bandwidth is measured).
+    #[default]
+    Auto,
+    /// One aggregator for every worker, chosen by CPU load (XAgg).
+    Flat,
+    /// One aggregator for every worker, the host the measured bandwidths favour: a parameter
+    /// server (by CPU load until they are measured).
+    Ps,
+}
+
+impl Grouping {
+    /// The name `--grouping` takes and `yard agg job show` prints.
+    pub fn name(self) -> &'static str {
+        match self {
+            Grouping::Auto => "auto",
+            Grouping::Flat => "flat",
+            Grouping::Ps => "ps",
+        }
+    }
+
+    /// Parses [`Grouping::name`].
+    pub fn parse(s: &str) -> Result<Grouping, String> {
+        [Grouping::Auto, Grouping::Flat, Grouping::Ps]
+            .into_iter()
+            .find(|g| g.name() == s)
+            .ok_or_else(|| format!("grouping {s:?} is not one of auto, flat, ps"))
+    }
+}
+
+/// A cluster of a job's tree: an aggregator below the root and the ranks that send to it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Cluster {
+    pub placement: Placement,
+    /// Ascending; the worker index of each is its position here.
+    pub ranks: Vec<u16>,
+}
+
+/// One aggregator of a job as its host serves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seat {
+    pub placement: Placement,
+    /// The ranks that send to it (ascending); their worker index is their position.
+    pub ranks: Vec<u16>,
+    /// The root only: the clusters' hosts, its members after its own ranks, in cluster order.
+    pub children: Vec<NodeId>,
+    /// A cluster aggregator only: its worker index at the root.
+    pub up_index: Option<u16>,
+}
 
 /// Where a job is summed: the host and the first of its `2 x chunks` slots there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -53,9 +107,14 @@ pub struct AggJob {
     pub members: BTreeMap<u16, SocketAddrV4>,
     /// Ranks that died in an elastic job (they may not rejoin).
     pub gone: Vec<u16>,
+    /// The job's aggregator, or the root of its tree.
     pub placement: Option<Placement>,
     /// Why the job stopped, if it did (a worker died in a non-elastic job).
     pub failed: Option<String>,
+    pub grouping: Grouping,
+    /// A tree's cluster aggregators below the root (`placement`); the ranks in none of them
+    /// send to the root. Empty: one aggregator sums every worker.
+    pub clusters: Vec<Cluster>,
 }
 
 impl AggJob {
@@ -89,6 +148,45 @@ impl AggJob {
     /// the `i`-th.
     pub fn worker_order(&self) -> Vec<(u16, SocketAddrV4)> {
         self.members.iter().map(|(r, a)| (*r, *a)).collect()
+    }
+
+    /// Every aggregator of the job with whom it sums: the root first (its own ranks, then its
+    /// clusters' hosts as members), then each cluster. Empty until the job is placed.
+    pub fn seats(&self) -> Vec<Seat> {
+        let Some(root) = self.placement else {
+            return Vec::new();
+        };
+        let in_cluster: Vec<u16> = self.clusters.iter().flat_map(|c| c.ranks.clone()).collect();
+        let direct: Vec<u16> = self
+            .members
+            .keys()
+            .copied()
+            .filter(|r| !in_cluster.contains(r))
+            .collect();
+        let base = direct.len();
+        let mut seats = vec![Seat {
+            placement: root,
+            ranks: direct,
+            children: self.clusters.iter().map(|c| c.placement.node).collect(),
+            up_index: None,
+        }];
+        for (k, c) in self.clusters.iter().enumerate() {
+            seats.push(Seat {
+                placement: c.placement,
+                ranks: c.ranks.clone(),
+                children: Vec::new(),
+                up_index: u16::try_from(base + k).ok(),
+            });
+        }
+        seats
+    }
+
+    /// The aggregator rank `rank` sends to and its worker index there.
+    pub fn seat_of(&self, rank: u16) -> Option<(Placement, u16)> {
+        self.seats().into_iter().find_map(|s| {
+            let i = s.ranks.iter().position(|r| *r == rank)?;
+            Some((s.placement, u16::try_from(i).ok()?))
+        })
     }
 }
 
@@ -126,6 +224,7 @@ pub enum AggCommand {
         chunk_values: u16,
         colocate: bool,
         quota: Quota,
+        grouping: Grouping,
     },
     /// Deletes a job; its aggregator frees its slots.
     Delete { name: String },
@@ -157,13 +256,37 @@ pub enum AggCommand {
         slots: u32,
         cpu_millis: u32,
     },
+    /// The leader's tree for `name` from epoch `expect_epoch + 1` on: summed at `root` and at
+    /// each cluster's host (no clusters: `root` alone, as `Place`). One command, so every
+    /// aggregator and worker moves to the new arrangement at the same epoch. Skipped if the
+    /// job's epoch is no longer `expect_epoch`.
+    PlaceTree {
+        name: String,
+        expect_epoch: u32,
+        root: Placement,
+        clusters: Vec<Cluster>,
+    },
+    /// A measurement of the bandwidth from node `from` to aggregating host `to`, bytes/s.
+    Bandwidth {
+        from: NodeId,
+        to: NodeId,
+        bytes_per_s: u64,
+    },
 }
+
+/// Weight of a new bandwidth measurement in the table's moving average: 1/`BANDWIDTH_SMOOTHING`.
+/// A quarter: one noisy probe moves the figure a quarter of the way, and a real change shows
+/// within a few probes.
+pub const BANDWIDTH_SMOOTHING: u64 = 4;
 
 /// The aggregator's part of the replicated state.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AggTables {
     pub jobs: BTreeMap<String, AggJob>,
     pub hosts: BTreeMap<NodeId, AggHost>,
+    /// Measured bandwidth, bytes/s, from a node (a worker's host) to an aggregating host:
+    /// `bandwidth[from][to]`, smoothed over the measurements.
+    pub bandwidth: BTreeMap<NodeId, BTreeMap<NodeId, u64>>,
     /// The next job id (ids are never reused, so a stale frame never names a new job).
     pub next_id: u32,
     /// The revision of the last command that changed these tables.
@@ -184,6 +307,7 @@ impl AggTables {
                 chunk_values,
                 colocate,
                 quota,
+                grouping,
             } => {
                 if name.is_empty() || name.len() > 64 {
                     return Err("a job name has 1 to 64 characters".into());
@@ -221,6 +345,8 @@ impl AggTables {
                     gone: Vec::new(),
                     placement: None,
                     failed: None,
+                    grouping: *grouping,
+                    clusters: Vec::new(),
                 };
                 let bytes = job.bytes();
                 if bytes > quota.job_bytes {
@@ -286,13 +412,53 @@ impl AggTables {
                 placement,
             } => {
                 let job = self.job_mut(name)?;
-                if job.epoch != *expect_epoch || job.placement == Some(*placement) {
+                if job.epoch != *expect_epoch
+                    || (job.placement == Some(*placement) && job.clusters.is_empty())
+                {
                     false
                 } else {
                     job.placement = Some(*placement);
+                    job.clusters.clear();
                     job.epoch += 1;
                     true
                 }
+            }
+            AggCommand::PlaceTree {
+                name,
+                expect_epoch,
+                root,
+                clusters,
+            } => {
+                let job = self.job_mut(name)?;
+                check_tree(job, root, clusters)?;
+                if job.epoch != *expect_epoch
+                    || (job.placement == Some(*root) && job.clusters == *clusters)
+                {
+                    false
+                } else {
+                    job.placement = Some(*root);
+                    job.clusters = clusters.clone();
+                    job.epoch += 1;
+                    true
+                }
+            }
+            AggCommand::Bandwidth {
+                from,
+                to,
+                bytes_per_s,
+            } => {
+                if *bytes_per_s == 0 {
+                    return Err("a measured bandwidth is positive".into());
+                }
+                let slot = self.bandwidth.entry(*from).or_default().entry(*to);
+                let old = *slot.or_insert(*bytes_per_s);
+                let new = if old >= *bytes_per_s {
+                    old - (old - bytes_per_s) / BANDWIDTH_SMOOTHING
+                } else {
+                    old + (bytes_per_s - old) / BANDWIDTH_SMOOTHING
+                };
+                self.bandwidth.entry(*from).or_default().insert(*to, new);
+                true
             }
             AggCommand::WorkerGone { name, rank, reason } => {
                 let job = self.job_mut(name)?;
@@ -301,6 +467,10 @@ impl AggTables {
                 } else if job.elastic {
                     job.members.remove(rank);
                     job.gone.push(*rank);
+                    for c in &mut job.clusters {
+                        c.ranks.retain(|r| r != rank);
+                    }
+                    job.clusters.retain(|c| !c.ranks.is_empty());
                     job.epoch += 1;
                     if job.members.is_empty() {
                         job.failed = Some(format!(
@@ -355,6 +525,52 @@ impl AggTables {
     }
 }
 
+/// Why `root` and `clusters` cannot be `job`'s tree, if they cannot: every cluster a non-empty
+/// ascending set of the job's members, no rank in two, every aggregator on its own host, and no
+/// aggregator summing more than the program's bitmap holds.
+fn check_tree(job: &AggJob, root: &Placement, clusters: &[Cluster]) -> Result<(), String> {
+    let name = &job.name;
+    let mut seen: Vec<u16> = Vec::new();
+    let mut hosts = vec![root.node];
+    for c in clusters {
+        if c.ranks.is_empty() {
+            return Err(format!("a cluster of job {name}'s tree has no rank"));
+        }
+        if c.ranks.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(format!("the ranks of a cluster of job {name} must ascend"));
+        }
+        if c.ranks.len() > usize::from(MAX_WORKERS) {
+            return Err(format!(
+                "a cluster of job {name} has {} ranks, over the {MAX_WORKERS} an aggregator sums",
+                c.ranks.len()
+            ));
+        }
+        if hosts.contains(&c.placement.node) {
+            return Err(format!(
+                "node {} serves two aggregators of job {name}'s tree",
+                c.placement.node
+            ));
+        }
+        hosts.push(c.placement.node);
+        for r in &c.ranks {
+            if !job.members.contains_key(r) {
+                return Err(format!("rank {r} is not a member of job {name}"));
+            }
+            if seen.contains(r) {
+                return Err(format!("rank {r} is in two clusters of job {name}"));
+            }
+            seen.push(*r);
+        }
+    }
+    let at_root = job.members.len() - seen.len() + clusters.len();
+    if at_root > usize::from(MAX_WORKERS) {
+        return Err(format!(
+            "the root of job {name} would sum {at_root} members, over the {MAX_WORKERS} an aggregator sums"
+        ));
+    }
+    Ok(())
+}
+
 fn mib(bytes: u64) -> u64 {
     bytes.div_ceil(1 << 20)
 }
@@ -378,6 +594,7 @@ mod tests {
             chunk_values: 360,
             colocate: false,
             quota: QUOTA,
+            grouping: Grouping::Auto,
         }
     }
 
@@ -497,5 +714,135 @@ mod tests {
             addr: addr(9),
         };
         assert!(t.apply(&rejoin, 3).is_err());
+    }
+
+    fn tree_job(t: &mut AggTables) -> u32 {
+        t.apply(&create("tree", 5, 1000, true), 1).unwrap();
+        for r in 0..5 {
+            join(t, "tree", r);
+        }
+        t.jobs["tree"].epoch
+    }
+
+    fn cluster(node: NodeId, ranks: &[u16]) -> Cluster {
+        Cluster {
+            placement: Placement { node, base: 0 },
+            ranks: ranks.to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_tree_is_placed_in_one_command_and_every_rank_has_one_seat() {
+        let mut t = AggTables::default();
+        let epoch = tree_job(&mut t);
+        let root = Placement { node: 1, base: 0 };
+        let place = |clusters: Vec<Cluster>, e| AggCommand::PlaceTree {
+            name: "tree".into(),
+            expect_epoch: e,
+            root,
+            clusters,
+        };
+        let tree = vec![cluster(2, &[0, 1]), cluster(3, &[3, 4])];
+        assert_eq!(t.apply(&place(tree.clone(), epoch), 2), Ok(true));
+        let job = &t.jobs["tree"];
+        assert!(job.running());
+        assert_eq!(job.epoch, epoch + 1);
+        let seats = job.seats();
+        assert_eq!(seats.len(), 3);
+        assert_eq!(
+            (seats[0].ranks.clone(), seats[0].children.clone()),
+            (vec![2], vec![2, 3])
+        );
+        assert_eq!((seats[1].up_index, seats[2].up_index), (Some(1), Some(2)));
+        assert_eq!(job.seat_of(2), Some((root, 0)));
+        assert_eq!(job.seat_of(4), Some((tree[1].placement, 1)));
+        assert_eq!(
+            t.apply(&place(tree.clone(), epoch + 1), 3),
+            Ok(false),
+            "the same tree"
+        );
+        // An elastic job that loses a rank keeps its tree without it; a cluster left empty goes.
+        let gone = |rank| AggCommand::WorkerGone {
+            name: "tree".into(),
+            rank,
+            reason: "down".into(),
+        };
+        t.apply(&gone(3), 4).unwrap();
+        t.apply(&gone(4), 5).unwrap();
+        assert_eq!(t.jobs["tree"].clusters, vec![cluster(2, &[0, 1])]);
+        // A flat placement clears the tree.
+        let flat = AggCommand::Place {
+            name: "tree".into(),
+            expect_epoch: t.jobs["tree"].epoch,
+            placement: root,
+        };
+        assert_eq!(t.apply(&flat, 6), Ok(true));
+        assert!(t.jobs["tree"].clusters.is_empty());
+        assert_eq!(t.jobs["tree"].seat_of(0), Some((root, 0)));
+    }
+
+    #[test]
+    fn a_malformed_tree_is_refused_in_one_sentence_and_changes_nothing() {
+        let mut t = AggTables::default();
+        let epoch = tree_job(&mut t);
+        let before = t.clone();
+        let root = Placement { node: 1, base: 0 };
+        for (clusters, why) in [
+            (
+                vec![cluster(2, &[])],
+                "a cluster of job tree's tree has no rank",
+            ),
+            (
+                vec![cluster(2, &[1, 0])],
+                "the ranks of a cluster of job tree must ascend",
+            ),
+            (
+                vec![cluster(1, &[0])],
+                "node 1 serves two aggregators of job tree's tree",
+            ),
+            (
+                vec![cluster(2, &[0]), cluster(2, &[1])],
+                "node 2 serves two aggregators of job tree's tree",
+            ),
+            (
+                vec![cluster(2, &[0, 9])],
+                "rank 9 is not a member of job tree",
+            ),
+            (
+                vec![cluster(2, &[0, 1]), cluster(3, &[1])],
+                "rank 1 is in two clusters of job tree",
+            ),
+        ] {
+            let cmd = AggCommand::PlaceTree {
+                name: "tree".into(),
+                expect_epoch: epoch,
+                root,
+                clusters,
+            };
+            assert_eq!(t.apply(&cmd, 2), Err(why.to_string()));
+            assert_eq!(t, before);
+        }
+    }
+
+    #[test]
+    fn bandwidth_is_a_moving_average_of_the_measurements() {
+        let mut t = AggTables::default();
+        let m = |b| AggCommand::Bandwidth {
+            from: 4,
+            to: 1,
+            bytes_per_s: b,
+        };
+        t.apply(&m(1000), 1).unwrap();
+        assert_eq!(t.bandwidth[&4][&1], 1000, "the first is taken as it is");
+        t.apply(&m(2000), 2).unwrap();
+        assert_eq!(t.bandwidth[&4][&1], 1250);
+        t.apply(&m(250), 3).unwrap();
+        assert_eq!(t.bandwidth[&4][&1], 1000);
+        assert!(t.apply(&m(0), 4).is_err());
+        assert_eq!(
+            Grouping::parse("ring"),
+            Err("grouping \"ring\" is not one of auto, flat, ps".into())
+        );
+        assert_eq!(Grouping::parse("ps"), Ok(Grouping::Ps));
     }
 }

@@ -16,6 +16,9 @@ use yard_raft_store::{Change, ChangeFeed, NodeId};
 use super::core::{desired, diff, Effect};
 use crate::health::HealthRegistry;
 
+/// How often the shell looks for a parent MAC it lacks.
+const PARENT_RESOLVE_MS: u64 = 100;
+
 /// What the actor needs of the XDP program: the real one is [`yard_ebpf::Aggregator`].
 pub trait AggDataPlane: Send {
     fn set_job(&mut self, entry: &AggJobEntry) -> Result<(), String>;
@@ -99,6 +102,11 @@ pub struct AggregatorActor {
     errors: u64,
     last_error: Option<String>,
     stats_every: Duration,
+    /// The interface the program is attached to: parents' MACs are looked up on it.
+    iface: String,
+    /// Parents' MACs as last resolved: kept while the kernel's entry comes and goes (the
+    /// partial sums bypass the neighbour table, so nothing keeps it fresh).
+    macs: BTreeMap<std::net::Ipv4Addr, [u8; 6]>,
 }
 
 impl AggregatorActor {
@@ -109,6 +117,7 @@ impl AggregatorActor {
         view: AggView,
         health: HealthRegistry,
         stats_every: Duration,
+        iface: String,
     ) -> Self {
         AggregatorActor {
             me,
@@ -121,7 +130,31 @@ impl AggregatorActor {
             errors: 0,
             last_error: None,
             stats_every,
+            iface,
+            macs: BTreeMap::new(),
         }
+    }
+
+    /// Fills each cluster aggregator's parent MAC from the neighbour table (asking the kernel
+    /// to resolve those it lacks); returns whether one is still unknown.
+    fn resolve_parents(&mut self, wanted: &mut BTreeMap<u32, AggJobEntry>) -> bool {
+        let parents: Vec<std::net::Ipv4Addr> = wanted
+            .values()
+            .filter_map(|e| e.parent.map(|p| *p.addr.ip()))
+            .filter(|ip| !self.macs.contains_key(ip))
+            .collect();
+        if !parents.is_empty() {
+            self.macs
+                .extend(crate::neigh::resolve(&parents, &self.iface));
+        }
+        let mut missing = false;
+        for parent in wanted.values_mut().filter_map(|e| e.parent.as_mut()) {
+            match self.macs.get(parent.addr.ip()) {
+                Some(mac) => parent.mac = *mac,
+                None => missing = true,
+            }
+        }
+        missing
     }
 
     fn subscribe(&mut self, ctx: &mut Context<Self>) {
@@ -142,7 +175,10 @@ impl AggregatorActor {
 
     /// Brings the program's tables to what `tables` says this host serves.
     fn sync(&mut self, tables: &AggTables) {
-        let wanted = desired(tables, self.me);
+        let mut wanted = desired(tables, self.me);
+        if self.resolve_parents(&mut wanted) {
+            tracing::debug!("a cluster aggregator's parent is not resolved yet");
+        }
         for effect in diff(&self.served, &wanted) {
             let (result, id) = match &effect {
                 Effect::Set(entry) => (self.dp.set_job(entry), entry.id),
@@ -217,6 +253,18 @@ impl Actor for AggregatorActor {
     fn started(&mut self, ctx: &mut Self::Context) {
         self.subscribe(ctx);
         ctx.run_interval(self.stats_every, |act, _| act.report());
+        // A partial sum cannot go up before its parent's MAC is known: until every parent is
+        // resolved, look again soon (the kernel answers the datagram resolve sent in a few ms).
+        ctx.run_interval(Duration::from_millis(PARENT_RESOLVE_MS), |act, _| {
+            let unresolved = act
+                .served
+                .values()
+                .any(|e| e.parent.is_some_and(|p| p.mac == [0; 6]));
+            if unresolved {
+                let tables = act.feed.read(|d| d.aggregation.clone());
+                act.sync(&tables);
+            }
+        });
     }
 }
 

@@ -1,12 +1,14 @@
-//! What one host serves: the running jobs placed on it, as `yard_agg` table entries, and the
-//! effects that bring the program's tables from what they hold to that.
+//! What one host serves: the running jobs placed on it (as their only aggregator, or as the
+//! root or a cluster aggregator of their tree), as `yard_agg` table entries, and the effects
+//! that bring the program's tables from what they hold to that.
 
 use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddrV4};
 
 use yard_agg::wire::{Dtype, Geometry};
 use yard_agg::worker::Membership;
-use yard_ebpf::AggJobEntry;
-use yard_raft_store::aggregation::{AggJob, AggTables};
+use yard_ebpf::{AggJobEntry, AggParent};
+use yard_raft_store::aggregation::{AggJob, AggTables, Seat};
 use yard_raft_store::NodeId;
 
 /// A change to make to the program's tables.
@@ -18,25 +20,55 @@ pub enum Effect {
     Remove(u32),
 }
 
-/// The entry the program needs for `job`, summed on this host at `self_ip`.
-pub fn entry(job: &AggJob, base: u32, self_ip: std::net::Ipv4Addr) -> AggJobEntry {
-    AggJobEntry {
+/// The entry the program needs for `seat` of `job`, summed on this host at `self_ip`: the
+/// seat's ranks in worker-index order, then (the root of a tree) its clusters' hosts; a cluster
+/// aggregator's parent with its MAC unknown (the shell resolves it). `None` if an aggregator
+/// the seat needs is no longer registered (the leader regroups the job).
+pub fn entry(
+    tables: &AggTables,
+    job: &AggJob,
+    seat: &Seat,
+    self_ip: Ipv4Addr,
+) -> Option<AggJobEntry> {
+    let agg_addr = |node: &NodeId| {
+        tables
+            .hosts
+            .get(node)
+            .map(|h| SocketAddrV4::new(h.ip, yard_agg::wire::PORT))
+    };
+    let mut members: Vec<SocketAddrV4> = seat
+        .ranks
+        .iter()
+        .map(|r| job.members.get(r).copied())
+        .collect::<Option<_>>()?;
+    for child in &seat.children {
+        members.push(agg_addr(child)?);
+    }
+    let parent = match seat.up_index {
+        Some(worker) => Some(AggParent {
+            addr: agg_addr(&job.placement?.node)?,
+            worker,
+            mac: [0; 6],
+        }),
+        None => None,
+    };
+    Some(AggJobEntry {
         id: job.id,
         epoch: job.epoch,
-        base,
+        base: seat.placement.base,
         geometry: Geometry {
             values: job.values,
             chunk_values: job.chunk_values,
         },
         dtype: Dtype::from_raw(job.dtype).unwrap_or(Dtype::I32),
-        members: job.worker_order().into_iter().map(|(_, a)| a).collect(),
+        members,
         self_ip,
-        parent: None,
-    }
+        parent,
+    })
 }
 
-/// The jobs `me` must serve, by id: running jobs placed on it. A host not registered as an
-/// aggregator serves nothing.
+/// The jobs `me` must serve, by id: running jobs with an aggregator on it. A host not
+/// registered as an aggregator serves nothing.
 pub fn desired(tables: &AggTables, me: NodeId) -> BTreeMap<u32, AggJobEntry> {
     let Some(host) = tables.hosts.get(&me) else {
         return BTreeMap::new();
@@ -46,8 +78,8 @@ pub fn desired(tables: &AggTables, me: NodeId) -> BTreeMap<u32, AggJobEntry> {
         .values()
         .filter(|j| j.running())
         .filter_map(|j| {
-            let p = j.placement?;
-            (p.node == me).then(|| (j.id, entry(j, p.base, host.ip)))
+            let seat = j.seats().into_iter().find(|s| s.placement.node == me)?;
+            Some((j.id, entry(tables, j, &seat, host.ip)?))
         })
         .collect()
 }
@@ -77,35 +109,38 @@ pub fn worker_view(tables: &AggTables, name: &str, rank: u16) -> WorkerView {
     if job.gone.contains(&rank) {
         return WorkerView::Failed(format!("rank {rank} was removed from job {name}"));
     }
-    let (Some(p), true) = (job.placement, job.running()) else {
-        return WorkerView::Waiting;
-    };
-    let Some(host) = tables.hosts.get(&p.node) else {
-        return WorkerView::Waiting;
-    };
-    let aggregator = std::net::SocketAddrV4::new(host.ip, yard_agg::wire::PORT);
-    membership(job, aggregator, rank).map_or(WorkerView::Waiting, WorkerView::Running)
+    let ips = aggregator_ips(tables, job);
+    membership(job, &ips, rank).map_or(WorkerView::Waiting, WorkerView::Running)
 }
 
-/// What rank `rank` of `job` sums as, with the job summed at `aggregator`: its index among
-/// this epoch's members (ranks ascending), if the job runs and the rank is one of them. The one
-/// place a membership is made from the tables: the agent pushes it, and an operator's worker
-/// (`yard agg job show`) reads it from the job's row.
-pub fn membership(
-    job: &AggJob,
-    aggregator: std::net::SocketAddrV4,
-    rank: u16,
-) -> Option<Membership> {
+/// The addresses of `job`'s aggregators (the root and every cluster's host) that are registered.
+pub fn aggregator_ips(tables: &AggTables, job: &AggJob) -> BTreeMap<NodeId, Ipv4Addr> {
+    job.seats()
+        .iter()
+        .filter_map(|s| {
+            let node = s.placement.node;
+            Some((node, tables.hosts.get(&node)?.ip))
+        })
+        .collect()
+}
+
+/// What rank `rank` of `job` sums as: its aggregator (the job's, or its cluster's in a tree,
+/// at its address in `ips`) and its index among the ranks that send there, if the job runs and
+/// the rank is a member. `workers` is the job's N whichever aggregator sums the rank: every
+/// worker scales for the whole job, so partial sums fit too. The one place a membership is made
+/// from the tables: the agent pushes it, and an operator's worker (`yard agg job show`) reads
+/// it from the job's row.
+pub fn membership(job: &AggJob, ips: &BTreeMap<NodeId, Ipv4Addr>, rank: u16) -> Option<Membership> {
     if !job.running() {
         return None;
     }
-    let order = job.worker_order();
-    let worker = order.iter().position(|(r, _)| *r == rank)?;
+    let (placement, worker) = job.seat_of(rank)?;
+    let aggregator = SocketAddrV4::new(*ips.get(&placement.node)?, yard_agg::wire::PORT);
     Some(Membership {
         job: job.id,
         epoch: job.epoch,
-        worker: u16::try_from(worker).ok()?,
-        workers: u16::try_from(order.len()).ok()?,
+        worker,
+        workers: u16::try_from(job.members.len()).ok()?,
         aggregator,
         geometry: Geometry {
             values: job.values,
@@ -158,6 +193,7 @@ mod tests {
                     chunk_values: 360,
                     colocate: false,
                     quota,
+                    grouping: yard_raft_store::aggregation::Grouping::Flat,
                 },
                 1,
             )
@@ -260,5 +296,61 @@ mod tests {
         place(&mut t, "a", 2, 0);
         let after = desired(&t, 1);
         assert_eq!(diff(&before, &after), [Effect::Remove(t.jobs["a"].id)]);
+    }
+
+    #[test]
+    fn each_aggregator_of_a_tree_serves_its_cluster_and_workers_send_to_theirs() {
+        use yard_raft_store::aggregation::Cluster;
+        let mut t = tables();
+        for (node, last) in [(2u64, 2u8), (3, 3)] {
+            let host = AggCommand::Host {
+                node,
+                ip: Ipv4Addr::new(198, 18, 0, last),
+                slots: 100,
+                cpu_millis: 1000,
+            };
+            t.apply(&host, 1).unwrap();
+        }
+        let expect_epoch = t.jobs["a"].epoch;
+        t.apply(
+            &AggCommand::PlaceTree {
+                name: "a".into(),
+                expect_epoch,
+                root: Placement { node: 1, base: 0 },
+                clusters: vec![Cluster {
+                    placement: Placement { node: 3, base: 10 },
+                    ranks: vec![1],
+                }],
+            },
+            2,
+        )
+        .unwrap();
+        let job = &t.jobs["a"];
+        let agg = |i| SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, i), 7481);
+        // The root: rank 0, then the cluster's host; no parent.
+        let root = &desired(&t, 1)[&job.id];
+        assert_eq!(root.members, [job.members[&0], agg(3)]);
+        assert_eq!(root.parent, None);
+        // The cluster aggregator: rank 1, and the root as its parent, as member 1 there.
+        let leaf = &desired(&t, 3)[&job.id];
+        assert_eq!(
+            (leaf.members.clone(), leaf.base),
+            (vec![job.members[&1]], 10)
+        );
+        let parent = leaf.parent.unwrap();
+        assert_eq!(
+            (parent.addr, parent.worker, parent.mac),
+            (agg(1), 1, [0; 6])
+        );
+        assert!(desired(&t, 2).is_empty(), "not in the tree");
+        // Rank 1 sends to its cluster as its worker 0, scaled for both workers.
+        let WorkerView::Running(m) = worker_view(&t, "a", 1) else {
+            panic!("not running");
+        };
+        assert_eq!((m.aggregator, m.worker, m.workers), (agg(3), 0, 2));
+        let WorkerView::Running(m) = worker_view(&t, "a", 0) else {
+            panic!("not running");
+        };
+        assert_eq!((m.aggregator, m.worker, m.workers), (agg(1), 0, 2));
     }
 }

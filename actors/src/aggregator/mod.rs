@@ -6,8 +6,11 @@
 //!   unreachable, and the workers lost with their host.
 //! - [`core`]: a host's side, pure: which jobs of the replicated tables it serves, as the XDP
 //!   program's table entries, and what changed since the last time.
+//! - [`bandwidth`]: a node's side, pure: which aggregating hosts it measures its bandwidth to
+//!   now (the grouping's input).
 //! - [`actor`]: the actix shell that owns the XDP program and applies the core's effects.
 
 pub mod actor;
+pub mod bandwidth;
 pub mod core;
 pub mod placement;

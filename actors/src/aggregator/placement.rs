@@ -22,7 +22,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 
-use yard_raft_store::aggregation::{AggCommand, AggJob, AggTables, Placement};
+use yard_raft_store::aggregation::{AggCommand, AggJob, AggTables, Placement, Seat};
 use yard_raft_store::NodeId;
 
 /// What the leader sees of the cluster, besides the tables.
@@ -64,14 +64,23 @@ pub fn decide(tables: &AggTables, view: &ClusterView) -> Decision {
         if !job.complete() {
             continue;
         }
-        match job.placement {
-            Some(p) if host_usable(tables, view, p.node) => {
+        // Every aggregator of the job (one, or a tree's) keeps its range while all are usable;
+        // one lost takes the job back to one aggregator, in one command.
+        let seats = job.seats();
+        if !seats.is_empty()
+            && seats
+                .iter()
+                .all(|s| host_usable(tables, view, s.placement.node))
+        {
+            for seat in &seats {
+                let p = seat.placement;
                 used.entry(p.node)
                     .or_default()
                     .push((p.base, p.base + job.slots()));
-                *load.entry(p.node).or_default() += cpu_load(job);
+                *load.entry(p.node).or_default() += seat_load(job, seat);
             }
-            _ => to_place.push(job),
+        } else {
+            to_place.push(job);
         }
     }
     for job in to_place {
@@ -97,6 +106,13 @@ pub fn decide(tables: &AggTables, view: &ClusterView) -> Decision {
 /// per chunk to every worker.
 fn cpu_load(job: &AggJob) -> u64 {
     2 * u64::from(job.workers) * u64::from(job.chunks())
+}
+
+/// Frames a round of `job` makes the aggregator of `seat` handle: its members' chunks in
+/// (its ranks and, at a tree's root, its clusters' partial sums) and as many results out.
+fn seat_load(job: &AggJob, seat: &Seat) -> u64 {
+    let members = (seat.ranks.len() + seat.children.len()) as u64;
+    2 * members * u64::from(job.chunks())
 }
 
 fn host_usable(tables: &AggTables, view: &ClusterView, node: NodeId) -> bool {
@@ -265,6 +281,7 @@ mod tests {
                     chunk_values: 100,
                     colocate: *colocate,
                     quota: QUOTA,
+                    grouping: yard_raft_store::aggregation::Grouping::Flat,
                 },
                 1,
             )
@@ -323,6 +340,7 @@ mod tests {
                 chunk_values: 100,
                 colocate: false,
                 quota: QUOTA,
+                grouping: yard_raft_store::aggregation::Grouping::Flat,
             },
             1,
         )

@@ -631,7 +631,7 @@ impl LinuxInterface {
                 .map(|s| s.trim().to_owned())
                 .map_err(|e| DataPlaneError(format!("cannot read {f} of interface {name}: {e}")))
         };
-        let mac = super::neigh::parse_mac(&sys("address")?)
+        let mac = crate::neigh::parse_mac(&sys("address")?)
             .ok_or_else(|| DataPlaneError(format!("interface {name} has no ethernet address")))?;
         let ifindex: u32 = sys("ifindex")?
             .parse()
@@ -709,7 +709,7 @@ impl Interface for LinuxInterface {
     }
 
     fn resolve(&mut self, hosts: &[Ipv4Addr]) -> BTreeMap<Ipv4Addr, [u8; 6]> {
-        super::neigh::resolve(hosts, &self.name)
+        crate::neigh::resolve(hosts, &self.name)
     }
 }
 

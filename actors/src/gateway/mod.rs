@@ -10,7 +10,6 @@ pub mod damping;
 pub mod dataplane;
 pub mod leader;
 pub mod lease;
-pub mod neigh;
 pub mod placement;
 pub mod replan;
 pub mod service_plan;

@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 use yard::client::AdminClient;
 use yard::rpc::{AdminReply, AdminRequest, AggJobRow, AggRequest};
 use yard_agg::wire::Dtype;
+use yard_raft_store::aggregation::Grouping;
 
 use super::output::Out;
 
@@ -45,6 +46,10 @@ pub enum JobCmd {
         /// Allow the aggregator to be a worker's own host.
         #[arg(long)]
         colocate: bool,
+        /// auto: a tree of aggregators sized to the measured bandwidths (ALEPH); flat: one
+        /// aggregator chosen by CPU load; ps: one aggregator, the one the bandwidths favour.
+        #[arg(long, default_value = "auto", value_parser = Grouping::parse)]
+        grouping: Grouping,
     },
     /// Register a worker: rank RANK of NAME sends from ADDR (the worker's bound socket).
     Join {
@@ -74,6 +79,7 @@ pub async fn run(client: &AdminClient, cmd: &AggCmd, out: Out) -> anyhow::Result
                 elastic,
                 mtu,
                 colocate,
+                grouping,
             } => {
                 if *size == 0 || size % 4 != 0 {
                     bail!("--size is the gradient's bytes, a positive multiple of 4, not {size}");
@@ -89,6 +95,7 @@ pub async fn run(client: &AdminClient, cmd: &AggCmd, out: Out) -> anyhow::Result
                     elastic: *elastic,
                     mtu: *mtu,
                     colocate: *colocate,
+                    grouping: *grouping,
                 }
             }
             JobCmd::Join { name, rank, addr } => AggRequest::Join {

@@ -252,6 +252,23 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
         Duration::from_millis(cfg.aggregator.place_ms),
         Duration::from_millis(cfg.aggregator.worker_gone_ms),
     ));
+    if let Ok(my_ip) = cfg.advertise_ip().parse::<std::net::Ipv4Addr>() {
+        let settings = yard::agg_bandwidth::Settings {
+            me: cfg.node.id,
+            my_ip,
+            port: cfg.aggregator.probe_port,
+            bytes: cfg.aggregator.probe_bytes,
+            every: Duration::from_millis(cfg.aggregator.probe_every_ms),
+        };
+        tokio::spawn(yard::agg_bandwidth::run(node.clone(), settings));
+    }
+    if cfg.aggregator.enabled {
+        let at = std::net::SocketAddr::from(([0, 0, 0, 0], cfg.aggregator.probe_port));
+        let sink = tokio::net::TcpListener::bind(at)
+            .await
+            .with_context(|| format!("cannot listen on aggregator.probe_port {at}"))?;
+        tokio::spawn(yard::agg_bandwidth::serve_sink(sink));
+    }
     let aggregator = if cfg.aggregator.enabled {
         let a = &cfg.aggregator;
         let ip: std::net::Ipv4Addr = cfg.advertise_ip().parse().with_context(|| {
@@ -285,7 +302,12 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
             a.slots(),
             a.cpu_millis(),
         ));
-        Some((program, view, Duration::from_millis(a.stats_ms)))
+        Some((
+            program,
+            view,
+            Duration::from_millis(a.stats_ms),
+            a.interface.clone(),
+        ))
     } else {
         None
     };
@@ -469,7 +491,7 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
     let probe_health = health.clone();
     let (agg_feed, agg_health, agg_node) = (node.feed().clone(), health.clone(), cfg.node.id);
     let (actors, (admin, gateway_actor)) = ActorSystem::start(move || {
-        if let Some((program, view, every)) = aggregator {
+        if let Some((program, view, every, iface)) = aggregator {
             yard_actors::aggregator::actor::AggregatorActor::new(
                 agg_node,
                 Box::new(program),
@@ -477,6 +499,7 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
                 view,
                 agg_health,
                 every,
+                iface,
             )
             .start();
         }

@@ -9,7 +9,7 @@ use clap::Subcommand;
 use serde_json::json;
 use yard::client::AdminClient;
 use yard::rpc::{AdminReply, AdminRequest, GatewayRequest};
-use yard_actors::gateway::neigh::parse_mac;
+use yard_actors::neigh::parse_mac;
 use yard_raft_store::gateway::{Endpoint, EndpointKey, EndpointRecord};
 
 use super::output::Out;

@@ -1,6 +1,7 @@
-//! Compute hosts' MACs, read from the kernel's neighbour table. The XDP program rewrites the
-//! outer destination MAC itself, so the shell keeps a host → MAC map filled from what the
-//! kernel has resolved, and makes it resolve a missing host by sending it one datagram.
+//! Next hops' MACs, read from the kernel's neighbour table. The XDP programs write destination
+//! MACs themselves (the gateway's outer header to a compute host, a cluster aggregator's partial
+//! sum to its parent), so their shells keep a host → MAC map filled from what the kernel has
+//! resolved, and make it resolve a missing host by sending it one datagram.
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
