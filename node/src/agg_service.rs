@@ -30,10 +30,11 @@ pub fn node_ips(d: &StateMachineData) -> BTreeMap<NodeId, Ipv4Addr> {
 /// job waits for one (the placement core's answer on the tables alone).
 fn rows(d: &StateMachineData, only: Option<&str>) -> Vec<AggJobRow> {
     let t: &AggTables = &d.aggregation;
+    let ips = node_ips(d);
     let view = ClusterView {
         unreachable: BTreeSet::new(),
         gone: BTreeSet::new(),
-        node_ips: node_ips(d),
+        node_ips: ips.clone(),
     };
     let waiting: BTreeMap<String, String> = decide(t, &view).waiting.into_iter().collect();
     t.jobs
@@ -47,6 +48,23 @@ fn rows(d: &StateMachineData, only: Option<&str>) -> Vec<AggJobRow> {
                 .map(|h| SocketAddrV4::new(h.ip, yard_agg::wire::PORT)),
             waiting: waiting.get(&j.name).cloned(),
             aggregators: yard_actors::aggregator::core::aggregator_ips(t, j),
+            bandwidth: member_bandwidth(t, j, &ips),
+        })
+        .collect()
+}
+
+/// Each member's measured bandwidth to its aggregator: from the node at its address.
+fn member_bandwidth(
+    t: &AggTables,
+    j: &yard_raft_store::aggregation::AggJob,
+    ips: &BTreeMap<NodeId, Ipv4Addr>,
+) -> BTreeMap<u16, u64> {
+    j.members
+        .iter()
+        .filter_map(|(rank, addr)| {
+            let (seat, _) = j.seat_of(*rank)?;
+            let from = ips.iter().find(|(_, ip)| **ip == *addr.ip())?.0;
+            Some((*rank, *t.bandwidth.get(from)?.get(&seat.node)?))
         })
         .collect()
 }

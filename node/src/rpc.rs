@@ -190,6 +190,9 @@ pub struct AggJobRow {
     pub waiting: Option<String>,
     /// The addresses of the job's aggregators by node: the root's, and each cluster's in a tree.
     pub aggregators: std::collections::BTreeMap<NodeId, Ipv4Addr>,
+    /// Each member's measured bandwidth to the aggregator it sends to, bytes/s (ranks whose
+    /// node has not measured it are absent).
+    pub bandwidth: std::collections::BTreeMap<u16, u64>,
 }
 
 impl AggJobRow {

@@ -213,13 +213,50 @@ fn state(r: &AggJobRow) -> String {
     }
 }
 
+/// The job's aggregators as JSON: each with its role, address and members (ranks with their
+/// worker index there and measured bandwidth; at the root, its clusters too).
+fn tree_json(r: &AggJobRow) -> Vec<Value> {
+    let j = &r.job;
+    let addr = |n: u64| {
+        r.aggregators
+            .get(&n)
+            .map(|ip| format!("{ip}:{}", yard_agg::wire::PORT))
+    };
+    j.seats()
+        .iter()
+        .map(|s| {
+            let ranks: Vec<Value> = s
+                .ranks
+                .iter()
+                .enumerate()
+                .map(|(i, rank)| {
+                    json!({"rank": rank, "worker": i,
+                           "addr": j.members.get(rank).map(ToString::to_string),
+                           "bandwidth_bytes_per_s": r.bandwidth.get(rank)})
+                })
+                .collect();
+            json!({"node": s.placement.node, "addr": addr(s.placement.node),
+                   "role": if s.up_index.is_some() { "cluster" } else { "root" },
+                   "worker_at_root": s.up_index, "ranks": ranks, "clusters": s.children})
+        })
+        .collect()
+}
+
+/// A figure in bytes/s as MB/s, or a dash when not measured.
+fn mbps(b: Option<&u64>) -> String {
+    b.map_or("-".into(), |b| format!("{:.1} MB/s", *b as f64 / 1e6))
+}
+
 fn job_json(r: &AggJobRow) -> Value {
     let j = &r.job;
     let members: Vec<Value> = j
         .worker_order()
         .iter()
-        .enumerate()
-        .map(|(i, (rank, addr))| json!({"rank": rank, "worker": i, "addr": addr.to_string()}))
+        .map(|(rank, addr)| {
+            let seat = j.seat_of(*rank);
+            json!({"rank": rank, "worker": seat.map(|s| s.1), "aggregator_node": seat.map(|s| s.0.node),
+                   "addr": addr.to_string(), "bandwidth_bytes_per_s": r.bandwidth.get(rank)})
+        })
         .collect();
     json!({
         "name": j.name, "id": j.id, "workers": j.workers, "values": j.values,
@@ -229,7 +266,7 @@ fn job_json(r: &AggJobRow) -> Value {
         "aggregator": r.aggregator.map(|a| a.to_string()),
         "aggregator_node": j.placement.map(|p| p.node),
         "running": j.running(), "failed": j.failed, "waiting": r.waiting,
-        "state": state(r),
+        "state": state(r), "grouping": j.grouping.name(), "tree": tree_json(r),
     })
 }
 
@@ -247,8 +284,50 @@ fn job_text(r: &AggJobRow) -> String {
         j.bytes().div_ceil(1 << 20),
         state(r)
     );
-    for (i, (rank, addr)) in j.worker_order().iter().enumerate() {
-        t.push_str(&format!("rank {rank:<4} worker {i:<3} {addr}\n"));
+    let seats = j.seats();
+    if seats.is_empty() {
+        t.push_str(&format!("grouping {}\n", j.grouping.name()));
+        for (rank, addr) in j.worker_order() {
+            let bw = mbps(r.bandwidth.get(&rank));
+            t.push_str(&format!("rank {rank:<4} {addr:<22} {bw}\n"));
+        }
+        return t.trim_end().to_owned();
+    }
+    t.push_str(&format!(
+        "grouping {}: {} aggregator{}\n",
+        j.grouping.name(),
+        seats.len(),
+        if seats.len() == 1 { "" } else { "s" }
+    ));
+    let at = |n: u64| {
+        r.aggregators
+            .get(&n)
+            .map_or("?".into(), ToString::to_string)
+    };
+    let ranks = |t: &mut String, s: &yard_raft_store::aggregation::Seat, indent: &str| {
+        for (i, rank) in s.ranks.iter().enumerate() {
+            let addr = j.members.get(rank).map_or("?".into(), ToString::to_string);
+            let bw = mbps(r.bandwidth.get(rank));
+            t.push_str(&format!(
+                "{indent}rank {rank:<4} worker {i:<3} {addr:<22} {bw}\n"
+            ));
+        }
+    };
+    let root = &seats[0];
+    t.push_str(&format!(
+        "root: node {} at {}\n",
+        root.placement.node,
+        at(root.placement.node)
+    ));
+    ranks(&mut t, root, "  ");
+    for s in &seats[1..] {
+        t.push_str(&format!(
+            "  cluster: node {} at {} (worker {} at the root)\n",
+            s.placement.node,
+            at(s.placement.node),
+            s.up_index.unwrap_or(0)
+        ));
+        ranks(&mut t, s, "    ");
     }
     t.trim_end().to_owned()
 }
