@@ -11,7 +11,8 @@
 //!   with binary search (within 1 + ε of the LP), unsplittable VIPs by LP rounding (within
 //!   2(1 + ε) of the optimum).
 //!
-//! [`baseline`] holds the strategies it is compared with, [`eval`] the failure evaluation,
+//! [`grouping`] groups an aggregation job's workers into a tree of aggregators by measured
+//! bandwidth (ALEPH). [`baseline`] holds the strategies it is compared with, [`eval`] the failure evaluation,
 //! [`lp`] the solver models (also the exact ILP oracles), [`parse`] the offline file formats.
 
 pub mod assign;
@@ -19,6 +20,7 @@ pub mod baseline;
 pub mod eval;
 pub mod family;
 mod flow;
+pub mod grouping;
 pub mod lp;
 pub mod model;
 pub mod parse;

@@ -4,6 +4,8 @@
 //! - [`placement`]: the leader's decisions, pure: which host sums each job (its slot budget,
 //!   not a worker's own host unless the job allows it), moved in one command when that host is
 //!   unreachable, and the workers lost with their host.
+//! - [`tree`]: the leader's tree for a grouped job (ALEPH): the planner's grouping on the
+//!   measured bandwidths, and whether it is worth a regrouping.
 //! - [`core`]: a host's side, pure: which jobs of the replicated tables it serves, as the XDP
 //!   program's table entries, and what changed since the last time.
 //! - [`bandwidth`]: a node's side, pure: which aggregating hosts it measures its bandwidth to
@@ -14,3 +16,4 @@ pub mod actor;
 pub mod bandwidth;
 pub mod core;
 pub mod placement;
+pub mod tree;

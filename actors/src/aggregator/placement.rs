@@ -22,7 +22,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 
-use yard_raft_store::aggregation::{AggCommand, AggJob, AggTables, Placement, Seat};
+use yard_raft_store::aggregation::{AggCommand, AggJob, AggTables, Grouping, Placement, Seat};
+
+use super::tree::{decide_tree, TreeDecision};
 use yard_raft_store::NodeId;
 
 /// What the leader sees of the cluster, besides the tables.
@@ -53,6 +55,7 @@ pub fn decide(tables: &AggTables, view: &ClusterView) -> Decision {
     // Frames a round per host, by the same jobs.
     let mut load: BTreeMap<NodeId, u64> = BTreeMap::new();
     let mut to_place = Vec::new();
+    let mut grouped = Vec::new();
     for job in tables.jobs.values() {
         if job.failed.is_some() {
             continue;
@@ -79,8 +82,57 @@ pub fn decide(tables: &AggTables, view: &ClusterView) -> Decision {
                     .push((p.base, p.base + job.slots()));
                 *load.entry(p.node).or_default() += seat_load(job, seat);
             }
-        } else {
+        } else if !matches!(job.grouping, Grouping::Auto | Grouping::Ps) {
             to_place.push(job);
+        }
+        if matches!(job.grouping, Grouping::Auto | Grouping::Ps) {
+            grouped.push(job);
+        }
+    }
+    // Grouped jobs: the planner's tree once their bandwidths are measured (flat until then).
+    for job in grouped {
+        let own: Vec<(NodeId, (u32, u32))> = job
+            .seats()
+            .iter()
+            .map(|s| {
+                (
+                    s.placement.node,
+                    (s.placement.base, s.placement.base + job.slots()),
+                )
+            })
+            .collect();
+        let mut others = used.clone();
+        for (node, range) in &own {
+            if let Some(r) = others.get_mut(node) {
+                if let Some(i) = r.iter().position(|x| x == range) {
+                    r.remove(i);
+                }
+            }
+        }
+        match decide_tree(tables, view, job, &others) {
+            TreeDecision::Keep => {}
+            TreeDecision::Place { root, clusters, .. } => {
+                used = others;
+                for p in std::iter::once(root).chain(clusters.iter().map(|c| c.placement)) {
+                    used.entry(p.node)
+                        .or_default()
+                        .push((p.base, p.base + job.slots()));
+                }
+                out.commands.push(AggCommand::PlaceTree {
+                    name: job.name.clone(),
+                    expect_epoch: job.epoch,
+                    root,
+                    clusters,
+                });
+            }
+            TreeDecision::Unmeasured(_) | TreeDecision::Cannot(_) => {
+                // As a flat job: kept where it is while that is usable, else placed by CPU.
+                let usable =
+                    !own.is_empty() && own.iter().all(|(n, _)| host_usable(tables, view, *n));
+                if !usable {
+                    to_place.push(job);
+                }
+            }
         }
     }
     for job in to_place {
@@ -171,7 +223,7 @@ impl Sustained {
 }
 
 /// The lowest base at which `need` slots fit in `slots` around the `taken` ranges.
-fn first_fit(slots: u32, taken: &[(u32, u32)], need: u32) -> Option<u32> {
+pub(super) fn first_fit(slots: u32, taken: &[(u32, u32)], need: u32) -> Option<u32> {
     let mut ranges = taken.to_vec();
     ranges.sort_unstable();
     let mut at = 0u32;
@@ -498,5 +550,109 @@ mod tests {
         assert_eq!(first_fit(100, &[(0, 20), (50, 60)], 30), Some(20));
         assert_eq!(first_fit(100, &[(0, 20), (40, 60)], 30), Some(60));
         assert_eq!(first_fit(100, &[(0, 80)], 30), None);
+    }
+
+    /// Hosts 1..=3 aggregate; six workers of job `t` (grouping auto) on nodes 4..=9.
+    fn grouped_world() -> (AggTables, ClusterView) {
+        let mut t = AggTables::default();
+        for node in 1..=3u8 {
+            let host = AggCommand::Host {
+                node: u64::from(node),
+                ip: ip(node),
+                slots: 1000,
+                cpu_millis: 4000,
+            };
+            t.apply(&host, 1).unwrap();
+        }
+        let create = AggCommand::Create {
+            name: "t".into(),
+            workers: 6,
+            values: 100_000,
+            dtype: 1,
+            elastic: false,
+            chunk_values: 360,
+            colocate: false,
+            quota: QUOTA,
+            grouping: Grouping::Auto,
+        };
+        t.apply(&create, 1).unwrap();
+        for rank in 0..6u16 {
+            let addr = SocketAddrV4::new(ip(4 + u8::try_from(rank).unwrap()), 40000);
+            let join = AggCommand::Join {
+                name: "t".into(),
+                rank,
+                addr,
+            };
+            t.apply(&join, 1).unwrap();
+        }
+        let view = ClusterView {
+            unreachable: BTreeSet::new(),
+            gone: BTreeSet::new(),
+            node_ips: (1..=9u8).map(|i| (u64::from(i), ip(i))).collect(),
+        };
+        (t, view)
+    }
+
+    fn measure(t: &mut AggTables, bytes_per_s: u64) {
+        for from in 4..=9 {
+            for to in 1..=3 {
+                let m = AggCommand::Bandwidth {
+                    from,
+                    to,
+                    bytes_per_s,
+                };
+                t.apply(&m, 2).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn a_grouped_job_is_flat_until_measured_then_a_tree_that_stays_and_regroups_without_a_dead_host(
+    ) {
+        let (mut t, mut view) = grouped_world();
+        // Unmeasured: placed as a flat job.
+        let d = decide(&t, &view);
+        assert!(
+            matches!(d.commands[..], [AggCommand::Place { .. }]),
+            "{d:?}"
+        );
+        apply_all(&mut t, &d);
+        // Measured, equal links: a tree (six streams on one host take 6 M/b, the tree 4 M/b).
+        measure(&mut t, 100_000_000);
+        let d = decide(&t, &view);
+        let [AggCommand::PlaceTree { root, clusters, .. }] = &d.commands[..] else {
+            panic!("no tree: {d:?}");
+        };
+        // The fewest hosts that reach it: a root with three workers and one cluster of three
+        // (four streams each).
+        assert_eq!(clusters.len(), 1, "{clusters:?}");
+        assert_eq!(clusters[0].ranks.len(), 3);
+        assert_ne!(clusters[0].placement.node, root.node);
+        apply_all(&mut t, &d);
+        assert!(t.jobs["t"].running());
+        assert!(decide(&t, &view).commands.is_empty(), "the tree stays");
+        // A wobble of the figures moves nothing.
+        for to in 1..=3 {
+            let m = AggCommand::Bandwidth {
+                from: 4,
+                to,
+                bytes_per_s: 90_000_000,
+            };
+            t.apply(&m, 3).unwrap();
+        }
+        assert!(decide(&t, &view).commands.is_empty(), "hysteresis");
+        // A cluster host dies: one command regroups on the survivors.
+        let dead = clusters[0].placement.node;
+        view.unreachable.insert(dead);
+        let d = decide(&t, &view);
+        let [AggCommand::PlaceTree { root, clusters, .. }] = &d.commands[..] else {
+            panic!("no regrouping: {d:?}");
+        };
+        assert_ne!(root.node, dead);
+        assert!(clusters.iter().all(|c| c.placement.node != dead));
+        apply_all(&mut t, &d);
+        let seats = t.jobs["t"].seats();
+        let placed: usize = seats.iter().map(|s| s.ranks.len()).sum();
+        assert_eq!(placed, 6, "every rank has a seat");
     }
 }

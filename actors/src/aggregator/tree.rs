@@ -1,0 +1,194 @@
+//! The leader's tree for a grouped job (`--grouping auto|ps`), pure: from the tables' measured
+//! bandwidths and the hosts' CPU budgets to the planner's grouping (`yard_planner::grouping`,
+//! ALEPH), and whether it is worth a regrouping.
+//!
+//! - Candidates: every aggregating host the leader can reach that has a free contiguous range
+//!   for the whole gradient (the job's own ranges count as free: a new epoch makes them so) and
+//!   is not a worker's own host unless the job allows it.
+//! - Bandwidth from worker `w` to host `h`: the tables' figure from `w`'s node to `h`. A job
+//!   is grouped only once every worker's node has measured every candidate; until then it is
+//!   placed as a flat job (by CPU load), and regrouped when the figures arrive.
+//! - A host's capacity: the smaller of its link (the fastest stream measured into it: one
+//!   stream of a faster sender fills it) and its CPU budget at [`SUM_BYTES_PER_CORE`].
+//! - `ps` takes the best single host; `auto` the best tree.
+//! - Hysteresis: a running job whose arrangement is still usable is regrouped only when the
+//!   planner's round time beats its current one by [`MIN_GAIN`] (`yard_planner::grouping::regroup`),
+//!   so figures that wobble around a boundary do not move it back and forth; a lost host
+//!   regroups at once (in one command, `AggCommand::PlaceTree`).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use yard_planner::grouping::{
+    self as planner, Cluster as PlannedCluster, Grouping as Planned, GroupingInput,
+};
+use yard_raft_store::aggregation::{AggJob, AggTables, Cluster, Grouping, Placement};
+use yard_raft_store::NodeId;
+
+use super::placement::{first_fit, ClusterView};
+
+/// Bytes/s one core of an aggregating host sums, as the grouping counts a host's CPU budget.
+/// Measured: the program's add path takes 452 ns for a 360-value (1440-byte) chunk under
+/// BPF_PROG_TEST_RUN (`agg-paths`, median of 5), about 3.2 GB/s; the receive path around it
+/// costs about as much again, so a core is given half of that.
+pub const SUM_BYTES_PER_CORE: f64 = 1.5e9;
+
+/// The least drop of the round time worth a regrouping (a fraction of the current one).
+pub const MIN_GAIN: f64 = 0.15;
+
+/// What the leader does with a grouped job's arrangement.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TreeDecision {
+    /// Not every bandwidth is measured yet: treat the job as flat for now (why).
+    Unmeasured(String),
+    /// The current arrangement stays.
+    Keep,
+    /// Move to this arrangement (one `PlaceTree`).
+    Place {
+        root: Placement,
+        clusters: Vec<Cluster>,
+        /// The planner's round time for it, s.
+        round_s: f64,
+    },
+    /// No candidate host, or the planner found no grouping: why.
+    Cannot(String),
+}
+
+/// Decides on `job` (complete, grouped) given the slot ranges `taken` by other jobs.
+pub fn decide_tree(
+    tables: &AggTables,
+    view: &ClusterView,
+    job: &AggJob,
+    taken: &BTreeMap<NodeId, Vec<(u32, u32)>>,
+) -> TreeDecision {
+    let ranks: Vec<u16> = job.members.keys().copied().collect();
+    let worker_ips: BTreeSet<std::net::Ipv4Addr> = job.members.values().map(|a| *a.ip()).collect();
+    let need = job.slots();
+    // Candidate hosts with the base their range would take.
+    let hosts: Vec<(NodeId, u32)> = tables
+        .hosts
+        .iter()
+        .filter(|(n, h)| {
+            !view.unreachable.contains(n) && (job.colocate || !worker_ips.contains(&h.ip))
+        })
+        .filter_map(|(n, h)| {
+            let t = taken.get(n).map(Vec::as_slice).unwrap_or(&[]);
+            Some((*n, first_fit(h.slots, t, need)?))
+        })
+        .collect();
+    if hosts.is_empty() {
+        return TreeDecision::Cannot("no aggregating host can take it".into());
+    }
+    // Each rank's node, by its address.
+    let node_of = |rank: &u16| -> Option<NodeId> {
+        let ip = *job.members.get(rank)?.ip();
+        view.node_ips
+            .iter()
+            .find(|(_, a)| **a == ip)
+            .map(|(n, _)| *n)
+    };
+    let mut bandwidth = Vec::with_capacity(ranks.len());
+    for rank in &ranks {
+        let Some(node) = node_of(rank) else {
+            return TreeDecision::Unmeasured(format!("rank {rank}'s host is not a node"));
+        };
+        let mut row = Vec::with_capacity(hosts.len());
+        for (h, _) in &hosts {
+            match tables.bandwidth.get(&node).and_then(|m| m.get(h)) {
+                Some(b) => row.push(*b as f64),
+                None => {
+                    return TreeDecision::Unmeasured(format!(
+                        "node {node} has not measured its bandwidth to node {h}"
+                    ))
+                }
+            }
+        }
+        bandwidth.push(row);
+    }
+    let capacity: Vec<f64> = hosts
+        .iter()
+        .enumerate()
+        .map(|(k, (h, _))| {
+            let link = tables
+                .bandwidth
+                .values()
+                .filter_map(|m| m.get(h))
+                .max()
+                .copied()
+                .unwrap_or(0) as f64;
+            let cpu = f64::from(tables.hosts[h].cpu_millis) / 1000.0 * SUM_BYTES_PER_CORE;
+            let link = if link > 0.0 {
+                link
+            } else {
+                bandwidth.iter().map(|r| r[k]).fold(0.0, f64::max)
+            };
+            link.min(cpu)
+        })
+        .collect();
+    let input = GroupingInput {
+        gradient_bytes: u64::from(job.values) * 4,
+        workers: ranks.len(),
+        capacity_bps: capacity,
+        bandwidth,
+    };
+    let best = match job.grouping {
+        Grouping::Ps => planner::flat(&input),
+        _ => planner::group(&input),
+    };
+    let best = match best {
+        Ok(g) => g,
+        Err(e) => return TreeDecision::Cannot(e.to_string()),
+    };
+    // The current arrangement in the planner's terms, if every host of it is a candidate.
+    let index_of = |n: NodeId| hosts.iter().position(|(h, _)| *h == n);
+    let current = current_grouping(job, &ranks, index_of);
+    if let Some(cur) = &current {
+        let policy = planner::RegroupPolicy { min_gain: MIN_GAIN };
+        if planner::regroup(&input, cur, &policy).is_none() {
+            return TreeDecision::Keep;
+        }
+    }
+    let place = |k: usize| Placement {
+        node: hosts[k].0,
+        base: hosts[k].1,
+    };
+    let clusters = best
+        .clusters
+        .iter()
+        .filter(|c| c.host != best.root && !c.members.is_empty())
+        .map(|c| Cluster {
+            placement: place(c.host),
+            ranks: c.members.iter().map(|w| ranks[*w]).collect(),
+        })
+        .collect();
+    TreeDecision::Place {
+        root: place(best.root),
+        clusters,
+        round_s: best.round_time_s,
+    }
+}
+
+/// `job`'s arrangement as the planner sees it (host indices from `index_of`), if it has one
+/// and every host of it is a candidate.
+fn current_grouping(
+    job: &AggJob,
+    ranks: &[u16],
+    index_of: impl Fn(NodeId) -> Option<usize>,
+) -> Option<Planned> {
+    let seats = job.seats();
+    let root = index_of(seats.first()?.placement.node)?;
+    let mut clusters = Vec::new();
+    for s in &seats {
+        let host = index_of(s.placement.node)?;
+        let members = s
+            .ranks
+            .iter()
+            .map(|r| ranks.iter().position(|x| x == r))
+            .collect::<Option<Vec<usize>>>()?;
+        clusters.push(PlannedCluster { host, members });
+    }
+    Some(Planned {
+        root,
+        clusters,
+        round_time_s: 0.0,
+    })
+}
