@@ -120,7 +120,7 @@ impl AggRun {
                                 elastic: false,
                                 mtu: 1500,
                                 colocate: false,
-                                grouping: yard::rpc::Grouping::Auto,
+                                grouping: yard::rpc::Grouping::Flat,
                             },
                         )
                         .await

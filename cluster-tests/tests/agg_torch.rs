@@ -127,6 +127,8 @@ fn cluster_with_job() -> (YardCluster, PathBuf, String, u64) {
                     "job",
                     "create",
                     "agg-torch",
+                    "--grouping",
+                    "flat",
                     "--workers",
                     &WORKERS.to_string(),
                     "--size",

@@ -3,7 +3,8 @@
 //! the tables smooth (`AggCommand::Bandwidth`).
 //!
 //! A node measures only while it runs a worker of a job whose grouping needs bandwidths (auto,
-//! ps): a cluster with no such job sends no probe traffic. Each host is measured once at once
+//! ps), and only to the hosts that could aggregate such a job (not another worker's host,
+//! unless the job allows it): a cluster with no such job sends no probe traffic. Each host is measured once at once
 //! (a new job, a new host) and again every `every_ms`, so the figures follow the links while the
 //! job runs. Probes from several nodes to one host share its link and each sees less than the
 //! link alone; to keep that rare, a node goes through the hosts starting from an offset of its
@@ -25,18 +26,25 @@ pub fn due(
     now_ms: u64,
     every_ms: u64,
 ) -> Vec<NodeId> {
-    let needed = tables.jobs.values().any(|j| {
-        j.failed.is_none()
-            && matches!(j.grouping, Grouping::Auto | Grouping::Ps)
-            && j.members.values().any(|a| *a.ip() == my_ip)
-    });
-    if !needed {
-        return Vec::new();
-    }
+    // The grouped jobs with a worker here, and the hosts that could aggregate each: not a
+    // worker's own host unless the job allows it (as the leader's candidates).
+    let jobs: Vec<_> = tables
+        .jobs
+        .values()
+        .filter(|j| {
+            j.failed.is_none()
+                && matches!(j.grouping, Grouping::Auto | Grouping::Ps)
+                && j.members.values().any(|a| *a.ip() == my_ip)
+        })
+        .collect();
     let hosts: Vec<NodeId> = tables
         .hosts
         .iter()
         .filter(|(n, h)| **n != me && h.ip != my_ip)
+        .filter(|(_, h)| {
+            jobs.iter()
+                .any(|j| j.colocate || j.members.values().all(|a| *a.ip() != h.ip))
+        })
         .map(|(n, _)| *n)
         .collect();
     if hosts.is_empty() {
@@ -122,6 +130,18 @@ mod tests {
             "no worker here"
         );
         assert!(due(&tables(Grouping::Flat), 5, ip(5), &none, 0, 30_000).is_empty());
+        // A host that runs a worker of the job is no candidate: not measured.
+        let mut t2 = tables(Grouping::Auto);
+        t2.jobs
+            .get_mut("j")
+            .unwrap()
+            .members
+            .insert(1, SocketAddrV4::new(ip(3), 40000));
+        assert_eq!(
+            due(&t2, 5, ip(5), &none, 0, 30_000),
+            [2, 1],
+            "rotated by id"
+        );
         // An aggregating host with a worker does not measure itself.
         assert_eq!(due(&t, 2, ip(5), &none, 0, 30_000), [1, 3]);
     }

@@ -71,6 +71,8 @@ fn run(bin: &Path) -> Result<(), String> {
             "job",
             "create",
             "demo-ddp",
+            "--grouping",
+            "flat",
             "--workers",
             "4",
             "--size",

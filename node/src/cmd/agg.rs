@@ -254,7 +254,9 @@ fn job_json(r: &AggJobRow) -> Value {
         .iter()
         .map(|(rank, addr)| {
             let seat = j.seat_of(*rank);
+            let at = seat.and_then(|s| r.aggregators.get(&s.0.node));
             json!({"rank": rank, "worker": seat.map(|s| s.1), "aggregator_node": seat.map(|s| s.0.node),
+                   "aggregator": at.map(|ip| format!("{ip}:{}", yard_agg::wire::PORT)),
                    "addr": addr.to_string(), "bandwidth_bytes_per_s": r.bandwidth.get(rank)})
         })
         .collect();

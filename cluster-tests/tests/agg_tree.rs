@@ -1,0 +1,311 @@
+//! Aggregation trees (ALEPH) end to end: three aggregating `yard` nodes (hosts 1-3) and eight
+//! worker hosts (4-11, each with its node) on TBF links of mixed speeds, two workers at a
+//! quarter of the others. The job is created with the default grouping (auto): it starts flat,
+//! every worker's node measures its bandwidth to each aggregating host, and the leader regroups
+//! the job into a tree mid-training (one Raft command, a new epoch); then a cluster
+//! aggregator's node is killed and the job is regrouped on the survivors. Every round of every
+//! worker must be the exact int32 sum throughout. Needs root.
+
+use std::net::{SocketAddrV4, UdpSocket};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use yard_agg::wire::{Dtype, Geometry};
+use yard_agg::worker::{AggError, Membership, Tuning, Worker};
+use yard_cluster_tests::require_root;
+use yard_cluster_tests::yard::{ClusterOptions, YardCluster};
+
+const AGGREGATORS: usize = 3;
+const WORKERS: usize = 8;
+/// 10^5 + 3 values: 278 chunks of 360 (MTU 1500), the last one short.
+const VALUES: u32 = 100_003;
+const ROUNDS: u32 = 30;
+/// Egress limits, Mbit/s: aggregating hosts, fast workers, the two slow ones.
+const HOST_MBIT: u32 = 200;
+const FAST_MBIT: u32 = 200;
+const SLOW_MBIT: u32 = 50;
+
+/// Every node can aggregate (the job stays off its workers' hosts); liveness relaxed for
+/// eleven debug nodes on two cores; probes short and frequent so the test sees them.
+fn options() -> ClusterOptions {
+    ClusterOptions {
+        extra_config: format!(
+            "{}probe_bytes = 1048576\nprobe_every_ms = 5000\n{}",
+            yard_cluster_tests::yard::aggregator_config(32),
+            yard_cluster_tests::torch::AGG_TORCH_LIVENESS
+        ),
+    }
+}
+
+fn gradient(rank: usize, round: u32) -> Vec<i32> {
+    (0..VALUES)
+        .map(|i| {
+            (i as i64 * 2_654_435_761 + rank as i64 * 97 + i64::from(round) * 1_000_003) as u32
+                as i32
+        })
+        .collect()
+}
+
+fn exact(round: u32) -> Vec<i32> {
+    let mut sum = vec![0i32; VALUES as usize];
+    for rank in 0..WORKERS {
+        for (s, g) in sum.iter_mut().zip(gradient(rank, round)) {
+            *s = s.wrapping_add(g);
+        }
+    }
+    sum
+}
+
+fn show(cluster: &YardCluster, from: usize) -> Option<Value> {
+    let out = cluster
+        .cli_to(
+            from,
+            &cluster.all_endpoints(),
+            &["agg", "job", "show", "tree", "--json"],
+        )
+        .ok()?;
+    out.status
+        .success()
+        .then(|| serde_json::from_slice(&out.stdout).ok())?
+}
+
+/// Rank `rank`'s membership from the job's row: its own aggregator and index there.
+fn membership(job: &Value, rank: usize) -> Option<Membership> {
+    if job["running"] != true {
+        return None;
+    }
+    let members = job["members"].as_array()?;
+    let me = members.iter().find(|m| m["rank"] == rank)?;
+    Some(Membership {
+        job: u32::try_from(job["id"].as_u64()?).ok()?,
+        epoch: u32::try_from(job["epoch"].as_u64()?).ok()?,
+        worker: u16::try_from(me["worker"].as_u64()?).ok()?,
+        workers: u16::try_from(members.len()).ok()?,
+        aggregator: me["aggregator"].as_str()?.parse().ok()?,
+        geometry: Geometry {
+            values: u32::try_from(job["values"].as_u64()?).ok()?,
+            chunk_values: u16::try_from(job["chunk_values"].as_u64()?).ok()?,
+        },
+        dtype: Dtype::I32,
+    })
+}
+
+/// The tree's aggregators: (root, cluster nodes).
+fn tree_of(job: &Value) -> (u64, Vec<u64>) {
+    let tree = job["tree"].as_array().cloned().unwrap_or_default();
+    let root = tree
+        .iter()
+        .find(|s| s["role"] == "root")
+        .and_then(|s| s["node"].as_u64())
+        .unwrap_or(0);
+    let clusters = tree
+        .iter()
+        .filter(|s| s["role"] == "cluster")
+        .filter_map(|s| s["node"].as_u64())
+        .collect();
+    (root, clusters)
+}
+
+#[test]
+fn a_job_regroups_into_a_tree_mid_training_and_again_without_a_dead_cluster_host() {
+    require_root();
+    let bin = yard_cluster_tests::yard::test_yard_bin();
+    let nodes = AGGREGATORS + WORKERS;
+    let mut cluster = YardCluster::start(&bin, nodes, nodes, &options()).unwrap();
+    for h in 1..=AGGREGATORS {
+        cluster.topology().rate_limit(h, HOST_MBIT).unwrap();
+    }
+    for r in 0..WORKERS {
+        let mbit = if r >= WORKERS - 2 {
+            SLOW_MBIT
+        } else {
+            FAST_MBIT
+        };
+        cluster
+            .topology()
+            .rate_limit(AGGREGATORS + 1 + r, mbit)
+            .unwrap();
+    }
+    let created = cluster
+        .cli(
+            1,
+            &[
+                "agg",
+                "job",
+                "create",
+                "tree",
+                "--workers",
+                &WORKERS.to_string(),
+                "--size",
+                &(u64::from(VALUES) * 4).to_string(),
+                "--dtype",
+                "i32",
+                "--json",
+            ],
+        )
+        .unwrap();
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+
+    let shared: Vec<Arc<Mutex<Option<Membership>>>> =
+        (0..WORKERS).map(|_| Arc::new(Mutex::new(None))).collect();
+    let progress: Arc<Mutex<Vec<u32>>> = Arc::new(Mutex::new(vec![0; WORKERS]));
+    let mut threads = Vec::new();
+    for rank in 0..WORKERS {
+        let host = AGGREGATORS + 1 + rank;
+        let addr = SocketAddrV4::new(cluster.topology().addr(host), 40000 + rank as u16);
+        let joined = cluster
+            .cli_to(
+                host,
+                &cluster.all_endpoints(),
+                &[
+                    "agg",
+                    "job",
+                    "join",
+                    "tree",
+                    "--rank",
+                    &rank.to_string(),
+                    "--addr",
+                    &addr.to_string(),
+                    "--json",
+                ],
+            )
+            .unwrap();
+        assert!(
+            joined.status.success(),
+            "{}",
+            String::from_utf8_lossy(&joined.stderr)
+        );
+        let (shared, progress) = (shared[rank].clone(), progress.clone());
+        threads.push(
+            cluster
+                .topology()
+                .thread_in_host(host, move || -> Result<Vec<bool>, String> {
+                    let socket = UdpSocket::bind(addr).map_err(|e| format!("bind {addr}: {e}"))?;
+                    let began = Instant::now();
+                    let first = loop {
+                        if let Some(m) = *shared.lock().unwrap() {
+                            break m;
+                        }
+                        if began.elapsed() > Duration::from_secs(60) {
+                            return Err("the job never ran".into());
+                        }
+                        std::thread::sleep(Duration::from_millis(50));
+                    };
+                    let tuning = Tuning {
+                        give_up: Duration::from_millis(700),
+                        ..Tuning::default()
+                    };
+                    let mut w = Worker::new(socket, first, tuning);
+                    let mut exactness = Vec::new();
+                    for round in 0..ROUNDS {
+                        let started = Instant::now();
+                        let g = loop {
+                            let mut g = gradient(rank, round);
+                            match w.all_reduce_i32(&mut g) {
+                                Ok(_) => break g,
+                                Err(AggError::Timeout { .. })
+                                    if started.elapsed() < Duration::from_secs(90) =>
+                                {
+                                    // Regrouped: sum the round again under the newest membership.
+                                    if let Some(m) = *shared.lock().unwrap() {
+                                        w.set_membership(m);
+                                    }
+                                }
+                                Err(e) => return Err(format!("rank {rank} round {round}: {e}")),
+                            }
+                        };
+                        exactness.push(g == exact(round));
+                        progress.lock().unwrap()[rank] = round + 1;
+                    }
+                    Ok(exactness)
+                })
+                .unwrap(),
+        );
+    }
+
+    // Follow the job: memberships to the workers; once it is a tree and every worker is past
+    // a few rounds of it, kill a cluster aggregator's node.
+    let mut tree: Option<(u64, Vec<u64>, u64)> = None;
+    let mut killed: Option<u64> = None;
+    let mut regrouped_after_kill: Option<(u64, Vec<u64>)> = None;
+    let mut rounds_at_tree = 0;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while progress.lock().unwrap().iter().any(|p| *p < ROUNDS) {
+        assert!(
+            Instant::now() < deadline,
+            "training did not finish: {:?}, tree {tree:?}, killed {killed:?}",
+            progress.lock().unwrap()
+        );
+        let from = match killed {
+            Some(1) => 2,
+            _ => 1,
+        };
+        if let Some(job) = show(&cluster, from) {
+            for (rank, s) in shared.iter().enumerate() {
+                if let Some(m) = membership(&job, rank) {
+                    *s.lock().unwrap() = Some(m);
+                }
+            }
+            let (root, clusters) = tree_of(&job);
+            let epoch = job["epoch"].as_u64().unwrap_or(0);
+            let min_round = *progress.lock().unwrap().iter().min().unwrap();
+            if tree.is_none() && !clusters.is_empty() {
+                eprintln!("tree at epoch {epoch}: root {root}, clusters {clusters:?}:\n{job:#}");
+                tree = Some((root, clusters.clone(), epoch));
+                rounds_at_tree = min_round;
+            }
+            if let (Some((_, c, _)), None) = (&tree, killed) {
+                if min_round >= rounds_at_tree + 4 {
+                    let victim = c[0];
+                    eprintln!(
+                        "killing node {victim}, a cluster aggregator (rounds {:?})",
+                        progress.lock().unwrap()
+                    );
+                    cluster.kill9(victim as usize).unwrap();
+                    killed = Some(victim);
+                }
+            }
+            if let Some(dead) = killed {
+                let all: Vec<u64> = std::iter::once(root)
+                    .chain(clusters.iter().copied())
+                    .collect();
+                if root != 0 && !all.contains(&dead) && regrouped_after_kill.is_none() {
+                    regrouped_after_kill = Some((root, clusters));
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let results: Vec<Vec<bool>> = threads
+        .into_iter()
+        .map(|t| t.join().unwrap().unwrap())
+        .collect();
+    for (rank, r) in results.iter().enumerate() {
+        for (round, ok) in r.iter().enumerate() {
+            assert!(ok, "rank {rank} round {round}: not the exact sum");
+        }
+    }
+    let (root, clusters, epoch) = tree.expect("the job was never grouped into a tree");
+    assert!(
+        (1..=AGGREGATORS as u64).contains(&root)
+            && clusters
+                .iter()
+                .all(|c| (1..=AGGREGATORS as u64).contains(c)),
+        "aggregators on worker hosts: root {root}, clusters {clusters:?}"
+    );
+    assert!(epoch > 0);
+    let dead = killed.expect("a cluster aggregator was killed");
+    let (root2, clusters2) =
+        regrouped_after_kill.expect("the job was not regrouped without the dead node");
+    assert!(root2 != dead && !clusters2.contains(&dead));
+    // Every member's bandwidth was measured and is shown.
+    let job = show(&cluster, if dead == 1 { 2 } else { 1 }).unwrap();
+    for m in job["members"].as_array().unwrap() {
+        assert!(m["bandwidth_bytes_per_s"].as_u64().unwrap_or(0) > 0, "{m}");
+    }
+}
