@@ -40,11 +40,12 @@
 //! - **General case** (per-pair bottlenecks make the `E_w` differ): whether the workers fit a
 //!   root and a set of cluster hosts is a max-flow (workers → eligible hosts of the set, the
 //!   root's capacity `k_r − |O|`, a cluster host's `k_h − 1`). Up to
-//!   [`GroupOptions::exact_hosts`] hosts every set is tried: exact. Above, hosts are opened
-//!   greedily by the flow they add until every worker fits. The case contains set cover (hosts
+//!   [`GroupOptions::exact_hosts`] hosts every set is tried: exact. Above, a greedy (the most
+//!   constrained worker first, to the open host with most room, opening the largest eligible
+//!   host when none has room) keeps a thousand workers on a hundred hosts in milliseconds. The case contains set cover (hosts
 //!   as the sets of workers they may serve, the root's capacity as the cover's size), so the
 //!   greedy claims no constant bound; the tests report its worst ratio to brute force on a
-//!   seeded family (1.5 when this was written).
+//!   seeded family.
 //!
 //! Clusters come out sized to their hosts' capacities: "clusters of different sizes" (ALEPH).
 //! A regrouping replaces a grouping only when it shortens the round by a margin (`[regroup]`).
@@ -484,7 +485,14 @@ fn uniform(input: &GroupingInput, t: f64, s: &[usize]) -> Option<Grouping> {
     })
 }
 
-/// Per-pair eligibility: greedy opening by max-flow gain, for every root.
+/// Roots the greedy tries: the hosts of most streams.
+const GREEDY_ROOTS: usize = 8;
+
+/// Per-pair eligibility on many hosts, greedy: for each of the [`GREEDY_ROOTS`] hosts of most
+/// streams as the root, workers with the fewest eligible hosts first each go to the eligible
+/// open host (the root included) with the most room left, and when none has room, open the
+/// eligible host of most streams (it takes one of the root's). `O(R · N · H)` per round time,
+/// no flow: fast enough for a thousand workers on a hundred hosts.
 fn general(input: &GroupingInput, t: f64, e: &[Vec<usize>]) -> Option<Grouping> {
     let m = input.gradient_bytes as f64;
     let hosts = input.capacity_bps.len();
@@ -494,34 +502,54 @@ fn general(input: &GroupingInput, t: f64, e: &[Vec<usize>]) -> Option<Grouping> 
         .iter()
         .map(|c| streams(t, *c, m))
         .collect();
-    let mut best: Option<(usize, Vec<usize>, Vec<usize>)> = None; // root, open, assignment
-    for r in 0..hosts {
-        if k[r] == 0 {
-            continue;
-        }
+    let mut roots: Vec<usize> = (0..hosts).filter(|h| k[*h] > 0).collect();
+    roots.sort_by(|a, b| k[*b].cmp(&k[*a]).then(a.cmp(b)));
+    roots.truncate(GREEDY_ROOTS);
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by_key(|w| (e[*w].len(), *w));
+    let mut best: Option<(usize, Vec<usize>, Vec<usize>)> = None;
+    'roots: for r in roots {
         let mut open: Vec<usize> = Vec::new();
-        let (mut fit, mut assign) = max_flow(e, &k, r, &open, n, hosts);
-        while fit < n && open.len() < k[r] {
-            let mut pick: Option<(usize, usize)> = None; // (gain fit, host)
-            for h in 0..hosts {
-                if h == r || open.contains(&h) || k[h] < 2 {
-                    continue;
+        let mut is_open = vec![false; hosts];
+        let mut used = vec![0usize; hosts];
+        let mut assign = vec![usize::MAX; n];
+        for &w in &order {
+            // Room left: the root's streams minus its workers and children; a cluster's k - 1.
+            let room = |h: usize, used: &[usize], open: &[usize]| -> usize {
+                if h == r {
+                    k[r].saturating_sub(used[r] + open.len())
+                } else {
+                    (k[h] - 1).saturating_sub(used[h])
                 }
-                let mut trial = open.clone();
-                trial.push(h);
-                let (f, _) = max_flow(e, &k, r, &trial, n, hosts);
-                let better = pick.is_none_or(|(pf, ph)| f > pf || (f == pf && k[h] > k[ph]));
-                if f > fit && better {
-                    pick = Some((f, h));
-                }
-            }
-            let Some((_, h)) = pick else {
-                break;
             };
-            open.push(h);
-            (fit, assign) = max_flow(e, &k, r, &open, n, hosts);
+            let pick = e[w]
+                .iter()
+                .copied()
+                .filter(|h| *h == r || is_open[*h])
+                .filter(|h| room(*h, &used, &open) > 0)
+                .max_by_key(|h| (room(*h, &used, &open), std::cmp::Reverse(*h)));
+            let h = match pick {
+                Some(h) => h,
+                None => {
+                    let fresh = e[w]
+                        .iter()
+                        .copied()
+                        .filter(|h| *h != r && !is_open[*h] && k[*h] >= 2)
+                        .max_by_key(|h| (k[*h], std::cmp::Reverse(*h)));
+                    match fresh {
+                        Some(h) if used[r] + open.len() < k[r] => {
+                            open.push(h);
+                            is_open[h] = true;
+                            h
+                        }
+                        _ => continue 'roots,
+                    }
+                }
+            };
+            used[h] += 1;
+            assign[w] = h;
         }
-        if fit == n && best.as_ref().is_none_or(|(_, o, _)| open.len() < o.len()) {
+        if best.as_ref().is_none_or(|(_, o, _)| open.len() < o.len()) {
             best = Some((r, open, assign));
         }
     }
