@@ -112,12 +112,24 @@ fn tolerance(reports: &[Value]) -> f64 {
 /// A cluster of [`AGGREGATORS`] + [`WORKERS`] nodes with job `agg-torch` created for the
 /// model, and what the ranks need: (cluster, python, torch version, model values).
 fn cluster_with_job() -> (YardCluster, PathBuf, String, u64) {
+    cluster_with_grouped_job(WORKERS, "flat", &options(), |_| {})
+}
+
+/// [`cluster_with_job`] with `workers` worker hosts, grouping `grouping`, `opts`, and `shape`
+/// run on the cluster before the job is created (link limits).
+fn cluster_with_grouped_job(
+    workers: usize,
+    grouping: &str,
+    opts: &ClusterOptions,
+    shape: impl FnOnce(&YardCluster),
+) -> (YardCluster, PathBuf, String, u64) {
     let python = torch::torch_python();
     let version = torch::torch_version(&python).unwrap_or_else(|e| panic!("{e}"));
     let values = torch::agg_model_values(&python).unwrap_or_else(|e| panic!("{e}"));
     let bin = yard_cluster_tests::yard::test_yard_bin();
-    let nodes = AGGREGATORS + WORKERS;
-    let cluster = YardCluster::start(&bin, nodes, nodes, &options()).unwrap();
+    let nodes = AGGREGATORS + workers;
+    let cluster = YardCluster::start(&bin, nodes, nodes, opts).unwrap();
+    shape(&cluster);
     json(
         &cluster
             .cli(
@@ -128,9 +140,9 @@ fn cluster_with_job() -> (YardCluster, PathBuf, String, u64) {
                     "create",
                     "agg-torch",
                     "--grouping",
-                    "flat",
+                    grouping,
                     "--workers",
-                    &WORKERS.to_string(),
+                    &workers.to_string(),
                     "--size",
                     &(values * 4).to_string(),
                     "--dtype",
@@ -151,7 +163,18 @@ fn start_ranks(
     steps: u32,
     extra: &[&str],
 ) -> (Vec<Process>, PathBuf) {
-    let hosts: Vec<usize> = (AGGREGATORS + 1..=AGGREGATORS + WORKERS).collect();
+    start_n_ranks(cluster, python, WORKERS, steps, extra)
+}
+
+/// [`start_ranks`] for `workers` ranks.
+fn start_n_ranks(
+    cluster: &YardCluster,
+    python: &Path,
+    workers: usize,
+    steps: u32,
+    extra: &[&str],
+) -> (Vec<Process>, PathBuf) {
+    let hosts: Vec<usize> = (AGGREGATORS + 1..=AGGREGATORS + workers).collect();
     let out_dir = cluster.topology().dir().join("agg-torch");
     std::fs::create_dir_all(&out_dir).unwrap();
     let ranks = torch::start_agg_ranks(
@@ -195,7 +218,7 @@ fn finish(ranks: &[Process], out_dir: &Path, version: &str) -> Vec<Value> {
             logs.join("\n")
         );
     }
-    (0..WORKERS)
+    (0..ranks.len())
         .map(|r| {
             let path = out_dir.join(format!("rank{r}.json"));
             let text = std::fs::read_to_string(&path)
@@ -424,5 +447,86 @@ fn a_killed_aggregator_s_job_moves_and_ddp_training_through_the_hook_completes()
         after["epoch"],
         took.as_secs_f64(),
         began.elapsed().as_secs_f64()
+    );
+}
+
+/// Real torch through a tree (ALEPH): eight worker hosts on TBF links, two at a quarter of the
+/// others' rate, the job created with the default grouping. It starts flat; once every rank's
+/// node has measured its bandwidth to the aggregating hosts, the leader regroups it into a tree
+/// mid-training, and the ranks follow through their agents. The parameters must be
+/// bit-identical on every rank and within the derived tolerance of gloo's training.
+#[test]
+fn ddp_on_eight_tbf_linked_worker_hosts_regroups_into_a_tree_and_matches_gloo() {
+    require_root();
+    let _one_at_a_time = serial();
+    const TREE_WORKERS: usize = 8;
+    const TREE_STEPS: u32 = 40;
+    let opts = ClusterOptions {
+        extra_config: format!(
+            "{}probe_bytes = 1048576\nprobe_every_ms = 5000\n{}",
+            yard_cluster_tests::yard::aggregator_config(32),
+            torch::AGG_TORCH_LIVENESS
+        ),
+    };
+    let (cluster, python, version, _values) =
+        cluster_with_grouped_job(TREE_WORKERS, "auto", &opts, |c| {
+            for h in 1..=AGGREGATORS {
+                c.topology().rate_limit(h, 200).unwrap();
+            }
+            for r in 0..TREE_WORKERS {
+                let mbit = if r >= TREE_WORKERS - 2 { 50 } else { 200 };
+                c.topology().rate_limit(AGGREGATORS + 1 + r, mbit).unwrap();
+            }
+        });
+    // 100 ms of "compute" a step, so the regrouping lands mid-training; a round without
+    // progress gives up after 1 s and takes the newest membership.
+    let (ranks, out_dir) = start_n_ranks(
+        &cluster,
+        &python,
+        TREE_WORKERS,
+        TREE_STEPS,
+        &["--step-sleep-ms", "100", "--give-up-s", "1"],
+    );
+    // Watch for the tree while the ranks train.
+    let mut tree_seen: Option<Value> = None;
+    while ranks.iter().any(Process::is_running) && tree_seen.is_none() {
+        let job = show(&cluster, 1);
+        if job["tree"].as_array().is_some_and(|t| t.len() > 1) {
+            tree_seen = Some(job);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let reports = finish(&ranks, &out_dir, &version);
+    assert_eq!(
+        bits_differing(&reports),
+        0,
+        "the ranks' parameters differ in bits after training through the tree"
+    );
+    let (worst, tol, moved) = check_against_gloo(&reports);
+    let job = tree_seen.unwrap_or_else(|| show(&cluster, 1));
+    let tree = job["tree"].as_array().cloned().unwrap_or_default();
+    assert!(
+        tree.len() > 1,
+        "the job was never grouped into a tree: {job:#}"
+    );
+    for seat in &tree {
+        let node = seat["node"].as_u64().unwrap() as usize;
+        assert!(
+            (1..=AGGREGATORS).contains(&node),
+            "an aggregator on a worker host: {job:#}"
+        );
+    }
+    let regrouped = reports
+        .iter()
+        .filter(|r| r["regroups"].as_u64().unwrap_or(0) >= 1)
+        .count();
+    assert_eq!(
+        regrouped, TREE_WORKERS,
+        "every rank followed the regrouping"
+    );
+    println!(
+        "torch {version}: {TREE_WORKERS} ranks, tree of {} aggregators; hook vs gloo max |diff| \
+         {worst:.3e} <= tolerance {tol:.3e} (moved {moved:.3e})",
+        tree.len()
     );
 }

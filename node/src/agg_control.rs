@@ -20,12 +20,16 @@ pub async fn run(node: Node, every: Duration, worker_gone: Duration) {
     let began = tokio::time::Instant::now();
     let gone_ms = u64::try_from(worker_gone.as_millis()).unwrap_or(u64::MAX);
     let mut sustained = Sustained::new(gone_ms);
+    // The last inputs that decided nothing: the same tables revision and view decide the same
+    // again (the core is pure), so the grouping's search is not rerun on every tick.
+    let mut settled: Option<(u64, ClusterView)> = None;
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         if node.raft().metrics().borrow().state != ServerState::Leader {
             // A new term starts the stretches over: only this leader's own probes count.
             sustained = Sustained::new(gone_ms);
+            settled = None;
             continue;
         }
         let unreachable: BTreeSet<u64> = node
@@ -45,7 +49,14 @@ pub async fn run(node: Node, every: Duration, worker_gone: Duration) {
             gone,
             node_ips,
         };
+        let key = (tables.revision, view.clone());
+        if settled.as_ref() == Some(&key) {
+            continue;
+        }
         let decision = decide(&tables, &view);
+        if decision.commands.is_empty() {
+            settled = Some(key);
+        }
         for cmd in decision.commands {
             tracing::info!(command = ?cmd, "aggregation decision");
             if let Err(e) = node.raft().client_write(Command::Aggregation(cmd)).await {
