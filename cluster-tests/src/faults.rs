@@ -279,6 +279,17 @@ impl Topology {
     /// switch buffer.
     pub fn rate_limit(&self, i: usize, rate_mbit: u32) -> Result<()> {
         self.check_host(i)?;
+        self.tbf(&self.ns_name(i), "eth0", rate_mbit)
+    }
+
+    /// Limits what host `i` receives to `rate_mbit` Mbit/s: the same TBF on the fabric's bridge
+    /// port toward it (with [`Topology::rate_limit`], a link limited both ways).
+    pub fn rate_limit_toward(&self, i: usize, rate_mbit: u32) -> Result<()> {
+        self.check_host(i)?;
+        self.tbf(&self.fabric_ns(), &format!("h{i}"), rate_mbit)
+    }
+
+    fn tbf(&self, ns: &str, dev: &str, rate_mbit: u32) -> Result<()> {
         if rate_mbit == 0 {
             return Err(Error::BadRate);
         }
@@ -287,11 +298,11 @@ impl Topology {
             "tc",
             &[
                 "-n",
-                &self.ns_name(i),
+                ns,
                 "qdisc",
                 "replace",
                 "dev",
-                "eth0",
+                dev,
                 "root",
                 "tbf",
                 "rate",

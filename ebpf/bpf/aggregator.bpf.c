@@ -250,6 +250,19 @@ static __always_inline void write_result(struct xdp_md *ctx, struct agg_slot *sl
 	}
 }
 
+#ifndef AGG_SUM_VARIANT
+/* Copies the frame's values into the slot's sum (the packet bounds the loop, as above). */
+static __always_inline void take_values(struct agg_slot *slot, __s32 *v, void *data_end)
+{
+#pragma clang loop unroll(disable)
+	for (__u32 i = 0; i < AGG_VALUES_MAX; i++) {
+		if ((void *)(v + i + 1) > data_end)
+			break;
+		slot->acc[i] = v[i];
+	}
+}
+#endif
+
 /* Turns the frame around: from this host, to its sender. IPv4's checksum does not change. */
 static __always_inline void reverse(struct ethhdr *eth, struct iphdr *ip, struct udphdr *udp)
 {
@@ -551,12 +564,7 @@ admitted:;
 		slot->exp = h->exp;
 		slot->done = AGG_SLOT_DONE;
 		slot->up_flags = 0;
-#pragma clang loop unroll(disable)
-		for (__u32 i = 0; i < AGG_VALUES_MAX; i++) {
-			if ((void *)(v + i + 1) > data_end)
-				break;
-			slot->acc[i] = v[i];
-		}
+		take_values(slot, v, data_end);
 		out = PARENT;
 		goto unlock;
 	}
@@ -582,12 +590,7 @@ admitted:;
 		slot->exp = h->exp;
 		slot->done = AGG_SLOT_SUMMING;
 		slot->up_flags = 0;
-#pragma clang loop unroll(disable)
-		for (__u32 i = 0; i < AGG_VALUES_MAX; i++) {
-			if ((void *)(v + i + 1) > data_end)
-				break;
-			slot->acc[i] = v[i];
-		}
+		take_values(slot, v, data_end);
 	} else if (slot->seen & bit) {
 		out = DUP;
 		goto unlock;

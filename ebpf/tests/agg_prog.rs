@@ -123,23 +123,14 @@ fn counter(agg: &Aggregator, job: Option<u32>, c: AggCounter) -> u64 {
 /// Runs `payload` from `from` through both, asserting the same counter moved by one in each
 /// and the same reply: returns the program's verdict.
 fn both(agg: &Aggregator, model: &mut Model, from: SocketAddrV4, payload: &[u8]) -> XdpAction {
-    let before: Vec<u64> = AggCounter::ALL
-        .iter()
-        .map(|c| counter(agg, None, *c))
-        .collect();
+    let before = counts(agg);
     let got = agg.test_run(&frame(from, payload)).unwrap();
     let want = model.receive(from, payload);
-    let after: Vec<u64> = AggCounter::ALL
-        .iter()
-        .map(|c| counter(agg, None, *c))
-        .collect();
-    let moved: Vec<AggCounter> = AggCounter::ALL
-        .iter()
-        .zip(before.iter().zip(&after))
-        .filter(|(_, (b, a))| a != b)
-        .map(|(c, _)| *c)
-        .collect();
-    assert_eq!(moved, [want.counter], "counters moved");
+    assert_eq!(
+        moved(&before, &counts(agg)),
+        [want.counter],
+        "counters moved"
+    );
     match want.action {
         Action::Drop => assert_eq!(got.action, XdpAction::Drop),
         Action::Reply(bytes) => {

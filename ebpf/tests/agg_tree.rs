@@ -147,17 +147,14 @@ impl Tree {
     fn deliver(&mut self, h: usize, from: SocketAddrV4, payload: &[u8]) -> Vec<(To, Vec<u8>)> {
         let host = &mut self.hosts[h];
         let frame = HostFrame::udp(*from.ip(), from.port(), host.ip, wire::PORT, payload).build();
-        let before = counters(&host.bpf);
+        let before = counts(&host.bpf);
         let got = host.bpf.test_run(&frame).unwrap();
         let want = host.model.receive(from, payload);
-        let after = counters(&host.bpf);
-        let moved: Vec<AggCounter> = AggCounter::ALL
-            .iter()
-            .zip(before.iter().zip(&after))
-            .filter(|(_, (b, a))| a != b)
-            .map(|(c, _)| *c)
-            .collect();
-        assert_eq!(moved, [want.counter], "host {h}: counters moved");
+        assert_eq!(
+            moved(&before, &counts(&host.bpf)),
+            [want.counter],
+            "host {h}: counters moved"
+        );
         let out = payload_of(&got.frame).to_vec();
         match want.action {
             Action::Drop => {
@@ -235,14 +232,6 @@ impl Tree {
         let all = self.hosts[h].bpf.counters().unwrap();
         all.into_iter().find(|(k, _)| *k == c).unwrap().1.packets
     }
-}
-
-fn counters(agg: &Aggregator) -> Vec<u64> {
-    agg.counters()
-        .unwrap()
-        .into_iter()
-        .map(|(_, v)| v.packets)
-        .collect()
 }
 
 /// The network's faults.

@@ -213,6 +213,16 @@ fn streams(t: f64, cap: f64, m: f64) -> usize {
     ((t * cap / m) * (1.0 + EPS)).floor() as usize
 }
 
+/// `k_h` at round time `t`: the streams each host carries.
+fn stream_counts(input: &GroupingInput, t: f64) -> Vec<usize> {
+    let m = input.gradient_bytes as f64;
+    input
+        .capacity_bps
+        .iter()
+        .map(|c| streams(t, *c, m))
+        .collect()
+}
+
 fn eligible(input: &GroupingInput, t: f64) -> Vec<Vec<usize>> {
     let m = input.gradient_bytes as f64;
     input
@@ -373,14 +383,9 @@ fn feasible(input: &GroupingInput, t: f64, opts: GroupOptions) -> Option<Groupin
 /// Per-pair eligibility on few hosts: every root and every set of cluster hosts it can take,
 /// fewest hosts first, by max-flow. Exact.
 fn every_set(input: &GroupingInput, t: f64, e: &[Vec<usize>]) -> Option<Grouping> {
-    let m = input.gradient_bytes as f64;
     let hosts = input.capacity_bps.len();
     let n = input.workers;
-    let k: Vec<usize> = input
-        .capacity_bps
-        .iter()
-        .map(|c| streams(t, *c, m))
-        .collect();
+    let k = stream_counts(input, t);
     let mut best: Option<(usize, Vec<usize>, Vec<usize>)> = None;
     for r in 0..hosts {
         for mask in 0u32..(1 << hosts) {
@@ -426,12 +431,7 @@ fn from_assignment(root: usize, open: &[usize], assign: &[usize]) -> Grouping {
 
 /// Uniform eligibility: every worker may use the hosts `s`.
 fn uniform(input: &GroupingInput, t: f64, s: &[usize]) -> Option<Grouping> {
-    let m = input.gradient_bytes as f64;
-    let k: Vec<usize> = input
-        .capacity_bps
-        .iter()
-        .map(|c| streams(t, *c, m))
-        .collect();
+    let k = stream_counts(input, t);
     let n = input.workers;
     // The root that fits everybody with the fewest cluster hosts (ties: the lower index).
     let mut best: Option<(usize, Vec<usize>)> = None;
@@ -494,14 +494,9 @@ const GREEDY_ROOTS: usize = 8;
 /// eligible host of most streams (it takes one of the root's). `O(R · N · H)` per round time,
 /// no flow: fast enough for a thousand workers on a hundred hosts.
 fn general(input: &GroupingInput, t: f64, e: &[Vec<usize>]) -> Option<Grouping> {
-    let m = input.gradient_bytes as f64;
     let hosts = input.capacity_bps.len();
     let n = input.workers;
-    let k: Vec<usize> = input
-        .capacity_bps
-        .iter()
-        .map(|c| streams(t, *c, m))
-        .collect();
+    let k = stream_counts(input, t);
     let mut roots: Vec<usize> = (0..hosts).filter(|h| k[*h] > 0).collect();
     roots.sort_by(|a, b| k[*b].cmp(&k[*a]).then(a.cmp(b)));
     roots.truncate(GREEDY_ROOTS);

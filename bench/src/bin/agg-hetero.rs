@@ -19,7 +19,7 @@
 mod stats;
 
 use std::net::{SocketAddrV4, UdpSocket};
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -91,30 +91,6 @@ struct Seen {
     error: Option<String>,
 }
 
-/// TBF on the fabric's bridge port toward host `i`: what the host receives, with the
-/// parameters `Topology::rate_limit` gives a host's sending side (10 ms of bucket, at least 10
-/// frames; 50 ms of queue).
-fn limit_toward(topo: &Topology, i: usize, rate_mbit: u32) -> Result<()> {
-    let burst = (u64::from(rate_mbit) * 1_000_000 / 8 / 100).max(10 * 1514);
-    let out = Command::new("tc")
-        .args(["-n", &topo.fabric_ns(), "qdisc", "replace", "dev"])
-        .arg(format!("h{i}"))
-        .args(["root", "tbf", "rate"])
-        .arg(format!("{rate_mbit}mbit"))
-        .arg("burst")
-        .arg(burst.to_string())
-        .args(["latency", "50ms"])
-        .output()
-        .context("could not run tc")?;
-    if !out.status.success() {
-        return Err(anyhow!(
-            "tc could not limit the link toward host {i}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(())
-}
-
 fn main() -> ExitCode {
     let args = Args::parse();
     match run(&args) {
@@ -169,7 +145,7 @@ fn run(args: &Args) -> Result<()> {
             args.fast_mbit
         };
         topo.rate_limit(host, rate)?;
-        limit_toward(&topo, host, rate)?;
+        topo.rate_limit_toward(host, rate)?;
     }
     let agg_addr = SocketAddrV4::new(topo.addr(1), PORT);
     let members: Vec<SocketAddrV4> = (0..n)

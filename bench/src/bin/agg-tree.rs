@@ -25,7 +25,7 @@ mod tcp_ps;
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -75,28 +75,6 @@ fn gradient(rank: usize, round: u32, values: u32) -> Vec<i32> {
     (0..values)
         .map(|i| (i.wrapping_mul(2_654_435_761) ^ (rank as u32 * 7919) ^ round) as i32)
         .collect()
-}
-
-/// TBF on the fabric's bridge port toward host `i` (what it receives), as agg-hetero does.
-fn limit_toward(topo: &Topology, i: usize, rate_mbit: u32) -> Result<()> {
-    let burst = (u64::from(rate_mbit) * 1_000_000 / 8 / 100).max(10 * 1514);
-    let out = Command::new("tc")
-        .args(["-n", &topo.fabric_ns(), "qdisc", "replace", "dev"])
-        .arg(format!("h{i}"))
-        .args(["root", "tbf", "rate"])
-        .arg(format!("{rate_mbit}mbit"))
-        .arg("burst")
-        .arg(burst.to_string())
-        .args(["latency", "50ms"])
-        .output()
-        .context("could not run tc")?;
-    if !out.status.success() {
-        return Err(anyhow!(
-            "tc could not limit the link toward host {i}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(())
 }
 
 /// Ring all-reduce over TCP: reduce-scatter then all-gather, N - 1 steps each, a segment to
@@ -206,11 +184,11 @@ fn run(args: &Args) -> Result<()> {
         Arc::new(Topology::new(AGGS + n).context("cannot make the namespace hosts (needs root)")?);
     for h in 1..=AGGS {
         topo.rate_limit(h, args.host_mbit)?;
-        limit_toward(&topo, h, args.host_mbit)?;
+        topo.rate_limit_toward(h, args.host_mbit)?;
     }
     for w in 0..n {
         topo.rate_limit(AGGS + 1 + w, rate(w))?;
-        limit_toward(&topo, AGGS + 1 + w, rate(w))?;
+        topo.rate_limit_toward(AGGS + 1 + w, rate(w))?;
     }
     let geometry = Geometry {
         values: args.values,

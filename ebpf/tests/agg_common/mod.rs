@@ -10,7 +10,7 @@ use yard_agg::fixed;
 use yard_agg::model::{Action, Aggregator as Model, JobSpec};
 use yard_agg::wire::{self, Header, Kind};
 use yard_ebpf::frames::HostFrame;
-use yard_ebpf::{Aggregator, XdpAction};
+use yard_ebpf::{AggCounter, Aggregator, XdpAction};
 
 pub const AGG: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 100);
 pub const CHUNK: u16 = 360;
@@ -18,6 +18,25 @@ pub const HEADERS: usize = 14 + 20 + 8;
 
 pub fn frame(from: SocketAddrV4, payload: &[u8]) -> Vec<u8> {
     HostFrame::udp(*from.ip(), from.port(), AGG, wire::PORT, payload).build()
+}
+
+/// Every global counter's packets, in [`AggCounter::ALL`] order.
+pub fn counts(agg: &Aggregator) -> Vec<u64> {
+    agg.counters()
+        .unwrap()
+        .into_iter()
+        .map(|(_, v)| v.packets)
+        .collect()
+}
+
+/// The counters that moved between two [`counts`].
+pub fn moved(before: &[u64], after: &[u64]) -> Vec<AggCounter> {
+    AggCounter::ALL
+        .iter()
+        .zip(before.iter().zip(after))
+        .filter(|(_, (b, a))| a != b)
+        .map(|(c, _)| *c)
+        .collect()
 }
 
 /// The aggregation payload of an output frame.
