@@ -228,6 +228,52 @@ impl Tree {
         )
     }
 
+    /// A regrouping onto the same tree: every host serves epoch `epoch` from now on.
+    fn set_epoch(&mut self, epoch: u32) {
+        for (h, host) in self.hosts.iter_mut().enumerate() {
+            host.spec.epoch = epoch;
+            host.model.set_job(host.spec.clone());
+            host.bpf
+                .set_job(&AggJobEntry {
+                    id: JOB,
+                    epoch,
+                    base: 0,
+                    geometry: host.spec.geometry,
+                    dtype: host.spec.dtype,
+                    members: host.spec.members.clone(),
+                    self_ip: host_ip(h),
+                    parent: host.spec.parent.map(|p| AggParent {
+                        addr: p.addr,
+                        worker: p.worker,
+                        mac: PARENT_MAC,
+                    }),
+                })
+                .unwrap();
+        }
+    }
+
+    /// Delivers `frames` (sender, destination, payload) and everything they cause, in order,
+    /// with no loss; returns what each worker received (chunk 0 results, in arrival order).
+    fn settle(&mut self, frames: Vec<(SocketAddrV4, To, Vec<u8>)>) -> Vec<Vec<Vec<i32>>> {
+        let mut got = vec![Vec::new(); self.workers];
+        let mut flight: VecDeque<(SocketAddrV4, To, Vec<u8>)> = frames.into();
+        while let Some((from, to, bytes)) = flight.pop_front() {
+            match to {
+                To::Host(h) => {
+                    let me = self.hosts[h].addr();
+                    for (next, out) in self.deliver(h, from, &bytes) {
+                        flight.push_back((me, next, out));
+                    }
+                }
+                To::Worker(w) => {
+                    let (_, body) = Header::parse(&bytes).unwrap();
+                    got[w].push(wire::values(body));
+                }
+            }
+        }
+        got
+    }
+
     fn count(&self, h: usize, c: AggCounter) -> u64 {
         let all = self.hosts[h].bpf.counters().unwrap();
         all.into_iter().find(|(k, _)| *k == c).unwrap().1.packets
@@ -527,4 +573,49 @@ fn results_only_from_the_parent_and_data_only_from_members() {
     claims_child[24..26].copy_from_slice(&1u16.to_le_bytes());
     assert!(t.deliver(0, stranger, &claims_child).is_empty());
     assert_eq!(t.count(0, AggCounter::Foreign), 2);
+}
+
+/// After a regrouping, a worker that had round 1's result replays it (REPLAY) while the others
+/// sum round 1 again: wherever the replaying worker sits (at the root, or in a cluster whose
+/// aggregator sends the replay up flagged as such), every worker ends with the replayed bits,
+/// not a re-sum. The replayed values are deliberately not the sum, so a re-sum would show.
+#[test]
+fn a_replayed_result_reaches_every_worker_through_the_tree_after_a_regrouping() {
+    let c = usize::from(CHUNK);
+    let stored: Vec<i32> = (0..c as i32).map(|i| i * 7 - 3).collect();
+    // (root's own workers, clusters): the replaying worker 0 at the root, then in a cluster.
+    for (direct, clusters) in [(1usize, vec![2usize]), (0, vec![1, 2])] {
+        let mut t = Tree::new(direct, &clusters, u32::from(CHUNK), Dtype::I32);
+        t.set_epoch(2);
+        let mine = vec![1i32; c];
+        let placed = t.placed.clone();
+        let at = |w: usize| To::Host(placed[w].0);
+        let replay = t.contribution(0, 1, 0, 0, &stored, wire::FLAG_REPLAY);
+        // Worker 1 sums round 1 again first, then worker 0's replay arrives.
+        let frames = vec![
+            (worker_addr(1), at(1), t.contribution(1, 1, 0, 0, &mine, 0)),
+            (worker_addr(0), at(0), replay),
+        ];
+        let got = t.settle(frames);
+        // Worker 2 sums round 1 again last: its aggregator answers with the stored result.
+        let late = t.settle(vec![(
+            worker_addr(2),
+            at(2),
+            t.contribution(2, 1, 0, 0, &mine, 0),
+        )]);
+        for w in 0..3 {
+            let first = got[w].first().or(late[w].first()).unwrap_or_else(|| {
+                panic!("layout {direct}/{clusters:?}: worker {w} got no result")
+            });
+            assert_eq!(
+                *first, stored,
+                "layout {direct}/{clusters:?}: worker {w}'s bits"
+            );
+        }
+        assert_eq!(
+            t.count(0, AggCounter::Completed),
+            1,
+            "the root completed round 1 once"
+        );
+    }
 }
