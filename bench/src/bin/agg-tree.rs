@@ -156,6 +156,13 @@ impl Ring {
     }
 }
 
+/// One worker's round: its all-reduce time if the sum was exact, and the chunks it resent.
+#[derive(Clone, Copy, Debug)]
+struct Seen {
+    secs: Option<f64>,
+    resent: u64,
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     match run(&args) {
@@ -323,7 +330,7 @@ fn run(args: &Args) -> Result<()> {
         let flat_agg = agg_addr(0);
         let ps_addr = SocketAddrV4::new(*agg_addr(0).ip(), PS_PORT);
         threads.push(
-            topo.thread_in_host(AGGS + 1 + w, move || -> Result<Vec<Option<f64>>> {
+            topo.thread_in_host(AGGS + 1 + w, move || -> Result<Vec<Seen>> {
                 let sock = UdpSocket::bind(SocketAddrV4::new(ips[w], 40000))?;
                 let membership = |job, aggregator, worker| Membership {
                     job,
@@ -350,20 +357,28 @@ fn run(args: &Args) -> Result<()> {
                     let mut grad = gradient(w, round, values);
                     start.wait();
                     let t0 = Instant::now();
-                    let ok = match g % ROWS.len() {
+                    // (summed, chunks resent: the XDP rows only)
+                    let (ok, resent) = match g % ROWS.len() {
                         0 => {
                             tree_w.set_round(round);
-                            tree_w.all_reduce_i32(&mut grad).is_ok()
+                            tree_w
+                                .all_reduce_i32(&mut grad)
+                                .map_or((false, 0), |s| (true, s.resent))
                         }
                         1 => {
                             flat_w.set_round(round);
-                            flat_w.all_reduce_i32(&mut grad).is_ok()
+                            flat_w
+                                .all_reduce_i32(&mut grad)
+                                .map_or((false, 0), |s| (true, s.resent))
                         }
-                        2 => ps.all_reduce_i32(&mut grad).is_ok(),
-                        _ => ring.all_reduce(&mut grad).is_ok(),
+                        2 => (ps.all_reduce_i32(&mut grad).is_ok(), 0),
+                        _ => (ring.all_reduce(&mut grad).is_ok(), 0),
                     };
                     let secs = t0.elapsed().as_secs_f64();
-                    seen.push((ok && grad == exact[g]).then_some(secs));
+                    seen.push(Seen {
+                        secs: (ok && grad == exact[g]).then_some(secs),
+                        resent,
+                    });
                 }
                 Ok(seen)
             })?,
@@ -390,7 +405,7 @@ fn run(args: &Args) -> Result<()> {
 
 fn report(
     args: &Args,
-    per_worker: &[Vec<Option<f64>>],
+    per_worker: &[Vec<Seen>],
     tree: &yard_planner::grouping::Grouping,
     flat_model: f64,
     ring_model: f64,
@@ -428,8 +443,8 @@ fn report(
         ring_model * 1e3
     );
     println!(
-        "{:<17} {:>6} {:>7} {:>10} {:>12} {:>12}",
-        "row", "rounds", "failed", "median ms", "utilisation", "vs tree"
+        "{:<17} {:>6} {:>7} {:>10} {:>12} {:>12} {:>14}",
+        "row", "rounds", "failed", "median ms", "utilisation", "vs tree", "resent/round"
     );
     let mut medians = Vec::new();
     let mut rows: Vec<Value> = Vec::new();
@@ -437,8 +452,10 @@ fn report(
         let mut times = Vec::new();
         let mut failed = 0;
         let mut util = Vec::new();
+        let mut resent = 0u64;
         for g in (0..per_worker[0].len()).filter(|g| g % ROWS.len() == k) {
-            let seen: Vec<Option<f64>> = per_worker.iter().map(|v| v[g]).collect();
+            resent += per_worker.iter().map(|v| v[g].resent).sum::<u64>();
+            let seen: Vec<Option<f64>> = per_worker.iter().map(|v| v[g].secs).collect();
             if seen.iter().any(Option::is_none) {
                 failed += 1;
                 continue;
@@ -454,18 +471,25 @@ fn report(
         let med = stats::median(&times);
         medians.push(med);
         let ratio = stats::ratio(med, medians[0]);
+        let per_round = resent as f64 / args.rounds.max(1) as f64;
         println!(
-            "{:<17} {:>6} {:>7} {:>10} {:>11.0}% {:>12}",
+            "{:<17} {:>6} {:>7} {:>10} {:>11.0}% {:>12} {:>14}",
             name,
             times.len() + failed,
             failed,
             med.map_or("-".into(), |m| format!("{m:.1}")),
             stats::median(&util).unwrap_or(0.0) * 100.0,
             ratio.map_or("-".into(), |r| format!("{r:.2}x")),
+            if k < 2 {
+                format!("{per_round:.0}")
+            } else {
+                "-".into()
+            },
         );
         rows.push(
             json!({"row": name, "rounds": times.len() + failed, "failed": failed,
-                         "median_ms": med, "utilisation": stats::median(&util)}),
+                         "median_ms": med, "utilisation": stats::median(&util),
+                         "resent_per_round": (k < 2).then_some(per_round)}),
         );
     }
     let best_other = medians[1..]
