@@ -104,10 +104,10 @@ pub fn decide_tree(
         }
         bandwidth.push(row);
     }
+    // Every candidate has a measurement into it (checked above), so its link is known.
     let capacity: Vec<f64> = hosts
         .iter()
-        .enumerate()
-        .map(|(k, (h, _))| {
+        .map(|(h, _)| {
             let link = tables
                 .bandwidth
                 .values()
@@ -116,11 +116,6 @@ pub fn decide_tree(
                 .copied()
                 .unwrap_or(0) as f64;
             let cpu = f64::from(tables.hosts[h].cpu_millis) / 1000.0 * SUM_BYTES_PER_CORE;
-            let link = if link > 0.0 {
-                link
-            } else {
-                bandwidth.iter().map(|r| r[k]).fold(0.0, f64::max)
-            };
             link.min(cpu)
         })
         .collect();
