@@ -1086,6 +1086,30 @@ mod tests {
     }
 
     #[test]
+    fn bandwidth_probe_keys_are_read_and_bad_ones_named() {
+        let cfg =
+            load_toml("[aggregator]\nprobe_bytes = 1048576\nprobe_every_ms = 5000\n").unwrap();
+        assert_eq!(
+            (
+                cfg.aggregator.probe_port,
+                cfg.aggregator.probe_bytes,
+                cfg.aggregator.probe_every_ms
+            ),
+            (7482, 1 << 20, 5000)
+        );
+        for (toml, key) in [
+            ("probe_bytes = 0", "aggregator.probe_bytes"),
+            ("probe_bytes = 67108865", "aggregator.probe_bytes"),
+            ("probe_every_ms = 0", "aggregator.probe_every_ms"),
+        ] {
+            let err = load_toml(&format!("[aggregator]\n{toml}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(key), "{toml}: {err}");
+        }
+    }
+
+    #[test]
     fn planner_keys_are_read_and_bad_ones_named() {
         let cfg = load_toml(
             "[planner]\nenabled = true\nmax_moves = 2\n\
