@@ -530,3 +530,43 @@ fn ddp_on_eight_tbf_linked_worker_hosts_regroups_into_a_tree_and_matches_gloo() 
         tree.len()
     );
 }
+
+/// `--grouping ring`: no aggregator; every rank's hook averages with the default process
+/// group's all-reduce, as DDP does. The job runs unplaced, the parameters are bit-identical on
+/// every rank and within the tolerance of gloo's own training.
+#[test]
+fn a_ring_job_is_all_reduced_by_its_ranks_with_no_aggregator() {
+    require_root();
+    let _one_at_a_time = serial();
+    let (cluster, python, version, _values) =
+        cluster_with_grouped_job(WORKERS, "ring", &options(), |_| {});
+    let (ranks, out_dir) = start_ranks(&cluster, &python, STEPS, &[]);
+    let reports = finish(&ranks, &out_dir, &version);
+    assert_eq!(
+        bits_differing(&reports),
+        0,
+        "the ranks' parameters differ in bits"
+    );
+    let (worst, tol, moved) = check_against_gloo(&reports);
+    let job = show(&cluster, 1);
+    assert_eq!(job["grouping"], "ring", "{job:#}");
+    assert!(
+        job["running"] == true && job["aggregator_node"].is_null(),
+        "{job:#}"
+    );
+    for node in 1..=AGGREGATORS {
+        let stats = json(
+            &cluster.cli(node, &["agg", "stats", "--json"]).unwrap(),
+            "yard agg stats",
+        );
+        assert_eq!(
+            stats["jobs"].as_array().map_or(0, Vec::len),
+            0,
+            "node {node}: {stats:#}"
+        );
+    }
+    println!(
+        "torch {version}: ring job, {WORKERS} ranks: hook vs gloo max |diff| {worst:.3e} <= \
+         tolerance {tol:.3e} (moved {moved:.3e})"
+    );
+}

@@ -41,6 +41,9 @@ pub fn view_json(view: &WorkerView) -> Value {
             "aggregator": m.aggregator.to_string(), "values": m.geometry.values,
             "chunk_values": m.geometry.chunk_values, "dtype": m.dtype.name(),
         }}),
+        WorkerView::Ring(r) => json!({"ring": {
+            "job": r.job, "epoch": r.epoch, "rank": r.rank, "ranks": r.ranks,
+        }}),
         WorkerView::Failed(why) => json!({"failed": why}),
         WorkerView::Gone => json!({"gone": "the job was deleted"}),
     }

@@ -36,6 +36,10 @@ pub enum Grouping {
     /// One aggregator for every worker, the host the measured bandwidths favour: a parameter
     /// server (by CPU load until they are measured).
     Ps,
+    /// No aggregator: the workers all-reduce among themselves in a ring, with their framework's
+    /// own collective (the DDP hook falls back to its process group's all-reduce). The job
+    /// still records who is in it and the epoch, so every rank sees the same membership.
+    Ring,
 }
 
 impl Grouping {
@@ -45,15 +49,16 @@ impl Grouping {
             Grouping::Auto => "auto",
             Grouping::Flat => "flat",
             Grouping::Ps => "ps",
+            Grouping::Ring => "ring",
         }
     }
 
     /// Parses [`Grouping::name`].
     pub fn parse(s: &str) -> Result<Grouping, String> {
-        [Grouping::Auto, Grouping::Flat, Grouping::Ps]
+        [Grouping::Auto, Grouping::Flat, Grouping::Ps, Grouping::Ring]
             .into_iter()
             .find(|g| g.name() == s)
-            .ok_or_else(|| format!("grouping {s:?} is not one of auto, flat, ps"))
+            .ok_or_else(|| format!("grouping {s:?} is not one of auto, flat, ps, ring"))
     }
 }
 
@@ -128,8 +133,11 @@ impl AggJob {
         self.chunks().saturating_mul(2)
     }
 
-    /// Aggregator memory the job takes.
+    /// Aggregator memory the job takes (none for a ring: nothing aggregates it).
     pub fn bytes(&self) -> u64 {
+        if self.grouping == Grouping::Ring {
+            return 0;
+        }
         u64::from(self.slots()) * SLOT_BYTES
     }
 
@@ -139,9 +147,12 @@ impl AggJob {
         expected > 0 && self.members.len() == expected
     }
 
-    /// Whether the job is running: complete, placed and not failed.
+    /// Whether the job is running: complete, placed (a ring needs no placement) and not
+    /// failed.
     pub fn running(&self) -> bool {
-        self.complete() && self.placement.is_some() && self.failed.is_none()
+        self.complete()
+            && (self.placement.is_some() || self.grouping == Grouping::Ring)
+            && self.failed.is_none()
     }
 
     /// The members of this epoch in worker-index order (ranks ascending): worker index `i` is
@@ -412,6 +423,7 @@ impl AggTables {
                 placement,
             } => {
                 let job = self.job_mut(name)?;
+                no_ring(job)?;
                 if job.epoch != *expect_epoch
                     || (job.placement == Some(*placement) && job.clusters.is_empty())
                 {
@@ -430,6 +442,7 @@ impl AggTables {
                 clusters,
             } => {
                 let job = self.job_mut(name)?;
+                no_ring(job)?;
                 check_tree(job, root, clusters)?;
                 if job.epoch != *expect_epoch
                     || (job.placement == Some(*root) && job.clusters == *clusters)
@@ -523,6 +536,17 @@ impl AggTables {
     pub fn by_id(&self, id: u32) -> Option<&AggJob> {
         self.jobs.values().find(|j| j.id == id)
     }
+}
+
+/// A ring job has no aggregator to place.
+fn no_ring(job: &AggJob) -> Result<(), String> {
+    if job.grouping == Grouping::Ring {
+        return Err(format!(
+            "job {} is all-reduced by its workers in a ring: it has no aggregator",
+            job.name
+        ));
+    }
+    Ok(())
 }
 
 /// Why `root` and `clusters` cannot be `job`'s tree, if they cannot: every cluster a non-empty
@@ -840,9 +864,41 @@ mod tests {
         assert_eq!(t.bandwidth[&4][&1], 1000);
         assert!(t.apply(&m(0), 4).is_err());
         assert_eq!(
-            Grouping::parse("ring"),
-            Err("grouping \"ring\" is not one of auto, flat, ps".into())
+            Grouping::parse("tree"),
+            Err("grouping \"tree\" is not one of auto, flat, ps, ring".into())
         );
+        assert_eq!(Grouping::parse("ring"), Ok(Grouping::Ring));
         assert_eq!(Grouping::parse("ps"), Ok(Grouping::Ps));
+    }
+
+    #[test]
+    fn a_ring_job_runs_once_complete_takes_no_memory_and_is_never_placed() {
+        let mut t = AggTables::default();
+        let cmd = AggCommand::Create {
+            name: "r".into(),
+            workers: 2,
+            values: 1 << 30,
+            dtype: 1,
+            elastic: false,
+            chunk_values: 360,
+            colocate: false,
+            quota: QUOTA,
+            grouping: Grouping::Ring,
+        };
+        assert_eq!(t.apply(&cmd, 1), Ok(true), "no aggregator memory: no quota");
+        join(&mut t, "r", 0);
+        assert!(!t.jobs["r"].running());
+        join(&mut t, "r", 1);
+        assert!(t.jobs["r"].running() && t.jobs["r"].placement.is_none());
+        assert_eq!(t.used_bytes(), 0);
+        let place = AggCommand::Place {
+            name: "r".into(),
+            expect_epoch: t.jobs["r"].epoch,
+            placement: Placement { node: 1, base: 0 },
+        };
+        assert_eq!(
+            t.apply(&place, 2),
+            Err("job r is all-reduced by its workers in a ring: it has no aggregator".into())
+        );
     }
 }

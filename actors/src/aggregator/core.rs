@@ -8,7 +8,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use yard_agg::wire::{Dtype, Geometry};
 use yard_agg::worker::Membership;
 use yard_ebpf::{AggJobEntry, AggParent};
-use yard_raft_store::aggregation::{AggJob, AggTables, Seat};
+use yard_raft_store::aggregation::{AggJob, AggTables, Grouping, Seat};
 use yard_raft_store::NodeId;
 
 /// A change to make to the program's tables.
@@ -92,10 +92,22 @@ pub enum WorkerView {
     Waiting,
     /// The job runs: this worker's membership in the current epoch.
     Running(Membership),
+    /// The job runs as a ring (`--grouping ring`): no aggregator; the workers all-reduce
+    /// among themselves.
+    Ring(RingMembership),
     /// The job failed (a worker died), or this rank is no longer in it.
     Failed(String),
     /// There is no such job (deleted).
     Gone,
+}
+
+/// A ring job's membership: the job, its epoch, and the ranks in it (ascending).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RingMembership {
+    pub job: u32,
+    pub epoch: u32,
+    pub rank: u16,
+    pub ranks: Vec<u16>,
 }
 
 /// Rank `rank`'s view of job `name` in `tables`.
@@ -108,6 +120,17 @@ pub fn worker_view(tables: &AggTables, name: &str, rank: u16) -> WorkerView {
     }
     if job.gone.contains(&rank) {
         return WorkerView::Failed(format!("rank {rank} was removed from job {name}"));
+    }
+    if job.grouping == Grouping::Ring {
+        if !job.running() || !job.members.contains_key(&rank) {
+            return WorkerView::Waiting;
+        }
+        return WorkerView::Ring(RingMembership {
+            job: job.id,
+            epoch: job.epoch,
+            rank,
+            ranks: job.members.keys().copied().collect(),
+        });
     }
     let ips = aggregator_ips(tables, job);
     membership(job, &ips, rank).map_or(WorkerView::Waiting, WorkerView::Running)
@@ -352,5 +375,44 @@ mod tests {
             panic!("not running");
         };
         assert_eq!((m.aggregator, m.worker, m.workers), (agg(1), 0, 2));
+    }
+
+    #[test]
+    fn a_ring_job_s_workers_see_the_ring_and_no_host_serves_it() {
+        let mut t = tables();
+        let quota = Quota {
+            job_bytes: 1 << 30,
+            cluster_bytes: 1 << 30,
+        };
+        let create = AggCommand::Create {
+            name: "r".into(),
+            workers: 2,
+            values: 1000,
+            dtype: 1,
+            elastic: false,
+            chunk_values: 360,
+            colocate: false,
+            quota,
+            grouping: Grouping::Ring,
+        };
+        t.apply(&create, 1).unwrap();
+        assert_eq!(worker_view(&t, "r", 0), WorkerView::Waiting);
+        for rank in 0..2u16 {
+            let addr = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 11), 41000 + rank);
+            t.apply(
+                &AggCommand::Join {
+                    name: "r".into(),
+                    rank,
+                    addr,
+                },
+                1,
+            )
+            .unwrap();
+        }
+        let WorkerView::Ring(r) = worker_view(&t, "r", 1) else {
+            panic!("not a ring");
+        };
+        assert_eq!((r.job, r.rank, r.ranks), (t.jobs["r"].id, 1, vec![0, 1]));
+        assert!(desired(&t, 1).values().all(|e| e.id != t.jobs["r"].id));
     }
 }

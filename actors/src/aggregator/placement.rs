@@ -64,7 +64,8 @@ pub fn decide(tables: &AggTables, view: &ClusterView) -> Decision {
             out.commands.push(gone);
             continue;
         }
-        if !job.complete() {
+        if !job.complete() || job.grouping == Grouping::Ring {
+            // A ring job's workers all-reduce among themselves: nothing to place.
             continue;
         }
         // Every aggregator of the job (one, or a tree's) keeps its range while all are usable;

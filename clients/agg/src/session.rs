@@ -83,6 +83,13 @@ fn parse_line(line: &str) -> Option<JobState> {
     if v.get("waiting").is_some() {
         return Some(JobState::Waiting);
     }
+    if let Some(r) = v.get("ring") {
+        // A ring job has no aggregator: this client sums only through one.
+        let job = r["job"].as_u64().unwrap_or(0);
+        return Some(JobState::Failed(format!(
+            "job {job} is all-reduced by its workers in a ring (--grouping ring); the yard-agg worker sums only through an aggregator"
+        )));
+    }
     for key in ["failed", "gone", "error"] {
         if let Some(why) = v.get(key) {
             return Some(JobState::Failed(
@@ -234,5 +241,14 @@ mod tests {
             ))
         );
         assert_eq!(parse_line("garbage"), None);
+        let Some(JobState::Failed(why)) =
+            parse_line(r#"{"ring": {"job": 4, "epoch": 1, "rank": 0, "ranks": [0, 1]}}"#)
+        else {
+            panic!("a ring job is no job for this client");
+        };
+        assert!(
+            why.starts_with("job 4 is all-reduced by its workers in a ring"),
+            "{why}"
+        );
     }
 }

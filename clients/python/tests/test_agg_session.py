@@ -46,6 +46,10 @@ class SessionTest(unittest.TestCase):
                          (agg_session.FAILED, "job t failed: worker rank 2 died (it crashed)"))
         self.assertEqual(parse_line('{"gone": "the job was deleted"}').why, "the job was deleted")
         self.assertIsNone(parse_line("garbage"))
+        r = parse_line('{"ring": {"job": 4, "epoch": 1, "rank": 1, "ranks": [0, 1, 2]}}')
+        self.assertEqual(r.kind, agg_session.RING)
+        self.assertEqual((r.membership.job, r.membership.rank, r.membership.ranks), (4, 1, [0, 1, 2]))
+        self.assertIsNone(parse_line('{"ring": {"job": 4, "epoch": 1, "rank": 1, "ranks": "all"}}'))
         self.assertIsNone(parse_line('{"membership": {"job": -1}}'))
         self.assertIsNone(parse_line('{"membership": {"job": 3, "epoch": 2, "worker": 1, '
                                      '"workers": 4, "aggregator": "x", "values": 10, '

@@ -21,16 +21,21 @@ Membership.__doc__ = """Where and as whom a worker aggregates: ``job`` id, ``epo
 worker's index ``worker`` among ``workers``, ``aggregator`` as ``(ip, port)``, the gradient's
 :class:`~yard_agg.wire.Geometry` and ``dtype`` ("i32" or "f32")."""
 
+RingMembership = namedtuple("RingMembership", "job epoch rank ranks")
+RingMembership.__doc__ = """A job created with ``--grouping ring``: no aggregator; the workers
+all-reduce among themselves (``ranks``, ascending) with their framework's own collective."""
+
 WAITING = "waiting"
 RUNNING = "running"
+RING = "ring"
 FAILED = "failed"
 CLOSED = "closed"
 
 
 class JobState(namedtuple("JobState", "kind membership why")):
     """Where the job stands, as the node last said: ``kind`` is WAITING, RUNNING (with
-    ``membership``), FAILED (the job failed or this worker was removed: ``why``) or CLOSED
-    (the session ended: ``why``)."""
+    ``membership``), RING (with a :class:`RingMembership`), FAILED (the job failed or this
+    worker was removed: ``why``) or CLOSED (the session ended: ``why``)."""
 
     __slots__ = ()
 
@@ -80,6 +85,18 @@ def parse_line(line):
         return JobState(RUNNING, m, None) if m else None
     if "waiting" in v:
         return JobState(WAITING, None, None)
+    if "ring" in v:
+        r = v["ring"]
+        try:
+            ranks = r["ranks"]
+            if not isinstance(ranks, list) or not all(
+                    isinstance(x, int) and not isinstance(x, bool) for x in ranks):
+                return None
+            m = RingMembership(job=_u(r, "job", 32), epoch=_u(r, "epoch", 32),
+                               rank=_u(r, "rank", 16), ranks=ranks)
+        except (KeyError, TypeError, ValueError):
+            return None
+        return JobState(RING, m, None)
     for key in ("failed", "gone", "error"):
         if key in v:
             why = v[key] if isinstance(v[key], str) else "the job ended"
@@ -173,7 +190,7 @@ class Session:
         with self._changed:
             while True:
                 s = self._state
-                if s.kind == RUNNING:
+                if s.kind in (RUNNING, RING):
                     return s.membership
                 if s.kind in (FAILED, CLOSED):
                     raise SessionError(s.why)

@@ -16,6 +16,11 @@ workers, as DDP's built-in all-reduce averages over the world size. Every rank g
 stored sums from the aggregator and dequantizes them the same way, so every rank's
 gradients, and so its parameters, are bit-identical.
 
+A job created with ``--grouping ring`` has no aggregator: the hook then averages each pass as
+DDP does, dividing by the world size and summing with ``torch.distributed.all_reduce`` on the
+default process group (the framework's own ring), so one training script runs under every
+grouping.
+
 A round that times out takes the session's newest membership (the job moved to another
 aggregator or lost an elastic worker) and is summed again, for at most ``round_timeout``; a
 job that failed or is gone raises :class:`AggJobError` from the backward pass, naming the job
@@ -26,7 +31,7 @@ import socket
 import time
 
 from . import fixed
-from .session import CLOSED, FAILED, RUNNING, Session
+from .session import CLOSED, FAILED, RUNNING, RingMembership, Session
 from .worker import AggError, AggTimeout, Tuning, Worker
 
 
@@ -59,7 +64,9 @@ class HookState:
         except Exception as e:
             self.close()
             raise AggJobError("job %s, rank %d: %s" % (job, rank, e)) from None
-        self.worker = Worker(self.sock, membership, tuning or Tuning())
+        #: The job's ring membership if it is all-reduced by its workers (no aggregator).
+        self.ring = membership if isinstance(membership, RingMembership) else None
+        self.worker = None if self.ring else Worker(self.sock, membership, tuning or Tuning())
         self._buckets = {}
         #: Per round: the largest per-element error bound of the average (fixed point only,
         #: before the rounding to float32), for tests and metrics.
@@ -74,7 +81,18 @@ class HookState:
         return AggJobError("job %s, rank %d: %s" % (self.job, self.rank, why))
 
     def all_reduce(self, flat):
-        """Sums one flat float32 tensor through the aggregator, following regroupings."""
+        """Sums one flat float32 tensor through the aggregator, following regroupings (or,
+        for a ring job, with the default process group's all-reduce)."""
+        if self.ring:
+            s = self.session.state()
+            if s.kind in (FAILED, CLOSED):
+                raise self._fail(s.why)
+            import torch.distributed as dist
+
+            # DDP's own order: divide by the world, then sum.
+            flat.div_(dist.get_world_size())
+            dist.all_reduce(flat)
+            return flat
         started = time.monotonic()
         while True:
             s = self.session.state()
@@ -115,11 +133,16 @@ class HookState:
                                      % (i, buckets[i][0].dtype))
             flat = torch.cat([buckets[i][0].reshape(-1) for i in order])
             summed = self.all_reduce(flat)
-            self.resent += self.worker.stats.resent
-            workers = self.worker.membership.workers
-            exps = self.worker.last_exps
-            self.bounds.append(max(fixed.error_bound(workers, e) for e in exps) / workers)
-            avg = summed.div_(workers)
+            if self.ring:
+                # already the average (DDP's order); float32 all through: no fixed-point bound
+                avg = summed
+                self.bounds.append(0.0)
+            else:
+                self.resent += self.worker.stats.resent
+                workers = self.worker.membership.workers
+                exps = self.worker.last_exps
+                self.bounds.append(max(fixed.error_bound(workers, e) for e in exps) / workers)
+                avg = summed.div_(workers)
         except BaseException as e:
             for i in order:
                 if buckets[i][1] is not fut:

@@ -47,7 +47,8 @@ pub enum JobCmd {
         #[arg(long)]
         colocate: bool,
         /// auto: a tree of aggregators sized to the measured bandwidths (ALEPH); flat: one
-        /// aggregator chosen by CPU load; ps: one aggregator, the one the bandwidths favour.
+        /// aggregator chosen by CPU load; ps: one aggregator, the one the bandwidths favour;
+        /// ring: no aggregator, the workers all-reduce among themselves.
         #[arg(long, default_value = "auto", value_parser = Grouping::parse)]
         grouping: Grouping,
     },
@@ -199,6 +200,9 @@ fn state(r: &AggJobRow) -> String {
     let j = &r.job;
     if let Some(why) = &j.failed {
         return format!("failed: {why}");
+    }
+    if j.running() && j.grouping == Grouping::Ring {
+        return "running: all-reduced by its workers in a ring, no aggregator".into();
     }
     match (r.aggregator, &r.waiting) {
         (Some(a), _) if j.complete() => {
