@@ -720,21 +720,32 @@ fn two_jobs_sum_exactly_under_loss_both_ways_and_forged_frames_are_dropped() {
     // Every node's own count (over all its jobs: only forged frames are foreign here): 10% loss
     // both ways makes the liveness probes miss now and then, and green may have moved between
     // aggregators meanwhile; a job's own counters leave with it.
-    let foreign: u64 = (1..=NODES)
-        .map(|node| {
-            let stats = json(
-                &cluster.cli(node, &["agg", "stats", "--json"]).unwrap(),
-                "yard agg stats",
-            );
-            stats["counters"]["foreign"]["packets"]
-                .as_u64()
-                .unwrap_or(0)
-        })
-        .sum();
+    // `yard agg stats` answers from the counters a node last read (every `stats_ms`, 1 s): a
+    // short run can end before the aggregator's next read, so wait for it.
+    let began = Instant::now();
+    let (stats, foreign) = loop {
+        let stats: Vec<Value> = (1..=NODES)
+            .map(|node| {
+                json(
+                    &cluster.cli(node, &["agg", "stats", "--json"]).unwrap(),
+                    "yard agg stats",
+                )
+            })
+            .collect();
+        let foreign: u64 = stats
+            .iter()
+            .map(|s| s["counters"]["foreign"]["packets"].as_u64().unwrap_or(0))
+            .sum();
+        if foreign > 0 || began.elapsed() > Duration::from_secs(3) {
+            break (stats, foreign);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
     // Some forged frames are lost on the way, as any frame is; every one that arrived was
     // dropped as foreign (green's sums are exact).
     assert!(
         foreign > 0 && foreign <= forged,
-        "green's aggregator counted {foreign} foreign frames of {forged} forged"
+        "green's aggregator counted {foreign} foreign frames of {forged} forged; nodes' counters: {:#}",
+        Value::Array(stats.iter().map(|s| s["counters"].clone()).collect())
     );
 }
