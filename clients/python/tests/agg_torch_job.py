@@ -155,13 +155,15 @@ def main():
     state = yard_agg.HookState(a.job, a.rank, (a.addr, 0), path=a.socket,
                                tuning=yard_agg.Tuning(give_up=a.give_up_s),
                                join_timeout=a.timeout_s, round_timeout=a.timeout_s)
-    print("rank %d joined job %s: %r" % (a.rank, a.job, state.worker.membership), flush=True)
+    # a ring job (--grouping ring) has no aggregator: its ring membership instead
+    joined = state.ring or state.worker.membership
+    print("rank %d joined job %s: %r" % (a.rank, a.job, joined), flush=True)
     hooked = nn.parallel.DistributedDataParallel(make_model(), bucket_cap_mb=4096 / 2**20)
     grad_max = []
     hooked.register_comm_hook(state, recording_hook(grad_max))
     hook_loss = train(hooked, x, y, a.steps, a.lr, a.step_sleep_ms / 1000.0, "hook")
     hook_s = time.monotonic() - began
-    stats = state.worker.stats
+    stats = state.worker.stats._asdict() if state.worker else None
     state.leave()
 
     plain = nn.parallel.DistributedDataParallel(make_model(), bucket_cap_mb=4096 / 2**20)
@@ -175,9 +177,9 @@ def main():
             "gloo": bits(plain.module), "initial": bits(make_model()),
             "hook_loss": hook_loss, "gloo_loss": gloo_loss, "hook_s": hook_s,
             "regroups": state.regroups, "resent": state.resent,
-            "epoch": state.worker.membership.epoch,
-            "aggregator": "%s:%d" % state.worker.membership.aggregator,
-            "buckets": state.buckets_last_pass, "last_round": stats._asdict(),
+            "epoch": joined.epoch if state.ring else state.worker.membership.epoch,
+            "aggregator": None if state.ring else "%s:%d" % state.worker.membership.aggregator,
+            "buckets": state.buckets_last_pass, "last_round": stats,
             "torch": torch.__version__,
         }, f)
     os.rename(a.out + ".tmp", a.out)
