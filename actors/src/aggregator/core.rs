@@ -199,33 +199,36 @@ mod tests {
     use std::net::{Ipv4Addr, SocketAddrV4};
     use yard_raft_store::aggregation::{AggCommand, Placement, Quota};
 
-    fn tables() -> AggTables {
-        let mut t = AggTables::default();
+    /// Creates job `name` of two workers with `grouping`, and joins ranks `0..joined` from
+    /// 198.18.0.10.
+    fn joined_job(t: &mut AggTables, name: &str, grouping: Grouping, joined: u16) {
         let quota = Quota {
             job_bytes: 1 << 30,
             cluster_bytes: 1 << 30,
         };
+        let create = AggCommand::Create {
+            name: name.into(),
+            workers: 2,
+            values: 1000,
+            dtype: 1,
+            elastic: false,
+            chunk_values: 360,
+            colocate: false,
+            quota,
+            grouping,
+        };
+        t.apply(&create, 1).unwrap();
+        for rank in 0..joined {
+            let addr = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 10), 40000 + rank);
+            let name = name.to_string();
+            t.apply(&AggCommand::Join { name, rank, addr }, 1).unwrap();
+        }
+    }
+
+    fn tables() -> AggTables {
+        let mut t = AggTables::default();
         for name in ["a", "b"] {
-            t.apply(
-                &AggCommand::Create {
-                    name: name.into(),
-                    workers: 2,
-                    values: 1000,
-                    dtype: 1,
-                    elastic: false,
-                    chunk_values: 360,
-                    colocate: false,
-                    quota,
-                    grouping: yard_raft_store::aggregation::Grouping::Flat,
-                },
-                1,
-            )
-            .unwrap();
-            for rank in 0..2u16 {
-                let addr = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 10), 40000 + rank);
-                let name = name.to_string();
-                t.apply(&AggCommand::Join { name, rank, addr }, 1).unwrap();
-            }
+            joined_job(&mut t, name, Grouping::Flat, 2);
         }
         t.apply(
             &AggCommand::Host {
@@ -380,35 +383,22 @@ mod tests {
     #[test]
     fn a_ring_job_s_workers_see_the_ring_and_no_host_serves_it() {
         let mut t = tables();
-        let quota = Quota {
-            job_bytes: 1 << 30,
-            cluster_bytes: 1 << 30,
-        };
-        let create = AggCommand::Create {
-            name: "r".into(),
-            workers: 2,
-            values: 1000,
-            dtype: 1,
-            elastic: false,
-            chunk_values: 360,
-            colocate: false,
-            quota,
-            grouping: Grouping::Ring,
-        };
-        t.apply(&create, 1).unwrap();
-        assert_eq!(worker_view(&t, "r", 0), WorkerView::Waiting);
-        for rank in 0..2u16 {
-            let addr = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 11), 41000 + rank);
-            t.apply(
-                &AggCommand::Join {
-                    name: "r".into(),
-                    rank,
-                    addr,
-                },
-                1,
-            )
-            .unwrap();
-        }
+        joined_job(&mut t, "r", Grouping::Ring, 1);
+        assert_eq!(
+            worker_view(&t, "r", 0),
+            WorkerView::Waiting,
+            "rank 1 has not joined"
+        );
+        let addr = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 11), 41001);
+        t.apply(
+            &AggCommand::Join {
+                name: "r".into(),
+                rank: 1,
+                addr,
+            },
+            1,
+        )
+        .unwrap();
         let WorkerView::Ring(r) = worker_view(&t, "r", 1) else {
             panic!("not a ring");
         };
