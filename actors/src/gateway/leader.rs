@@ -643,6 +643,13 @@ impl LeaderCore {
             })
             .copied()
             .collect();
+        // A live node's hold-down runs from now if it has not started: the node may have lapsed
+        // under an earlier leadership of this core and been un-revoked by another leader, so this
+        // core never saw it restored. Without this its damping stayed "still lapsed" for good and
+        // it never received a VIP again (a chaos run ended with all VIPs on one node).
+        for n in &live {
+            self.damping.restored(*n, now_ms);
+        }
         // Nodes in their hold-down receive no VIP, unless nobody else could take one.
         let held = self.damping.held(&live, now_ms);
         let unheld: BTreeSet<NodeId> = live.difference(&held).copied().collect();
@@ -1117,6 +1124,45 @@ mod tests {
         assert!(w.deadline[&3] > w.now, "the node holds a lease again");
         w.run(500);
         assert!(w.now > back + 1_000);
+        assert_eq!(w.owned_by(3), 2, "{:?}", w.tables.vips);
+    }
+
+    #[test]
+    fn a_node_un_revoked_under_another_leader_gets_vips_back_when_this_one_leads_again() {
+        let mut w = settled();
+        // Node 3 lapses under leader 1, owning VIPs: damped, its hold-down not started.
+        w.silent.insert(3);
+        w.run(300);
+        assert_eq!(w.owned_by(3), 0);
+        // Leader 1 is deposed before node 3 returns; node 2 leads, un-revokes node 3 at every
+        // voter, but none of its placements commit before it is deposed in turn.
+        let mut b = LeaderCore::new(cfg(DampingConfig::default(), true), 2);
+        for n in [1, 2] {
+            b.renewal(n, w.revision, LEASE, true, w.now);
+        }
+        b.gain(2, w.now, &BTreeMap::new());
+        let mut a = std::mem::replace(&mut w.core, b);
+        a.lose();
+        w.leader = 2;
+        w.commit_delay = u32::MAX;
+        w.silent.remove(&3);
+        w.run(4 * LEASE);
+        assert!(!w.voters.values().any(|v| v.is_revoked(3)));
+        assert_eq!(w.owned_by(3), 0, "node 2's placement was not to commit");
+        // Leader 1 leads again; node 3 renews with every voter.
+        w.pending = None;
+        w.commit_delay = 0;
+        for n in [1, 2, 3] {
+            a.renewal(n, w.revision, LEASE, true, w.now);
+        }
+        a.gain(3, w.now, &BTreeMap::new());
+        w.core = a;
+        w.leader = 1;
+        let back = w.now;
+        w.run(DampingConfig::default().holddown_ms - 20);
+        assert_eq!(w.owned_by(3), 0, "a vip returned inside the hold-down");
+        w.run(500);
+        assert!(w.now > back + DampingConfig::default().holddown_ms);
         assert_eq!(w.owned_by(3), 2, "{:?}", w.tables.vips);
     }
 
