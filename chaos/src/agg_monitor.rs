@@ -1,7 +1,10 @@
-//! The aggregator side of a chaos run on real namespaces: one int32 job of a few workers on a
-//! worker host (never faulted), summing round after round through the yard nodes' XDP
-//! aggregator while the schedule runs, and a poller that follows the job's membership (its
-//! aggregator and epoch) through the cluster. What the workers saw is judged by
+//! The aggregator side of a chaos run on real namespaces: one int32 job of a few workers, one
+//! on each worker host (never faulted, each with a yard node of its own that measures its
+//! bandwidth to the aggregating hosts), summing round after round through the yard nodes' XDP
+//! aggregators while the schedule runs, and a poller that follows the job's membership (its
+//! aggregators, its tree and its epoch) through the cluster. With the default grouping the
+//! leader regroups the job into a tree once the bandwidths are measured, and again whenever a
+//! fault takes out one of its aggregators. What the workers saw is judged by
 //! [`crate::aggregation::judge`].
 
 use std::net::{SocketAddrV4, UdpSocket};
@@ -27,10 +30,11 @@ const VALUES: u32 = 20_003;
 /// First UDP port of the workers (one each, on the worker host).
 const FIRST_PORT: u16 = 42000;
 
-/// The `[aggregator]` config of every node: XDP on `eth0`, generic mode (veth in namespaces).
+/// The `[aggregator]` config of every node: XDP on `eth0`, generic mode (veth in namespaces);
+/// bandwidth probes short and frequent, so a regrouping follows a run's faults.
 pub fn aggregator_config() -> String {
     format!(
-        "{}place_ms = 200\n",
+        "{}place_ms = 200\nprobe_bytes = 1048576\nprobe_every_ms = 5000\n",
         yard_cluster_tests::yard::aggregator_config(16)
     )
 }
@@ -55,11 +59,21 @@ fn exact(workers: usize, round: u32) -> Vec<i32> {
 }
 
 /// Where the job was summed, as the poller saw it change.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placed {
     pub at_ms: Ms,
     pub epoch: u32,
+    /// The root aggregator's node (the only one of a flat job).
     pub node: NodeId,
+    /// The cluster aggregators' nodes of a tree (none: flat).
+    pub clusters: Vec<NodeId>,
+}
+
+impl Placed {
+    /// Every node summing the job.
+    pub fn nodes(&self) -> impl Iterator<Item = NodeId> + '_ {
+        std::iter::once(self.node).chain(self.clusters.iter().copied())
+    }
 }
 
 /// A running aggregation workload.
@@ -85,20 +99,24 @@ async fn agg(client: &AdminClient, req: AggRequest) -> anyhow::Result<Vec<AggJob
 }
 
 impl AggRun {
-    /// Creates the job, joins `workers` workers on `host` and starts them and the poller.
+    /// Creates the job with `grouping`, joins one worker on each of `hosts` (rank `r` on
+    /// `hosts[r]`) and starts them and the poller.
     pub fn start(
         cluster: &YardCluster,
-        host: usize,
-        workers: usize,
+        hosts: &[usize],
+        grouping: yard::rpc::Grouping,
         clock: RunClock,
         poll: Duration,
     ) -> anyhow::Result<Self> {
+        let workers = hosts.len();
         let endpoints: Vec<String> = (1..=cluster.len()).map(|i| cluster.endpoint(i)).collect();
         let tls = cluster.tls_dir().to_owned();
-        let ip = cluster.topology().addr(host);
-        let addrs: Vec<SocketAddrV4> = (0..workers)
-            .map(|r| SocketAddrV4::new(ip, FIRST_PORT + r as u16))
+        let addrs: Vec<SocketAddrV4> = hosts
+            .iter()
+            .enumerate()
+            .map(|(r, h)| SocketAddrV4::new(cluster.topology().addr(*h), FIRST_PORT + r as u16))
             .collect();
+        let host = hosts[0];
         let setup = {
             let (endpoints, tls, addrs) = (endpoints.clone(), tls.clone(), addrs.clone());
             cluster
@@ -120,7 +138,7 @@ impl AggRun {
                                 elastic: false,
                                 mtu: 1500,
                                 colocate: false,
-                                grouping: yard::rpc::Grouping::Flat,
+                                grouping,
                             },
                         )
                         .await
@@ -158,7 +176,7 @@ impl AggRun {
         }
         for (rank, addr) in addrs.into_iter().enumerate() {
             let (stop, done, shared) = (stop.clone(), done.clone(), shared.clone());
-            threads.push(cluster.topology().thread_in_host(host, move || {
+            threads.push(cluster.topology().thread_in_host(hosts[rank], move || {
                 work(rank, workers, addr, clock, stop, done, shared)
             })?);
         }
@@ -175,9 +193,9 @@ impl AggRun {
         self.workers
     }
 
-    /// The node summing the job, as last seen.
-    pub fn aggregator(&self) -> Option<NodeId> {
-        lock(&self.placed).last().map(|p| p.node)
+    /// Where the job is summed, as last seen.
+    pub fn placed(&self) -> Option<Placed> {
+        lock(&self.placed).last().cloned()
     }
 
     /// Rounds completed so far by the slowest worker after `after_ms`.
@@ -243,16 +261,17 @@ fn poll_membership(
                         }
                     }
                     if let Some(p) = row.job.placement {
+                        let now = Placed {
+                            at_ms: clock.now(),
+                            epoch: row.job.epoch,
+                            node: p.node,
+                            clusters: row.job.clusters.iter().map(|c| c.placement.node).collect(),
+                        };
                         let mut placed = lock(&placed);
-                        if placed
-                            .last()
-                            .is_none_or(|l| l.epoch != row.job.epoch || l.node != p.node)
-                        {
-                            placed.push(Placed {
-                                at_ms: clock.now(),
-                                epoch: row.job.epoch,
-                                node: p.node,
-                            });
+                        if placed.last().is_none_or(|l| {
+                            (l.epoch, l.node, &l.clusters) != (now.epoch, now.node, &now.clusters)
+                        }) {
+                            placed.push(now);
                         }
                     }
                 }

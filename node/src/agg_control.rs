@@ -48,6 +48,7 @@ pub async fn run(node: Node, every: Duration, worker_gone: Duration) {
             unreachable,
             gone,
             node_ips,
+            settling: sustained.settling(now_ms),
         };
         let key = (tables.revision, view.clone());
         if settled.as_ref() == Some(&key) {

@@ -32,9 +32,8 @@ fn rows(d: &StateMachineData, only: Option<&str>) -> Vec<AggJobRow> {
     let t: &AggTables = &d.aggregation;
     let ips = node_ips(d);
     let view = ClusterView {
-        unreachable: BTreeSet::new(),
-        gone: BTreeSet::new(),
         node_ips: ips.clone(),
+        ..ClusterView::default()
     };
     let waiting: BTreeMap<String, String> = decide(t, &view).waiting.into_iter().collect();
     t.jobs

@@ -63,12 +63,16 @@ pub fn decide_tree(
     let ranks: Vec<u16> = job.members.keys().copied().collect();
     let worker_ips: BTreeSet<std::net::Ipv4Addr> = job.members.values().map(|a| *a.ip()).collect();
     let need = job.slots();
+    // Hosts the job has seats on now (a settling one keeps its seat).
+    let seated: BTreeSet<NodeId> = job.seats().iter().map(|s| s.placement.node).collect();
     // Candidate hosts with the base their range would take.
     let hosts: Vec<(NodeId, u32)> = tables
         .hosts
         .iter()
         .filter(|(n, h)| {
-            !view.unreachable.contains(n) && (job.colocate || !worker_ips.contains(&h.ip))
+            !view.unreachable.contains(n)
+                && (!view.settling.contains(n) || seated.contains(n))
+                && (job.colocate || !worker_ips.contains(&h.ip))
         })
         .filter_map(|(n, h)| {
             let t = taken.get(n).map(Vec::as_slice).unwrap_or(&[]);

@@ -1,8 +1,9 @@
 //! `chaos`: a seeded fault schedule against a real `yard` cluster in network namespaces, with a
 //! concurrent KV workload recorded and checked for linearizability, and the XDP gateway on every
 //! node carrying probe streams between overlay tenants on two compute hosts (never faulted), or,
-//! with `--no-gateway --aggregation`, the XDP aggregator summing an int32 job's rounds for three
-//! workers on a worker host (never faulted), every round checked exact and completed once.
+//! with `--no-gateway --aggregation`, the XDP aggregators summing an int32 job's rounds for six
+//! workers on worker hosts of their own (never faulted), every round checked exact and completed
+//! once; by default the job is grouped into a tree (ALEPH) and regrouped by the faults.
 //!
 //! Prints the seed, every fault it injected, each fault's gateway verdicts (one data-plane owner
 //! per VIP at every instant; a down owner's VIPs moved within the budget; the probe streams'
@@ -19,7 +20,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context};
 use clap::Parser;
 use yard::client::AdminClient;
-use yard::rpc::{AdminReply, AdminRequest};
+use yard::rpc::{AdminReply, AdminRequest, Grouping};
 use yard_chaos::agg_monitor::{aggregator_config, AggRun};
 use yard_chaos::aggregation::judge;
 use yard_chaos::gateway::{
@@ -68,10 +69,16 @@ struct Args {
     /// Run without the gateway (the KV workload and linearizability check only).
     #[arg(long)]
     no_gateway: bool,
-    /// Run an aggregation job (int32, three workers on a worker host) through the nodes' XDP
-    /// aggregator and judge its rounds; needs --no-gateway (both attach XDP to eth0).
+    /// Run an aggregation job (int32, six workers on three worker hosts, each with a node of
+    /// its own) through the nodes' XDP aggregators and judge its rounds; needs --no-gateway (both
+    /// attach XDP to eth0).
     #[arg(long)]
     aggregation: bool,
+    /// The aggregation job's grouping: `auto` (the default) waits for the leader to group it
+    /// into a tree before the schedule starts, and checks it ran as one; `flat` sums on one
+    /// aggregator.
+    #[arg(long, default_value = "auto", value_parser = parse_agg_grouping)]
+    agg_grouping: Grouping,
     /// VIPs in the gateway's pool (198.19.255.1 on).
     #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u8).range(2..=200))]
     vips: u8,
@@ -107,6 +114,17 @@ struct Args {
     /// Print the schedule and exit (no cluster is started).
     #[arg(long)]
     dry_run: bool,
+}
+
+/// A grouping the aggregation run can judge: `auto` or `flat`.
+fn parse_agg_grouping(s: &str) -> Result<Grouping, String> {
+    match Grouping::parse(s)? {
+        g @ (Grouping::Auto | Grouping::Flat) => Ok(g),
+        g => Err(format!(
+            "the chaos run takes --agg-grouping auto or flat, not {}",
+            g.name()
+        )),
+    }
 }
 
 /// A fault kind from its short name (`FaultKind`'s `Display`).
@@ -239,14 +257,25 @@ fn run(args: Args) -> anyhow::Result<bool> {
     if gateway && args.aggregation {
         bail!("--aggregation needs --no-gateway: the aggregator and the gateway would both attach XDP to eth0");
     }
-    // Hosts 1..=n: yard nodes; n+1: the KV clients and the VIP-table poller; n+2, n+3: compute
-    // hosts with overlay tenants (gateway), or n+2 the aggregation workers.
-    let client_host = n + 1;
-    let worker_host = n + 2;
-    let topo = Topology::new(match (gateway, args.aggregation) {
-        (true, _) => n + 3,
-        (false, true) => n + 2,
-        (false, false) => n + 1,
+    // Hosts 1..=n: the yard nodes the schedule faults; with --aggregation, n+1..=n+3 the
+    // aggregation workers' hosts, each with a node too (never faulted); then the KV clients'
+    // and VIP-table poller's host; then, with the gateway, two compute hosts with overlay
+    // tenants.
+    let worker_hosts: Vec<usize> = if args.aggregation {
+        (n + 1..=n + AGG_WORKER_HOSTS).collect()
+    } else {
+        Vec::new()
+    };
+    let nodes_total = n + worker_hosts.len();
+    // Rank r's host.
+    let rank_hosts: Vec<usize> = (0..AGG_WORKERS)
+        .map(|r| worker_hosts[r % worker_hosts.len().max(1)])
+        .collect();
+    let client_host = nodes_total + 1;
+    let topo = Topology::new(if gateway {
+        client_host + 2
+    } else {
+        client_host
     })?;
     let extra_config = if gateway {
         gateway_config(&topo, n, args.holddown_max_ms)?
@@ -255,7 +284,17 @@ fn run(args: Args) -> anyhow::Result<bool> {
     } else {
         String::new()
     };
-    let mut cluster = YardCluster::start_on(topo, &bin, n, &ClusterOptions { extra_config })?;
+    let mut cluster =
+        YardCluster::start_on(topo, &bin, nodes_total, &ClusterOptions { extra_config })?;
+    if args.aggregation {
+        // The aggregating hosts' links at AGG_MBIT both ways, so bandwidth decides the
+        // grouping: one aggregator's link carries all six workers' chunks, a tree splits them
+        // (the worker hosts' links are left fast: each carries two workers).
+        for h in 1..=n {
+            cluster.topology().rate_limit(h, AGG_MBIT)?;
+            cluster.topology().rate_limit_toward(h, AGG_MBIT)?;
+        }
+    }
     let nodes: Vec<NodeId> = (1..=n as NodeId).collect();
     let budget = args.budget_ms as Ms;
     let health = Health::new(n);
@@ -289,8 +328,8 @@ fn run(args: Args) -> anyhow::Result<bool> {
     let agg = if args.aggregation {
         let run = AggRun::start(
             &cluster,
-            worker_host,
-            AGG_WORKERS,
+            &rank_hosts,
+            args.agg_grouping,
             clock,
             Duration::from_millis(200),
         )?;
@@ -303,16 +342,36 @@ fn run(args: Args) -> anyhow::Result<bool> {
             std::thread::sleep(Duration::from_millis(100));
         }
         println!(
-            "chaos: aggregation job {} with {AGG_WORKERS} workers on host {worker_host} summing",
-            yard_chaos::agg_monitor::JOB
+            "chaos: aggregation job {} ({}) with {AGG_WORKERS} workers on hosts {worker_hosts:?} summing",
+            yard_chaos::agg_monitor::JOB,
+            args.agg_grouping.name()
         );
+        if args.agg_grouping == Grouping::Auto {
+            // The job starts flat; the leader groups it once every worker's node has measured
+            // its bandwidths (a probe each at start).
+            while run.placed().is_none_or(|p| p.clusters.is_empty()) {
+                if began.elapsed() > Duration::from_secs(AGG_TREE_WAIT_S) {
+                    let (_, placed, errors) = run.stop();
+                    bail!(
+                        "the aggregation job was not grouped into a tree within {AGG_TREE_WAIT_S} s (placements {placed:?}, worker errors {errors:?})"
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
         // The seeded schedule names host indices; aim it so that its first outage takes out
-        // the node summing the job (which the leader places deterministically).
-        if let Some(node) = run.aggregator() {
+        // a node summing the job (which the leader places deterministically): a tree's first
+        // cluster aggregator, so its first fault is a regrouping, or a flat job's aggregator.
+        if let Some(p) = run.placed() {
+            println!(
+                "chaos: aggregation job summed at root node {} with cluster nodes {:?} (epoch {})",
+                p.node, p.clusters, p.epoch
+            );
+            let node = p.clusters.first().copied().unwrap_or(p.node);
             let (aimed, k) = schedule.aimed_at(node as usize - 1);
             schedule = aimed;
             println!(
-                "chaos: host indices shifted by {k} so the first outage hits node {node}, the aggregator:"
+                "chaos: host indices shifted by {k} so the first outage hits node {node}, an aggregator:"
             );
             print!("{schedule}");
         }
@@ -361,7 +420,13 @@ fn run(args: Args) -> anyhow::Result<bool> {
             })
         })?;
 
-    let start = clock.origin();
+    // The schedule starts now: the aggregation job's setup (grouping it into a tree) may have
+    // taken a while since the run clock started.
+    let start = if args.aggregation {
+        Instant::now()
+    } else {
+        clock.origin()
+    };
     let mut faults = Vec::new();
     for step in &schedule.steps {
         sleep_until(start + step.start);
@@ -437,7 +502,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
     );
 
     // Invariant: with every fault healed the cluster converges to all voters reachable.
-    let converged = cluster.wait_voters(1, args.hosts, Duration::from_secs(30));
+    let converged = cluster.wait_voters(1, nodes_total, Duration::from_secs(30));
     let history = recorder.history();
     let offset_ms = clock.at(recorder.origin());
     for line in failures_by_fault(&history, offset_ms, &faults) {
@@ -471,7 +536,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
     match converged {
         Ok(_) => {
             checks.add("cluster converged", true);
-            println!("chaos: cluster converged: {} voters reachable", args.hosts);
+            println!("chaos: cluster converged: {nodes_total} voters reachable");
         }
         Err(e) => {
             checks.add("cluster converged", false);
@@ -550,7 +615,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
     }
 
     if let Some(run) = agg {
-        agg_verdicts(run, &faults, &mut checks);
+        agg_verdicts(run, args.agg_grouping, &faults, &mut checks);
     }
 
     for (name, _, why) in checks.0.iter().filter(|c| !c.1) {
@@ -569,12 +634,21 @@ fn run(args: Args) -> anyhow::Result<bool> {
     Ok(ok)
 }
 
-/// Workers of the chaos aggregation job.
-const AGG_WORKERS: usize = 3;
+/// Workers of the chaos aggregation job, over its worker hosts. Six: an aggregator's link
+/// carries a gradient per member and one for its uplink, so a tree of three aggregators serves
+/// six workers with at most four on a link (4/6 of one aggregator's round time), while three
+/// workers it would serve no faster than one aggregator (the job would stay flat).
+const AGG_WORKERS: usize = 6;
+const AGG_WORKER_HOSTS: usize = 3;
+/// Egress limit of the aggregation run's hosts, Mbit/s.
+const AGG_MBIT: u32 = 200;
+/// How long an `auto` job may take to be grouped into a tree before the schedule, s.
+const AGG_TREE_WAIT_S: u64 = 60;
 
 /// Waits for the aggregation job to sum again after the last fault healed, stops it, and adds
-/// its checks: every round exact and completed once, and progress after the faults.
-fn agg_verdicts(run: AggRun, faults: &[Injected], checks: &mut Checks) {
+/// its checks: every round exact and completed once, progress after the faults, and for an
+/// `auto` job, rounds summed through a tree.
+fn agg_verdicts(run: AggRun, grouping: Grouping, faults: &[Injected], checks: &mut Checks) {
     let healed = faults.iter().map(|f| f.healed).max().unwrap_or(0);
     let began = Instant::now();
     while run.rounds_after(healed) < 3 && began.elapsed() < Duration::from_secs(30) {
@@ -583,23 +657,22 @@ fn agg_verdicts(run: AggRun, faults: &[Injected], checks: &mut Checks) {
     let workers = run.workers();
     let (done, placed, errors) = run.stop();
     let v = judge(&done, workers, healed);
-    // Which faults hit the host summing the job when they began.
-    let at = |t: Ms| {
-        placed
-            .iter()
-            .take_while(|p| p.at_ms <= t)
-            .last()
-            .map(|p| p.node)
-    };
+    // Which faults hit a host summing the job when they began.
+    let at = |t: Ms| placed.iter().take_while(|p| p.at_ms <= t).last();
     let hit = faults
         .iter()
-        .filter(|f| at(f.injected).is_some_and(|node| f.nodes.contains(&(node as usize))))
+        .filter(|f| {
+            at(f.injected).is_some_and(|p| p.nodes().any(|n| f.nodes.contains(&(n as usize))))
+        })
         .count();
     println!(
-        "chaos: aggregation: {} rounds on every worker, epochs {:?}, aggregators {:?}; {hit} of {} faults hit the aggregating node; last heal at t={:.1}s",
+        "chaos: aggregation: {} rounds on every worker, epochs {:?}, aggregators (t, root, clusters) {:?}; {hit} of {} faults hit an aggregating node; last heal at t={:.1}s",
         v.rounds,
         v.epochs,
-        placed.iter().map(|p| (secs(p.at_ms), p.node)).collect::<Vec<_>>(),
+        placed
+            .iter()
+            .map(|p| (secs(p.at_ms), p.node, p.clusters.clone()))
+            .collect::<Vec<_>>(),
         faults.len(),
         secs(healed),
     );
@@ -626,6 +699,22 @@ fn agg_verdicts(run: AggRun, faults: &[Injected], checks: &mut Checks) {
         "aggregation: rounds complete after the faults healed",
         v.live() && errors.is_empty(),
     );
+    if grouping == Grouping::Auto {
+        // Epochs the job was a tree in, and rounds completed in them.
+        let tree_epochs: Vec<u32> = placed
+            .iter()
+            .filter(|p| !p.clusters.is_empty())
+            .map(|p| p.epoch)
+            .collect();
+        let in_tree = done.iter().filter(|d| tree_epochs.contains(&d.epoch)).count();
+        println!(
+            "chaos: aggregation: {in_tree} worker rounds summed through a tree, in epochs {tree_epochs:?}"
+        );
+        checks.add(
+            "aggregation: rounds summed through a tree of aggregators",
+            in_tree > 0,
+        );
+    }
 }
 
 /// The workload's operations by the fault in force when each was invoked (`none`: between
