@@ -1,7 +1,7 @@
 //! Operators' and workers' aggregation requests: jobs (replicated writes, checked by the tables
 //! at apply time), listings (linearizable reads) and this node's aggregator (local).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 
 use yard_actors::aggregator::actor::AggSnapshot;

@@ -706,7 +706,10 @@ fn agg_verdicts(run: AggRun, grouping: Grouping, faults: &[Injected], checks: &m
             .filter(|p| !p.clusters.is_empty())
             .map(|p| p.epoch)
             .collect();
-        let in_tree = done.iter().filter(|d| tree_epochs.contains(&d.epoch)).count();
+        let in_tree = done
+            .iter()
+            .filter(|d| tree_epochs.contains(&d.epoch))
+            .count();
         println!(
             "chaos: aggregation: {in_tree} worker rounds summed through a tree, in epochs {tree_epochs:?}"
         );
