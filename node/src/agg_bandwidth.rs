@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use yard_actors::aggregator::bandwidth::{counter_figures, due, Reading};
+use yard_actors::aggregator::bandwidth::{bytes_per_s, counter_figures, due, Reading};
 use yard_raft_store::NodeId;
 
 use crate::rpc::{AdminRequest, AggRequest, Reply};
@@ -137,8 +137,7 @@ pub async fn probe(addr: SocketAddr, bytes: u64, limit: Duration) -> Result<u64,
 /// so its bytes (at most 64 KiB of the stream) are counted as if instant: for the default
 /// 4 MiB probe the figure is at most 1.6% high.
 fn rate(bytes: u64, ns: u64) -> u64 {
-    let ns = u128::from(ns.max(1_000));
-    u64::try_from(u128::from(bytes) * 1_000_000_000 / ns).unwrap_or(u64::MAX)
+    bytes_per_s(bytes, ns.max(1_000))
 }
 
 /// How often an aggregating host turns its counters into bandwidth figures: long enough for
@@ -200,7 +199,11 @@ pub async fn run(node: Node, s: Settings) {
             });
             before = now;
             for (from, bytes_per_s) in figures {
-                tracing::info!(from, bytes_per_s, "bandwidth from the aggregator's counters");
+                tracing::info!(
+                    from,
+                    bytes_per_s,
+                    "bandwidth from the aggregator's counters"
+                );
                 propose(&node, from, s.me, bytes_per_s).await;
             }
         }

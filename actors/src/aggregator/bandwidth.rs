@@ -32,6 +32,14 @@ pub struct Reading {
     pub bytes: u64,
 }
 
+/// `bytes` over `ns` in bytes/s (0 for no time at all).
+pub fn bytes_per_s(bytes: u64, ns: u64) -> u64 {
+    if ns == 0 {
+        return 0;
+    }
+    u64::try_from(u128::from(bytes) * 1_000_000_000 / u128::from(ns)).unwrap_or(u64::MAX)
+}
+
 /// The least sending time between two readings that gives a figure: shorter stretches (a job
 /// idle, a few resends) say little about the link.
 pub const MIN_BUSY_NS: u64 = 20_000_000;
@@ -79,8 +87,7 @@ pub fn counter_figures(
         if node == me {
             continue;
         }
-        let rate =
-            u64::try_from(u128::from(bytes) * 1_000_000_000 / u128::from(busy)).unwrap_or(u64::MAX);
+        let rate = bytes_per_s(bytes, busy);
         let e = out.entry(node).or_insert(0);
         *e = (*e).max(rate);
     }
