@@ -6,7 +6,8 @@
 //!
 //! While a job runs, an aggregating host also proposes the figures its aggregator's counters
 //! give (`yard_actors::aggregator::bandwidth::counter_figures`): every [`COUNTERS_EVERY`], the
-//! rate each worker's frames arrived at while it was sending, into the same smoothing.
+//! rate each worker's frames arrived at while it was sending, into the same smoothing (only
+//! figures above the tables': see there why).
 //!
 //! The sink's clock times the stream, from its first byte to its last, so the figure is the
 //! rate the bytes arrived at, not the sender's buffer filling. Frames: the sender writes a u64

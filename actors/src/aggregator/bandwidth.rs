@@ -49,6 +49,13 @@ pub const MIN_BUSY_NS: u64 = 20_000_000;
 /// aggregates, not for a cluster aggregator sending partial sums up, nor for counters that
 /// went back (the member was rewritten with a new address). A node with several workers here
 /// gets the fastest one's figure: like the probe, it is what one stream from the node gets.
+///
+/// Only figures above the tables' are given: a worker's frames share this host's link with
+/// every other member's, so the rate they arrived at is what the pair achieved at least, not
+/// what it could. Taken as the pair's bandwidth, the share would make the host that serves
+/// the most workers look slow and regroup the job away from it, and back once another host
+/// served them (the figures would follow the arrangement). A link that got faster shows here
+/// within seconds; one that got slower shows in the next probe, which runs alone.
 pub fn counter_figures(
     tables: &AggTables,
     me: NodeId,
@@ -88,6 +95,10 @@ pub fn counter_figures(
             continue;
         }
         let rate = bytes_per_s(bytes, busy);
+        let known = tables.bandwidth.get(&node).and_then(|m| m.get(&me));
+        if known.is_some_and(|k| rate <= *k) {
+            continue;
+        }
         let e = out.entry(node).or_insert(0);
         *e = (*e).max(rate);
     }
@@ -266,6 +277,21 @@ mod tests {
         let few: BTreeMap<NodeId, Ipv4Addr> = (1..=3u8).map(|i| (u64::from(i), ip(i))).collect();
         assert!(counter_figures(&t, 2, &few, &before, &now).is_empty());
         assert!(counter_figures(&t, 5, &node_ips, &before, &now).is_empty());
+        // Only above the tables' figure: a share of a contended link is a lower bound.
+        let mut known = t.clone();
+        let m = |bytes_per_s| AggCommand::Bandwidth {
+            from: 5,
+            to: 2,
+            bytes_per_s,
+        };
+        known.apply(&m(30_000_000), 2).unwrap();
+        assert!(counter_figures(&known, 2, &node_ips, &before, &now).is_empty());
+        let mut slower = t.clone();
+        slower.apply(&m(20_000_000), 2).unwrap();
+        assert_eq!(
+            counter_figures(&slower, 2, &node_ips, &before, &now),
+            BTreeMap::from([(5, 25_000_000)])
+        );
     }
 
     #[test]
