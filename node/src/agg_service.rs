@@ -284,7 +284,6 @@ mod tests {
                     ("completed".into(), 30, 30 * 1500),
                     ("foreign".into(), 2, 3000),
                 ],
-                links: Vec::new(),
             }],
             counters: vec![("added".into(), 90, 0)],
             errors: 0,

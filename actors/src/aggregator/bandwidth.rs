@@ -10,100 +10,11 @@
 //! link alone; to keep that rare, a node goes through the hosts starting from an offset of its
 //! own id, so that nodes measuring at the same moment mostly measure different hosts.
 
-//!
-//! While a job runs, the aggregator's own counters update the figures too
-//! ([`counter_figures`]): the program times each member's frames (`struct agg_peer` in
-//! `yard.h`), and the rate they arrived at while the member was sending is the bandwidth from
-//! the member's node to this host, as the job itself uses it.
-
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::Ipv4Addr;
 
 use yard_raft_store::aggregation::{AggTables, Grouping};
 use yard_raft_store::NodeId;
-
-/// One member's cumulative arrival timing at this host's aggregator: the gaps between its
-/// frames that came in bursts, and those frames' bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Reading {
-    pub job: u32,
-    pub addr: SocketAddrV4,
-    pub busy_ns: u64,
-    pub bytes: u64,
-}
-
-/// `bytes` over `ns` in bytes/s (0 for no time at all).
-pub fn bytes_per_s(bytes: u64, ns: u64) -> u64 {
-    if ns == 0 {
-        return 0;
-    }
-    u64::try_from(u128::from(bytes) * 1_000_000_000 / u128::from(ns)).unwrap_or(u64::MAX)
-}
-
-/// The least sending time between two readings that gives a figure: shorter stretches (a job
-/// idle, a few resends) say little about the link.
-pub const MIN_BUSY_NS: u64 = 20_000_000;
-
-/// The figures this host (`me`) measured from its aggregator's counters between two readings:
-/// node → bytes/s, for the nodes of the workers of running grouped jobs (auto, ps) it
-/// aggregates, not for a cluster aggregator sending partial sums up, nor for counters that
-/// went back (the member was rewritten with a new address). A node with several workers here
-/// gets the fastest one's figure: like the probe, it is what one stream from the node gets.
-///
-/// Only figures above the tables' are given: a worker's frames share this host's link with
-/// every other member's, so the rate they arrived at is what the pair achieved at least, not
-/// what it could. Taken as the pair's bandwidth, the share would make the host that serves
-/// the most workers look slow and regroup the job away from it, and back once another host
-/// served them (the figures would follow the arrangement). A link that got faster shows here
-/// within seconds; one that got slower shows in the next probe, which runs alone.
-pub fn counter_figures(
-    tables: &AggTables,
-    me: NodeId,
-    node_ips: &BTreeMap<NodeId, Ipv4Addr>,
-    before: &[Reading],
-    now: &[Reading],
-) -> BTreeMap<NodeId, u64> {
-    let mut out: BTreeMap<NodeId, u64> = BTreeMap::new();
-    for r in now {
-        let Some(job) = tables.jobs.values().find(|j| j.id == r.job) else {
-            continue;
-        };
-        let grouped = matches!(job.grouping, Grouping::Auto | Grouping::Ps);
-        if !grouped || job.failed.is_some() || !job.members.values().any(|a| *a == r.addr) {
-            continue;
-        }
-        let Some(b) = before.iter().find(|b| b.job == r.job && b.addr == r.addr) else {
-            continue;
-        };
-        let (Some(busy), Some(bytes)) = (
-            r.busy_ns.checked_sub(b.busy_ns),
-            r.bytes.checked_sub(b.bytes),
-        ) else {
-            continue;
-        };
-        if busy < MIN_BUSY_NS {
-            continue;
-        }
-        let Some(node) = node_ips
-            .iter()
-            .find(|(_, ip)| **ip == *r.addr.ip())
-            .map(|(n, _)| *n)
-        else {
-            continue;
-        };
-        if node == me {
-            continue;
-        }
-        let rate = bytes_per_s(bytes, busy);
-        let known = tables.bandwidth.get(&node).and_then(|m| m.get(&me));
-        if known.is_some_and(|k| rate <= *k) {
-            continue;
-        }
-        let e = out.entry(node).or_insert(0);
-        *e = (*e).max(rate);
-    }
-    out
-}
 
 /// The hosts `me` (at `my_ip`) should probe at `now_ms`, in order, given when it last probed
 /// each (`last`, ms on the same clock).
@@ -233,65 +144,6 @@ mod tests {
         );
         // An aggregating host with a worker does not measure itself.
         assert_eq!(due(&t, 2, ip(5), &none, 0, 30_000), [1, 3]);
-    }
-
-    #[test]
-    fn the_counters_give_a_worker_node_the_rate_its_frames_arrived_at_while_sending() {
-        let t = tables(Grouping::Auto);
-        let id = t.jobs["j"].id;
-        let node_ips: BTreeMap<NodeId, Ipv4Addr> =
-            (1..=5u8).map(|i| (u64::from(i), ip(i))).collect();
-        let worker = SocketAddrV4::new(ip(5), 40000);
-        let at = |busy_ns: u64, bytes: u64| Reading {
-            job: id,
-            addr: worker,
-            busy_ns,
-            bytes,
-        };
-        // 25 MB in one second of sending: 25 MB/s from node 5 to this host, node 2.
-        let before = [at(1_000_000_000, 5_000_000)];
-        let now = [at(2_000_000_000, 30_000_000)];
-        assert_eq!(
-            counter_figures(&t, 2, &node_ips, &before, &now),
-            BTreeMap::from([(5, 25_000_000)])
-        );
-        // Too little sending between the readings, no earlier reading, counters that went back
-        // (a rewritten member): no figure.
-        let idle = [at(1_000_000_000 + MIN_BUSY_NS - 1, 6_000_000)];
-        assert!(counter_figures(&t, 2, &node_ips, &before, &idle).is_empty());
-        assert!(counter_figures(&t, 2, &node_ips, &[], &now).is_empty());
-        assert!(counter_figures(&t, 2, &node_ips, &now, &before).is_empty());
-        // Not a worker of the job (a cluster aggregator's partial sums), a flat job, a worker
-        // whose host is no node, or this host's own worker: no figure.
-        let child = Reading {
-            addr: SocketAddrV4::new(ip(3), 7481),
-            ..now[0]
-        };
-        let child_before = Reading {
-            addr: child.addr,
-            ..before[0]
-        };
-        assert!(counter_figures(&t, 2, &node_ips, &[child_before], &[child]).is_empty());
-        let flat = tables(Grouping::Flat);
-        assert!(counter_figures(&flat, 2, &node_ips, &before, &now).is_empty());
-        let few: BTreeMap<NodeId, Ipv4Addr> = (1..=3u8).map(|i| (u64::from(i), ip(i))).collect();
-        assert!(counter_figures(&t, 2, &few, &before, &now).is_empty());
-        assert!(counter_figures(&t, 5, &node_ips, &before, &now).is_empty());
-        // Only above the tables' figure: a share of a contended link is a lower bound.
-        let mut known = t.clone();
-        let m = |bytes_per_s| AggCommand::Bandwidth {
-            from: 5,
-            to: 2,
-            bytes_per_s,
-        };
-        known.apply(&m(30_000_000), 2).unwrap();
-        assert!(counter_figures(&known, 2, &node_ips, &before, &now).is_empty());
-        let mut slower = t.clone();
-        slower.apply(&m(20_000_000), 2).unwrap();
-        assert_eq!(
-            counter_figures(&slower, 2, &node_ips, &before, &now),
-            BTreeMap::from([(5, 25_000_000)])
-        );
     }
 
     #[test]

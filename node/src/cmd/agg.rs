@@ -153,17 +153,8 @@ pub async fn run(client: &AdminClient, cmd: &AggCmd, out: Out) -> anyhow::Result
                 .jobs
                 .iter()
                 .map(|j| {
-                    let members: Vec<Value> = j
-                        .links
-                        .iter()
-                        .map(|l| {
-                            json!({"addr": l.addr.to_string(), "busy_ns": l.busy_ns,
-                                   "bytes": l.bytes, "bytes_per_s": sending_rate(l)})
-                        })
-                        .collect();
                     json!({"id": j.id, "epoch": j.epoch, "workers": j.workers, "slots": j.slots,
-                                "map_bytes": j.bytes, "counters": counters(&j.counters),
-                                "members": members})
+                                "map_bytes": j.bytes, "counters": counters(&j.counters)})
                 })
                 .collect();
             out.line(
@@ -185,13 +176,6 @@ pub async fn run(client: &AdminClient, cmd: &AggCmd, out: Out) -> anyhow::Result
                         for (n, p, b) in j.counters.iter().filter(|c| c.1 > 0) {
                             t.push_str(&format!("  {n:<14} {p:>12} frames {b:>14} bytes\n"));
                         }
-                        for l in j.links.iter().filter(|l| l.busy_ns > 0) {
-                            t.push_str(&format!(
-                                "  from {:<21} {:>9.1} Mbit/s while sending\n",
-                                l.addr.to_string(),
-                                sending_rate(l) as f64 * 8.0 / 1e6
-                            ));
-                        }
                     }
                     for (n, p, b) in &s.counters {
                         t.push_str(&format!("{n:<16} {p:>12} frames {b:>14} bytes\n"));
@@ -206,11 +190,6 @@ pub async fn run(client: &AdminClient, cmd: &AggCmd, out: Out) -> anyhow::Result
         other => bail!("unexpected reply {other:?}"),
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Bytes/s a member's frames arrived at while it was sending, since its timing began.
-fn sending_rate(l: &yard_actors::aggregator::bandwidth::Reading) -> u64 {
-    yard_actors::aggregator::bandwidth::bytes_per_s(l.bytes, l.busy_ns)
 }
 
 fn dtype_name(raw: u8) -> &'static str {
