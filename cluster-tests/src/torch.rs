@@ -131,7 +131,13 @@ pub fn start_job<T: Borrow<Topology>>(
 /// on one flap (which led to `aggregator.worker_gone_ms`), and a flapping aggregator host would
 /// still move the job back and forth. The real-torch test and demo are about the hook and the
 /// data plane, not failure detection.
-pub const AGG_TORCH_LIVENESS: &str = "[liveness]\ninterval_ms = 100\nmisses = 30\nlease_ms = 300\n";
+///
+/// Raft's timing is relaxed the same way (a 100 ms heartbeat and elections after 300-500 ms
+/// instead of 20 and 50-80): with eleven debug nodes (the tree tests) on a slow 2-core machine,
+/// replication timed out at one 20 ms heartbeat so often that terms churned while the cluster
+/// formed and the test's first write (the job's creation) timed out.
+pub const AGG_TORCH_LIVENESS: &str = "[liveness]\ninterval_ms = 100\nmisses = 30\nlease_ms = 300\n\
+    [raft]\nheartbeat_ms = 100\nelection_timeout_min_ms = 300\nelection_timeout_max_ms = 500\n";
 
 /// The aggregation rank script: DDP training through `yard_agg`'s comm hook, then the same
 /// training with gloo's all-reduce (`clients/python/tests/agg_torch_job.py`).
