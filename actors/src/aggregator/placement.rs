@@ -619,6 +619,53 @@ mod tests {
     }
 
     #[test]
+    fn a_worker_rejoining_from_another_host_keeps_its_seat_until_its_links_call_for_a_regrouping() {
+        let (mut t, mut view) = grouped_world();
+        let d = decide(&t, &view);
+        apply_all(&mut t, &d);
+        measure(&mut t, 100_000_000);
+        let d = decide(&t, &view);
+        apply_all(&mut t, &d);
+        let (seat, index) = t.jobs["t"].seat_of(0).unwrap();
+        // Rank 0 joins again from a new host (node 10): one command, a new epoch, the same seat
+        // (its aggregator takes the new address); its unmeasured links move nothing.
+        view.node_ips.insert(10, ip(10));
+        let epoch = t.jobs["t"].epoch;
+        let join = AggCommand::Join {
+            name: "t".into(),
+            rank: 0,
+            addr: SocketAddrV4::new(ip(10), 40000),
+        };
+        assert_eq!(t.apply(&join, 5), Ok(true));
+        assert_eq!(t.jobs["t"].epoch, epoch + 1);
+        assert!(t.jobs["t"].running());
+        assert_eq!(t.jobs["t"].seat_of(0), Some((seat, index)));
+        assert!(decide(&t, &view).commands.is_empty());
+        // Measured: slow to its seat's host, fast to the others. One regrouping moves it off.
+        for to in 1..=3 {
+            let bytes_per_s = if to == seat.node {
+                10_000_000
+            } else {
+                100_000_000
+            };
+            let m = AggCommand::Bandwidth {
+                from: 10,
+                to,
+                bytes_per_s,
+            };
+            t.apply(&m, 6).unwrap();
+        }
+        let d = decide(&t, &view);
+        let [AggCommand::PlaceTree { .. }] = &d.commands[..] else {
+            panic!("no regrouping for the slow link: {d:?}");
+        };
+        apply_all(&mut t, &d);
+        let (moved, _) = t.jobs["t"].seat_of(0).unwrap();
+        assert_ne!(moved.node, seat.node, "{:?}", t.jobs["t"].seats());
+        assert!(decide(&t, &view).commands.is_empty(), "and it stays");
+    }
+
+    #[test]
     fn first_fit_reuses_holes() {
         assert_eq!(first_fit(100, &[], 30), Some(0));
         assert_eq!(first_fit(100, &[(0, 20), (50, 60)], 30), Some(20));
