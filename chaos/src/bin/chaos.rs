@@ -267,10 +267,14 @@ fn run(args: Args) -> anyhow::Result<bool> {
         Vec::new()
     };
     let nodes_total = n + worker_hosts.len();
-    // Rank r's host.
-    let rank_hosts: Vec<usize> = (0..AGG_WORKERS)
-        .map(|r| worker_hosts[r % worker_hosts.len().max(1)])
-        .collect();
+    // Rank r's host (none without --aggregation).
+    let rank_hosts: Vec<usize> = if worker_hosts.is_empty() {
+        Vec::new()
+    } else {
+        (0..AGG_WORKERS)
+            .map(|r| worker_hosts[r % worker_hosts.len()])
+            .collect()
+    };
     let client_host = nodes_total + 1;
     let topo = Topology::new(if gateway {
         client_host + 2
