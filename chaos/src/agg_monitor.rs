@@ -1,6 +1,6 @@
-//! The aggregator side of a chaos run on real namespaces: one int32 job of a few workers, one
-//! on each worker host (never faulted, each with a yard node of its own that measures its
-//! bandwidth to the aggregating hosts), summing round after round through the yard nodes' XDP
+//! The aggregator side of a chaos run on real namespaces: one int32 job of a few workers on
+//! worker hosts (never faulted, each with a yard node of its own that measures its bandwidth
+//! to the aggregating hosts), summing round after round through the yard nodes' XDP
 //! aggregators while the schedule runs, and a poller that follows the job's membership (its
 //! aggregators, its tree and its epoch) through the cluster. With the default grouping the
 //! leader regroups the job into a tree once the bandwidths are measured, and again whenever a
@@ -99,8 +99,8 @@ async fn agg(client: &AdminClient, req: AggRequest) -> anyhow::Result<Vec<AggJob
 }
 
 impl AggRun {
-    /// Creates the job with `grouping`, joins one worker on each of `hosts` (rank `r` on
-    /// `hosts[r]`) and starts them and the poller.
+    /// Creates the job with `grouping`, joins a worker for each of `hosts` (rank `r` on
+    /// `hosts[r]`; a host may take several) and starts them and the poller (on the first).
     pub fn start(
         cluster: &YardCluster,
         hosts: &[usize],
@@ -116,7 +116,9 @@ impl AggRun {
             .enumerate()
             .map(|(r, h)| SocketAddrV4::new(cluster.topology().addr(*h), FIRST_PORT + r as u16))
             .collect();
-        let host = hosts[0];
+        let Some(&host) = hosts.first() else {
+            bail!("an aggregation run needs at least one worker");
+        };
         let setup = {
             let (endpoints, tls, addrs) = (endpoints.clone(), tls.clone(), addrs.clone());
             cluster

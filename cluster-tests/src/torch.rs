@@ -125,9 +125,9 @@ pub fn start_job<T: Borrow<Topology>>(
     Ok(RingJob::from_ranks(job, ranks, PROGRESS_PREFIX))
 }
 
-/// Liveness for a cluster of seven debug nodes and four torch ranks on a shared 2-core machine:
-/// 30 missed 100 ms probes instead of 3 missed 20 ms ones. With the defaults, reachability
-/// flapped every few hundred ms from the cluster's start; the leader then failed a strict job
+/// Liveness and Raft timing for a cluster of seven debug nodes and four torch ranks on a shared
+/// 2-core machine: 30 missed 100 ms probes instead of 3 missed 20 ms ones. With the defaults,
+/// reachability flapped every few hundred ms from the cluster's start; the leader then failed a strict job
 /// on one flap (which led to `aggregator.worker_gone_ms`), and a flapping aggregator host would
 /// still move the job back and forth. The real-torch test and demo are about the hook and the
 /// data plane, not failure detection.
@@ -136,7 +136,7 @@ pub fn start_job<T: Borrow<Topology>>(
 /// instead of 20 and 50-80): with eleven debug nodes (the tree tests) on a slow 2-core machine,
 /// replication timed out at one 20 ms heartbeat so often that terms churned while the cluster
 /// formed and the test's first write (the job's creation) timed out.
-pub const AGG_TORCH_LIVENESS: &str = "[liveness]\ninterval_ms = 100\nmisses = 30\nlease_ms = 300\n\
+pub const AGG_TORCH_TIMING: &str = "[liveness]\ninterval_ms = 100\nmisses = 30\nlease_ms = 300\n\
     [raft]\nheartbeat_ms = 100\nelection_timeout_min_ms = 300\nelection_timeout_max_ms = 500\n";
 
 /// The aggregation rank script: DDP training through `yard_agg`'s comm hook, then the same

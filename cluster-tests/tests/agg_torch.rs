@@ -36,13 +36,14 @@ const LOSS_PERCENT: f64 = 3.0;
 const CHUNK_VALUES: u64 = 360;
 
 /// Every node aggregates in XDP (placement keeps the job off the workers' hosts), with
-/// liveness relaxed for seven nodes and four torch ranks on two cores ([`torch::AGG_TORCH_LIVENESS`]).
+/// liveness and Raft timing relaxed for seven nodes and four torch ranks on two cores
+/// ([`torch::AGG_TORCH_TIMING`]).
 fn options() -> ClusterOptions {
     ClusterOptions {
         extra_config: format!(
             "{}{}",
             yard_cluster_tests::yard::aggregator_config(32),
-            torch::AGG_TORCH_LIVENESS
+            torch::AGG_TORCH_TIMING
         ),
     }
 }
@@ -465,7 +466,7 @@ fn ddp_on_eight_tbf_linked_worker_hosts_regroups_into_a_tree_and_matches_gloo() 
         extra_config: format!(
             "{}probe_bytes = 1048576\nprobe_every_ms = 5000\n{}",
             yard_cluster_tests::yard::aggregator_config(32),
-            torch::AGG_TORCH_LIVENESS
+            torch::AGG_TORCH_TIMING
         ),
     };
     let (cluster, python, version, _values) =

@@ -33,7 +33,7 @@ fn options() -> ClusterOptions {
         extra_config: format!(
             "{}probe_bytes = 1048576\nprobe_every_ms = 5000\n{}",
             yard_cluster_tests::yard::aggregator_config(32),
-            yard_cluster_tests::torch::AGG_TORCH_LIVENESS
+            yard_cluster_tests::torch::AGG_TORCH_TIMING
         ),
     }
 }

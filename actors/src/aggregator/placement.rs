@@ -585,12 +585,7 @@ mod tests {
 
     #[test]
     fn a_tree_is_regrouped_onto_a_returning_host_only_once_it_has_settled() {
-        let (mut t, mut view) = grouped_world();
-        let d = decide(&t, &view);
-        apply_all(&mut t, &d);
-        measure(&mut t, 100_000_000);
-        let d = decide(&t, &view);
-        apply_all(&mut t, &d);
+        let (mut t, mut view) = grouped_tree();
         let seats = t.jobs["t"].seats();
         assert_eq!(seats.len(), 2, "a tree of two hosts: {seats:?}");
         let (root, cluster) = (seats[0].placement.node, seats[1].placement.node);
@@ -620,12 +615,7 @@ mod tests {
 
     #[test]
     fn a_worker_rejoining_from_another_host_keeps_its_seat_until_its_links_call_for_a_regrouping() {
-        let (mut t, mut view) = grouped_world();
-        let d = decide(&t, &view);
-        apply_all(&mut t, &d);
-        measure(&mut t, 100_000_000);
-        let d = decide(&t, &view);
-        apply_all(&mut t, &d);
+        let (mut t, mut view) = grouped_tree();
         let (seat, index) = t.jobs["t"].seat_of(0).unwrap();
         // Rank 0 joins again from a new host (node 10): one command, a new epoch, the same seat
         // (its aggregator takes the new address); its unmeasured links move nothing.
@@ -710,6 +700,18 @@ mod tests {
             node_ips: (1..=9u8).map(|i| (u64::from(i), ip(i))).collect(),
             ..ClusterView::default()
         };
+        (t, view)
+    }
+
+    /// [`grouped_world`] with every link measured at 100 MB/s and the job placed as the tree
+    /// the leader decides for it.
+    fn grouped_tree() -> (AggTables, ClusterView) {
+        let (mut t, view) = grouped_world();
+        let d = decide(&t, &view);
+        apply_all(&mut t, &d);
+        measure(&mut t, 100_000_000);
+        let d = decide(&t, &view);
+        apply_all(&mut t, &d);
         (t, view)
     }
 

@@ -821,6 +821,23 @@ mod tests {
             w
         }
 
+        /// `core` (node `me`'s) leads from now in `term`, having heard renewals from `heard`
+        /// (fed to every voter's core); returns the core that led before.
+        fn lead_with(
+            &mut self,
+            mut core: LeaderCore,
+            me: NodeId,
+            term: u64,
+            heard: &[NodeId],
+        ) -> LeaderCore {
+            for n in heard {
+                core.renewal(*n, self.revision, LEASE, true, self.now);
+            }
+            core.gain(term, self.now, &BTreeMap::new());
+            self.leader = me;
+            std::mem::replace(&mut self.core, core)
+        }
+
         fn voter_set(&self) -> BTreeSet<NodeId> {
             self.voters.keys().copied().collect()
         }
@@ -1056,13 +1073,8 @@ mod tests {
         assert!(w.handed.len() > deadlines.len());
         // Node 2 leads from now: its core already heard the renewals (fed to every voter), so it
         // revokes only the dead node, after one lease, and moves only the dead node's VIPs.
-        let mut core = LeaderCore::new(cfg(DampingConfig::default(), true), 2);
-        for n in [2, 3] {
-            core.renewal(n, w.revision, LEASE, true, w.now);
-        }
-        core.gain(2, w.now, &BTreeMap::new());
-        w.core = core;
-        w.leader = 2;
+        let fresh = LeaderCore::new(cfg(DampingConfig::default(), true), 2);
+        w.lead_with(fresh, 2, 2, &[2, 3]);
         let t0 = w.now;
         w.run(LEASE - 10);
         assert_eq!(
@@ -1136,14 +1148,9 @@ mod tests {
         assert_eq!(w.owned_by(3), 0);
         // Leader 1 is deposed before node 3 returns; node 2 leads, un-revokes node 3 at every
         // voter, but none of its placements commit before it is deposed in turn.
-        let mut b = LeaderCore::new(cfg(DampingConfig::default(), true), 2);
-        for n in [1, 2] {
-            b.renewal(n, w.revision, LEASE, true, w.now);
-        }
-        b.gain(2, w.now, &BTreeMap::new());
-        let mut a = std::mem::replace(&mut w.core, b);
+        let b = LeaderCore::new(cfg(DampingConfig::default(), true), 2);
+        let mut a = w.lead_with(b, 2, 2, &[1, 2]);
         a.lose();
-        w.leader = 2;
         w.commit_delay = u32::MAX;
         w.silent.remove(&3);
         w.run(4 * LEASE);
@@ -1152,12 +1159,7 @@ mod tests {
         // Leader 1 leads again; node 3 renews with every voter.
         w.pending = None;
         w.commit_delay = 0;
-        for n in [1, 2, 3] {
-            a.renewal(n, w.revision, LEASE, true, w.now);
-        }
-        a.gain(3, w.now, &BTreeMap::new());
-        w.core = a;
-        w.leader = 1;
+        w.lead_with(a, 1, 3, &[1, 2, 3]);
         let back = w.now;
         w.run(DampingConfig::default().holddown_ms - 20);
         assert_eq!(w.owned_by(3), 0, "a vip returned inside the hold-down");

@@ -53,12 +53,12 @@ fn run(bin: &Path) -> Result<(), String> {
     let version = torch::torch_version(&python)?;
     let values = torch::agg_model_values(&python)?;
     let nodes = AGGREGATORS + WORKERS;
-    // Relaxed liveness, as in the real-torch test (`torch::AGG_TORCH_LIVENESS` says why).
+    // Relaxed liveness and Raft timing, as in the real-torch test (`torch::AGG_TORCH_TIMING` says why).
     let opts = ClusterOptions {
         extra_config: format!(
             "{}{}",
             yard_cluster_tests::yard::aggregator_config(32),
-            torch::AGG_TORCH_LIVENESS
+            torch::AGG_TORCH_TIMING
         ),
     };
     let mut c = YardCluster::start(bin, nodes, nodes, &opts).map_err(|e| e.to_string())?;
