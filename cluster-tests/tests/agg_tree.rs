@@ -3,11 +3,14 @@
 //! quarter of the others. The job is created with the default grouping (auto): it starts flat,
 //! every worker's node measures its bandwidth to each aggregating host, and the leader regroups
 //! the job into a tree mid-training (one Raft command, a new epoch); then a cluster
-//! aggregator's node is killed and the job is regrouped on the survivors. Every round of every
-//! worker must be the exact int32 sum throughout. Needs root.
+//! aggregator's node is killed and the job is regrouped on the survivors; then rank 0 joins
+//! again from another host while the others are in a round without it. Every round of every
+//! worker must be the exact int32 sum, summed once, throughout. Needs root.
 
 use std::net::{SocketAddrV4, UdpSocket};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -20,7 +23,7 @@ const AGGREGATORS: usize = 3;
 const WORKERS: usize = 8;
 /// 10^5 + 3 values: 278 chunks of 360 (MTU 1500), the last one short.
 const VALUES: u32 = 100_003;
-const ROUNDS: u32 = 30;
+const ROUNDS: u32 = 40;
 /// Egress limits, Mbit/s: aggregating hosts, fast workers, the two slow ones.
 const HOST_MBIT: u32 = 200;
 const FAST_MBIT: u32 = 200;
@@ -107,8 +110,108 @@ fn tree_of(job: &Value) -> (u64, Vec<u64>) {
     (root, clusters)
 }
 
+/// Where a rank's membership comes from: the test's loop copies it from `yard agg job show`.
+type Slot = Arc<Mutex<Option<Membership>>>;
+
+/// Whether each round a rank summed was exact, by round.
+type Sums = Vec<(u32, bool)>;
+
+/// Rank `rank` on `host`, from `addr`, sums rounds `first..ROUNDS` until the round `stop`
+/// holds (it leaves before that round, as a worker moving to another host does), under a
+/// membership of at least `min_epoch`. A timeout means the job was regrouped: the round is
+/// summed again under the newest membership.
+#[allow(clippy::too_many_arguments)]
+fn run_rank(
+    cluster: &YardCluster,
+    host: usize,
+    rank: usize,
+    addr: SocketAddrV4,
+    rounds: (u32, Arc<AtomicU32>),
+    min_epoch: u32,
+    shared: Slot,
+    progress: Arc<Mutex<Vec<u32>>>,
+) -> JoinHandle<Result<Sums, String>> {
+    let (first, stop) = rounds;
+    cluster
+        .topology()
+        .thread_in_host(host, move || -> Result<Sums, String> {
+            let socket = UdpSocket::bind(addr).map_err(|e| format!("bind {addr}: {e}"))?;
+            let newest = || (*shared.lock().unwrap()).filter(|m| m.epoch >= min_epoch);
+            let began = Instant::now();
+            let first_membership = loop {
+                if let Some(m) = newest() {
+                    break m;
+                }
+                if began.elapsed() > Duration::from_secs(60) {
+                    return Err(format!(
+                        "rank {rank}: the job never ran at epoch {min_epoch}"
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            };
+            let tuning = Tuning {
+                give_up: Duration::from_millis(700),
+                ..Tuning::default()
+            };
+            let mut w = Worker::new(socket, first_membership, tuning);
+            // A worker joining a running job starts at the job's round.
+            w.set_round(first);
+            let mut sums = Vec::new();
+            for round in first..ROUNDS {
+                if round >= stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                let started = Instant::now();
+                let g = loop {
+                    let mut g = gradient(rank, round);
+                    match w.all_reduce_i32(&mut g) {
+                        Ok(_) => break g,
+                        Err(AggError::Timeout { .. })
+                            if started.elapsed() < Duration::from_secs(90) =>
+                        {
+                            if let Some(m) = newest() {
+                                w.set_membership(m);
+                            }
+                        }
+                        Err(e) => return Err(format!("rank {rank} round {round}: {e}")),
+                    }
+                };
+                sums.push((round, g == exact(round)));
+                progress.lock().unwrap()[rank] = round + 1;
+            }
+            Ok(sums)
+        })
+        .unwrap()
+}
+
+/// `yard agg job join tree` for `rank` at `addr`, run on `host`.
+fn join(cluster: &YardCluster, host: usize, rank: usize, addr: SocketAddrV4) {
+    let joined = cluster
+        .cli_to(
+            host,
+            &cluster.all_endpoints(),
+            &[
+                "agg",
+                "job",
+                "join",
+                "tree",
+                "--rank",
+                &rank.to_string(),
+                "--addr",
+                &addr.to_string(),
+                "--json",
+            ],
+        )
+        .unwrap();
+    assert!(
+        joined.status.success(),
+        "rank {rank} from host {host}: {}",
+        String::from_utf8_lossy(&joined.stderr)
+    );
+}
+
 #[test]
-fn a_job_regroups_into_a_tree_mid_training_and_again_without_a_dead_cluster_host() {
+fn a_job_regroups_into_a_tree_mid_training_then_without_a_dead_host_and_for_a_moved_worker() {
     require_root();
     let bin = yard_cluster_tests::yard::test_yard_bin();
     let nodes = AGGREGATORS + WORKERS;
@@ -151,81 +254,30 @@ fn a_job_regroups_into_a_tree_mid_training_and_again_without_a_dead_cluster_host
         String::from_utf8_lossy(&created.stderr)
     );
 
-    let shared: Vec<Arc<Mutex<Option<Membership>>>> =
-        (0..WORKERS).map(|_| Arc::new(Mutex::new(None))).collect();
+    let shared: Vec<Slot> = (0..WORKERS).map(|_| Arc::new(Mutex::new(None))).collect();
     let progress: Arc<Mutex<Vec<u32>>> = Arc::new(Mutex::new(vec![0; WORKERS]));
-    let mut threads = Vec::new();
-    for rank in 0..WORKERS {
+    // Rank 0 leaves before this round, once the job has been regrouped without the dead node.
+    let stop0 = Arc::new(AtomicU32::new(u32::MAX));
+    let mut threads: Vec<Option<JoinHandle<Result<Sums, String>>>> = Vec::new();
+    for (rank, slot) in shared.iter().enumerate() {
         let host = AGGREGATORS + 1 + rank;
         let addr = SocketAddrV4::new(cluster.topology().addr(host), 40000 + rank as u16);
-        let joined = cluster
-            .cli_to(
-                host,
-                &cluster.all_endpoints(),
-                &[
-                    "agg",
-                    "job",
-                    "join",
-                    "tree",
-                    "--rank",
-                    &rank.to_string(),
-                    "--addr",
-                    &addr.to_string(),
-                    "--json",
-                ],
-            )
-            .unwrap();
-        assert!(
-            joined.status.success(),
-            "{}",
-            String::from_utf8_lossy(&joined.stderr)
-        );
-        let (shared, progress) = (shared[rank].clone(), progress.clone());
-        threads.push(
-            cluster
-                .topology()
-                .thread_in_host(host, move || -> Result<Vec<bool>, String> {
-                    let socket = UdpSocket::bind(addr).map_err(|e| format!("bind {addr}: {e}"))?;
-                    let began = Instant::now();
-                    let first = loop {
-                        if let Some(m) = *shared.lock().unwrap() {
-                            break m;
-                        }
-                        if began.elapsed() > Duration::from_secs(60) {
-                            return Err("the job never ran".into());
-                        }
-                        std::thread::sleep(Duration::from_millis(50));
-                    };
-                    let tuning = Tuning {
-                        give_up: Duration::from_millis(700),
-                        ..Tuning::default()
-                    };
-                    let mut w = Worker::new(socket, first, tuning);
-                    let mut exactness = Vec::new();
-                    for round in 0..ROUNDS {
-                        let started = Instant::now();
-                        let g = loop {
-                            let mut g = gradient(rank, round);
-                            match w.all_reduce_i32(&mut g) {
-                                Ok(_) => break g,
-                                Err(AggError::Timeout { .. })
-                                    if started.elapsed() < Duration::from_secs(90) =>
-                                {
-                                    // Regrouped: sum the round again under the newest membership.
-                                    if let Some(m) = *shared.lock().unwrap() {
-                                        w.set_membership(m);
-                                    }
-                                }
-                                Err(e) => return Err(format!("rank {rank} round {round}: {e}")),
-                            }
-                        };
-                        exactness.push(g == exact(round));
-                        progress.lock().unwrap()[rank] = round + 1;
-                    }
-                    Ok(exactness)
-                })
-                .unwrap(),
-        );
+        join(&cluster, host, rank, addr);
+        let stop = if rank == 0 {
+            stop0.clone()
+        } else {
+            Arc::new(AtomicU32::new(u32::MAX))
+        };
+        threads.push(Some(run_rank(
+            &cluster,
+            host,
+            rank,
+            addr,
+            (0, stop),
+            0,
+            slot.clone(),
+            progress.clone(),
+        )));
     }
 
     // Follow the job: memberships to the workers; once it is a tree and every worker is past
@@ -234,6 +286,15 @@ fn a_job_regroups_into_a_tree_mid_training_and_again_without_a_dead_cluster_host
     let mut killed: Option<u64> = None;
     let mut regrouped_after_kill: Option<(u64, Vec<u64>)> = None;
     let mut rounds_at_tree = 0;
+    let mut rounds_at_regroup = 0;
+    // Rank 0's move: the round it leaves before, the epoch it was last seen at, then the
+    // epoch of its join from rank 1's host.
+    let moved_host = AGGREGATORS + 2;
+    let moved_addr = SocketAddrV4::new(cluster.topology().addr(moved_host), 40100);
+    let mut leaving: Option<(u32, u32)> = None;
+    let mut moved: Option<u32> = None;
+    let mut before_move: Sums = Vec::new();
+    let mut last_epoch = u64::MAX;
     let deadline = Instant::now() + Duration::from_secs(300);
     while progress.lock().unwrap().iter().any(|p| *p < ROUNDS) {
         assert!(
@@ -253,6 +314,14 @@ fn a_job_regroups_into_a_tree_mid_training_and_again_without_a_dead_cluster_host
             }
             let (root, clusters) = tree_of(&job);
             let epoch = job["epoch"].as_u64().unwrap_or(0);
+            if epoch != last_epoch {
+                eprintln!(
+                    "epoch {epoch}: tree {:?}, rounds {:?}",
+                    tree_of(&job),
+                    progress.lock().unwrap()
+                );
+                last_epoch = epoch;
+            }
             let min_round = *progress.lock().unwrap().iter().min().unwrap();
             if tree.is_none() && !clusters.is_empty() {
                 eprintln!("tree at epoch {epoch}: root {root}, clusters {clusters:?}:\n{job:#}");
@@ -276,20 +345,64 @@ fn a_job_regroups_into_a_tree_mid_training_and_again_without_a_dead_cluster_host
                     .collect();
                 if root != 0 && !all.contains(&dead) && regrouped_after_kill.is_none() {
                     regrouped_after_kill = Some((root, clusters));
+                    rounds_at_regroup = min_round;
+                }
+            }
+            // Regrouped without the dead node and a few rounds on: rank 0 leaves before its
+            // next round; the others go on into that round and wait in it for rank 0.
+            if regrouped_after_kill.is_some()
+                && leaving.is_none()
+                && min_round >= rounds_at_regroup + 3
+            {
+                let at = progress.lock().unwrap()[0] + 1;
+                stop0.store(at, Ordering::SeqCst);
+                eprintln!("rank 0 leaves before round {at} (epoch {epoch})");
+                leaving = Some((at, epoch as u32));
+            }
+            if let (Some((at, old_epoch)), None) = (leaving, moved) {
+                let others_in_it = progress.lock().unwrap()[1..].iter().all(|p| *p >= at);
+                if threads[0].as_ref().is_some_and(|t| t.is_finished()) && others_in_it {
+                    // The others are in round `at`, waiting for rank 0: it joins again from
+                    // another host (one command, a new epoch) and sums that round there.
+                    let gone = threads[0].take().unwrap();
+                    before_move = gone.join().unwrap().unwrap();
+                    join(&cluster, moved_host, 0, moved_addr);
+                    eprintln!(
+                        "rank 0 joined from host {moved_host} in round {at} (rounds {:?})",
+                        progress.lock().unwrap()
+                    );
+                    threads[0] = Some(run_rank(
+                        &cluster,
+                        moved_host,
+                        0,
+                        moved_addr,
+                        (at, Arc::new(AtomicU32::new(u32::MAX))),
+                        old_epoch + 1,
+                        shared[0].clone(),
+                        progress.clone(),
+                    ));
+                    moved = Some(at);
                 }
             }
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let results: Vec<Vec<bool>> = threads
+    let mut results: Vec<Sums> = threads
         .into_iter()
-        .map(|t| t.join().unwrap().unwrap())
+        .map(|t| t.expect("every rank runs").join().unwrap().unwrap())
         .collect();
+    results[0].splice(0..0, before_move);
+    // Every rank summed every round once, exactly; rank 0 from two hosts.
     for (rank, r) in results.iter().enumerate() {
-        for (round, ok) in r.iter().enumerate() {
+        let rounds: Vec<u32> = r.iter().map(|(round, _)| *round).collect();
+        assert_eq!(rounds, (0..ROUNDS).collect::<Vec<_>>(), "rank {rank}");
+        for (round, ok) in r {
             assert!(ok, "rank {rank} round {round}: not the exact sum");
         }
     }
+    let at = moved.expect("rank 0 never moved");
+    assert!(at < ROUNDS);
+    let (_, left_at_epoch) = leaving.unwrap();
     let (root, clusters, epoch) = tree.expect("the job was never grouped into a tree");
     assert!(
         (1..=AGGREGATORS as u64).contains(&root)
@@ -303,8 +416,23 @@ fn a_job_regroups_into_a_tree_mid_training_and_again_without_a_dead_cluster_host
     let (root2, clusters2) =
         regrouped_after_kill.expect("the job was not regrouped without the dead node");
     assert!(root2 != dead && !clusters2.contains(&dead));
-    // Every member's bandwidth was measured and is shown.
+    // Every member's bandwidth was measured and is shown; the move took a new epoch.
     let job = show(&cluster, if dead == 1 { 2 } else { 1 }).unwrap();
+    assert!(
+        job["epoch"].as_u64().unwrap() > u64::from(left_at_epoch),
+        "{job:#}"
+    );
+    let row0 = job["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["rank"] == 0)
+        .unwrap();
+    assert_eq!(
+        row0["addr"],
+        moved_addr.to_string(),
+        "rank 0's row: {job:#}"
+    );
     for m in job["members"].as_array().unwrap() {
         assert!(m["bandwidth_bytes_per_s"].as_u64().unwrap_or(0) > 0, "{m}");
     }
