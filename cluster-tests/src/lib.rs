@@ -6,6 +6,7 @@
 //! touched), starts processes inside the hosts, injects faults between them, and removes
 //! everything it made when it is dropped — also when a test panics.
 
+pub mod agg;
 mod cmd;
 mod error;
 mod faults;

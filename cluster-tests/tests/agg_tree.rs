@@ -7,15 +7,16 @@
 //! again from another host while the others are in a round without it. Every round of every
 //! worker must be the exact int32 sum, summed once, throughout. Needs root.
 
-use std::net::{SocketAddrV4, UdpSocket};
+use std::net::SocketAddrV4;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use yard_agg::wire::{Dtype, Geometry};
-use yard_agg::worker::{AggError, Membership, Tuning, Worker};
+use yard_agg::wire::Dtype;
+use yard_agg::worker::{AggError, Worker};
+use yard_cluster_tests::agg::{join_job, membership, run_rank, show_job, RankRun, Slot};
 use yard_cluster_tests::require_root;
 use yard_cluster_tests::yard::{ClusterOptions, YardCluster};
 
@@ -61,37 +62,7 @@ fn exact(round: u32) -> Vec<i32> {
 }
 
 fn show(cluster: &YardCluster, from: usize) -> Option<Value> {
-    let out = cluster
-        .cli_to(
-            from,
-            &cluster.all_endpoints(),
-            &["agg", "job", "show", "tree", "--json"],
-        )
-        .ok()?;
-    out.status
-        .success()
-        .then(|| serde_json::from_slice(&out.stdout).ok())?
-}
-
-/// Rank `rank`'s membership from the job's row: its own aggregator and index there.
-fn membership(job: &Value, rank: usize) -> Option<Membership> {
-    if job["running"] != true {
-        return None;
-    }
-    let members = job["members"].as_array()?;
-    let me = members.iter().find(|m| m["rank"] == rank)?;
-    Some(Membership {
-        job: u32::try_from(job["id"].as_u64()?).ok()?,
-        epoch: u32::try_from(job["epoch"].as_u64()?).ok()?,
-        worker: u16::try_from(me["worker"].as_u64()?).ok()?,
-        workers: u16::try_from(members.len()).ok()?,
-        aggregator: me["aggregator"].as_str()?.parse().ok()?,
-        geometry: Geometry {
-            values: u32::try_from(job["values"].as_u64()?).ok()?,
-            chunk_values: u16::try_from(job["chunk_values"].as_u64()?).ok()?,
-        },
-        dtype: Dtype::I32,
-    })
+    show_job(cluster, from, "tree")
 }
 
 /// The tree's aggregators: (root, cluster nodes).
@@ -110,104 +81,16 @@ fn tree_of(job: &Value) -> (u64, Vec<u64>) {
     (root, clusters)
 }
 
-/// Where a rank's membership comes from: the test's loop copies it from `yard agg job show`.
-type Slot = Arc<Mutex<Option<Membership>>>;
-
 /// Whether each round a rank summed was exact, by round.
 type Sums = Vec<(u32, bool)>;
 
-/// Rank `rank` on `host`, from `addr`, sums rounds `first..ROUNDS` until the round `stop`
-/// holds (it leaves before that round, as a worker moving to another host does), under a
-/// membership of at least `min_epoch`. A timeout means the job was regrouped: the round is
-/// summed again under the newest membership.
-#[allow(clippy::too_many_arguments)]
-fn run_rank(
-    cluster: &YardCluster,
-    host: usize,
-    rank: usize,
-    addr: SocketAddrV4,
-    rounds: (u32, Arc<AtomicU32>),
-    min_epoch: u32,
-    shared: Slot,
-    progress: Arc<Mutex<Vec<u32>>>,
-) -> JoinHandle<Result<Sums, String>> {
-    let (first, stop) = rounds;
-    cluster
-        .topology()
-        .thread_in_host(host, move || -> Result<Sums, String> {
-            let socket = UdpSocket::bind(addr).map_err(|e| format!("bind {addr}: {e}"))?;
-            let newest = || (*shared.lock().unwrap()).filter(|m| m.epoch >= min_epoch);
-            let began = Instant::now();
-            let first_membership = loop {
-                if let Some(m) = newest() {
-                    break m;
-                }
-                if began.elapsed() > Duration::from_secs(60) {
-                    return Err(format!(
-                        "rank {rank}: the job never ran at epoch {min_epoch}"
-                    ));
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            };
-            let tuning = Tuning {
-                give_up: Duration::from_millis(700),
-                ..Tuning::default()
-            };
-            let mut w = Worker::new(socket, first_membership, tuning);
-            // A worker joining a running job starts at the job's round.
-            w.set_round(first);
-            let mut sums = Vec::new();
-            for round in first..ROUNDS {
-                if round >= stop.load(Ordering::SeqCst) {
-                    break;
-                }
-                let started = Instant::now();
-                let g = loop {
-                    let mut g = gradient(rank, round);
-                    match w.all_reduce_i32(&mut g) {
-                        Ok(_) => break g,
-                        Err(AggError::Timeout { .. })
-                            if started.elapsed() < Duration::from_secs(90) =>
-                        {
-                            if let Some(m) = newest() {
-                                w.set_membership(m);
-                            }
-                        }
-                        Err(e) => return Err(format!("rank {rank} round {round}: {e}")),
-                    }
-                };
-                sums.push((round, g == exact(round)));
-                progress.lock().unwrap()[rank] = round + 1;
-            }
-            Ok(sums)
-        })
-        .unwrap()
-}
-
-/// `yard agg job join tree` for `rank` at `addr`, run on `host`.
-fn join(cluster: &YardCluster, host: usize, rank: usize, addr: SocketAddrV4) {
-    let joined = cluster
-        .cli_to(
-            host,
-            &cluster.all_endpoints(),
-            &[
-                "agg",
-                "job",
-                "join",
-                "tree",
-                "--rank",
-                &rank.to_string(),
-                "--addr",
-                &addr.to_string(),
-                "--json",
-            ],
-        )
-        .unwrap();
-    assert!(
-        joined.status.success(),
-        "rank {rank} from host {host}: {}",
-        String::from_utf8_lossy(&joined.stderr)
-    );
+/// Sums round `round` as `rank`; whether it was the exact sum.
+fn sum_exact(rank: usize) -> impl FnMut(&mut Worker, u32) -> Result<bool, AggError> {
+    move |w, round| {
+        let mut g = gradient(rank, round);
+        w.all_reduce_i32(&mut g)?;
+        Ok(g == exact(round))
+    }
 }
 
 #[test]
@@ -262,21 +145,18 @@ fn a_job_regroups_into_a_tree_mid_training_then_without_a_dead_host_and_for_a_mo
     for (rank, slot) in shared.iter().enumerate() {
         let host = AGGREGATORS + 1 + rank;
         let addr = SocketAddrV4::new(cluster.topology().addr(host), 40000 + rank as u16);
-        join(&cluster, host, rank, addr);
-        let stop = if rank == 0 {
-            stop0.clone()
-        } else {
-            Arc::new(AtomicU32::new(u32::MAX))
-        };
+        join_job(&cluster, host, "tree", rank, addr).unwrap();
+        let mut run = RankRun::new(host, rank, addr, ROUNDS);
+        run.retry_for = Duration::from_secs(90);
+        if rank == 0 {
+            run.stop = stop0.clone();
+        }
         threads.push(Some(run_rank(
             &cluster,
-            host,
-            rank,
-            addr,
-            (0, stop),
-            0,
+            run,
             slot.clone(),
             progress.clone(),
+            sum_exact(rank),
         )));
     }
 
@@ -308,7 +188,7 @@ fn a_job_regroups_into_a_tree_mid_training_then_without_a_dead_host_and_for_a_mo
         };
         if let Some(job) = show(&cluster, from) {
             for (rank, s) in shared.iter().enumerate() {
-                if let Some(m) = membership(&job, rank) {
+                if let Some(m) = membership(&job, rank, Dtype::I32) {
                     *s.lock().unwrap() = Some(m);
                 }
             }
@@ -366,20 +246,20 @@ fn a_job_regroups_into_a_tree_mid_training_then_without_a_dead_host_and_for_a_mo
                     // another host (one command, a new epoch) and sums that round there.
                     let gone = threads[0].take().unwrap();
                     before_move = gone.join().unwrap().unwrap();
-                    join(&cluster, moved_host, 0, moved_addr);
+                    join_job(&cluster, moved_host, "tree", 0, moved_addr).unwrap();
                     eprintln!(
                         "rank 0 joined from host {moved_host} in round {at} (rounds {:?})",
                         progress.lock().unwrap()
                     );
+                    let mut run = RankRun::new(moved_host, 0, moved_addr, ROUNDS);
+                    (run.first, run.min_epoch) = (at, old_epoch + 1);
+                    run.retry_for = Duration::from_secs(90);
                     threads[0] = Some(run_rank(
                         &cluster,
-                        moved_host,
-                        0,
-                        moved_addr,
-                        (at, Arc::new(AtomicU32::new(u32::MAX))),
-                        old_epoch + 1,
+                        run,
                         shared[0].clone(),
                         progress.clone(),
+                        sum_exact(0),
                     ));
                     moved = Some(at);
                 }

@@ -10,8 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use yard_agg::wire::{Dtype, Geometry};
+use yard_agg::wire::Dtype;
 use yard_agg::worker::{AggError, Membership, Tuning, Worker};
+use yard_cluster_tests::agg::{join_job, membership, run_rank, show_job, RankRun, Slot};
 use yard_cluster_tests::require_root;
 use yard_cluster_tests::yard::{ClusterOptions, YardCluster};
 
@@ -69,31 +70,6 @@ fn json(out: &std::process::Output, what: &str) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{what}: not JSON ({e})"))
 }
 
-/// Worker `rank`'s membership from `yard agg job show --json`, once the job runs.
-fn membership(job: &Value, rank: usize) -> Option<Membership> {
-    membership_of(job, rank, Dtype::I32)
-}
-
-fn membership_of(job: &Value, rank: usize, dtype: Dtype) -> Option<Membership> {
-    if job["running"] != true {
-        return None;
-    }
-    let members = job["members"].as_array()?;
-    let me = members.iter().find(|m| m["rank"] == rank)?;
-    Some(Membership {
-        job: u32::try_from(job["id"].as_u64()?).ok()?,
-        epoch: u32::try_from(job["epoch"].as_u64()?).ok()?,
-        worker: u16::try_from(me["worker"].as_u64()?).ok()?,
-        workers: u16::try_from(members.len()).ok()?,
-        aggregator: job["aggregator"].as_str()?.parse().ok()?,
-        geometry: Geometry {
-            values: u32::try_from(job["values"].as_u64()?).ok()?,
-            chunk_values: u16::try_from(job["chunk_values"].as_u64()?).ok()?,
-        },
-        dtype,
-    })
-}
-
 /// A worker on `socket` once `shared` holds its membership (the test's poller fills it from
 /// `yard agg job show`), with a short give-up so a moved aggregator is noticed fast.
 fn worker_when_running(
@@ -119,19 +95,6 @@ fn worker_when_running(
 
 fn show(cluster: &YardCluster, from: usize) -> Option<Value> {
     show_job(cluster, from, "train")
-}
-
-fn show_job(cluster: &YardCluster, from: usize, name: &str) -> Option<Value> {
-    let out = cluster
-        .cli_to(
-            from,
-            &cluster.all_endpoints(),
-            &["agg", "job", "show", name, "--json"],
-        )
-        .ok()?;
-    out.status
-        .success()
-        .then(|| serde_json::from_slice(&out.stdout).ok())?
 }
 
 #[test]
@@ -259,63 +222,20 @@ fn failover(dtype: Dtype) {
     };
     assert!(why.contains("job train exists already"), "{why}");
 
-    let shared: Vec<Arc<Mutex<Option<Membership>>>> =
-        (0..WORKERS).map(|_| Arc::new(Mutex::new(None))).collect();
+    let shared: Vec<Slot> = (0..WORKERS).map(|_| Arc::new(Mutex::new(None))).collect();
     let progress: Arc<Mutex<Vec<u32>>> = Arc::new(Mutex::new(vec![0; WORKERS]));
     let mut threads = Vec::new();
-    for rank in 0..WORKERS {
+    for (rank, slot) in shared.iter().enumerate() {
         let host = NODES + 1 + rank;
         let addr = SocketAddrV4::new(cluster.topology().addr(host), 40000 + rank as u16);
-        let joined = cluster
-            .cli_to(
-                host,
-                &cluster.all_endpoints(),
-                &[
-                    "agg",
-                    "job",
-                    "join",
-                    "train",
-                    "--rank",
-                    &rank.to_string(),
-                    "--addr",
-                    &addr.to_string(),
-                    "--json",
-                ],
-            )
-            .unwrap();
-        json(&joined, "yard agg job join");
-        let (shared, progress) = (shared[rank].clone(), progress.clone());
-        threads.push(
-            cluster
-                .topology()
-                .thread_in_host(host, move || -> Result<Vec<Vec<u32>>, String> {
-                    let socket = UdpSocket::bind(addr).map_err(|e| format!("bind {addr}: {e}"))?;
-                    let mut w = worker_when_running(socket, &shared)?;
-                    let mut results = Vec::new();
-                    for round in 0..ROUNDS {
-                        let started = Instant::now();
-                        let g = loop {
-                            match round_bits(rank, round, &mut w, dtype) {
-                                Ok(g) => break g,
-                                Err(AggError::Timeout { .. })
-                                    if started.elapsed() < Duration::from_secs(60) =>
-                                {
-                                    // The aggregator may have moved: take the newest membership
-                                    // and sum the round again under it.
-                                    if let Some(m) = *shared.lock().unwrap() {
-                                        w.set_membership(m);
-                                    }
-                                }
-                                Err(e) => return Err(format!("rank {rank} round {round}: {e}")),
-                            }
-                        };
-                        results.push(g);
-                        progress.lock().unwrap()[rank] = round + 1;
-                    }
-                    Ok(results)
-                })
-                .unwrap(),
-        );
+        join_job(&cluster, host, "train", rank, addr).unwrap();
+        threads.push(run_rank(
+            &cluster,
+            RankRun::new(host, rank, addr, ROUNDS),
+            slot.clone(),
+            progress.clone(),
+            move |w, round| round_bits(rank, round, w, dtype),
+        ));
     }
 
     // Refresh every worker's membership from the cluster until they are done; kill the
@@ -331,7 +251,7 @@ fn failover(dtype: Dtype) {
         let from = killed.map_or(1, |(n, _)| if n == 1 { 2 } else { 1 });
         if let Some(job) = show(&cluster, from) {
             for (rank, s) in shared.iter().enumerate() {
-                if let Some(m) = membership_of(&job, rank, dtype) {
+                if let Some(m) = membership(&job, rank, dtype) {
                     *s.lock().unwrap() = Some(m);
                 }
             }
@@ -351,7 +271,14 @@ fn failover(dtype: Dtype) {
     }
     let results: Vec<Vec<Vec<u32>>> = threads
         .into_iter()
-        .map(|t| t.join().unwrap().unwrap())
+        .map(|t| {
+            t.join()
+                .unwrap()
+                .unwrap()
+                .into_iter()
+                .map(|(_, g)| g)
+                .collect()
+        })
         .collect();
     for round in 0..ROUNDS {
         check_round(&results, round, dtype, 360);
@@ -599,26 +526,7 @@ fn two_jobs_sum_exactly_under_loss_both_ways_and_forged_frames_are_dropped() {
             cluster.topology().addr(host),
             43000 + (10 * j + rank) as u16,
         );
-        json(
-            &cluster
-                .cli_to(
-                    host,
-                    &cluster.all_endpoints(),
-                    &[
-                        "agg",
-                        "job",
-                        "join",
-                        JOBS[j],
-                        "--rank",
-                        &rank.to_string(),
-                        "--addr",
-                        &addr.to_string(),
-                        "--json",
-                    ],
-                )
-                .unwrap(),
-            "yard agg job join",
-        );
+        join_job(&cluster, host, JOBS[j], rank, addr).unwrap();
         let mine = mine.clone();
         // Blue's rank 0 forges into green, as green's worker 0.
         let victim = (j == 0 && rank == 0).then(|| shared[&(1, 0)].clone());
@@ -690,7 +598,7 @@ fn two_jobs_sum_exactly_under_loss_both_ways_and_forged_frames_are_dropped() {
         for (j, job) in JOBS.iter().enumerate() {
             if let Some(v) = show_job(&cluster, 1, job) {
                 for r in 0..2 {
-                    if let Some(m) = membership(&v, r) {
+                    if let Some(m) = membership(&v, r, Dtype::I32) {
                         *shared[&(j, r)].lock().unwrap() = Some(m);
                     }
                 }

@@ -1,0 +1,200 @@
+//! Driving an aggregation job's workers from a test: joining ranks through the CLI, reading
+//! their memberships from `yard agg job show`, and a thread per rank that sums rounds and
+//! follows the job through regroupings, as a training loop would.
+
+use std::net::{SocketAddrV4, UdpSocket};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use yard_agg::wire::{Dtype, Geometry};
+use yard_agg::worker::{AggError, Membership, Tuning, Worker};
+
+use crate::yard::YardCluster;
+
+/// Where a rank's thread finds its newest membership: the test's loop fills it from
+/// [`show_job`] and [`membership`].
+pub type Slot = Arc<Mutex<Option<Membership>>>;
+
+/// `yard agg job show NAME --json` through node `from` (any node answering), if it answers.
+pub fn show_job(cluster: &YardCluster, from: usize, name: &str) -> Option<Value> {
+    let out = cluster
+        .cli_to(
+            from,
+            &cluster.all_endpoints(),
+            &["agg", "job", "show", name, "--json"],
+        )
+        .ok()?;
+    out.status
+        .success()
+        .then(|| serde_json::from_slice(&out.stdout).ok())?
+}
+
+/// Rank `rank`'s membership from a job's row once the job runs: its own aggregator (in a tree,
+/// its cluster's) and its index there.
+pub fn membership(job: &Value, rank: usize, dtype: Dtype) -> Option<Membership> {
+    if job["running"] != true {
+        return None;
+    }
+    let members = job["members"].as_array()?;
+    let me = members.iter().find(|m| m["rank"] == rank)?;
+    let aggregator = me["aggregator"]
+        .as_str()
+        .or_else(|| job["aggregator"].as_str())?;
+    Some(Membership {
+        job: u32::try_from(job["id"].as_u64()?).ok()?,
+        epoch: u32::try_from(job["epoch"].as_u64()?).ok()?,
+        worker: u16::try_from(me["worker"].as_u64()?).ok()?,
+        workers: u16::try_from(members.len()).ok()?,
+        aggregator: aggregator.parse().ok()?,
+        geometry: Geometry {
+            values: u32::try_from(job["values"].as_u64()?).ok()?,
+            chunk_values: u16::try_from(job["chunk_values"].as_u64()?).ok()?,
+        },
+        dtype,
+    })
+}
+
+/// `yard agg job join NAME --rank RANK --addr ADDR`, run on `host`; its JSON answer, or why
+/// it was refused.
+pub fn join_job(
+    cluster: &YardCluster,
+    host: usize,
+    name: &str,
+    rank: usize,
+    addr: SocketAddrV4,
+) -> Result<Value, String> {
+    let out = cluster
+        .cli_to(
+            host,
+            &cluster.all_endpoints(),
+            &[
+                "agg",
+                "job",
+                "join",
+                name,
+                "--rank",
+                &rank.to_string(),
+                "--addr",
+                &addr.to_string(),
+                "--json",
+            ],
+        )
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!(
+            "rank {rank} of {name} from host {host}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("yard agg job join: not JSON ({e})"))
+}
+
+/// One rank's part in a test's training loop.
+pub struct RankRun {
+    /// The test host the rank runs on, and the address it sums from (as it joined).
+    pub host: usize,
+    pub rank: usize,
+    pub addr: SocketAddrV4,
+    /// Rounds `first..rounds`; a worker joining a running job starts at the job's round.
+    pub first: u32,
+    pub rounds: u32,
+    /// The rank leaves before this round (`u32::MAX`: never), as a worker moving elsewhere.
+    pub stop: Arc<AtomicU32>,
+    /// Memberships older than this epoch are not used (a re-joined worker's old row).
+    pub min_epoch: u32,
+    /// How long one round may keep failing (the job regrouping) before the rank gives up.
+    pub retry_for: Duration,
+}
+
+impl RankRun {
+    /// Rank `rank` on `host` from `addr`, for rounds `0..rounds`, never leaving.
+    pub fn new(host: usize, rank: usize, addr: SocketAddrV4, rounds: u32) -> Self {
+        Self {
+            host,
+            rank,
+            addr,
+            first: 0,
+            rounds,
+            stop: Arc::new(AtomicU32::new(u32::MAX)),
+            min_epoch: 0,
+            retry_for: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Runs `run` in its host's namespace: waits for a membership in `slot`, then sums each round
+/// with `sum` (which gets the worker and the round). A timeout means the job was regrouped:
+/// the round is summed again, whole, under the newest membership. Each finished round is
+/// reported in `progress[rank]`; the thread returns every round's result by round.
+pub fn run_rank<T, F>(
+    cluster: &YardCluster,
+    run: RankRun,
+    slot: Slot,
+    progress: Arc<Mutex<Vec<u32>>>,
+    mut sum: F,
+) -> JoinHandle<Result<Vec<(u32, T)>, String>>
+where
+    T: Send + 'static,
+    F: FnMut(&mut Worker, u32) -> Result<T, AggError> + Send + 'static,
+{
+    let RankRun {
+        host,
+        rank,
+        addr,
+        first,
+        rounds,
+        stop,
+        min_epoch,
+        retry_for,
+    } = run;
+    cluster
+        .topology()
+        .thread_in_host(host, move || {
+            let socket = UdpSocket::bind(addr).map_err(|e| format!("bind {addr}: {e}"))?;
+            let newest = || (*slot.lock().unwrap()).filter(|m| m.epoch >= min_epoch);
+            let began = Instant::now();
+            let membership = loop {
+                if let Some(m) = newest() {
+                    break m;
+                }
+                if began.elapsed() > Duration::from_secs(60) {
+                    return Err(format!(
+                        "rank {rank}: the job never ran at epoch {min_epoch}"
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            };
+            // A short give-up, so a moved aggregator is noticed fast.
+            let tuning = Tuning {
+                give_up: Duration::from_millis(700),
+                ..Tuning::default()
+            };
+            let mut w = Worker::new(socket, membership, tuning);
+            w.set_round(first);
+            let mut out = Vec::new();
+            for round in first..rounds {
+                if round >= stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                let started = Instant::now();
+                let result = loop {
+                    match sum(&mut w, round) {
+                        Ok(r) => break r,
+                        Err(AggError::Timeout { .. }) if started.elapsed() < retry_for => {
+                            if let Some(m) = newest() {
+                                w.set_membership(m);
+                            }
+                        }
+                        Err(e) => return Err(format!("rank {rank} round {round}: {e}")),
+                    }
+                };
+                out.push((round, result));
+                progress.lock().unwrap()[rank] = round + 1;
+            }
+            Ok(out)
+        })
+        .expect("a thread in a test host")
+}
