@@ -24,7 +24,11 @@ const AGGREGATORS: usize = 3;
 const WORKERS: usize = 8;
 /// 10^5 + 3 values: 278 chunks of 360 (MTU 1500), the last one short.
 const VALUES: u32 = 100_003;
-const ROUNDS: u32 = 40;
+/// At most this many rounds: the test ends training three rounds after its last event (the
+/// move), whenever that comes (a fixed count let a fast run finish before the tree formed).
+const MAX_ROUNDS: u32 = 1000;
+/// Rounds every phase runs at least before the next event.
+const SETTLE_ROUNDS: u32 = 3;
 /// Egress limits, Mbit/s: aggregating hosts, fast workers, the two slow ones.
 const HOST_MBIT: u32 = 200;
 const FAST_MBIT: u32 = 200;
@@ -141,16 +145,20 @@ fn a_job_regroups_into_a_tree_mid_training_then_without_a_dead_host_and_for_a_mo
     let progress: Arc<Mutex<Vec<u32>>> = Arc::new(Mutex::new(vec![0; WORKERS]));
     // Rank 0 leaves before this round, once the job has been regrouped without the dead node.
     let stop0 = Arc::new(AtomicU32::new(u32::MAX));
+    // Everyone stops before this round, once the last event is a few rounds behind.
+    let stop_all = Arc::new(AtomicU32::new(u32::MAX));
     let mut threads: Vec<Option<JoinHandle<Result<Sums, String>>>> = Vec::new();
     for (rank, slot) in shared.iter().enumerate() {
         let host = AGGREGATORS + 1 + rank;
         let addr = SocketAddrV4::new(cluster.topology().addr(host), 40000 + rank as u16);
         join_job(&cluster, host, "tree", rank, addr).unwrap();
-        let mut run = RankRun::new(host, rank, addr, ROUNDS);
+        let mut run = RankRun::new(host, rank, addr, MAX_ROUNDS);
         run.retry_for = Duration::from_secs(90);
-        if rank == 0 {
-            run.stop = stop0.clone();
-        }
+        run.stop = if rank == 0 {
+            stop0.clone()
+        } else {
+            stop_all.clone()
+        };
         threads.push(Some(run_rank(
             &cluster,
             run,
@@ -176,7 +184,8 @@ fn a_job_regroups_into_a_tree_mid_training_then_without_a_dead_host_and_for_a_mo
     let mut before_move: Sums = Vec::new();
     let mut last_epoch = u64::MAX;
     let deadline = Instant::now() + Duration::from_secs(300);
-    while progress.lock().unwrap().iter().any(|p| *p < ROUNDS) {
+    let mut end: Option<u32> = None;
+    while end.is_none_or(|e| progress.lock().unwrap().iter().any(|p| *p < e)) {
         assert!(
             Instant::now() < deadline,
             "training did not finish: {:?}, tree {tree:?}, killed {killed:?}",
@@ -209,7 +218,7 @@ fn a_job_regroups_into_a_tree_mid_training_then_without_a_dead_host_and_for_a_mo
                 rounds_at_tree = min_round;
             }
             if let (Some((_, c, _)), None) = (&tree, killed) {
-                if min_round >= rounds_at_tree + 4 {
+                if min_round >= rounds_at_tree + SETTLE_ROUNDS {
                     let victim = c[0];
                     eprintln!(
                         "killing node {victim}, a cluster aggregator (rounds {:?})",
@@ -232,7 +241,7 @@ fn a_job_regroups_into_a_tree_mid_training_then_without_a_dead_host_and_for_a_mo
             // next round; the others go on into that round and wait in it for rank 0.
             if regrouped_after_kill.is_some()
                 && leaving.is_none()
-                && min_round >= rounds_at_regroup + 3
+                && min_round >= rounds_at_regroup + SETTLE_ROUNDS
             {
                 let at = progress.lock().unwrap()[0] + 1;
                 stop0.store(at, Ordering::SeqCst);
@@ -251,8 +260,9 @@ fn a_job_regroups_into_a_tree_mid_training_then_without_a_dead_host_and_for_a_mo
                         "rank 0 joined from host {moved_host} in round {at} (rounds {:?})",
                         progress.lock().unwrap()
                     );
-                    let mut run = RankRun::new(moved_host, 0, moved_addr, ROUNDS);
+                    let mut run = RankRun::new(moved_host, 0, moved_addr, MAX_ROUNDS);
                     (run.first, run.min_epoch) = (at, old_epoch + 1);
+                    run.stop = stop_all.clone();
                     run.retry_for = Duration::from_secs(90);
                     threads[0] = Some(run_rank(
                         &cluster,
@@ -262,6 +272,15 @@ fn a_job_regroups_into_a_tree_mid_training_then_without_a_dead_host_and_for_a_mo
                         sum_exact(0),
                     ));
                     moved = Some(at);
+                }
+            }
+            // Three rounds after the move, everyone stops before the round after the fastest's.
+            if let (Some(at), None) = (moved, end) {
+                let p = progress.lock().unwrap().clone();
+                if p.iter().min().is_some_and(|m| *m >= at + SETTLE_ROUNDS) {
+                    let e = p.iter().max().unwrap() + 1;
+                    stop_all.store(e, Ordering::SeqCst);
+                    end = Some(e);
                 }
             }
         }
@@ -275,13 +294,13 @@ fn a_job_regroups_into_a_tree_mid_training_then_without_a_dead_host_and_for_a_mo
     // Every rank summed every round once, exactly; rank 0 from two hosts.
     for (rank, r) in results.iter().enumerate() {
         let rounds: Vec<u32> = r.iter().map(|(round, _)| *round).collect();
-        assert_eq!(rounds, (0..ROUNDS).collect::<Vec<_>>(), "rank {rank}");
+        assert_eq!(rounds, (0..end.unwrap()).collect::<Vec<_>>(), "rank {rank}");
         for (round, ok) in r {
             assert!(ok, "rank {rank} round {round}: not the exact sum");
         }
     }
     let at = moved.expect("rank 0 never moved");
-    assert!(at < ROUNDS);
+    assert!(at < end.unwrap());
     let (_, left_at_epoch) = leaving.unwrap();
     let (root, clusters, epoch) = tree.expect("the job was never grouped into a tree");
     assert!(
