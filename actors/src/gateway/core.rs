@@ -176,6 +176,11 @@ pub struct NodeCore {
     /// Owned VIPs answered for (lease valid) → since when, without a break: what an observer
     /// needs to check that no two nodes ever answered for one VIP at the same time.
     owned_since: BTreeMap<Ipv4Addr, u64>,
+    /// State adopted from a previous daemon's pinned maps and no tables yet: until the first
+    /// reset nothing is changed, since reconciling against tables not yet read would remove
+    /// every adopted VIP (a restart grace granted before the first reset did, and the next
+    /// daemon adopted no VIP: 110-160 ms of a VIP's traffic lost).
+    adopted_untabled: bool,
 }
 
 impl NodeCore {
@@ -197,6 +202,7 @@ impl NodeCore {
             lingering: BTreeMap::new(),
             announcing: BTreeMap::new(),
             owned_since: BTreeMap::new(),
+            adopted_untabled: false,
         }
     }
 
@@ -241,9 +247,14 @@ impl NodeCore {
         self.addresses = addresses.into_iter().collect();
         self.deadline_ms = deadline_ms;
         self.fenced = false;
+        self.adopted_untabled = true;
     }
 
     pub fn handle(&mut self, event: Event) -> Vec<Effect> {
+        if self.adopted_untabled && !matches!(event, Event::Reset { .. }) {
+            return Vec::new();
+        }
+        self.adopted_untabled = false;
         let mut out = Vec::new();
         let now = match event {
             Event::Reset {
@@ -730,6 +741,38 @@ mod tests {
         };
         assert!(!c.handle(rm(1)).contains(&Effect::RemoveHost { host }));
         assert!(c.handle(rm(2)).contains(&Effect::RemoveHost { host }));
+    }
+
+    #[test]
+    fn adopted_state_is_left_alone_until_the_tables_are_read() {
+        let mut c = core();
+        c.adopt([(vip(1), Serve::Owned)], [vip(1)], 500, []);
+        // A restart grace granted before the first reset, a tick: the core has no tables, and
+        // reconciling against none would remove the adopted VIP from the pinned maps.
+        let fx = c.handle(Event::Granted {
+            sent_ms: 1000,
+            granted_ms: 10_000,
+            leader_revision: 9,
+            now_ms: 1000,
+        });
+        assert!(fx.is_empty(), "{fx:?}");
+        assert!(c.handle(Event::Tick { now_ms: 1100 }).is_empty());
+        // The tables (VIP 1 ours) find it programmed: nothing to put or remove.
+        let mut t = GatewayTables::default();
+        t.apply(&GatewayCommand::AddVips(vec![vip(1)]), 1);
+        t.vips.insert(vip(1), owned(1));
+        let fx = c.handle(Event::Reset {
+            tables: Box::new(t),
+            revision: 9,
+            now_ms: 1200,
+        });
+        assert!(
+            !fx.iter()
+                .any(|e| matches!(e, Effect::PutVip { .. } | Effect::RemoveVip { .. })),
+            "{fx:?}"
+        );
+        // From then on the core acts: a grant is taken.
+        assert!(!grant(&mut c, 1300).is_empty());
     }
 
     #[test]
