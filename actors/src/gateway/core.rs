@@ -743,6 +743,18 @@ mod tests {
         assert!(c.handle(rm(2)).contains(&Effect::RemoveHost { host }));
     }
 
+    /// The first reset, with tables in which VIP 1 is this node's (node 1).
+    fn reset_owning_vip1(c: &mut NodeCore, revision: u64, now_ms: u64) -> Vec<Effect> {
+        let mut t = GatewayTables::default();
+        t.apply(&GatewayCommand::AddVips(vec![vip(1)]), 1);
+        t.vips.insert(vip(1), owned(1));
+        c.handle(Event::Reset {
+            tables: Box::new(t),
+            revision,
+            now_ms,
+        })
+    }
+
     #[test]
     fn adopted_state_is_left_alone_until_the_tables_are_read() {
         let mut c = core();
@@ -758,14 +770,7 @@ mod tests {
         assert!(fx.is_empty(), "{fx:?}");
         assert!(c.handle(Event::Tick { now_ms: 1100 }).is_empty());
         // The tables (VIP 1 ours) find it programmed: nothing to put or remove.
-        let mut t = GatewayTables::default();
-        t.apply(&GatewayCommand::AddVips(vec![vip(1)]), 1);
-        t.vips.insert(vip(1), owned(1));
-        let fx = c.handle(Event::Reset {
-            tables: Box::new(t),
-            revision: 9,
-            now_ms: 1200,
-        });
+        let fx = reset_owning_vip1(&mut c, 9, 1200);
         assert!(
             !fx.iter()
                 .any(|e| matches!(e, Effect::PutVip { .. } | Effect::RemoveVip { .. })),
@@ -779,14 +784,7 @@ mod tests {
     fn a_restart_adopting_the_same_state_changes_nothing() {
         let mut c = core();
         c.adopt([(vip(1), Serve::Owned)], [vip(1)], 500, []);
-        let mut t = GatewayTables::default();
-        t.apply(&GatewayCommand::AddVips(vec![vip(1)]), 1);
-        t.vips.insert(vip(1), owned(1));
-        let fx = c.handle(Event::Reset {
-            tables: Box::new(t),
-            revision: 2,
-            now_ms: 100,
-        });
+        let fx = reset_owning_vip1(&mut c, 2, 100);
         assert!(
             !fx.iter().any(|e| matches!(
                 e,
