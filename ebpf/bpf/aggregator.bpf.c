@@ -515,8 +515,18 @@ int yard_agg(struct xdp_md *ctx)
 	/* The fan-out sends to the MAC this worker's frames come from (its host, or the router). */
 	struct agg_peer_key pkey = { .job = job_id, .worker = h->worker };
 	struct agg_peer *peer = bpf_map_lookup_elem(&agg_peers, &pkey);
-	if (peer)
+	if (peer) {
 		__builtin_memcpy(peer->mac, eth->h_source, ETH_ALEN);
+		/* Arrival timing for the bandwidth figures (see struct agg_peer). */
+		__u64 now = bpf_ktime_get_ns();
+		__u64 last = peer->last_ns;
+
+		if (last && now > last && now - last < AGG_BURST_GAP_NS) {
+			__sync_fetch_and_add(&peer->busy_ns, now - last);
+			__sync_fetch_and_add(&peer->bytes, len);
+		}
+		peer->last_ns = now;
+	}
 
 admitted:;
 	__u32 slot_idx = job->base + h->chunk * 2 + (h->round & 1);

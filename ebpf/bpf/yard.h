@@ -312,16 +312,34 @@ struct agg_peer_key {
 };
 YARD_ASSERT_SIZE(struct agg_peer_key, 8);
 
-/* agg_peers value: the daemon writes ip and port; the program learns mac from the worker's frames. */
+/*
+ * agg_peers value: the daemon writes ip and port; the program learns mac from the worker's
+ * frames, and times them for the daemon's drift watch over the grouping's bandwidth figures
+ * (yard_actors::aggregator::bandwidth::Drift): a frame that arrives within
+ * AGG_BURST_GAP_NS of the member's previous one adds the gap to busy_ns and its length to
+ * bytes, so bytes / busy_ns is the rate the member's frames arrived at while it was sending
+ * (its compute time and waits for results, longer gaps, are left out).
+ */
 struct agg_peer {
 	__u32 ip;     /* network order */
 	__u16 port;   /* network order */
 	__u8 mac[6];  /* next hop toward the worker: the source MAC of its latest accepted frame */
+	__u32 pad;
+	__u64 last_ns; /* bpf_ktime_get_ns() of the member's latest accepted frame */
+	__u64 busy_ns;
+	__u64 bytes;
 };
-YARD_ASSERT_SIZE(struct agg_peer, 12);
+YARD_ASSERT_SIZE(struct agg_peer, 40);
 YARD_ASSERT_OFFSET(struct agg_peer, ip, 0);
 YARD_ASSERT_OFFSET(struct agg_peer, port, 4);
 YARD_ASSERT_OFFSET(struct agg_peer, mac, 6);
+YARD_ASSERT_OFFSET(struct agg_peer, last_ns, 16);
+YARD_ASSERT_OFFSET(struct agg_peer, busy_ns, 24);
+YARD_ASSERT_OFFSET(struct agg_peer, bytes, 32);
+
+/* The longest gap between a member's frames still counted as sending: a 1514-byte frame every
+ * millisecond is 12 Mbit/s, below any link the grouping serves. */
+#define AGG_BURST_GAP_NS 1000000ULL
 
 /*
  * agg_slots value: one chunk of one round parity of one job. A slot whose (job, epoch) is not

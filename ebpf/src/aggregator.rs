@@ -116,6 +116,14 @@ impl SumVariant {
     }
 }
 
+/// One member's arrival timing, cumulative ([`Aggregator::member_timing`]): the gaps between
+/// its frames that came within `AGG_BURST_GAP_NS` of each other, and those frames' bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemberTiming {
+    pub busy_ns: u64,
+    pub bytes: u64,
+}
+
 /// Bytes of kernel memory one slot takes (its value; the array adds no per-entry overhead).
 pub const SLOT_BYTES: u64 = std::mem::size_of::<AggSlot>() as u64;
 
@@ -327,21 +335,18 @@ impl Aggregator {
                 job: entry.id,
                 worker: u32::from(worker16),
             };
-            // Keep a learnt MAC if the worker kept its address.
-            let mac = match self.peers.get(&pkey, 0) {
-                Ok(p) if p.ip == key.ip && p.port == key.port => p.mac,
-                _ => [0; 6],
+            // Keep a learnt MAC and the arrival timing if the worker kept its address (the
+            // program may update them meanwhile: a frame's timing lost at a rewrite is one gap).
+            let peer = match self.peers.get(&pkey, 0) {
+                Ok(p) if p.ip == key.ip && p.port == key.port => p,
+                _ => AggPeer {
+                    ip: key.ip,
+                    port: key.port,
+                    ..AggPeer::default()
+                },
             };
             self.peers
-                .insert(
-                    pkey,
-                    AggPeer {
-                        ip: key.ip,
-                        port: key.port,
-                        mac,
-                    },
-                    0,
-                )
+                .insert(pkey, peer, 0)
                 .map_err(map_err("update", MAP_PEERS))?;
         }
         let job = AggJob {
@@ -473,6 +478,35 @@ impl Aggregator {
             Err(e) if !is_enoent(&e) => Err(map_err("delete from", MAP_PEERS)(e)),
             _ => Ok(()),
         }
+    }
+
+    /// Job `job`'s arrival timing of each of its first `workers` members (by worker index):
+    /// `(address, busy ns, bytes)`, cumulative since the member was written with that address
+    /// (see `struct agg_peer`). A member without an entry is left out.
+    pub fn member_timing(
+        &self,
+        job: u32,
+        workers: usize,
+    ) -> Result<Vec<(usize, MemberTiming)>, EbpfError> {
+        let mut out = Vec::with_capacity(workers);
+        for worker in 0..workers {
+            let key = AggPeerKey {
+                job,
+                worker: u32::try_from(worker).unwrap_or(u32::MAX),
+            };
+            match self.peers.get(&key, 0) {
+                Ok(p) => out.push((
+                    worker,
+                    MemberTiming {
+                        busy_ns: p.busy_ns,
+                        bytes: p.bytes,
+                    },
+                )),
+                Err(e) if is_enoent(&e) => {}
+                Err(e) => return Err(map_err("read", MAP_PEERS)(e)),
+            }
+        }
+        Ok(out)
     }
 
     /// Every counter by reason, summed over CPUs, in [`AggCounter::ALL`] order.

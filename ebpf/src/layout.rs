@@ -164,6 +164,12 @@ pub struct AggPeer {
     pub port: u16,
     /// Learnt by the program from the worker's frames; 0 until then.
     pub mac: [u8; 6],
+    pub pad: u32,
+    /// The program's arrival timing of the member's frames (`struct agg_peer` in `yard.h`):
+    /// monotonic ns of the latest, and the gaps and bytes of those that came in bursts.
+    pub last_ns: u64,
+    pub busy_ns: u64,
+    pub bytes: u64,
 }
 
 /// `struct agg_job_counter_key`: key of `agg_job_counters`.
@@ -386,8 +392,15 @@ pub const C_LAYOUTS: &[Layout] = &[
     },
     Layout {
         name: "agg_peer",
-        size: 12,
-        fields: &[("ip", 0), ("port", 4), ("mac", 6)],
+        size: 40,
+        fields: &[
+            ("ip", 0),
+            ("port", 4),
+            ("mac", 6),
+            ("last_ns", 16),
+            ("busy_ns", 24),
+            ("bytes", 32),
+        ],
     },
     Layout {
         name: "agg_slot",
@@ -501,6 +514,9 @@ pub fn rust_layouts() -> Vec<RustLayout> {
                 ("ip", offset_of!(AggPeer, ip)),
                 ("port", offset_of!(AggPeer, port)),
                 ("mac", offset_of!(AggPeer, mac)),
+                ("last_ns", offset_of!(AggPeer, last_ns)),
+                ("busy_ns", offset_of!(AggPeer, busy_ns)),
+                ("bytes", offset_of!(AggPeer, bytes)),
             ],
         ),
         (
@@ -528,7 +544,7 @@ const _: () = {
     assert!(size_of::<AggMemberKey>() == 4 + 4 + 2 + 2);
     assert!(size_of::<AggMember>() == 2 + 2);
     assert!(size_of::<AggPeerKey>() == 4 + 4);
-    assert!(size_of::<AggPeer>() == 4 + 2 + 6);
+    assert!(size_of::<AggPeer>() == 4 + 2 + 6 + 4 + 8 + 8 + 8);
     assert!(size_of::<AggJobCounterKey>() == 4 + 4);
     assert!(size_of::<AggSlot>() == 4 * 4 + 8 + 2 + 2 + 1 + 1 + 1 + 1 + 4 * AGG_VALUES_MAX);
     assert!(size_of::<AggPartial>() == 4 + 1 + 3 + 4 * AGG_VALUES_MAX);

@@ -14,6 +14,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use yard_agg::model::{Action, Aggregator as Model, JobSpec};
 use yard_agg::wire::{self, Dtype, Geometry, Header, Kind};
+use yard_ebpf::aggregator::MemberTiming;
 use yard_ebpf::frames::HostFrame;
 use yard_ebpf::{AggCounter, AggJobEntry, Aggregator, XdpAction};
 
@@ -527,4 +528,61 @@ fn a_replayed_result_becomes_the_chunk_s_result() {
     );
     assert_eq!(counter(&agg, Some(5), AggCounter::Ahead), 0);
     assert_eq!(agg.slot(1).unwrap().round, 7);
+}
+
+/// The program times each member's frames for the grouping's bandwidth figures: a frame within
+/// `AGG_BURST_GAP_NS` (1 ms) of the member's previous one adds the gap and its length, a
+/// member's first frame and one after a pause add nothing, another member's frames are its own,
+/// and rewriting the job with the member's address unchanged keeps its timing.
+#[test]
+fn a_member_s_frames_in_a_burst_are_timed_for_its_bandwidth() {
+    let s = spec(9, 2, 20 * u32::from(CHUNK), Dtype::I32);
+    let mut agg = loaded(s.geometry.chunks() * 2);
+    agg.set_job(&entry(&s, 0)).unwrap();
+    let frames: Vec<Vec<u8>> = (0..20)
+        .map(|c| frame(s.members[0], &data(&s, 0, 0, c, 0, &[1; CHUNK as usize])))
+        .collect();
+    let len = frames[0].len() as u64;
+    let began = std::time::Instant::now();
+    for f in &frames {
+        agg.test_run(f).unwrap();
+    }
+    let elapsed = u64::try_from(began.elapsed().as_nanos()).unwrap();
+    let timing = agg.member_timing(9, 2).unwrap();
+    assert_eq!(timing.len(), 2);
+    let t = timing[0].1;
+    // Back to back, every gap is well under a millisecond; a loaded machine may stretch one
+    // past it, which only leaves that frame out.
+    let counted = t.bytes / len;
+    assert_eq!(t.bytes % len, 0, "whole frames: {t:?}");
+    assert!((10..=19).contains(&counted), "{counted} of 19 gaps counted");
+    assert!(
+        t.busy_ns > 0 && t.busy_ns < elapsed,
+        "{t:?} in {elapsed} ns"
+    );
+    assert!(
+        t.busy_ns < counted * 1_000_000,
+        "each gap under 1 ms: {t:?}"
+    );
+    assert_eq!(
+        timing[1].1,
+        MemberTiming::default(),
+        "worker 1 sent nothing"
+    );
+    // After a pause, a frame restarts the burst and adds nothing.
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    let again = frame(s.members[0], &data(&s, 0, 1, 0, 0, &[1; CHUNK as usize]));
+    agg.test_run(&again).unwrap();
+    assert_eq!(agg.member_timing(9, 2).unwrap()[0].1, t);
+    // A rewrite with the same addresses keeps it; a new address starts over.
+    agg.set_job(&entry(&s, 0)).unwrap();
+    assert_eq!(agg.member_timing(9, 2).unwrap()[0].1, t);
+    let mut moved = s.clone();
+    moved.epoch = 2;
+    moved.members[0] = SocketAddrV4::new(Ipv4Addr::new(198, 18, 9, 99), 40000);
+    agg.set_job(&entry(&moved, 0)).unwrap();
+    assert_eq!(
+        agg.member_timing(9, 2).unwrap()[0].1,
+        MemberTiming::default()
+    );
 }

@@ -4,6 +4,12 @@
 //! rate (`AggCommand::Bandwidth`, smoothed in the tables, shown by `yard agg job show`). Which
 //! hosts to measure and when is decided by `yard_actors::aggregator::bandwidth::due`.
 //!
+//! While a job runs, an aggregating host also watches its aggregator's counters
+//! (`yard_actors::aggregator::bandwidth::Drift`): every [`COUNTERS_EVERY`] it compares the
+//! rate each worker's frames arrived at while sending with its baseline, and marks a pair that
+//! moved for measuring again (`AggCommand::Remeasure`), which its worker's node does within a
+//! second; that measurement replaces the figure.
+//!
 //! The sink's clock times the stream, from its first byte to its last, so the figure is the
 //! rate the bytes arrived at, not the sender's buffer filling. Frames: the sender writes a u64
 //! (little-endian) count, then that many bytes; the sink answers with two u64s, the bytes it
@@ -16,7 +22,7 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use yard_actors::aggregator::bandwidth::due;
+use yard_actors::aggregator::bandwidth::{bytes_per_s, due, Drift, Reading};
 use yard_raft_store::NodeId;
 
 use crate::rpc::{AdminRequest, AggRequest, Reply};
@@ -133,8 +139,36 @@ pub async fn probe(addr: SocketAddr, bytes: u64, limit: Duration) -> Result<u64,
 /// so its bytes (at most 64 KiB of the stream) are counted as if instant: for the default
 /// 4 MiB probe the figure is at most 1.6% high.
 fn rate(bytes: u64, ns: u64) -> u64 {
-    let ns = u128::from(ns.max(1_000));
-    u64::try_from(u128::from(bytes) * 1_000_000_000 / ns).unwrap_or(u64::MAX)
+    bytes_per_s(bytes, ns.max(1_000))
+}
+
+/// How often an aggregating host compares its counters with their baselines (`Drift`): long
+/// enough for a reading to average over many rounds, short enough to follow a link that
+/// changes.
+pub const COUNTERS_EVERY: Duration = Duration::from_secs(5);
+
+/// Proposes the figure from `from` to `to`; a failed write is logged and left to the next
+/// measurement.
+async fn propose(node: &Node, from: NodeId, to: NodeId, bytes_per_s: u64) {
+    let req = AdminRequest::Agg(AggRequest::Bandwidth {
+        from,
+        to,
+        bytes_per_s,
+    });
+    if let Reply::Error(why) | Reply::Indefinite(why) = node.serve_admin(req).await {
+        tracing::warn!(from, to, %why, "bandwidth figure not recorded");
+    }
+}
+
+/// The aggregator's readings now (none if this node runs no aggregator).
+fn readings(node: &Node) -> Vec<Reading> {
+    node.agg_view().map_or_else(Vec::new, |v| {
+        v.snapshot()
+            .jobs
+            .into_iter()
+            .flat_map(|j| j.links)
+            .collect()
+    })
 }
 
 /// What the measuring loop needs from the configuration.
@@ -147,16 +181,37 @@ pub struct Settings {
     pub every: Duration,
 }
 
-/// Runs until the process ends: every second, probes the hosts `due` names, one at a time,
-/// and proposes each figure.
+/// Runs until the process ends: every [`COUNTERS_EVERY`], marks the pairs whose rate moved in
+/// this host's counters; every second, probes the hosts `due` names, one at a time, and
+/// proposes each figure.
 pub async fn run(node: Node, s: Settings) {
     let began = Instant::now();
     let mut last: BTreeMap<NodeId, u64> = BTreeMap::new();
     let every_ms = u64::try_from(s.every.as_millis()).unwrap_or(u64::MAX);
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut drift = Drift::default();
+    let mut counters_at = Instant::now();
     loop {
         tick.tick().await;
+        if counters_at.elapsed() >= COUNTERS_EVERY {
+            counters_at = Instant::now();
+            let now = readings(&node);
+            let moved = node.feed().read(|d| {
+                let ips = crate::agg_service::node_ips(d);
+                drift.observe(&d.aggregation, s.me, &ips, now)
+            });
+            for from in moved {
+                tracing::info!(
+                    from,
+                    "a worker's rate moved in the counters: measuring again"
+                );
+                let req = AdminRequest::Agg(AggRequest::Remeasure { from, to: s.me });
+                if let Reply::Error(why) | Reply::Indefinite(why) = node.serve_admin(req).await {
+                    tracing::warn!(from, %why, "measuring again not recorded");
+                }
+            }
+        }
         let now_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
         let (hosts, todo) = node.feed().read(|d| {
             let t = &d.aggregation;
@@ -175,15 +230,7 @@ pub async fn run(node: Node, s: Settings) {
             match probe(addr, s.bytes, Duration::from_secs(5)).await {
                 Ok(bytes_per_s) => {
                     tracing::info!(to = host, bytes_per_s, "bandwidth measured");
-                    let req = AdminRequest::Agg(AggRequest::Bandwidth {
-                        from: s.me,
-                        to: host,
-                        bytes_per_s,
-                    });
-                    if let Reply::Error(why) | Reply::Indefinite(why) = node.serve_admin(req).await
-                    {
-                        tracing::warn!(to = host, %why, "bandwidth figure not recorded");
-                    }
+                    propose(&node, s.me, host, bytes_per_s).await;
                 }
                 Err(e) => tracing::warn!(to = host, error = %e, "bandwidth probe failed"),
             }

@@ -77,7 +77,7 @@ pub fn families(s: &AggSnapshot) -> Vec<Family> {
     let mut memory = Vec::new();
     for j in &s.jobs {
         for (name, packets, b) in &j.counters {
-            let labels = format!("job=\"{}\",outcome=\"{name}\"", j.id);
+            let labels = format!("job=\"{}\",level=\"{}\",outcome=\"{name}\"", j.id, j.level);
             frames.push((labels.clone(), *packets as f64));
             bytes.push((labels, *b as f64));
         }
@@ -99,7 +99,7 @@ pub fn families(s: &AggSnapshot) -> Vec<Family> {
     vec![
         Family {
             name: "yard_agg_job_frames_total",
-            help: "frames the aggregator XDP program handled for a job, by outcome (added, completed, result_resent for retransmissions, duplicate, stale, foreign, ...)",
+            help: "frames the aggregator XDP program handled for a job, by this host's level in the job's tree (root, cluster) and outcome (added, completed, result_resent for retransmissions, duplicate, stale, foreign, ...)",
             kind: "counter",
             samples: frames,
         },
@@ -228,6 +228,10 @@ impl Node {
                 to: *to,
                 bytes_per_s: *bytes_per_s,
             },
+            AggRequest::Remeasure { from, to } => AggCommand::Remeasure {
+                from: *from,
+                to: *to,
+            },
             AggRequest::WorkerGone { name, rank, reason } => AggCommand::WorkerGone {
                 name: name.clone(),
                 rank: *rank,
@@ -279,11 +283,13 @@ mod tests {
                 workers: 4,
                 slots: 20,
                 bytes: 20 * yard_raft_store::aggregation::SLOT_BYTES,
+                level: "cluster".into(),
                 counters: vec![
                     ("added".into(), 90, 90 * 1500),
                     ("completed".into(), 30, 30 * 1500),
                     ("foreign".into(), 2, 3000),
                 ],
+                links: Vec::new(),
             }],
             counters: vec![("added".into(), 90, 0)],
             errors: 0,
@@ -299,7 +305,10 @@ mod tests {
         // 10 chunks a round, 30 completed chunks: 3 rounds.
         assert_eq!(get("yard_agg_job_rounds_total", "job=\"7\""), Some(3.0));
         assert_eq!(
-            get("yard_agg_job_frames_total", "job=\"7\",outcome=\"foreign\""),
+            get(
+                "yard_agg_job_frames_total",
+                "job=\"7\",level=\"cluster\",outcome=\"foreign\""
+            ),
             Some(2.0)
         );
         assert_eq!(

@@ -169,6 +169,11 @@ pub enum AggRequest {
         to: NodeId,
         bytes_per_s: u64,
     },
+    /// An aggregating host's counters saw a pair's rate move (its daemon's drift watch).
+    Remeasure {
+        from: NodeId,
+        to: NodeId,
+    },
 }
 
 impl AggRequest {

@@ -9,7 +9,7 @@
 //! tables (quota, names, ranks) are made here, at apply time, so every node refuses the same
 //! commands; a refused command changes nothing and answers why in one sentence.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 use serde::{Deserialize, Serialize};
@@ -283,6 +283,10 @@ pub enum AggCommand {
         to: NodeId,
         bytes_per_s: u64,
     },
+    /// The aggregator at `to` saw the rate of `from`'s workers move in its counters: `from`
+    /// measures the pair again, and the measurement replaces the figure. Refused for a pair
+    /// with no figure yet (it is measured anyway).
+    Remeasure { from: NodeId, to: NodeId },
 }
 
 /// Weight of a new bandwidth measurement in the table's moving average: 1/`BANDWIDTH_SMOOTHING`.
@@ -298,6 +302,11 @@ pub struct AggTables {
     /// Measured bandwidth, bytes/s, from a node (a worker's host) to an aggregating host:
     /// `bandwidth[from][to]`, smoothed over the measurements.
     pub bandwidth: BTreeMap<NodeId, BTreeMap<NodeId, u64>>,
+    /// Pairs `(from, to)` whose figure the aggregator at `to` saw change in its counters
+    /// (`AggCommand::Remeasure`): `from` measures them again at once, and that measurement
+    /// replaces the figure instead of entering the average.
+    #[serde(default)]
+    pub remeasure: BTreeSet<(NodeId, NodeId)>,
     /// The next job id (ids are never reused, so a stale frame never names a new job).
     pub next_id: u32,
     /// The revision of the last command that changed these tables.
@@ -465,13 +474,24 @@ impl AggTables {
                 }
                 let slot = self.bandwidth.entry(*from).or_default().entry(*to);
                 let old = *slot.or_insert(*bytes_per_s);
-                let new = if old >= *bytes_per_s {
+                let new = if self.remeasure.remove(&(*from, *to)) {
+                    // A change the counters saw: the check's figure, not a quarter of it.
+                    *bytes_per_s
+                } else if old >= *bytes_per_s {
                     old - (old - bytes_per_s) / BANDWIDTH_SMOOTHING
                 } else {
                     old + (bytes_per_s - old) / BANDWIDTH_SMOOTHING
                 };
                 self.bandwidth.entry(*from).or_default().insert(*to, new);
                 true
+            }
+            AggCommand::Remeasure { from, to } => {
+                if !self.bandwidth.get(from).is_some_and(|m| m.contains_key(to)) {
+                    return Err(format!(
+                        "node {from} has no bandwidth figure to node {to} to measure again"
+                    ));
+                }
+                self.remeasure.insert((*from, *to))
             }
             AggCommand::WorkerGone { name, rank, reason } => {
                 let job = self.job_mut(name)?;

@@ -9,10 +9,12 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use tokio::sync::broadcast::error::RecvError;
+use yard_ebpf::aggregator::MemberTiming;
 use yard_ebpf::{error_chain, AggCounter, AggJobEntry, Aggregator, CounterValue};
 use yard_raft_store::aggregation::AggTables;
 use yard_raft_store::{Change, ChangeFeed, NodeId};
 
+use super::bandwidth::Reading;
 use super::core::{desired, diff, Effect};
 use crate::health::HealthRegistry;
 
@@ -28,6 +30,15 @@ pub trait AggDataPlane: Send {
     /// One job's counters by reason.
     fn job_counters(&self, id: u32) -> Result<Vec<(AggCounter, CounterValue)>, String>;
     fn slot_count(&self) -> u32;
+    /// One job's arrival timing of its first `workers` members, by worker index (none by
+    /// default: a data plane that does not time frames gives no bandwidth figures).
+    fn member_timing(
+        &self,
+        _id: u32,
+        _workers: usize,
+    ) -> Result<Vec<(usize, MemberTiming)>, String> {
+        Ok(Vec::new())
+    }
 }
 
 impl AggDataPlane for Aggregator {
@@ -46,6 +57,9 @@ impl AggDataPlane for Aggregator {
     fn slot_count(&self) -> u32 {
         Aggregator::slot_count(self)
     }
+    fn member_timing(&self, id: u32, workers: usize) -> Result<Vec<(usize, MemberTiming)>, String> {
+        Aggregator::member_timing(self, id, workers).map_err(|e| error_chain(&e))
+    }
 }
 
 /// One served job as the stats show it (and `yard agg stats` carries it).
@@ -57,8 +71,15 @@ pub struct JobStats {
     /// Slots the job holds, and their bytes of kernel memory.
     pub slots: u64,
     pub bytes: u64,
+    /// This host's level in the job's tree: `"root"` (also a flat job's only aggregator) or
+    /// `"cluster"` (it sends its partial sums to a parent), so the counters can be graphed by
+    /// level.
+    pub level: String,
     /// (counter name, packets, bytes)
     pub counters: Vec<(String, u64, u64)>,
+    /// Each member's arrival timing, cumulative: what this host's drift watch compares with
+    /// its baselines (`super::bandwidth::Drift`).
+    pub links: Vec<Reading>,
 }
 
 /// What this host's aggregator is doing, for status, `yard agg stats` and metrics.
@@ -220,13 +241,34 @@ impl AggregatorActor {
         let mut jobs = Vec::new();
         for (id, e) in &self.served {
             let counters = self.dp.job_counters(*id).map(rows).unwrap_or_default();
+            let links = self
+                .dp
+                .member_timing(*id, e.members.len())
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|(w, t)| {
+                    Some(Reading {
+                        job: *id,
+                        addr: *e.members.get(w)?,
+                        busy_ns: t.busy_ns,
+                        bytes: t.bytes,
+                    })
+                })
+                .collect();
             jobs.push(JobStats {
                 id: *id,
                 epoch: e.epoch,
                 workers: e.members.len(),
                 slots: e.slots(),
                 bytes: e.slots() * yard_ebpf::aggregator::SLOT_BYTES,
+                level: if e.parent.is_some() {
+                    "cluster"
+                } else {
+                    "root"
+                }
+                .to_string(),
                 counters,
+                links,
             });
         }
         let counters = self.dp.counters().map(rows);

@@ -1,23 +1,165 @@
-//! Which aggregating hosts this node should measure its bandwidth to now, pure: the shell
-//! (`node/src/agg_bandwidth.rs`) probes them one at a time and proposes what it measured, which
-//! the tables smooth (`AggCommand::Bandwidth`).
+//! Bandwidth measurement for the grouping (ALEPH), the pure parts: which aggregating hosts a
+//! node should probe now ([`due`]), and which of its pairs an aggregating host's counters say
+//! have changed ([`Drift`]). The shell (`node/src/agg_bandwidth.rs`) probes and proposes what
+//! it measured, which the tables smooth (`AggCommand::Bandwidth`).
 //!
 //! A node measures only while it runs a worker of a job whose grouping needs bandwidths (auto,
 //! ps), and only to the hosts that could aggregate such a job (not another worker's host,
-//! unless the job allows it): a cluster with no such job sends no probe traffic. Each host is measured once at once
-//! (a new job, a new host) and again every `every_ms`, so the figures follow the links while the
-//! job runs. Probes from several nodes to one host share its link and each sees less than the
-//! link alone; to keep that rare, a node goes through the hosts starting from an offset of its
-//! own id, so that nodes measuring at the same moment mostly measure different hosts.
+//! unless the job allows it): a cluster with no such job sends no probe traffic. Each host is
+//! measured once at once (a new job, a new host) and again every `every_ms`. Probes from
+//! several nodes to one host share its link and each sees less than the link alone; to keep
+//! that rare, a node goes through the hosts starting from an offset of its own id, so that
+//! nodes measuring at the same moment mostly measure different hosts.
+//!
+//! While a job runs, the aggregator's own counters watch the pairs it serves: the program times
+//! each member's frames (`struct agg_peer` in `yard.h`), and when the rate a member's frames
+//! arrive at while it is sending moves by more than [`DRIFT`] from what it was when the pair's
+//! figure was last measured, the host marks the pair for measuring again
+//! (`AggCommand::Remeasure`); the member's node probes it within a second and that measurement
+//! replaces the figure. The counters decide *when* to measure, never the figure itself, because
+//! neither reading of them is the pair's achievable bandwidth (both seen in the namespace tree
+//! test): a token bucket passes a full bucket at line speed, so a round's gradient arrives
+//! faster than the link (47–53 MB/s on 25 MB/s links), and members share the aggregator's link,
+//! so one member slowing raises the others' rates with no change to their links. A change of
+//! the rate relative to its own earlier value cancels the first; the second only costs a probe
+//! that finds nothing changed.
 
-use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{Ipv4Addr, SocketAddrV4};
 
 use yard_raft_store::aggregation::{AggTables, Grouping};
 use yard_raft_store::NodeId;
 
+/// One member's cumulative arrival timing at this host's aggregator: the gaps between its
+/// frames that came in bursts, and those frames' bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Reading {
+    pub job: u32,
+    pub addr: SocketAddrV4,
+    pub busy_ns: u64,
+    pub bytes: u64,
+}
+
+/// `bytes` over `ns` in bytes/s (0 for no time at all).
+pub fn bytes_per_s(bytes: u64, ns: u64) -> u64 {
+    if ns == 0 {
+        return 0;
+    }
+    u64::try_from(u128::from(bytes) * 1_000_000_000 / u128::from(ns)).unwrap_or(u64::MAX)
+}
+
+/// The least sending time between two readings that is compared: shorter stretches (a job
+/// idle, a few resends) say little about the link.
+pub const MIN_BUSY_NS: u64 = 20_000_000;
+
+/// How far a member's rate while sending may move, as a fraction of its baseline, before the
+/// pair is measured again: TBF bursts and scheduling move one 5 s reading by 10–15% (the
+/// namespace tree test), and a change the grouping acts on is 15% of a round time or more.
+pub const DRIFT: f64 = 0.3;
+
+/// A member's rate while sending when the pair's figure or the job's arrangement last changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Baseline {
+    /// The tables' figure for the pair, and the job's epoch, when it was taken.
+    figure: u64,
+    epoch: u32,
+    rate: u64,
+}
+
+/// An aggregating host's watch over the pairs it serves (kept by the shell between readings;
+/// every decision is [`Drift::observe`]'s).
+#[derive(Debug, Clone, Default)]
+pub struct Drift {
+    before: Vec<Reading>,
+    baselines: BTreeMap<(u32, SocketAddrV4), Baseline>,
+}
+
+impl Drift {
+    /// The nodes whose pair to this host (`me`) should be measured again, given the
+    /// aggregator's readings `now`: those of a worker of a running grouped job (auto, ps) that
+    /// this host aggregates (not a cluster aggregator sending partial sums up) whose rate while
+    /// sending since the previous readings moved by more than [`DRIFT`] from its baseline, and
+    /// whose pair is measured and not already marked. A baseline is taken from the first
+    /// reading after the pair's figure or the job's epoch changed (a new measurement, or new
+    /// members sharing this host's link); counters that went back (a member rewritten with a
+    /// new address) start over.
+    pub fn observe(
+        &mut self,
+        tables: &AggTables,
+        me: NodeId,
+        node_ips: &BTreeMap<NodeId, Ipv4Addr>,
+        now: Vec<Reading>,
+    ) -> BTreeSet<NodeId> {
+        let mut out = BTreeSet::new();
+        let mut live = BTreeSet::new();
+        for r in &now {
+            let Some(job) = tables.jobs.values().find(|j| j.id == r.job) else {
+                continue;
+            };
+            let grouped = matches!(job.grouping, Grouping::Auto | Grouping::Ps);
+            if !grouped || job.failed.is_some() || !job.members.values().any(|a| *a == r.addr) {
+                continue;
+            }
+            let Some(node) = node_ips
+                .iter()
+                .find(|(_, ip)| **ip == *r.addr.ip())
+                .map(|(n, _)| *n)
+                .filter(|n| *n != me)
+            else {
+                continue;
+            };
+            let Some(&figure) = tables.bandwidth.get(&node).and_then(|m| m.get(&me)) else {
+                continue;
+            };
+            let key = (r.job, r.addr);
+            live.insert(key);
+            let Some(b) = self
+                .before
+                .iter()
+                .find(|b| b.job == r.job && b.addr == r.addr)
+            else {
+                continue;
+            };
+            let (Some(busy), Some(bytes)) = (
+                r.busy_ns.checked_sub(b.busy_ns),
+                r.bytes.checked_sub(b.bytes),
+            ) else {
+                self.baselines.remove(&key);
+                continue;
+            };
+            if busy < MIN_BUSY_NS {
+                continue;
+            }
+            let rate = bytes_per_s(bytes, busy);
+            let fresh = Baseline {
+                figure,
+                epoch: job.epoch,
+                rate,
+            };
+            let base = *self.baselines.entry(key).or_insert(fresh);
+            if base.figure != figure || base.epoch != job.epoch || base.rate == 0 {
+                self.baselines.insert(key, fresh);
+                continue;
+            }
+            let ratio = rate as f64 / base.rate as f64;
+            let moved = !(1.0 / (1.0 + DRIFT)..=1.0 + DRIFT).contains(&ratio);
+            if moved && !tables.remeasure.contains(&(node, me)) {
+                // The next baseline comes after this mark: a measurement that happens to
+                // return the same figure must not leave the pair marked every reading.
+                self.baselines.remove(&key);
+                out.insert(node);
+            }
+        }
+        self.baselines.retain(|k, _| live.contains(k));
+        self.before = now;
+        out
+    }
+}
+
 /// The hosts `me` (at `my_ip`) should probe at `now_ms`, in order, given when it last probed
-/// each (`last`, ms on the same clock).
+/// each (`last`, ms on the same clock): those not measured yet, those measured `every_ms` ago,
+/// and those whose pair an aggregator marked for measuring again ([`Drift`]); none probed
+/// within the last second.
 pub fn due(
     tables: &AggTables,
     me: NodeId,
@@ -62,7 +204,7 @@ pub fn due(
             let stale = last
                 .get(h)
                 .is_none_or(|t| now_ms.saturating_sub(*t) >= every_ms);
-            !measured || stale
+            !measured || stale || tables.remeasure.contains(&(me, *h))
         })
         .filter(|h| {
             last.get(h)
@@ -144,6 +286,212 @@ mod tests {
         );
         // An aggregating host with a worker does not measure itself.
         assert_eq!(due(&t, 2, ip(5), &none, 0, 30_000), [1, 3]);
+    }
+
+    /// Node 5's worker of job `j` at host 2, its figure 25 MB/s, and readings for it.
+    fn watched() -> (
+        AggTables,
+        BTreeMap<NodeId, Ipv4Addr>,
+        impl Fn(u64, u64) -> Reading,
+    ) {
+        let mut t = tables(Grouping::Auto);
+        let m = AggCommand::Bandwidth {
+            from: 5,
+            to: 2,
+            bytes_per_s: 25_000_000,
+        };
+        t.apply(&m, 2).unwrap();
+        let id = t.jobs["j"].id;
+        let ips = (1..=5u8).map(|i| (u64::from(i), ip(i))).collect();
+        let at = move |busy_ms: u64, bytes: u64| Reading {
+            job: id,
+            addr: SocketAddrV4::new(ip(5), 40000),
+            busy_ns: busy_ms * 1_000_000,
+            bytes,
+        };
+        (t, ips, at)
+    }
+
+    /// Readings `per_s` bytes a second of sending apart, one second each, from `start`.
+    fn readings(at: &impl Fn(u64, u64) -> Reading, start: u64, rates: &[u64]) -> Vec<Reading> {
+        let mut bytes = 0;
+        let mut out = vec![at(start * 1000, bytes)];
+        for (i, r) in rates.iter().enumerate() {
+            bytes += r;
+            out.push(at((start + i as u64 + 1) * 1000, bytes));
+        }
+        out
+    }
+
+    #[test]
+    fn a_rate_that_moves_from_its_baseline_marks_the_pair_and_a_steady_one_does_not() {
+        let (t, ips, at) = watched();
+        // Rates above the link (a token bucket's bursts) but steady: nothing to measure.
+        let mut d = Drift::default();
+        for r in readings(&at, 0, &[50_000_000, 48_000_000, 53_000_000, 47_000_000]) {
+            assert!(d.observe(&t, 2, &ips, vec![r]).is_empty());
+        }
+        // The link slows: the rate falls by more than DRIFT from the baseline of 50 MB/s.
+        let mut d = Drift::default();
+        let seen: Vec<BTreeSet<NodeId>> = readings(&at, 0, &[50_000_000, 49_000_000, 20_000_000])
+            .into_iter()
+            .map(|r| d.observe(&t, 2, &ips, vec![r]))
+            .collect();
+        assert_eq!(
+            seen[..3],
+            [BTreeSet::new(), BTreeSet::new(), BTreeSet::new()]
+        );
+        assert_eq!(seen[3], BTreeSet::from([5]));
+        // Measured again to the same figure, the slow rate it then keeps is the new baseline:
+        // marked once, not at every reading.
+        let mut d = Drift::default();
+        let marks = readings(
+            &at,
+            0,
+            &[50_000_000, 49_000_000, 20_000_000, 20_000_000, 21_000_000],
+        )
+        .into_iter()
+        .filter(|r| !d.observe(&t, 2, &ips, vec![*r]).is_empty())
+        .count();
+        assert_eq!(marks, 1);
+        // And when it speeds up.
+        let mut d = Drift::default();
+        let last = readings(&at, 0, &[20_000_000, 20_000_000, 40_000_000])
+            .into_iter()
+            .map(|r| d.observe(&t, 2, &ips, vec![r]))
+            .last();
+        assert_eq!(last, Some(BTreeSet::from([5])));
+    }
+
+    #[test]
+    fn a_new_figure_or_epoch_takes_a_new_baseline_and_a_marked_pair_is_not_marked_twice() {
+        let (t, ips, at) = watched();
+        let r = readings(&at, 0, &[50_000_000, 20_000_000, 20_000_000]);
+        // The figure changed between the baseline and the slow reading (the pair was measured
+        // again): the slow rate is the new baseline.
+        let mut d = Drift::default();
+        d.observe(&t, 2, &ips, vec![r[0]]);
+        d.observe(&t, 2, &ips, vec![r[1]]);
+        let mut measured = t.clone();
+        let m = AggCommand::Bandwidth {
+            from: 5,
+            to: 2,
+            bytes_per_s: 10_000_000,
+        };
+        measured.apply(&m, 3).unwrap();
+        assert!(d.observe(&measured, 2, &ips, vec![r[2]]).is_empty());
+        assert!(d.observe(&measured, 2, &ips, vec![r[3]]).is_empty());
+        // A regrouping (new epoch) changes who shares the link: a new baseline too.
+        let mut d = Drift::default();
+        d.observe(&t, 2, &ips, vec![r[0]]);
+        d.observe(&t, 2, &ips, vec![r[1]]);
+        let mut moved = t.clone();
+        moved.jobs.get_mut("j").unwrap().epoch += 1;
+        assert!(d.observe(&moved, 2, &ips, vec![r[2]]).is_empty());
+        // A pair already marked is not marked again.
+        let mut d = Drift::default();
+        d.observe(&t, 2, &ips, vec![r[0]]);
+        d.observe(&t, 2, &ips, vec![r[1]]);
+        let mut marked = t.clone();
+        marked
+            .apply(&AggCommand::Remeasure { from: 5, to: 2 }, 3)
+            .unwrap();
+        assert!(d.observe(&marked, 2, &ips, vec![r[2]]).is_empty());
+    }
+
+    #[test]
+    fn only_a_measured_grouped_worker_s_steady_sending_is_watched() {
+        let (t, ips, at) = watched();
+        let slow = readings(&at, 0, &[50_000_000, 50_000_000, 10_000_000]);
+        let marks =
+            |t: &AggTables, ips: &BTreeMap<NodeId, Ipv4Addr>, me: NodeId, rs: &[Reading]| {
+                let mut d = Drift::default();
+                rs.iter()
+                    .map(|r| d.observe(t, me, ips, vec![*r]))
+                    .fold(BTreeSet::new(), |a, b| &a | &b)
+            };
+        assert_eq!(marks(&t, &ips, 2, &slow), BTreeSet::from([5]));
+        // A flat job, this host's own worker, a worker whose host is no node, a pair with no
+        // figure: never marked.
+        assert!(marks(&tables(Grouping::Flat), &ips, 2, &slow).is_empty());
+        assert!(marks(&t, &ips, 5, &slow).is_empty());
+        let few: BTreeMap<NodeId, Ipv4Addr> = (1..=3u8).map(|i| (u64::from(i), ip(i))).collect();
+        assert!(marks(&t, &few, 2, &slow).is_empty());
+        assert!(marks(&t, &ips, 3, &slow).is_empty(), "no figure 5 -> 3");
+        // A cluster aggregator's partial sums (an address that is no member).
+        let child: Vec<Reading> = slow
+            .iter()
+            .map(|r| Reading {
+                addr: SocketAddrV4::new(ip(3), 7481),
+                ..*r
+            })
+            .collect();
+        assert!(marks(&t, &ips, 2, &child).is_empty());
+        // Too little sending between readings: not compared; counters that went back (a
+        // rewritten member) start over.
+        let idle = [at(0, 0), at(1000, 50_000_000), at(1000 + 19, 50_100_000)];
+        assert!(marks(&t, &ips, 2, &idle).is_empty());
+        let back = [
+            at(0, 0),
+            at(1000, 50_000_000),
+            at(10, 0),
+            at(1010, 10_000_000),
+        ];
+        assert!(marks(&t, &ips, 2, &back).is_empty());
+    }
+
+    #[test]
+    fn a_marked_pair_is_due_at_once_and_its_measurement_replaces_the_figure() {
+        let (mut t, _, _) = watched();
+        let last: BTreeMap<NodeId, u64> = [(1, 10_000), (2, 10_000), (3, 10_000)].into();
+        for to in [1, 3] {
+            let m = AggCommand::Bandwidth {
+                from: 5,
+                to,
+                bytes_per_s: 25_000_000,
+            };
+            t.apply(&m, 2).unwrap();
+        }
+        assert!(due(&t, 5, ip(5), &last, 12_000, 30_000).is_empty());
+        assert!(t
+            .apply(&AggCommand::Remeasure { from: 5, to: 2 }, 3)
+            .unwrap());
+        assert!(
+            !t.apply(&AggCommand::Remeasure { from: 5, to: 2 }, 4)
+                .unwrap(),
+            "marked once"
+        );
+        assert_eq!(due(&t, 5, ip(5), &last, 12_000, 30_000), [2]);
+        assert!(
+            due(&t, 5, ip(5), &last, 10_500, 30_000).is_empty(),
+            "not twice a second"
+        );
+        let m = AggCommand::Bandwidth {
+            from: 5,
+            to: 2,
+            bytes_per_s: 6_000_000,
+        };
+        t.apply(&m, 5).unwrap();
+        assert_eq!(t.bandwidth[&5][&2], 6_000_000, "replaced, not averaged");
+        assert!(t.remeasure.is_empty());
+        assert!(due(&t, 5, ip(5), &last, 12_000, 30_000).is_empty());
+        // The next one is averaged again.
+        t.apply(&m, 6).unwrap();
+        let m = AggCommand::Bandwidth {
+            from: 5,
+            to: 2,
+            bytes_per_s: 10_000_000,
+        };
+        t.apply(&m, 7).unwrap();
+        assert_eq!(t.bandwidth[&5][&2], 7_000_000);
+        // A pair with no figure is not marked: it is measured anyway.
+        let err = t
+            .apply(&AggCommand::Remeasure { from: 4, to: 2 }, 8)
+            .unwrap_err();
+        assert_eq!(
+            err,
+            "node 4 has no bandwidth figure to node 2 to measure again"
+        );
     }
 
     #[test]

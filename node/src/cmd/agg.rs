@@ -153,8 +153,17 @@ pub async fn run(client: &AdminClient, cmd: &AggCmd, out: Out) -> anyhow::Result
                 .jobs
                 .iter()
                 .map(|j| {
-                    json!({"id": j.id, "epoch": j.epoch, "workers": j.workers, "slots": j.slots,
-                                "map_bytes": j.bytes, "counters": counters(&j.counters)})
+                    let members: Vec<Value> = j
+                        .links
+                        .iter()
+                        .map(|l| {
+                            json!({"addr": l.addr.to_string(), "busy_ns": l.busy_ns,
+                                   "bytes": l.bytes, "bytes_per_s": sending_rate(l)})
+                        })
+                        .collect();
+                    json!({"id": j.id, "epoch": j.epoch, "level": j.level, "workers": j.workers, "slots": j.slots,
+                                "map_bytes": j.bytes, "counters": counters(&j.counters),
+                                "members": members})
                 })
                 .collect();
             out.line(
@@ -167,14 +176,22 @@ pub async fn run(client: &AdminClient, cmd: &AggCmd, out: Out) -> anyhow::Result
                     let mut t = format!("node {}  slots {}  jobs {}\n", s.node, s.slot_count, s.jobs.len());
                     for j in &s.jobs {
                         t.push_str(&format!(
-                            "job {} epoch {} workers {} memory {} KiB\n",
+                            "job {} epoch {} {} workers {} memory {} KiB\n",
                             j.id,
                             j.epoch,
+                            j.level,
                             j.workers,
                             j.bytes / 1024
                         ));
                         for (n, p, b) in j.counters.iter().filter(|c| c.1 > 0) {
                             t.push_str(&format!("  {n:<14} {p:>12} frames {b:>14} bytes\n"));
+                        }
+                        for l in j.links.iter().filter(|l| l.busy_ns > 0) {
+                            t.push_str(&format!(
+                                "  from {:<21} {:>9.1} Mbit/s while sending\n",
+                                l.addr.to_string(),
+                                sending_rate(l) as f64 * 8.0 / 1e6
+                            ));
                         }
                     }
                     for (n, p, b) in &s.counters {
@@ -190,6 +207,11 @@ pub async fn run(client: &AdminClient, cmd: &AggCmd, out: Out) -> anyhow::Result
         other => bail!("unexpected reply {other:?}"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Bytes/s a member's frames arrived at while it was sending, since its timing began.
+fn sending_rate(l: &yard_actors::aggregator::bandwidth::Reading) -> u64 {
+    yard_actors::aggregator::bandwidth::bytes_per_s(l.bytes, l.busy_ns)
 }
 
 fn dtype_name(raw: u8) -> &'static str {

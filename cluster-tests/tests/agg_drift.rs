@@ -1,0 +1,231 @@
+//! The grouping's bandwidth figures follow a link that changes while a job runs, through the
+//! aggregator's own counters: one aggregating `yard` node (host 1) and three worker hosts
+//! (2-4, each with its node) on 200 Mbit/s TBF links sum int32 rounds of a `ps` job; once every
+//! member's bandwidth is measured, one worker's link is cut to 40 Mbit/s mid-training. The
+//! periodic probe is set to ten minutes, so only the aggregator's drift watch (its XDP
+//! program's arrival timing, `yard_actors::aggregator::bandwidth::Drift`) can have that pair
+//! measured again within the test; the new figure replaces the old one instead of entering the
+//! average. Every round stays the exact sum throughout. Needs root.
+
+use std::net::SocketAddrV4;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use yard_agg::wire::Dtype;
+use yard_agg::worker::{AggError, Worker};
+use yard_cluster_tests::agg::{join_job, membership, run_rank, show_job, RankRun, Slot};
+use yard_cluster_tests::require_root;
+use yard_cluster_tests::yard::{ClusterOptions, YardCluster};
+
+const WORKERS: usize = 3;
+/// 10^5 + 3 values: 278 chunks of 360 (MTU 1500), the last one short.
+const VALUES: u32 = 100_003;
+const FAST_MBIT: u32 = 200;
+const SLOWED_MBIT: u32 = 40;
+/// The rank whose link is cut.
+const SLOWED: usize = 2;
+/// Training after every figure is measured and before the cut: two of the counters' 5 s
+/// readings, so the aggregating host has a baseline for every pair.
+const BASELINE_FOR: Duration = Duration::from_secs(12);
+
+/// One aggregating node plus a node per worker host; probes of 1 MiB, repeated only every ten
+/// minutes (longer than the test), so a figure that changes within the test was asked for by
+/// the aggregator's counters.
+fn options() -> ClusterOptions {
+    ClusterOptions {
+        extra_config: format!(
+            "{}probe_bytes = 1048576\nprobe_every_ms = 600000\n{}",
+            yard_cluster_tests::yard::aggregator_config(32),
+            yard_cluster_tests::torch::AGG_TORCH_TIMING
+        ),
+    }
+}
+
+fn gradient(rank: usize, round: u32) -> Vec<i32> {
+    (0..VALUES)
+        .map(|i| {
+            (i as i64 * 2_654_435_761 + rank as i64 * 97 + i64::from(round) * 1_000_003) as u32
+                as i32
+        })
+        .collect()
+}
+
+fn exact(round: u32) -> Vec<i32> {
+    let mut sum = vec![0i32; VALUES as usize];
+    for rank in 0..WORKERS {
+        for (s, g) in sum.iter_mut().zip(gradient(rank, round)) {
+            *s = s.wrapping_add(g);
+        }
+    }
+    sum
+}
+
+/// Each member's measured bandwidth to its aggregator by rank, bytes/s (0: not measured).
+fn figures(job: &Value) -> Vec<u64> {
+    let members = job["members"].as_array().cloned().unwrap_or_default();
+    (0..WORKERS)
+        .map(|rank| {
+            members
+                .iter()
+                .find(|m| m["rank"] == rank)
+                .and_then(|m| m["bandwidth_bytes_per_s"].as_u64())
+                .unwrap_or(0)
+        })
+        .collect()
+}
+
+#[test]
+fn a_link_that_slows_mid_job_is_measured_again_at_its_aggregator_s_request() {
+    require_root();
+    let bin = yard_cluster_tests::yard::test_yard_bin();
+    let nodes = 1 + WORKERS;
+    let cluster = YardCluster::start(&bin, nodes, nodes, &options()).unwrap();
+    for h in 2..=nodes {
+        cluster.topology().rate_limit(h, FAST_MBIT).unwrap();
+    }
+    let created = cluster
+        .cli(
+            1,
+            &[
+                "agg",
+                "job",
+                "create",
+                "drift",
+                "--workers",
+                &WORKERS.to_string(),
+                "--size",
+                &(u64::from(VALUES) * 4).to_string(),
+                "--dtype",
+                "i32",
+                "--grouping",
+                "ps",
+                "--json",
+            ],
+        )
+        .unwrap();
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+
+    let slots: Vec<Slot> = (0..WORKERS).map(|_| Arc::new(Mutex::new(None))).collect();
+    let progress: Arc<Mutex<Vec<u32>>> = Arc::new(Mutex::new(vec![0; WORKERS]));
+    let stop = Arc::new(AtomicU32::new(u32::MAX));
+    let mut threads = Vec::new();
+    for (rank, slot) in slots.iter().enumerate() {
+        let host = 2 + rank;
+        let addr = SocketAddrV4::new(cluster.topology().addr(host), 40000 + rank as u16);
+        join_job(&cluster, host, "drift", rank, addr).unwrap();
+        let mut run = RankRun::new(host, rank, addr, u32::MAX);
+        run.stop = stop.clone();
+        threads.push(run_rank(
+            &cluster,
+            run,
+            slot.clone(),
+            progress.clone(),
+            move |w: &mut Worker, round| -> Result<bool, AggError> {
+                let mut g = gradient(rank, round);
+                w.all_reduce_i32(&mut g)?;
+                Ok(g == exact(round))
+            },
+        ));
+    }
+
+    // Follow the job until every figure is measured, train on for the baselines, cut the link,
+    // and wait for the slowed pair's figure to follow it.
+    let began = Instant::now();
+    let deadline = began + Duration::from_secs(180);
+    let mut measured: Option<(Instant, Vec<u64>)> = None;
+    let mut cut: Option<Instant> = None;
+    let mut followed: Option<(Duration, Vec<u64>)> = None;
+    while followed.is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the slowed link's figure never followed it: measured {measured:?}, cut {:?} \
+             after the start, rounds {:?}",
+            cut.map(|c| c - began),
+            progress.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        let Some(job) = show_job(&cluster, 1, "drift") else {
+            continue;
+        };
+        for (rank, s) in slots.iter().enumerate() {
+            if let Some(m) = membership(&job, rank, Dtype::I32) {
+                *s.lock().unwrap() = Some(m);
+            }
+        }
+        let now = figures(&job);
+        match (&measured, cut) {
+            (None, _) if now.iter().all(|f| *f > 0) => {
+                eprintln!(
+                    "measured: {now:?} bytes/s, rounds {:?}",
+                    progress.lock().unwrap()
+                );
+                measured = Some((Instant::now(), now));
+            }
+            (Some((at, _)), None) if at.elapsed() >= BASELINE_FOR => {
+                cluster
+                    .topology()
+                    .rate_limit(2 + SLOWED, SLOWED_MBIT)
+                    .unwrap();
+                eprintln!(
+                    "rank {SLOWED}'s link cut to {SLOWED_MBIT} Mbit/s, rounds {:?}",
+                    progress.lock().unwrap()
+                );
+                cut = Some(Instant::now());
+            }
+            (Some((_, before)), Some(c)) if now[SLOWED] < before[SLOWED] / 2 => {
+                eprintln!(
+                    "followed {:?} after the cut: {now:?} bytes/s, rounds {:?}",
+                    c.elapsed(),
+                    progress.lock().unwrap()
+                );
+                followed = Some((c.elapsed(), now));
+            }
+            _ => {}
+        }
+    }
+    let end = progress.lock().unwrap().iter().max().unwrap() + 1;
+    stop.store(end, Ordering::SeqCst);
+    let results: Vec<Vec<(u32, bool)>> = threads
+        .into_iter()
+        .map(|t| t.join().unwrap().unwrap())
+        .collect();
+
+    let (_, before) = measured.unwrap();
+    let (took, after) = followed.unwrap();
+    // Well inside the probe's ten-minute period: the counters asked for it.
+    assert!(took < Duration::from_secs(60), "{took:?}");
+    // The new figure is the slowed link's (40 Mbit/s = 5 MB/s), not an average with the old
+    // one, which would have kept 3/4 of 25 MB/s. The probe shares the link with the job's own
+    // frames, so it gets what they leave (2.6 MB/s in the first run): at most the link, and
+    // more than a quarter of it.
+    let link = u64::from(SLOWED_MBIT) * 1_000_000 / 8;
+    assert!(
+        after[SLOWED] <= link * 13 / 10 && after[SLOWED] >= link / 4,
+        "rank {SLOWED}: {} bytes/s for a {link} bytes/s link",
+        after[SLOWED]
+    );
+    // The others' links did not change, and neither did their figures beyond a probe's noise.
+    for rank in (0..WORKERS).filter(|r| *r != SLOWED) {
+        assert!(
+            after[rank] >= before[rank] / 2,
+            "rank {rank}: {} bytes/s, measured {} before",
+            after[rank],
+            before[rank]
+        );
+    }
+    // Every rank summed every round once, exactly.
+    for (rank, r) in results.iter().enumerate() {
+        let rounds: Vec<u32> = r.iter().map(|(round, _)| *round).collect();
+        assert_eq!(rounds, (0..end).collect::<Vec<_>>(), "rank {rank}");
+        assert!(
+            r.iter().all(|(_, ok)| *ok),
+            "rank {rank}: a sum was not exact"
+        );
+    }
+}
