@@ -198,3 +198,77 @@ where
         })
         .expect("a thread in a test host")
 }
+
+/// Worker `rank`'s int32 gradient of `values` values in round `round`: deterministic,
+/// different per worker and round, with values that overflow int32 when summed (the sum wraps,
+/// as int32 adds do).
+pub fn gradient_i32(rank: usize, round: u32, values: u32) -> Vec<i32> {
+    (0..values)
+        .map(|i| {
+            (i as i64 * 2_654_435_761 + rank as i64 * 97 + i64::from(round) * 1_000_003) as u32
+                as i32
+        })
+        .collect()
+}
+
+/// The exact (wrapping) sum of round `round`'s [`gradient_i32`] over `workers` workers.
+pub fn exact_i32(workers: usize, round: u32, values: u32) -> Vec<i32> {
+    let mut sum = vec![0i32; values as usize];
+    for rank in 0..workers {
+        for (s, g) in sum.iter_mut().zip(gradient_i32(rank, round, values)) {
+            *s = s.wrapping_add(g);
+        }
+    }
+    sum
+}
+
+/// A [`run_rank`] round for rank `rank` of `workers`: sums its [`gradient_i32`] and says
+/// whether the result was the exact sum.
+pub fn sum_exact_i32(
+    rank: usize,
+    workers: usize,
+    values: u32,
+) -> impl FnMut(&mut Worker, u32) -> Result<bool, AggError> {
+    move |w, round| {
+        let mut g = gradient_i32(rank, round, values);
+        w.all_reduce_i32(&mut g)?;
+        Ok(g == exact_i32(workers, round, values))
+    }
+}
+
+/// `yard agg job create NAME --workers N --size 4*VALUES --dtype i32 [--grouping G] --json`
+/// through node `from`; its JSON answer, or why it was refused.
+pub fn create_i32_job(
+    cluster: &YardCluster,
+    from: usize,
+    name: &str,
+    workers: usize,
+    values: u32,
+    grouping: Option<&str>,
+) -> Result<Value, String> {
+    let (workers, size) = (workers.to_string(), (u64::from(values) * 4).to_string());
+    let mut args = vec![
+        "agg",
+        "job",
+        "create",
+        name,
+        "--workers",
+        &workers,
+        "--size",
+        &size,
+        "--dtype",
+        "i32",
+        "--json",
+    ];
+    if let Some(g) = grouping {
+        args.extend(["--grouping", g]);
+    }
+    let out = cluster.cli(from, &args).map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!(
+            "creating {name}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("yard agg job create: not JSON ({e})"))
+}

@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use yard_agg::wire::Dtype;
-use yard_agg::worker::{AggError, Worker};
-use yard_cluster_tests::agg::{join_job, membership, run_rank, show_job, RankRun, Slot};
+use yard_cluster_tests::agg::{
+    create_i32_job, join_job, membership, run_rank, show_job, sum_exact_i32, RankRun, Slot,
+};
 use yard_cluster_tests::require_root;
 use yard_cluster_tests::yard::{ClusterOptions, YardCluster};
 
@@ -43,25 +44,6 @@ fn options() -> ClusterOptions {
     }
 }
 
-fn gradient(rank: usize, round: u32) -> Vec<i32> {
-    (0..VALUES)
-        .map(|i| {
-            (i as i64 * 2_654_435_761 + rank as i64 * 97 + i64::from(round) * 1_000_003) as u32
-                as i32
-        })
-        .collect()
-}
-
-fn exact(round: u32) -> Vec<i32> {
-    let mut sum = vec![0i32; VALUES as usize];
-    for rank in 0..WORKERS {
-        for (s, g) in sum.iter_mut().zip(gradient(rank, round)) {
-            *s = s.wrapping_add(g);
-        }
-    }
-    sum
-}
-
 /// Each member's measured bandwidth to its aggregator by rank, bytes/s (0: not measured).
 fn figures(job: &Value) -> Vec<u64> {
     let members = job["members"].as_array().cloned().unwrap_or_default();
@@ -85,31 +67,7 @@ fn a_link_that_slows_mid_job_is_measured_again_at_its_aggregator_s_request() {
     for h in 2..=nodes {
         cluster.topology().rate_limit(h, FAST_MBIT).unwrap();
     }
-    let created = cluster
-        .cli(
-            1,
-            &[
-                "agg",
-                "job",
-                "create",
-                "drift",
-                "--workers",
-                &WORKERS.to_string(),
-                "--size",
-                &(u64::from(VALUES) * 4).to_string(),
-                "--dtype",
-                "i32",
-                "--grouping",
-                "ps",
-                "--json",
-            ],
-        )
-        .unwrap();
-    assert!(
-        created.status.success(),
-        "{}",
-        String::from_utf8_lossy(&created.stderr)
-    );
+    create_i32_job(&cluster, 1, "drift", WORKERS, VALUES, Some("ps")).unwrap();
 
     let slots: Vec<Slot> = (0..WORKERS).map(|_| Arc::new(Mutex::new(None))).collect();
     let progress: Arc<Mutex<Vec<u32>>> = Arc::new(Mutex::new(vec![0; WORKERS]));
@@ -126,11 +84,7 @@ fn a_link_that_slows_mid_job_is_measured_again_at_its_aggregator_s_request() {
             run,
             slot.clone(),
             progress.clone(),
-            move |w: &mut Worker, round| -> Result<bool, AggError> {
-                let mut g = gradient(rank, round);
-                w.all_reduce_i32(&mut g)?;
-                Ok(g == exact(round))
-            },
+            sum_exact_i32(rank, WORKERS, VALUES),
         ));
     }
 

@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use yard_agg::wire::Dtype;
-use yard_agg::worker::{AggError, Worker};
-use yard_cluster_tests::agg::{join_job, membership, run_rank, show_job, RankRun, Slot};
+use yard_cluster_tests::agg::{
+    create_i32_job, join_job, membership, run_rank, show_job, sum_exact_i32, RankRun, Slot,
+};
 use yard_cluster_tests::require_root;
 use yard_cluster_tests::yard::{ClusterOptions, YardCluster};
 
@@ -46,25 +47,6 @@ fn options() -> ClusterOptions {
     }
 }
 
-fn gradient(rank: usize, round: u32) -> Vec<i32> {
-    (0..VALUES)
-        .map(|i| {
-            (i as i64 * 2_654_435_761 + rank as i64 * 97 + i64::from(round) * 1_000_003) as u32
-                as i32
-        })
-        .collect()
-}
-
-fn exact(round: u32) -> Vec<i32> {
-    let mut sum = vec![0i32; VALUES as usize];
-    for rank in 0..WORKERS {
-        for (s, g) in sum.iter_mut().zip(gradient(rank, round)) {
-            *s = s.wrapping_add(g);
-        }
-    }
-    sum
-}
-
 fn show(cluster: &YardCluster, from: usize) -> Option<Value> {
     show_job(cluster, from, "tree")
 }
@@ -88,15 +70,6 @@ fn tree_of(job: &Value) -> (u64, Vec<u64>) {
 /// Whether each round a rank summed was exact, by round.
 type Sums = Vec<(u32, bool)>;
 
-/// Sums round `round` as `rank`; whether it was the exact sum.
-fn sum_exact(rank: usize) -> impl FnMut(&mut Worker, u32) -> Result<bool, AggError> {
-    move |w, round| {
-        let mut g = gradient(rank, round);
-        w.all_reduce_i32(&mut g)?;
-        Ok(g == exact(round))
-    }
-}
-
 #[test]
 fn a_job_regroups_into_a_tree_mid_training_then_without_a_dead_host_and_for_a_moved_worker() {
     require_root();
@@ -117,29 +90,7 @@ fn a_job_regroups_into_a_tree_mid_training_then_without_a_dead_host_and_for_a_mo
             .rate_limit(AGGREGATORS + 1 + r, mbit)
             .unwrap();
     }
-    let created = cluster
-        .cli(
-            1,
-            &[
-                "agg",
-                "job",
-                "create",
-                "tree",
-                "--workers",
-                &WORKERS.to_string(),
-                "--size",
-                &(u64::from(VALUES) * 4).to_string(),
-                "--dtype",
-                "i32",
-                "--json",
-            ],
-        )
-        .unwrap();
-    assert!(
-        created.status.success(),
-        "{}",
-        String::from_utf8_lossy(&created.stderr)
-    );
+    create_i32_job(&cluster, 1, "tree", WORKERS, VALUES, None).unwrap();
 
     let shared: Vec<Slot> = (0..WORKERS).map(|_| Arc::new(Mutex::new(None))).collect();
     let progress: Arc<Mutex<Vec<u32>>> = Arc::new(Mutex::new(vec![0; WORKERS]));
@@ -164,7 +115,7 @@ fn a_job_regroups_into_a_tree_mid_training_then_without_a_dead_host_and_for_a_mo
             run,
             slot.clone(),
             progress.clone(),
-            sum_exact(rank),
+            sum_exact_i32(rank, WORKERS, VALUES),
         )));
     }
 
@@ -269,7 +220,7 @@ fn a_job_regroups_into_a_tree_mid_training_then_without_a_dead_host_and_for_a_mo
                         run,
                         shared[0].clone(),
                         progress.clone(),
-                        sum_exact(0),
+                        sum_exact_i32(0, WORKERS, VALUES),
                     ));
                     moved = Some(at);
                 }

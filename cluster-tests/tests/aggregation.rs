@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use yard_agg::wire::Dtype;
 use yard_agg::worker::{AggError, Membership, Tuning, Worker};
-use yard_cluster_tests::agg::{join_job, membership, run_rank, show_job, RankRun, Slot};
+use yard_cluster_tests::agg::{
+    exact_i32, gradient_i32, join_job, membership, run_rank, show_job, RankRun, Slot,
+};
 use yard_cluster_tests::require_root;
 use yard_cluster_tests::yard::{ClusterOptions, YardCluster};
 
@@ -28,18 +30,6 @@ fn options() -> ClusterOptions {
     }
 }
 
-/// A worker's gradient in round `round`: deterministic, different per worker and round, with
-/// values that overflow int32 when summed (the sum wraps, as int32 adds do).
-fn gradient(rank: usize, round: u32) -> Vec<i32> {
-    (0..VALUES)
-        .map(|i| {
-            let x =
-                (i as i64 * 2_654_435_761 + rank as i64 * 97 + i64::from(round) * 1_000_003) as u32;
-            x as i32
-        })
-        .collect()
-}
-
 /// Worker `rank`'s float32 gradient in `round`: each worker at its own scale, so chunks'
 /// exponents differ and the aggregator re-scales (the order-dependent part of a float sum).
 fn gradient_f32(rank: usize, round: u32) -> Vec<f32> {
@@ -49,16 +39,6 @@ fn gradient_f32(rank: usize, round: u32) -> Vec<f32> {
             x * 1e-3 * 2f32.powi(rank as i32 * 3 - 4)
         })
         .collect()
-}
-
-fn exact(round: u32) -> Vec<i32> {
-    let mut sum = vec![0i32; VALUES as usize];
-    for rank in 0..WORKERS {
-        for (s, g) in sum.iter_mut().zip(gradient(rank, round)) {
-            *s = s.wrapping_add(g);
-        }
-    }
-    sum
 }
 
 fn json(out: &std::process::Output, what: &str) -> Value {
@@ -111,7 +91,7 @@ fn float_sums_stay_identical_on_every_worker_across_the_aggregator_s_death() {
 fn round_bits(rank: usize, round: u32, w: &mut Worker, dtype: Dtype) -> Result<Vec<u32>, AggError> {
     match dtype {
         Dtype::I32 => {
-            let mut g = gradient(rank, round);
+            let mut g = gradient_i32(rank, round, VALUES);
             w.all_reduce_i32(&mut g)?;
             Ok(g.into_iter().map(|v| v as u32).collect())
         }
@@ -128,7 +108,10 @@ fn round_bits(rank: usize, round: u32, w: &mut Worker, dtype: Dtype) -> Result<V
 fn check_round(results: &[Vec<Vec<u32>>], round: u32, dtype: Dtype, chunk_values: usize) {
     match dtype {
         Dtype::I32 => {
-            let want: Vec<u32> = exact(round).into_iter().map(|v| v as u32).collect();
+            let want: Vec<u32> = exact_i32(WORKERS, round, VALUES)
+                .into_iter()
+                .map(|v| v as u32)
+                .collect();
             for (rank, r) in results.iter().enumerate() {
                 assert!(
                     r[round as usize] == want,
