@@ -203,7 +203,8 @@ _Static_assert(PEERS_COUNTER_MAX == 8, "Rust PeerCounter::ALL has 8 entries");
  * A job's chunk size is the largest its interfaces' MTU allows, at most this.
  */
 #define AGG_VALUES_MAX 768
-/* Workers per job: the contribution bitmap is one __u64. */
+/* Members of one job at one aggregator (a flat job's workers, a tree cluster's, a root's own plus
+ * its clusters): the contribution bitmap is one __u64. */
 #define AGG_WORKERS_MAX 64
 
 enum agg_kind {

@@ -35,13 +35,18 @@
 //! positive pair) and `j · M / capacity_h` (`j = 1..=N+H`; no load exceeds `N + H − 1`). They
 //! are sorted and deduplicated and a binary search finds the least feasible one; breakpoints
 //! below `max_w M / max_h b(w, h)` (some worker with no host) are skipped, being infeasible.
-//! The largest breakpoint is always feasible (every worker's eligible hosts carry `N + H`
+//! Without a `max_load`, the largest breakpoint is always feasible (every worker's eligible hosts carry `N + H`
 //! streams there, a root never fills), and each of the paths below finds a grouping there.
 //!
 //! At `T`, host `h` carries `k_h = ⌊T · capacity_h / M⌋` streams and worker `w` may use
 //! `E_w = {h : b(w, h) ≥ M / T}`, both with a relative slack of 1e-9 so that `T = j · M /
 //! capacity_h` itself counts as carrying `j` streams; `k_h` is capped at `N + H` (never
-//! needed beyond). A grouping fits `T` iff every `a(w) ∈ E_w` and every active host's load is
+//! needed beyond) and at the input's `max_load` `L`, the most streams an aggregator may carry
+//! whatever its capacity (its contribution bitmap: 64 in the XDP program). Every argument below
+//! takes the `k_h` as given, so the cap changes none of them; it only makes the largest
+//! breakpoint infeasible when `N` exceeds what the hosts hold at `L` (then no `T` fits:
+//! [`GroupingError::Crowded`]). With `L = 64` and enough hosts a job grows past one
+//! aggregator's 64 workers: up to `64 · 63` under 64 cluster hosts. A grouping fits `T` iff every `a(w) ∈ E_w` and every active host's load is
 //! at most its `k`: a cluster host then has at most `k_h − 1` members and the root at most
 //! `k_r − (|A| − 1)`. Workers with the same `E_w` are interchangeable, so the flows below run
 //! on classes of workers (one vertex per distinct `E_w`, capacity its size): the same
@@ -151,6 +156,10 @@ pub struct GroupingInput {
     pub capacity_bps: Vec<f64>,
     /// `bandwidth[w][h]`: bytes/s between worker `w` and host `h`; 0 if `h` may not serve `w`.
     pub bandwidth: Vec<Vec<f64>>,
+    /// The most streams one aggregator may carry whatever its capacity, `L` (the data plane's
+    /// contribution bitmap: a cluster host's members and its uplink, the root's members and
+    /// its clusters); `None`: no such limit.
+    pub max_load: Option<usize>,
 }
 
 /// One aggregator of a grouping and the workers that send to it.
@@ -191,6 +200,8 @@ pub enum GroupingError {
     Unserved(usize),
     #[error("no single host may serve every worker")]
     NoSingleHost,
+    #[error("{workers} workers do not fit a two-level tree of these hosts at {max_load} streams an aggregator")]
+    Crowded { workers: usize, max_load: usize },
 }
 
 /// When a new grouping replaces a running one.
@@ -273,6 +284,12 @@ fn check(input: &GroupingInput) -> Result<(), GroupingError> {
             must: "positive",
         });
     }
+    if input.max_load == Some(0) {
+        return Err(GroupingError::BadFigure {
+            field: "max_load".into(),
+            must: "positive",
+        });
+    }
     const FIGURE: &str = "finite and not negative";
     if let Some(k) = input
         .capacity_bps
@@ -315,7 +332,8 @@ fn check(input: &GroupingInput) -> Result<(), GroupingError> {
 
 /// The model's round time of `g` (s): infinite if `g` is not a grouping of `input` (a worker
 /// left out, placed twice or out of range, on a host that may not serve it, a host out of
-/// range). Clusters naming the same host count as one.
+/// range, a host carrying more than `max_load` streams). Clusters naming the same host count
+/// as one.
 pub fn round_time(input: &GroupingInput, g: &Grouping) -> f64 {
     let m = input.gradient_bytes as f64;
     let hosts = input.capacity_bps.len();
@@ -347,12 +365,19 @@ pub fn round_time(input: &GroupingInput, g: &Grouping) -> f64 {
     if seen.iter().any(|s| !s) {
         return f64::INFINITY;
     }
+    let max_load = input.max_load.unwrap_or(usize::MAX);
     let mut children = 0;
     for h in (0..hosts).filter(|h| *h != g.root && count[*h] > 0) {
         children += 1;
+        if count[h] + 1 > max_load {
+            return f64::INFINITY;
+        }
         t = t.max((count[h] + 1) as f64 * m / input.capacity_bps[h]);
     }
     let root_load = count[g.root] + children;
+    if root_load > max_load {
+        return f64::INFINITY;
+    }
     if root_load > 0 {
         t = t.max(root_load as f64 * m / input.capacity_bps[g.root]);
     }
@@ -389,9 +414,16 @@ pub fn group_with(input: &GroupingInput, opts: GroupOptions) -> Result<Grouping,
         cands.len() - 1,
     );
     let Some(mut best) = feasible(input, cands[hi], opts) else {
-        // Not reached: the largest breakpoint is feasible (see the module's doc).
-        debug_assert!(false, "the largest breakpoint must be feasible");
-        return Err(GroupingError::NoSingleHost);
+        // Without `max_load` not reached: the largest breakpoint is feasible (see the module's
+        // doc); with it, every host carries `min(L, N + H)` streams there, so no round time fits.
+        debug_assert!(
+            input.max_load.is_some(),
+            "the largest breakpoint must be feasible"
+        );
+        return Err(GroupingError::Crowded {
+            workers: n,
+            max_load: input.max_load.unwrap_or(usize::MAX),
+        });
     };
     while lo < hi {
         let mid = lo + (hi - lo) / 2;
@@ -497,13 +529,14 @@ struct Level {
 fn level(input: &GroupingInput, t: f64) -> Option<Level> {
     let m = input.gradient_bytes as f64;
     let (n, hosts) = (input.workers, input.capacity_bps.len());
+    let most = (n + hosts).min(input.max_load.unwrap_or(usize::MAX));
     let k: Vec<usize> = input
         .capacity_bps
         .iter()
         .map(|c| {
             let streams = (t * c / m * (1.0 + EPS)).floor();
-            if streams >= (n + hosts) as f64 {
-                n + hosts
+            if streams >= most as f64 {
+                most
             } else {
                 streams as usize
             }
@@ -938,6 +971,7 @@ mod tests {
                 .iter()
                 .map(|u| cap.iter().map(|c| u.min(*c)).collect())
                 .collect(),
+            max_load: None,
         }
     }
 

@@ -19,8 +19,14 @@ use crate::NodeId;
 /// Bytes of aggregator memory one slot takes (`struct agg_slot`: one chunk of one round
 /// parity, `AGG_VALUES_MAX` values): the unit of the memory quota.
 pub const SLOT_BYTES: u64 = 3104;
-/// Most workers in one job (the XDP program's contribution bitmap is 64 bits).
+/// Most members one aggregator sums for a job (the XDP program's contribution bitmap is 64
+/// bits): the most workers of a flat or `ps` job, of a tree's cluster, and of a root's own
+/// members plus its clusters.
 pub const MAX_WORKERS: u16 = 64;
+/// Most workers of a job grouped as a tree (`auto`) or a ring: 64 clusters of 63 under a root
+/// with no members of its own (the grouping keeps each aggregator's members and its uplink
+/// within [`MAX_WORKERS`] streams). A ring job has no aggregator; it takes the same limit.
+pub const MAX_TREE_WORKERS: u16 = MAX_WORKERS * (MAX_WORKERS - 1);
 /// Most values in one chunk (`AGG_VALUES_MAX`).
 pub const MAX_CHUNK_VALUES: u16 = 768;
 
@@ -335,9 +341,13 @@ impl AggTables {
                 if self.jobs.contains_key(name) {
                     return Err(format!("job {name} exists already"));
                 }
-                if *workers == 0 || *workers > MAX_WORKERS {
+                let most = match grouping {
+                    Grouping::Auto | Grouping::Ring => MAX_TREE_WORKERS,
+                    Grouping::Flat | Grouping::Ps => MAX_WORKERS,
+                };
+                if *workers == 0 || *workers > most {
                     return Err(format!(
-                        "a job has 1 to {MAX_WORKERS} workers, not {workers}"
+                        "a job has 1 to {MAX_WORKERS} workers on one aggregator, or up to {MAX_TREE_WORKERS} grouped auto or ring, not {workers}"
                     ));
                 }
                 if *values == 0 {
@@ -433,6 +443,12 @@ impl AggTables {
             } => {
                 let job = self.job_mut(name)?;
                 no_ring(job)?;
+                if job.members.len() > usize::from(MAX_WORKERS) {
+                    return Err(format!(
+                        "job {name} has {} workers, over the {MAX_WORKERS} one aggregator sums: it is placed as a tree",
+                        job.members.len()
+                    ));
+                }
                 if job.epoch != *expect_epoch
                     || (job.placement == Some(*placement) && job.clusters.is_empty())
                 {
@@ -720,6 +736,32 @@ mod tests {
             .unwrap_err()
             .contains("each worker needs its own port"));
         assert_eq!(t.jobs.len(), 1, "refusals change nothing");
+    }
+
+    #[test]
+    fn past_one_aggregator_s_64_workers_only_a_tree_or_a_ring_takes_a_job() {
+        let mut t = AggTables::default();
+        let with = |name: &str, workers: u16, g: Grouping| {
+            let mut c = create(name, workers, 10, false);
+            if let AggCommand::Create { grouping, .. } = &mut c {
+                *grouping = g;
+            }
+            c
+        };
+        let refusal = |n: u16| {
+            format!("a job has 1 to 64 workers on one aggregator, or up to 4032 grouped auto or ring, not {n}")
+        };
+        assert_eq!(t.apply(&with("f", 65, Grouping::Flat), 1), Err(refusal(65)));
+        assert_eq!(t.apply(&with("p", 65, Grouping::Ps), 1), Err(refusal(65)));
+        assert_eq!(
+            t.apply(&with("a", 4033, Grouping::Auto), 1),
+            Err(refusal(4033))
+        );
+        assert_eq!(t.apply(&with("z", 0, Grouping::Auto), 1), Err(refusal(0)));
+        assert_eq!(t.apply(&with("f", 64, Grouping::Flat), 1), Ok(true));
+        assert_eq!(t.apply(&with("a", 4032, Grouping::Auto), 1), Ok(true));
+        assert_eq!(t.apply(&with("r", 4032, Grouping::Ring), 1), Ok(true));
+        assert_eq!(t.jobs.len(), 3);
     }
 
     #[test]

@@ -22,7 +22,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 
-use yard_raft_store::aggregation::{AggCommand, AggJob, AggTables, Grouping, Placement, Seat};
+use yard_raft_store::aggregation::{
+    AggCommand, AggJob, AggTables, Grouping, Placement, Seat, MAX_WORKERS,
+};
 
 use super::tree::{decide_tree, TreeDecision};
 use yard_raft_store::NodeId;
@@ -135,11 +137,21 @@ pub fn decide(tables: &AggTables, view: &ClusterView) -> Decision {
                     clusters,
                 });
             }
-            TreeDecision::Unmeasured(_) | TreeDecision::Cannot(_) => {
-                // As a flat job: kept where it is while that is usable, else placed by CPU.
+            TreeDecision::Unmeasured(why) | TreeDecision::Cannot(why) => {
+                // As a flat job: kept where it is while that is usable, else placed by CPU. A
+                // job larger than one aggregator sums has no flat arrangement: it waits for its
+                // tree (its figures, or hosts enough to hold it).
                 let usable =
                     !own.is_empty() && own.iter().all(|(n, _)| host_usable(tables, view, *n));
-                if !usable {
+                if job.members.len() > usize::from(MAX_WORKERS) {
+                    out.waiting.push((
+                        job.name.clone(),
+                        format!(
+                            "its {} workers need a tree of aggregators ({MAX_WORKERS} at most on one), and {why}",
+                            job.members.len()
+                        ),
+                    ));
+                } else if !usable {
                     to_place.push(job);
                 }
             }
@@ -776,5 +788,85 @@ mod tests {
         let seats = t.jobs["t"].seats();
         let placed: usize = seats.iter().map(|s| s.ranks.len()).sum();
         assert_eq!(placed, 6, "every rank has a seat");
+    }
+
+    /// A job of 100 workers (25 on each of nodes 4..=7, grouping auto) over hosts 1..=3.
+    #[test]
+    fn a_job_past_one_aggregator_s_limit_waits_for_its_tree_and_is_spread_over_clusters() {
+        let (mut t, mut view) = grouped_world();
+        let create = AggCommand::Create {
+            name: "big".into(),
+            workers: 100,
+            values: 1000,
+            dtype: 0,
+            elastic: false,
+            chunk_values: 360,
+            colocate: false,
+            quota: QUOTA,
+            grouping: Grouping::Auto,
+        };
+        t.apply(&create, 1).unwrap();
+        t.jobs.remove("t");
+        for rank in 0..100u16 {
+            let host = ip(4 + u8::try_from(rank / 25).unwrap());
+            let join = AggCommand::Join {
+                name: "big".into(),
+                rank,
+                addr: SocketAddrV4::new(host, 40000 + rank),
+            };
+            t.apply(&join, 1).unwrap();
+        }
+        // Unmeasured: no flat placement (64 at most on one aggregator), and it says why.
+        let d = decide(&t, &view);
+        assert!(d.commands.is_empty(), "{d:?}");
+        assert_eq!(d.waiting.len(), 1, "{d:?}");
+        assert!(
+            d.waiting[0]
+                .1
+                .starts_with("its 100 workers need a tree of aggregators"),
+            "{d:?}"
+        );
+        // Measured: a tree whose every aggregator sums at most 64 members.
+        measure(&mut t, 100_000_000);
+        let check = |d: &Decision| {
+            let [AggCommand::PlaceTree { clusters, .. }] = &d.commands[..] else {
+                panic!("no tree: {d:?}");
+            };
+            let seated: usize = clusters.iter().map(|c| c.ranks.len()).sum();
+            let root = 100 - seated;
+            assert!(clusters.iter().all(|c| c.ranks.len() < 64), "{clusters:?}");
+            assert!(root + clusters.len() <= 64, "root {root}, {clusters:?}");
+        };
+        let d = decide(&t, &view);
+        check(&d);
+        apply_all(&mut t, &d);
+        assert!(t.jobs["big"].running());
+        let seats = t.jobs["big"].seats();
+        assert_eq!(seats.iter().map(|s| s.ranks.len()).sum::<usize>(), 100);
+        // A host lost: the two left hold 62 + 63; regrouped on them in one command.
+        let lost = seats[1].placement.node;
+        view.unreachable.insert(lost);
+        let d = decide(&t, &view);
+        check(&d);
+        apply_all(&mut t, &d);
+        // Another lost: one host holds 64, not 100: the job waits, and never goes flat.
+        let left: Vec<NodeId> = (1..=3).filter(|n| !view.unreachable.contains(n)).collect();
+        view.unreachable.insert(left[0]);
+        let d = decide(&t, &view);
+        assert!(d.commands.is_empty(), "{d:?}");
+        assert!(d.waiting[0].1.contains("100 workers do not fit"), "{d:?}");
+        // And a flat placement of it would be refused by the tables.
+        let place = AggCommand::Place {
+            name: "big".into(),
+            expect_epoch: t.jobs["big"].epoch,
+            placement: Placement {
+                node: left[1],
+                base: 0,
+            },
+        };
+        assert_eq!(
+            t.apply(&place, 10).unwrap_err(),
+            "job big has 100 workers, over the 64 one aggregator sums: it is placed as a tree"
+        );
     }
 }

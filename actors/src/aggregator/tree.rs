@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use yard_planner::grouping::{
     self as planner, Cluster as PlannedCluster, Grouping as Planned, GroupingInput,
 };
-use yard_raft_store::aggregation::{AggJob, AggTables, Cluster, Grouping, Placement};
+use yard_raft_store::aggregation::{AggJob, AggTables, Cluster, Grouping, Placement, MAX_WORKERS};
 use yard_raft_store::NodeId;
 
 use super::placement::{first_fit, ClusterView};
@@ -128,6 +128,7 @@ pub fn decide_tree(
         workers: ranks.len(),
         capacity_bps: capacity,
         bandwidth,
+        max_load: Some(usize::from(MAX_WORKERS)),
     };
     let best = match job.grouping {
         Grouping::Ps => planner::flat(&input),

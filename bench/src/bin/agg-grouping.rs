@@ -2,11 +2,14 @@
 //! (it is single-threaded, and this program runs it on its main thread only), and what its
 //! model says of the tree against flat aggregation and a ring on the same inputs.
 //!
-//! - Grouping 1,000 workers over 8, 32 and 128 aggregating hosts, two inputs:
+//! - Grouping 1,000 workers over 24, 32 and 128 aggregating hosts, at most `--max-load` (64,
+//!   the XDP program's bitmap) streams on one aggregator as the leader groups them (1,000
+//!   workers need 17 hosts at least: 64 − 16 at the root and 63 under each of 16 clusters),
+//!   two inputs:
 //!   - endpoint: bandwidth limited at the endpoints, `b(w, h) = min(up_w, down_h)`, workers at
 //!     1, 1/2 or 1/4 of the base (a quarter of them slow), hosts at 1 or 2, a third of them
 //!     CPU-limited to 3/4 of their link: uniform eligibility, the exact closed form;
-//!   - per-pair: the same hosts in racks of 8 (fewer for 8 hosts: two racks), workers spread
+//!   - per-pair: the same hosts in racks of 8, workers spread
 //!     over the racks; a pair across racks keeps a quarter of its endpoint figure
 //!     (oversubscribed uplinks), one worker in ten sits on an aggregating host of its rack
 //!     (bandwidth 0: not its own aggregator), one pair in twenty is cut to 10–50% (a congested
@@ -17,8 +20,9 @@
 //! - Regrouping after a death: the host serving the largest cluster other than the root's is
 //!   removed, the old grouping renumbered onto the survivors (its dead host's cluster left
 //!   pointing at a host that is gone) and `regroup` run on what is left: it must move.
-//! - The model's round time of the tree, of flat aggregation on the best single host, and of a
-//!   ring among the workers, on the same inputs (ratios, same inputs on both sides).
+//! - The model's round time of the tree, of flat aggregation on the best single host (without
+//!   the aggregator's member limit: a parameter server over TCP), and of a ring among the
+//!   workers, on the same inputs (ratios, same inputs on both sides).
 //!
 //! Figures are medians of `--rounds` runs. A benchmark: figures only (JSON on stdout, a table
 //! on stderr), never fails on a number.
@@ -49,6 +53,9 @@ struct Args {
     rounds: usize,
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Most streams on one aggregator (0: no limit).
+    #[arg(long, default_value_t = 64)]
+    max_load: usize,
 }
 
 const BASE: f64 = 1.25e9; // 10 Gbit/s in bytes/s
@@ -84,6 +91,7 @@ fn endpoint(rng: &mut ChaCha8Rng, workers: usize, hosts: usize) -> GroupingInput
             .iter()
             .map(|u| down.iter().map(|d| u.min(*d)).collect())
             .collect(),
+        max_load: None,
     }
 }
 
@@ -186,13 +194,15 @@ fn main() -> Result<()> {
     );
     let started = Instant::now();
     for per in [false, true] {
-        for hosts in [8usize, 32, 128] {
+        for hosts in [24usize, 32, 128] {
             let mut rng = ChaCha8Rng::seed_from_u64(args.seed + hosts as u64);
-            let i = if per {
+            let mut i = if per {
                 per_pair(&mut rng, args.workers, hosts)
             } else {
                 endpoint(&mut rng, args.workers, hosts)
             };
+            let unlimited = i.clone();
+            i.max_load = (args.max_load > 0).then_some(args.max_load);
             let (group_ms, g) = time(args.rounds, || group(&i).expect("a grouping"));
             // The greedy on the endpoint input (the per-pair one takes it already).
             let (greedy_ms, same) = if per {
@@ -204,7 +214,7 @@ fn main() -> Result<()> {
                 let same = (gg.round_time_s - g.round_time_s).abs() <= 1e-9 * g.round_time_s;
                 (Some(ms), Some(same))
             };
-            let f = flat(&i).ok();
+            let f = flat(&unlimited).ok();
             let ring = ring_time(&i);
             // The host of the largest cluster other than the root's dies.
             let dead = g
@@ -236,7 +246,7 @@ fn main() -> Result<()> {
                 same.map_or("-", |s| if s { "yes" } else { "NO" }),
             );
             rows.push(json!({
-                "input": name, "workers": args.workers, "hosts": hosts,
+                "input": name, "workers": args.workers, "hosts": hosts, "max_load": i.max_load,
                 "group_ms_median": group_ms,
                 "greedy_ms_median": greedy_ms, "greedy_same_round_time": same,
                 "regroup_ms_median": regroup_ms, "regrouped": moved.is_some(),

@@ -211,6 +211,7 @@ fn run(args: &Args) -> Result<()> {
         bandwidth: (0..n)
             .map(|w| vec![bps(rate(w)).min(bps(args.host_mbit)); AGGS])
             .collect(),
+        max_load: Some(64),
     };
     let tree = group(&input).map_err(|e| anyhow!("{e}"))?;
     let flat_model = flat(&input).map_err(|e| anyhow!("{e}"))?;

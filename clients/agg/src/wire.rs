@@ -13,7 +13,8 @@ pub const VERSION: u8 = 1;
 pub const HEADER_LEN: usize = 32;
 /// `AGG_VALUES_MAX`: most values in one frame.
 pub const VALUES_MAX: usize = 768;
-/// `AGG_WORKERS_MAX`: workers per job (the contribution bitmap is one u64).
+/// `AGG_WORKERS_MAX`: members of one job at one aggregator, the worker indices a header may
+/// carry (the contribution bitmap is one u64); a tree spreads a larger job over clusters.
 pub const WORKERS_MAX: usize = 64;
 /// IPv4 (no options) and UDP headers in front of ours.
 pub const IP_UDP_LEN: usize = 20 + 8;

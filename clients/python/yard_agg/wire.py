@@ -13,7 +13,7 @@ MAGIC = struct.unpack("<I", b"YAGG")[0]
 VERSION = 1
 HEADER_LEN = 32
 VALUES_MAX = 768
-WORKERS_MAX = 64
+WORKERS_MAX = 64  # members of one job at one aggregator (a tree spreads a larger job)
 IP_UDP_LEN = 20 + 8
 
 KIND_DATA = 1

@@ -29,7 +29,8 @@ pub enum JobCmd {
     /// Create a job; it runs once every worker has joined and the leader has placed it.
     Create {
         name: String,
-        /// Workers (ranks 0..N).
+        /// Workers (ranks 0..N): up to 64 on one aggregator (flat, ps), up to 4032 as a tree
+        /// (auto: at most 64 members on each aggregator) or a ring.
         #[arg(long)]
         workers: u16,
         /// Bytes of one worker's gradient (4 per value).
