@@ -272,3 +272,87 @@ pub fn create_i32_job(
     }
     serde_json::from_slice(&out.stdout).map_err(|e| format!("yard agg job create: not JSON ({e})"))
 }
+
+/// A rank thread of [`ExactRanks`]: each round it summed, and whether the sum was exact.
+pub type ExactRank = JoinHandle<Result<Vec<(u32, bool)>, String>>;
+
+/// The ranks of a test's int32 job and what they share with the test's loop: each rank's
+/// membership slot, the rounds each has finished, and the round every rank stops before.
+pub struct ExactRanks {
+    pub name: String,
+    pub workers: usize,
+    pub values: u32,
+    /// Rounds `0..rounds` at most.
+    pub rounds: u32,
+    pub slots: Vec<Slot>,
+    pub progress: Arc<Mutex<Vec<u32>>>,
+    pub stop: Arc<AtomicU32>,
+}
+
+impl ExactRanks {
+    /// `workers` ranks of job `name` of `values` values, for at most `rounds` rounds, none
+    /// started.
+    pub fn new(name: &str, workers: usize, values: u32, rounds: u32) -> Self {
+        Self {
+            name: name.to_owned(),
+            workers,
+            values,
+            rounds,
+            slots: (0..workers).map(|_| Arc::new(Mutex::new(None))).collect(),
+            progress: Arc::new(Mutex::new(vec![0; workers])),
+            stop: Arc::new(AtomicU32::new(u32::MAX)),
+        }
+    }
+
+    /// Joins rank `rank` from `host` (port 40000 + rank) and starts it summing its rounds
+    /// ([`sum_exact_i32`]) until [`ExactRanks::stop`].
+    pub fn start(&self, cluster: &YardCluster, host: usize, rank: usize) -> ExactRank {
+        let port = 40000 + u16::try_from(rank).expect("a rank under 25536");
+        let addr = SocketAddrV4::new(cluster.topology().addr(host), port);
+        join_job(cluster, host, &self.name, rank, addr).unwrap();
+        let mut run = RankRun::new(host, rank, addr, self.rounds);
+        run.stop = self.stop.clone();
+        run_rank(
+            cluster,
+            run,
+            self.slots[rank].clone(),
+            self.progress.clone(),
+            sum_exact_i32(rank, self.workers, self.values),
+        )
+    }
+
+    /// Gives every rank its membership from `job` (a `yard agg job show` row), if it runs.
+    pub fn follow(&self, job: &Value) {
+        for (rank, s) in self.slots.iter().enumerate() {
+            if let Some(m) = membership(job, rank, Dtype::I32) {
+                *s.lock().unwrap() = Some(m);
+            }
+        }
+    }
+
+    /// The rounds each rank has finished.
+    pub fn finished(&self) -> Vec<u32> {
+        self.progress.lock().unwrap().clone()
+    }
+
+    /// Stops every rank before the round after the fastest one's, joins them, and checks that
+    /// each summed every round from 0 to there once, exactly; returns that round count.
+    pub fn finish(&self, threads: Vec<ExactRank>) -> Result<u32, String> {
+        let fastest = self.finished().into_iter().max().unwrap_or(0);
+        self.stop.fetch_min(fastest + 1, Ordering::SeqCst);
+        let end = self.stop.load(Ordering::SeqCst).min(self.rounds);
+        for (rank, t) in threads.into_iter().enumerate() {
+            let r = t.join().map_err(|_| format!("rank {rank} panicked"))??;
+            let rounds: Vec<u32> = r.iter().map(|(round, _)| *round).collect();
+            if rounds != (0..end).collect::<Vec<_>>() {
+                return Err(format!(
+                    "rank {rank} summed rounds {rounds:?}, not 0..{end}"
+                ));
+            }
+            if let Some((round, _)) = r.iter().find(|(_, ok)| !ok) {
+                return Err(format!("rank {rank} round {round}: not the exact sum"));
+            }
+        }
+        Ok(end)
+    }
+}

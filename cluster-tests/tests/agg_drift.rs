@@ -7,16 +7,10 @@
 //! measured again within the test; the new figure replaces the old one instead of entering the
 //! average. Every round stays the exact sum throughout. Needs root.
 
-use std::net::SocketAddrV4;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use yard_agg::wire::Dtype;
-use yard_cluster_tests::agg::{
-    create_i32_job, join_job, membership, run_rank, show_job, sum_exact_i32, RankRun, Slot,
-};
+use yard_cluster_tests::agg::{create_i32_job, show_job, ExactRanks};
 use yard_cluster_tests::require_root;
 use yard_cluster_tests::yard::{ClusterOptions, YardCluster};
 
@@ -69,24 +63,10 @@ fn a_link_that_slows_mid_job_is_measured_again_at_its_aggregator_s_request() {
     }
     create_i32_job(&cluster, 1, "drift", WORKERS, VALUES, Some("ps")).unwrap();
 
-    let slots: Vec<Slot> = (0..WORKERS).map(|_| Arc::new(Mutex::new(None))).collect();
-    let progress: Arc<Mutex<Vec<u32>>> = Arc::new(Mutex::new(vec![0; WORKERS]));
-    let stop = Arc::new(AtomicU32::new(u32::MAX));
-    let mut threads = Vec::new();
-    for (rank, slot) in slots.iter().enumerate() {
-        let host = 2 + rank;
-        let addr = SocketAddrV4::new(cluster.topology().addr(host), 40000 + rank as u16);
-        join_job(&cluster, host, "drift", rank, addr).unwrap();
-        let mut run = RankRun::new(host, rank, addr, u32::MAX);
-        run.stop = stop.clone();
-        threads.push(run_rank(
-            &cluster,
-            run,
-            slot.clone(),
-            progress.clone(),
-            sum_exact_i32(rank, WORKERS, VALUES),
-        ));
-    }
+    let ranks = ExactRanks::new("drift", WORKERS, VALUES, u32::MAX);
+    let threads: Vec<_> = (0..WORKERS)
+        .map(|rank| ranks.start(&cluster, 2 + rank, rank))
+        .collect();
 
     // Follow the job until every figure is measured, train on for the baselines, cut the link,
     // and wait for the slowed pair's figure to follow it.
@@ -101,24 +81,17 @@ fn a_link_that_slows_mid_job_is_measured_again_at_its_aggregator_s_request() {
             "the slowed link's figure never followed it: measured {measured:?}, cut {:?} \
              after the start, rounds {:?}",
             cut.map(|c| c - began),
-            progress.lock().unwrap()
+            ranks.finished()
         );
         std::thread::sleep(Duration::from_millis(200));
         let Some(job) = show_job(&cluster, 1, "drift") else {
             continue;
         };
-        for (rank, s) in slots.iter().enumerate() {
-            if let Some(m) = membership(&job, rank, Dtype::I32) {
-                *s.lock().unwrap() = Some(m);
-            }
-        }
+        ranks.follow(&job);
         let now = figures(&job);
         match (&measured, cut) {
             (None, _) if now.iter().all(|f| *f > 0) => {
-                eprintln!(
-                    "measured: {now:?} bytes/s, rounds {:?}",
-                    progress.lock().unwrap()
-                );
+                eprintln!("measured: {now:?} bytes/s, rounds {:?}", ranks.finished());
                 measured = Some((Instant::now(), now));
             }
             (Some((at, _)), None) if at.elapsed() >= BASELINE_FOR => {
@@ -128,7 +101,7 @@ fn a_link_that_slows_mid_job_is_measured_again_at_its_aggregator_s_request() {
                     .unwrap();
                 eprintln!(
                     "rank {SLOWED}'s link cut to {SLOWED_MBIT} Mbit/s, rounds {:?}",
-                    progress.lock().unwrap()
+                    ranks.finished()
                 );
                 cut = Some(Instant::now());
             }
@@ -136,19 +109,15 @@ fn a_link_that_slows_mid_job_is_measured_again_at_its_aggregator_s_request() {
                 eprintln!(
                     "followed {:?} after the cut: {now:?} bytes/s, rounds {:?}",
                     c.elapsed(),
-                    progress.lock().unwrap()
+                    ranks.finished()
                 );
                 followed = Some((c.elapsed(), now));
             }
             _ => {}
         }
     }
-    let end = progress.lock().unwrap().iter().max().unwrap() + 1;
-    stop.store(end, Ordering::SeqCst);
-    let results: Vec<Vec<(u32, bool)>> = threads
-        .into_iter()
-        .map(|t| t.join().unwrap().unwrap())
-        .collect();
+    // Every rank summed every round once, exactly.
+    ranks.finish(threads).unwrap();
 
     let (_, before) = measured.unwrap();
     let (took, after) = followed.unwrap();
@@ -171,15 +140,6 @@ fn a_link_that_slows_mid_job_is_measured_again_at_its_aggregator_s_request() {
             "rank {rank}: {} bytes/s, measured {} before",
             after[rank],
             before[rank]
-        );
-    }
-    // Every rank summed every round once, exactly.
-    for (rank, r) in results.iter().enumerate() {
-        let rounds: Vec<u32> = r.iter().map(|(round, _)| *round).collect();
-        assert_eq!(rounds, (0..end).collect::<Vec<_>>(), "rank {rank}");
-        assert!(
-            r.iter().all(|(_, ok)| *ok),
-            "rank {rank}: a sum was not exact"
         );
     }
 }

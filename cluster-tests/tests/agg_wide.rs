@@ -5,16 +5,10 @@
 //! leader places a tree whose every aggregator sums at most 64 members, and every worker sums
 //! every round exactly once, the exact int32 sum of all 80. Needs root.
 
-use std::net::SocketAddrV4;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use yard_agg::wire::Dtype;
-use yard_cluster_tests::agg::{
-    create_i32_job, join_job, membership, run_rank, show_job, sum_exact_i32, RankRun, Slot,
-};
+use yard_cluster_tests::agg::{create_i32_job, show_job, ExactRanks};
 use yard_cluster_tests::require_root;
 use yard_cluster_tests::yard::{ClusterOptions, YardCluster};
 
@@ -58,34 +52,20 @@ fn a_job_of_80_workers_waits_for_its_tree_then_sums_exactly_through_it() {
     let cluster = YardCluster::start(&bin, nodes, nodes, &options()).unwrap();
     create_i32_job(&cluster, 1, "wide", WORKERS, VALUES, None).unwrap();
 
-    let slots: Vec<Slot> = (0..WORKERS).map(|_| Arc::new(Mutex::new(None))).collect();
-    let progress: Arc<Mutex<Vec<u32>>> = Arc::new(Mutex::new(vec![0; WORKERS]));
-    let stop = Arc::new(AtomicU32::new(u32::MAX));
-    let mut threads = Vec::new();
-    for (rank, slot) in slots.iter().enumerate() {
-        let host = AGGREGATORS + 1 + rank / PER_HOST;
-        let addr = SocketAddrV4::new(cluster.topology().addr(host), 40000 + rank as u16);
-        join_job(&cluster, host, "wide", rank, addr).unwrap();
-        let mut run = RankRun::new(host, rank, addr, ROUNDS);
-        run.stop = stop.clone();
-        threads.push(run_rank(
-            &cluster,
-            run,
-            slot.clone(),
-            progress.clone(),
-            sum_exact_i32(rank, WORKERS, VALUES),
-        ));
-    }
+    let ranks = ExactRanks::new("wide", WORKERS, VALUES, ROUNDS);
+    let threads: Vec<_> = (0..WORKERS)
+        .map(|rank| ranks.start(&cluster, AGGREGATORS + 1 + rank / PER_HOST, rank))
+        .collect();
 
     // Follow the job: what it waits for until it runs, then its memberships to the workers.
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut waited: Option<String> = None;
     let mut trees: Vec<Vec<(u64, usize)>> = Vec::new();
-    while progress.lock().unwrap().iter().any(|p| *p < ROUNDS) {
+    while ranks.finished().iter().any(|p| *p < ROUNDS) {
         assert!(
             Instant::now() < deadline,
             "training did not finish: waited {waited:?}, trees {trees:?}, rounds {:?}",
-            progress.lock().unwrap()
+            ranks.finished()
         );
         std::thread::sleep(Duration::from_millis(200));
         let Some(job) = show_job(&cluster, 1, "wide") else {
@@ -105,17 +85,10 @@ fn a_job_of_80_workers_waits_for_its_tree_then_sums_exactly_through_it() {
             );
             trees.push(now);
         }
-        for (rank, s) in slots.iter().enumerate() {
-            if let Some(m) = membership(&job, rank, Dtype::I32) {
-                *s.lock().unwrap() = Some(m);
-            }
-        }
+        ranks.follow(&job);
     }
-    stop.store(ROUNDS, Ordering::SeqCst);
-    let results: Vec<Vec<(u32, bool)>> = threads
-        .into_iter()
-        .map(|t| t.join().unwrap().unwrap())
-        .collect();
+    // Every rank summed every round once, exactly.
+    assert_eq!(ranks.finish(threads), Ok(ROUNDS));
 
     // It never ran flat: every arrangement was a tree of aggregators of at most 64 members
     // each, on the aggregating hosts.
@@ -129,14 +102,5 @@ fn a_job_of_80_workers_waits_for_its_tree_then_sums_exactly_through_it() {
     }
     if let Some(why) = &waited {
         eprintln!("waited: {why}");
-    }
-    // Every rank summed every round once, exactly.
-    for (rank, r) in results.iter().enumerate() {
-        let rounds: Vec<u32> = r.iter().map(|(round, _)| *round).collect();
-        assert_eq!(rounds, (0..ROUNDS).collect::<Vec<_>>(), "rank {rank}");
-        assert!(
-            r.iter().all(|(_, ok)| *ok),
-            "rank {rank}: a sum was not exact"
-        );
     }
 }

@@ -677,6 +677,12 @@ mod tests {
 
     /// Hosts 1..=3 aggregate; six workers of job `t` (grouping auto) on nodes 4..=9.
     fn grouped_world() -> (AggTables, ClusterView) {
+        grouped_world_of("t", 6, 1)
+    }
+
+    /// Hosts 1..=3 aggregate; `workers` workers of job `name` (grouping auto), `per_node` on
+    /// each of nodes 4.. (ports 40000 up).
+    fn grouped_world_of(name: &str, workers: u16, per_node: u16) -> (AggTables, ClusterView) {
         let mut t = AggTables::default();
         for node in 1..=3u8 {
             let host = AggCommand::Host {
@@ -688,8 +694,8 @@ mod tests {
             t.apply(&host, 1).unwrap();
         }
         let create = AggCommand::Create {
-            name: "t".into(),
-            workers: 6,
+            name: name.into(),
+            workers,
             values: 100_000,
             dtype: 1,
             elastic: false,
@@ -699,10 +705,11 @@ mod tests {
             grouping: Grouping::Auto,
         };
         t.apply(&create, 1).unwrap();
-        for rank in 0..6u16 {
-            let addr = SocketAddrV4::new(ip(4 + u8::try_from(rank).unwrap()), 40000);
+        for rank in 0..workers {
+            let node = ip(4 + u8::try_from(rank / per_node).unwrap());
+            let addr = SocketAddrV4::new(node, 40000 + rank % per_node);
             let join = AggCommand::Join {
-                name: "t".into(),
+                name: name.into(),
                 rank,
                 addr,
             };
@@ -793,29 +800,7 @@ mod tests {
     /// A job of 100 workers (25 on each of nodes 4..=7, grouping auto) over hosts 1..=3.
     #[test]
     fn a_job_past_one_aggregator_s_limit_waits_for_its_tree_and_is_spread_over_clusters() {
-        let (mut t, mut view) = grouped_world();
-        let create = AggCommand::Create {
-            name: "big".into(),
-            workers: 100,
-            values: 1000,
-            dtype: 0,
-            elastic: false,
-            chunk_values: 360,
-            colocate: false,
-            quota: QUOTA,
-            grouping: Grouping::Auto,
-        };
-        t.apply(&create, 1).unwrap();
-        t.jobs.remove("t");
-        for rank in 0..100u16 {
-            let host = ip(4 + u8::try_from(rank / 25).unwrap());
-            let join = AggCommand::Join {
-                name: "big".into(),
-                rank,
-                addr: SocketAddrV4::new(host, 40000 + rank),
-            };
-            t.apply(&join, 1).unwrap();
-        }
+        let (mut t, mut view) = grouped_world_of("big", 100, 25);
         // Unmeasured: no flat placement (64 at most on one aggregator), and it says why.
         let d = decide(&t, &view);
         assert!(d.commands.is_empty(), "{d:?}");
