@@ -21,7 +21,8 @@
 //!   and one result and sends `|C_h|` results and one partial sum (symmetric);
 //! - the root carries `|C_r| + (|A| − 1)`.
 //!
-//! `T = max( max_w M / b(w, a(w)),  max_{h ∈ A} load_h · M / capacity_h )`, to be minimised.
+//! `T = max( max_w M / b(w, a(w)),  max_{h ∈ A} load_h · M / capacity_h )`, to be minimised,
+//! over the groupings whose every load is at most `L` (`max_load`, if the input sets one).
 //!
 //! Host-to-host links (a partial sum up, a result down) are assumed limited by the hosts'
 //! capacities only: no host-to-host bandwidth figure enters. A root needs no link to any worker
@@ -35,8 +36,9 @@
 //! positive pair) and `j · M / capacity_h` (`j = 1..=N+H`; no load exceeds `N + H − 1`). They
 //! are sorted and deduplicated and a binary search finds the least feasible one; breakpoints
 //! below `max_w M / max_h b(w, h)` (some worker with no host) are skipped, being infeasible.
-//! Without a `max_load`, the largest breakpoint is always feasible (every worker's eligible hosts carry `N + H`
-//! streams there, a root never fills), and each of the paths below finds a grouping there.
+//! Without a `max_load`, the largest breakpoint is always feasible (every worker's eligible
+//! hosts carry `N + H` streams there, a root never fills), and each of the paths below finds a
+//! grouping there.
 //!
 //! At `T`, host `h` carries `k_h = ⌊T · capacity_h / M⌋` streams and worker `w` may use
 //! `E_w = {h : b(w, h) ≥ M / T}`, both with a relative slack of 1e-9 so that `T = j · M /
@@ -46,7 +48,9 @@
 //! takes the `k_h` as given, so the cap changes none of them; it only makes the largest
 //! breakpoint infeasible when `N` exceeds what the hosts hold at `L` (then no `T` fits:
 //! [`GroupingError::Crowded`]). With `L = 64` and enough hosts a job grows past one
-//! aggregator's 64 workers: up to `64 · 63` under 64 cluster hosts. A grouping fits `T` iff every `a(w) ∈ E_w` and every active host's load is
+//! aggregator's 64 workers: up to `64 · 63` under 64 cluster hosts.
+//!
+//! A grouping fits `T` iff every `a(w) ∈ E_w` and every active host's load is
 //! at most its `k`: a cluster host then has at most `k_h − 1` members and the root at most
 //! `k_r − (|A| − 1)`. Workers with the same `E_w` are interchangeable, so the flows below run
 //! on classes of workers (one vertex per distinct `E_w`, capacity its size): the same
