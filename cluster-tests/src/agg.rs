@@ -356,3 +356,17 @@ impl ExactRanks {
         Ok(end)
     }
 }
+
+/// A grouped-aggregation test cluster's options: every node aggregates in XDP (32 MiB), Raft
+/// and liveness relaxed for many nodes on two cores ([`crate::torch::AGG_TORCH_TIMING`]), and
+/// bandwidth probes of 1 MiB repeated every `probe_every_ms` (`None`: the default period).
+pub fn grouped_options(probe_every_ms: Option<u64>) -> crate::yard::ClusterOptions {
+    let every = probe_every_ms.map_or(String::new(), |ms| format!("probe_every_ms = {ms}\n"));
+    crate::yard::ClusterOptions {
+        extra_config: format!(
+            "{}probe_bytes = 1048576\n{every}{}",
+            crate::yard::aggregator_config(32),
+            crate::torch::AGG_TORCH_TIMING
+        ),
+    }
+}

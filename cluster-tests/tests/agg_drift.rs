@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use yard_cluster_tests::agg::{create_i32_job, show_job, ExactRanks};
+use yard_cluster_tests::agg::{create_i32_job, grouped_options, show_job, ExactRanks};
 use yard_cluster_tests::require_root;
 use yard_cluster_tests::yard::{ClusterOptions, YardCluster};
 
@@ -29,13 +29,7 @@ const BASELINE_FOR: Duration = Duration::from_secs(12);
 /// minutes (longer than the test), so a figure that changes within the test was asked for by
 /// the aggregator's counters.
 fn options() -> ClusterOptions {
-    ClusterOptions {
-        extra_config: format!(
-            "{}probe_bytes = 1048576\nprobe_every_ms = 600000\n{}",
-            yard_cluster_tests::yard::aggregator_config(32),
-            yard_cluster_tests::torch::AGG_TORCH_TIMING
-        ),
-    }
+    grouped_options(Some(600_000))
 }
 
 /// Each member's measured bandwidth to its aggregator by rank, bytes/s (0: not measured).

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use yard_agg::wire::Dtype;
 use yard_cluster_tests::agg::{
-    create_i32_job, join_job, membership, run_rank, show_job, sum_exact_i32, RankRun, Slot,
+    create_i32_job, grouped_options, join_job, membership, run_rank, show_job, sum_exact_i32,
+    RankRun, Slot,
 };
 use yard_cluster_tests::require_root;
 use yard_cluster_tests::yard::{ClusterOptions, YardCluster};
@@ -38,13 +39,7 @@ const SLOW_MBIT: u32 = 50;
 /// Every node can aggregate (the job stays off its workers' hosts); liveness relaxed for
 /// eleven debug nodes on two cores; probes short and frequent so the test sees them.
 fn options() -> ClusterOptions {
-    ClusterOptions {
-        extra_config: format!(
-            "{}probe_bytes = 1048576\nprobe_every_ms = 5000\n{}",
-            yard_cluster_tests::yard::aggregator_config(32),
-            yard_cluster_tests::torch::AGG_TORCH_TIMING
-        ),
-    }
+    grouped_options(Some(5_000))
 }
 
 fn show(cluster: &YardCluster, from: usize) -> Option<Value> {

@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use yard_cluster_tests::agg::{create_i32_job, show_job, ExactRanks};
+use yard_cluster_tests::agg::{create_i32_job, grouped_options, show_job, ExactRanks};
 use yard_cluster_tests::require_root;
 use yard_cluster_tests::yard::{ClusterOptions, YardCluster};
 
@@ -21,13 +21,7 @@ const VALUES: u32 = 2_003;
 const ROUNDS: u32 = 10;
 
 fn options() -> ClusterOptions {
-    ClusterOptions {
-        extra_config: format!(
-            "{}probe_bytes = 1048576\n{}",
-            yard_cluster_tests::yard::aggregator_config(32),
-            yard_cluster_tests::torch::AGG_TORCH_TIMING
-        ),
-    }
+    grouped_options(None)
 }
 
 /// How many members each of the job's aggregators sums: (node, its ranks plus, at the root,
