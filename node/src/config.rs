@@ -45,6 +45,9 @@ pub struct NodeSection {
     /// stood for election, deposed the leader and won; the pre-vote (`crate::prevote`) stops
     /// that with any number of threads.
     pub worker_threads: usize,
+    /// The failure domain this host is in (a rack, a room); the voters are spread over zones.
+    /// Empty: no zone.
+    pub zone: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -73,6 +76,19 @@ pub struct RaftSection {
     /// Log entries kept behind the snapshot, so a briefly absent follower catches up from the
     /// log; one further behind gets the snapshot.
     pub logs_kept: u64,
+    /// How many hosts vote (odd, 1 to 7). A write waits for a majority of the voters only, so
+    /// a cluster of any size commits as fast as one of this many hosts; every host past the
+    /// voters and replicas is an agent.
+    pub voters: usize,
+    /// How many non-voting Raft members (learners) stand by to replace a lost voter and serve
+    /// agents' watches beside the voters.
+    pub replicas: usize,
+    /// How long a voter must be unreachable before the autopilot replaces it: longer than a
+    /// restart, so a planned restart moves no vote.
+    pub voter_grace_ms: u64,
+    /// How long a replica holds an agent's watch open when nothing changes: an idle agent
+    /// costs one small round trip per this period, and its poll is its heartbeat.
+    pub watch_hold_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -526,6 +542,7 @@ impl Default for NodeSection {
             advertise: None,
             data_dir: PathBuf::from("/var/lib/yard"),
             worker_threads: 1,
+            zone: String::new(),
         }
     }
 }
@@ -534,6 +551,18 @@ impl Default for MetricsSection {
     fn default() -> Self {
         Self {
             listen: Some(SocketAddr::from(([127, 0, 0, 1], 9480))),
+        }
+    }
+}
+
+impl RaftSection {
+    /// The roles core's settings (`raft.voters`, `raft.replicas`, `raft.voter_grace_ms`).
+    pub fn roles(&self) -> yard_control::roles::RolesConfig {
+        yard_control::roles::RolesConfig {
+            voters: self.voters,
+            replicas: self.replicas,
+            voter_grace_ms: self.voter_grace_ms,
+            ..yard_control::roles::RolesConfig::default()
         }
     }
 }
@@ -551,6 +580,10 @@ impl Default for RaftSection {
             election_timeout_max_ms: 80,
             snapshot_every: 10_000,
             logs_kept: 1_000,
+            voters: 3,
+            replicas: 2,
+            voter_grace_ms: 5_000,
+            watch_hold_ms: 250,
         }
     }
 }
@@ -717,6 +750,15 @@ impl Config {
         }
         if self.raft.snapshot_every == 0 {
             return bad("raft.snapshot_every", "must be at least 1");
+        }
+        if !(1..=7).contains(&self.raft.voters) || self.raft.voters % 2 == 0 {
+            return bad("raft.voters", "must be an odd number from 1 to 7");
+        }
+        if self.raft.replicas > 16 {
+            return bad("raft.replicas", "must be at most 16");
+        }
+        if self.raft.watch_hold_ms == 0 || self.raft.watch_hold_ms > 5_000 {
+            return bad("raft.watch_hold_ms", "must be between 1 and 5000");
         }
         if self.liveness.interval_ms == 0 || self.liveness.misses == 0 {
             return bad(

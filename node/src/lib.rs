@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod planner_control;
 pub mod prevote;
 pub mod raft_network;
+pub mod roles;
 pub mod rpc;
 pub mod service;
 pub mod tls;

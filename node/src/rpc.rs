@@ -64,6 +64,11 @@ pub enum Request {
     GatewayRates {
         rates: Vec<(Ipv4Addr, yard_actors::gateway::replan::Rate)>,
     },
+    /// An agent follows the replicated tables from this member (`crate::roles`): the entries
+    /// from log index `from` on, or a snapshot when the member no longer keeps them. With
+    /// nothing new the member holds the request up to `hold_ms` before answering empty; the
+    /// poll is also the agent's heartbeat. Answered `Watch`.
+    Watch { from: u64, hold_ms: u64 },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -307,6 +312,19 @@ pub struct JoinRequest {
     pub id: NodeId,
     pub name: String,
     pub addr: String,
+    /// The host's failure domain (`node.zone`; empty: none).
+    pub zone: String,
+}
+
+/// One answer to a watch: entries in log order, after the snapshot when there is one.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WatchBatch {
+    /// The leader the member knows of, so the agent can forward writes without a vote.
+    pub leader: Option<(NodeId, yard_raft_store::NodeInfo)>,
+    /// The member's tables, when the asked index was older than its watch log.
+    pub snapshot: Option<std::sync::Arc<Vec<u8>>>,
+    /// Encoded log entries, in order from the asked index (or from after the snapshot).
+    pub entries: Vec<std::sync::Arc<Vec<u8>>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -324,7 +342,10 @@ pub enum Reply {
     Admin(AdminReply),
     Joined {
         leader: NodeId,
+        /// What the cluster made the host: "voter", "replica" or "agent".
+        role: String,
     },
+    Watch(WatchBatch),
     Certificate {
         ca: String,
         cert: CertPem,

@@ -26,6 +26,7 @@ use crate::rpc::{
 use crate::tls::{CertAuthority, PeerRole};
 use crate::transport::{BoxFut, Handler, Target, Transport, TransportError};
 use yard_actors::gateway::actor::GatewayView;
+use yard_control::roles::{HostView, Role};
 
 /// Everything a node's request handling needs.
 pub struct NodeParts {
@@ -48,6 +49,10 @@ pub struct NodeParts {
     pub gateway: Arc<GatewayControl>,
     /// The analyzer (acts only while this node leads).
     pub diagnosis: Arc<crate::diagnosis_control::DiagnosisControl>,
+    /// This host's failure domain (`node.zone`; empty: none).
+    pub zone: String,
+    /// The voter and replica counts the leader keeps (`raft.voters`, `raft.replicas`).
+    pub roles: yard_control::roles::RolesConfig,
 }
 
 /// A running node's request handler. Cheap to clone.
@@ -67,6 +72,8 @@ pub struct Node {
     agg_view: Arc<std::sync::OnceLock<yard_actors::aggregator::actor::AggView>>,
     /// The job limits this node checks creations against when it leads.
     agg_quota: Arc<std::sync::OnceLock<yard_raft_store::aggregation::Quota>>,
+    /// On an agent: the leader its watch last named (a member reads it from Raft instead).
+    agent_leader: Arc<std::sync::Mutex<Option<(NodeId, NodeInfo)>>>,
 }
 
 enum Attempt<T> {
@@ -122,7 +129,55 @@ impl Node {
             prevote_watch: Arc::default(),
             agg_view: Arc::default(),
             agg_quota: Arc::default(),
+            agent_leader: Arc::default(),
         }
+    }
+
+    /// The transport this node calls others with.
+    pub fn transport(&self) -> &Arc<dyn Transport> {
+        &self.inner.transport
+    }
+
+    /// Whether this host is a Raft member (voter or replica). Otherwise it is an agent, or
+    /// not yet part of a cluster: it holds no vote and follows the tables through a watch.
+    pub fn is_member(&self) -> bool {
+        self.inner
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(&self.inner.id)
+            .is_some()
+    }
+
+    /// The leader this node knows of, with its address: Raft's on a member, the watch's on an
+    /// agent.
+    pub fn known_leader(&self) -> Option<(NodeId, NodeInfo)> {
+        if self.is_member() {
+            let leader = self.inner.raft.metrics().borrow().current_leader?;
+            return self.member(leader).map(|n| (leader, n));
+        }
+        self.agent_leader
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Records the leader an agent's watch named.
+    pub fn set_agent_leader(&self, leader: (NodeId, NodeInfo)) {
+        *self.agent_leader.lock().unwrap_or_else(|e| e.into_inner()) = Some(leader);
+    }
+
+    /// The members an agent may follow (every Raft member but this host), with their addresses.
+    pub fn watch_sources(&self) -> std::collections::BTreeMap<NodeId, String> {
+        let me = self.inner.id;
+        self.with_membership(|m| {
+            m.nodes()
+                .filter(|(id, _)| **id != me)
+                .map(|(id, n)| (*id, n.addr.clone()))
+                .collect()
+        })
     }
 
     /// The pre-vote gate's watch, shared by its loop and the `PreVote` handler.
@@ -209,18 +264,21 @@ impl Node {
         &self.inner.feed
     }
 
-    /// Reads the membership in force.
+    /// Reads the membership in force: Raft's own view, or the one in the tables when they
+    /// are newer (on an agent, whose Raft never hears from the leader, they always are).
     fn with_membership<T>(
         &self,
         f: impl FnOnce(&openraft::Membership<NodeId, NodeInfo>) -> T,
     ) -> T {
-        f(self
-            .inner
-            .raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .membership())
+        let raft = self.inner.raft.metrics().borrow().membership_config.clone();
+        let raft_at = *raft.log_id();
+        self.inner.feed.read(|d| {
+            if d.last_membership.log_id() > &raft_at {
+                f(d.last_membership.membership())
+            } else {
+                f(raft.membership())
+            }
+        })
     }
 
     /// A member's address and name, from the membership in force.
@@ -282,26 +340,28 @@ impl Node {
     }
 
     fn meta(&self) -> NodeMeta {
-        NodeMeta {
-            id: self.inner.id,
-            name: self.inner.name.clone(),
-            addr: self.inner.addr.clone(),
-            roles: vec!["voter".into()],
-            labels: Vec::new(),
-        }
+        host_meta(
+            self.inner.id,
+            &self.inner.name,
+            &self.inner.addr,
+            &self.inner.zone,
+            Role::Voter,
+        )
     }
 
     /// Joins the cluster through any member at `seed`; retries until `deadline` passes.
-    pub async fn join(&self, seed: &str, deadline: Duration) -> Result<NodeId, String> {
+    /// Returns the role the cluster gave this host.
+    pub async fn join(&self, seed: &str, deadline: Duration) -> Result<Role, String> {
         let p = &self.inner;
         if p.raft.is_initialized().await.map_err(|e| e.to_string())? {
             tracing::info!("store already belongs to a cluster; not joining again");
-            return Ok(p.raft.current_leader().await.unwrap_or(p.id));
+            return Ok(Role::Voter);
         }
         let req = JoinRequest {
             id: p.id,
             name: p.name.clone(),
             addr: p.addr.clone(),
+            zone: p.zone.clone(),
         };
         let start = Instant::now();
         loop {
@@ -311,9 +371,9 @@ impl Node {
                 .call(Target::any(seed), Request::Join(req.clone()), timeout)
                 .await
             {
-                Ok(Reply::Joined { leader }) => {
-                    tracing::info!(seed, leader, "joined the cluster");
-                    return Ok(leader);
+                Ok(Reply::Joined { leader, role }) => {
+                    tracing::info!(seed, leader, %role, "joined the cluster");
+                    return role_named(&role);
                 }
                 Ok(Reply::Error(e)) => e,
                 Ok(other) => format!("unexpected reply {other:?}"),
@@ -383,7 +443,14 @@ impl Node {
         };
         loop {
             let remaining = p.leader_wait.saturating_sub(start.elapsed());
-            let leader = match tokio::time::timeout(remaining, local()).await {
+            // An agent holds no copy Raft would let it write or read linearizably: it forwards
+            // to the leader its watch names.
+            let attempt = if self.is_member() || forwarded {
+                tokio::time::timeout(remaining, local()).await
+            } else {
+                Ok(Ok(Attempt::Forward(self.known_leader())))
+            };
+            let leader = match attempt {
                 Ok(Ok(Attempt::Done(r))) => return Reply::Admin(r.into()),
                 Ok(Ok(Attempt::Forward(leader))) => leader,
                 Ok(Ok(Attempt::Unknown)) => {
@@ -630,18 +697,16 @@ impl Node {
     /// forwards to the leader and falls back to its own view only if the leader is unreachable.
     async fn status(&self, forwarded: bool, req: &AdminRequest) -> Reply {
         let p = &self.inner;
-        let m = p.raft.metrics().borrow().clone();
-        if !forwarded && m.state != ServerState::Leader {
-            if let Some(leader) = m.current_leader {
-                if let Some(node) = m.membership_config.membership().get_node(&leader) {
-                    let target = Target::node(leader, node.addr.clone());
-                    if let Ok(reply @ Reply::Admin(_)) = p
-                        .transport
-                        .call(target, Request::Admin(req.clone()), p.rpc_timeout)
-                        .await
-                    {
-                        return reply;
-                    }
+        let leads = p.raft.metrics().borrow().state == ServerState::Leader;
+        if !forwarded && !leads {
+            if let Some((leader, node)) = self.known_leader() {
+                let target = Target::node(leader, node.addr.clone());
+                if let Ok(reply @ Reply::Admin(_)) = p
+                    .transport
+                    .call(target, Request::Admin(req.clone()), p.rpc_timeout)
+                    .await
+                {
+                    return reply;
                 }
             }
         }
@@ -652,7 +717,7 @@ impl Node {
     pub fn local_status(&self) -> Status {
         let p = &self.inner;
         let m = p.raft.metrics().borrow().clone();
-        let membership = m.membership_config.membership().clone();
+        let membership = self.with_membership(|m| m.clone());
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
         let reach = p.reachability.snapshot();
         let is_leader = m.state == ServerState::Leader;
@@ -670,7 +735,22 @@ impl Node {
                 .into(),
                 reachable: *id == p.id || (is_leader && reach.get(id).copied().unwrap_or(false)),
             })
-            .collect();
+            .collect::<Vec<_>>();
+        // Agents are no Raft members: the hosts table lists them.
+        let agents: Vec<MemberStatus> = p.feed.read(|d| {
+            d.nodes
+                .values()
+                .filter(|n| membership.get_node(&n.id).is_none())
+                .map(|n| MemberStatus {
+                    id: n.id,
+                    name: n.name.clone(),
+                    addr: n.addr.clone(),
+                    role: "agent".into(),
+                    reachable: n.id == p.id,
+                })
+                .collect()
+        });
+        let members = members.into_iter().chain(agents).collect();
         // Raft's health is read live, not reported: a stuck core shows up here at once.
         let raft = ActorHealth {
             name: "raft".into(),
@@ -823,37 +903,110 @@ impl Node {
             addr: req.addr.clone(),
             name: req.name.clone(),
         };
-        if let Some(existing) = self.member(req.id) {
-            if existing.addr != req.addr {
-                return Reply::Error(format!(
-                    "node id {} is already a member at {}; remove it first",
-                    req.id, existing.addr
-                ));
+        let known = self.member(req.id).map(|n| n.addr).or_else(|| {
+            p.feed
+                .read(|d| d.nodes.get(&req.id).map(|n| n.addr.clone()))
+        });
+        if let Some(addr) = known.filter(|a| *a != req.addr) {
+            return Reply::Error(format!(
+                "node id {} is already a member at {addr}; remove it first",
+                req.id
+            ));
+        }
+        let role = self.role_for_join(&req);
+        tracing::info!(id = req.id, addr = %req.addr, %role, "adding a host");
+        if role != Role::Agent {
+            if let Err(e) = p.raft.add_learner(req.id, node, true).await {
+                return Reply::Error(format!("cannot add node {} as a learner: {e}", req.id));
             }
         }
-        tracing::info!(id = req.id, addr = %req.addr, "adding learner");
-        if let Err(e) = p.raft.add_learner(req.id, node, true).await {
-            return Reply::Error(format!("cannot add node {} as a learner: {e}", req.id));
+        if role == Role::Voter {
+            if let Err(e) = p
+                .raft
+                .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([req.id])), false)
+                .await
+            {
+                return Reply::Error(format!("cannot promote node {} to voter: {e}", req.id));
+            }
         }
-        if let Err(e) = p
-            .raft
-            .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([req.id])), false)
-            .await
-        {
-            return Reply::Error(format!("cannot promote node {} to voter: {e}", req.id));
-        }
-        let meta = NodeMeta {
-            id: req.id,
-            name: req.name,
-            addr: req.addr,
-            roles: vec!["voter".into()],
-            labels: Vec::new(),
-        };
+        let meta = host_meta(req.id, &req.name, &req.addr, &req.zone, role);
         if let Err(e) = p.raft.client_write(Command::SetNode(meta)).await {
+            // An agent is known to the cluster by this record only.
+            if role == Role::Agent {
+                return Reply::Error(format!("cannot record node {} as an agent: {e}", req.id));
+            }
             tracing::warn!(error = %e, "node metadata not recorded");
         }
-        tracing::info!(id = req.id, "node promoted to voter");
-        Reply::Joined { leader: p.id }
+        tracing::info!(id = req.id, %role, "host joined");
+        Reply::Joined {
+            leader: p.id,
+            role: role.to_string(),
+        }
+    }
+
+    /// The role a joining host gets (`yard_control::roles::role_for_join`). A host that is
+    /// already a member keeps its role, and one recorded as an agent stays one: a restart
+    /// must never change the voter set.
+    fn role_for_join(&self, req: &JoinRequest) -> Role {
+        let (voters, members) = (self.voter_ids(), self.member_ids());
+        if voters.contains(&req.id) {
+            return Role::Voter;
+        }
+        if members.contains(&req.id) {
+            return Role::Replica;
+        }
+        if self.inner.feed.read(|d| d.nodes.contains_key(&req.id)) {
+            return Role::Agent;
+        }
+        let view = self.cluster_view();
+        let zone = (!req.zone.is_empty()).then_some(req.zone.as_str());
+        yard_control::roles::role_for_join(&self.inner.roles, &view, req.id, zone)
+    }
+
+    /// The hosts as the roles core sees them: Raft members with their roles and the leader's
+    /// reachability, agents from the hosts table.
+    pub(crate) fn cluster_view(&self) -> yard_control::roles::ClusterView {
+        let (voters, members) = (self.voter_ids(), self.member_ids());
+        let reach = self.inner.reachability.snapshot();
+        let me = self.inner.id;
+        let zones: std::collections::BTreeMap<NodeId, Option<String>> = self
+            .inner
+            .feed
+            .read(|d| d.nodes.iter().map(|(id, n)| (*id, zone_of(n))).collect());
+        let mut hosts: Vec<HostView> = members
+            .iter()
+            .map(|id| HostView {
+                id: *id,
+                zone: zones.get(id).cloned().flatten(),
+                role: if voters.contains(id) {
+                    Role::Voter
+                } else {
+                    Role::Replica
+                },
+                alive: *id == me || reach.get(id).copied().unwrap_or(true),
+                since_ms: 0,
+                lag: None,
+            })
+            .collect();
+        hosts.extend(
+            zones
+                .iter()
+                .filter(|(id, _)| !members.contains(id))
+                .map(|(id, zone)| HostView {
+                    id: *id,
+                    zone: zone.clone(),
+                    role: Role::Agent,
+                    alive: true,
+                    since_ms: 0,
+                    lag: None,
+                }),
+        );
+        yard_control::roles::ClusterView {
+            now_ms: 0,
+            leader: me,
+            hosts,
+            change_in_flight: false,
+        }
     }
 
     /// Signs a node certificate for the holder of a valid join token.
@@ -963,6 +1116,41 @@ impl Node {
     }
 }
 
+/// A host's record in the replicated hosts table.
+pub(crate) fn host_meta(id: NodeId, name: &str, addr: &str, zone: &str, role: Role) -> NodeMeta {
+    NodeMeta {
+        id,
+        name: name.to_owned(),
+        addr: addr.to_owned(),
+        roles: vec![role.to_string()],
+        labels: if zone.is_empty() {
+            Vec::new()
+        } else {
+            vec![("zone".to_owned(), zone.to_owned())]
+        },
+    }
+}
+
+/// A host's zone from its record.
+pub(crate) fn zone_of(meta: &NodeMeta) -> Option<String> {
+    meta.labels
+        .iter()
+        .find(|(k, _)| k == "zone")
+        .map(|(_, v)| v.clone())
+}
+
+/// Reads a role from its name on the wire.
+fn role_named(name: &str) -> Result<Role, String> {
+    match name {
+        "voter" => Ok(Role::Voter),
+        "replica" => Ok(Role::Replica),
+        "agent" => Ok(Role::Agent),
+        other => Err(format!(
+            "the cluster gave this host an unknown role {other:?}"
+        )),
+    }
+}
+
 fn leader_of(f: ForwardToLeader<NodeId, NodeInfo>) -> Option<(NodeId, NodeInfo)> {
     f.leader_id.zip(f.leader_node)
 }
@@ -1015,6 +1203,15 @@ impl Handler for Node {
             match (role, req) {
                 (PeerRole::Node(_), Request::Raft(r)) => this.handle_raft(r).await,
                 (PeerRole::Node(_), Request::Probe) => Reply::Pong { id: this.inner.id },
+                (PeerRole::Node(_), Request::Watch { .. }) if !this.is_member() => {
+                    Reply::Error(format!(
+                        "node {} is not a raft member and serves no watch",
+                        this.inner.id
+                    ))
+                }
+                (PeerRole::Node(_), Request::Watch { from, hold_ms }) => {
+                    crate::roles::watch::serve(&this, from, Duration::from_millis(hold_ms)).await
+                }
                 (PeerRole::Node(_), Request::PreVote) => {
                     let cfg = crate::prevote::PreVoteConfig::of(this.inner.raft.config());
                     Reply::PreVote {
@@ -1110,6 +1307,7 @@ impl Handler for Node {
                         | Request::GatewayUnrevoke { .. } => "gateway lease renewals",
                         Request::ProbeReport { .. } => "probe reports",
                         Request::GatewayRates { .. } => "gateway rate reports",
+                        Request::Watch { .. } => "watches",
                         Request::Join(_) | Request::RedeemToken(_) => "joins",
                     };
                     tracing::warn!(?role, what, "refused request for the peer's role");

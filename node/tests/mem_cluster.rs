@@ -15,10 +15,13 @@ use yard::transport::{MemNetwork, Target};
 use yard_actors::gateway::lease::LeaseConfig;
 use yard_actors::health::HealthRegistry;
 use yard_actors::liveness::Reachability;
+use yard_control::roles::Role;
 use yard_raft_store::NodeId;
 
 struct TestNode {
     node: Node,
+    /// The store Raft applies to, which an agent's watch applies to instead.
+    store: yard_raft_store::StateMachineStore,
     addr: String,
     _dir: tempfile::TempDir,
 }
@@ -34,6 +37,7 @@ fn raft_section(snapshot_every: u64, logs_kept: u64) -> RaftSection {
         election_timeout_max_ms: 400,
         snapshot_every,
         logs_kept,
+        ..RaftSection::default()
     }
 }
 
@@ -116,8 +120,10 @@ async fn start(
     let dir = tempfile::tempdir().unwrap();
     let (log, sm) = yard_raft_store::open(dir.path()).unwrap();
     let feed = sm.feed();
+    let store = sm.clone();
     let transport = net.transport(&addr(id), PeerRole::Node(id));
     let cfg = Arc::new(raft.to_openraft("test").unwrap());
+    let roles = raft.roles();
     let net_factory = yard::raft_network::RaftNet {
         transport: transport.clone(),
         id,
@@ -158,6 +164,8 @@ async fn start(
             job_idle: Duration::from_secs(60),
             hook: Default::default(),
         })),
+        zone: String::new(),
+        roles,
     });
     net.register(&addr(id), Arc::new(node.clone()));
     {
@@ -173,6 +181,7 @@ async fn start(
     }
     TestNode {
         node,
+        store,
         addr: addr(id),
         _dir: dir,
     }
@@ -990,4 +999,155 @@ async fn a_silent_rank_is_diagnosed_through_raft_and_served_by_a_follower() {
         assert!(healed.elapsed() < Duration::from_secs(10), "never healed");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Joins host `id` through node 1 and, when the cluster makes it an agent, follows the tables
+/// through a watch as the daemon does.
+async fn join_host(net: &MemNetwork, id: NodeId, raft: &RaftSection) -> (TestNode, Role) {
+    let t = start(net, id, raft, None).await;
+    let role = t
+        .node
+        .join(&addr(1), Duration::from_secs(10))
+        .await
+        .unwrap();
+    if role == Role::Agent {
+        tokio::spawn(yard::roles::agent::follow(
+            t.node.clone(),
+            t.store.clone(),
+            yard::roles::agent::Settings {
+                hold: Duration::from_millis(raft.watch_hold_ms),
+                rpc_timeout: Duration::from_millis(500),
+                seeds: vec![addr(1)],
+            },
+        ));
+    }
+    (t, role)
+}
+
+/// Waits until `node`'s own tables hold `key` = `value` (what its actors would see).
+async fn wait_local(node: &TestNode, key: &str, value: &str) {
+    let start = Instant::now();
+    while node
+        .node
+        .feed()
+        .read(|d| d.kv.get(key).map(|v| v.value.clone()))
+        != Some(value.into())
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "node {} never held {key}={value}",
+            node.node.id()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hosts_past_the_voters_join_as_agents_that_follow_forward_and_fail_over() {
+    let net = MemNetwork::default();
+    let raft = RaftSection {
+        replicas: 1,
+        ..raft_section(10_000, 1_000)
+    };
+    let mut hosts = cluster(&net, 3, &raft).await;
+    let mut roles = Vec::new();
+    for id in 4..=7 {
+        let (t, role) = join_host(&net, id, &raft).await;
+        roles.push(role);
+        hosts.push(t);
+    }
+    assert_eq!(
+        roles,
+        [Role::Replica, Role::Agent, Role::Agent, Role::Agent],
+        "three voters, one replica, then agents"
+    );
+    let leader = wait_leader(&hosts[..3].iter().collect::<Vec<_>>(), None).await;
+    let voters = hosts[0].node.voter_ids();
+    assert_eq!(voters.len(), 3, "only three hosts vote: {voters:?}");
+    // The agents are no Raft members: the leader replicates to four hosts, not seven.
+    assert_eq!(hosts[0].node.member_ids().len(), 4);
+
+    // A write through an agent is forwarded, and every host's own tables get it.
+    let rev = put(&net, &hosts[4].addr, "a", "1").await.unwrap();
+    assert!(rev > 0);
+    for h in &hosts {
+        wait_local(h, "a", "1").await;
+    }
+    // A read through an agent is linearizable (forwarded to the leader).
+    assert_eq!(
+        get(&net, &hosts[5].addr, "a").await.unwrap(),
+        Some("1".into())
+    );
+    let status = match admin(&net, &hosts[6].addr, AdminRequest::Status)
+        .await
+        .unwrap()
+    {
+        AdminReply::Status(s) => s,
+        other => panic!("unexpected {other:?}"),
+    };
+    let agents: Vec<NodeId> = status
+        .members
+        .iter()
+        .filter(|m| m.role == "agent")
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(agents, [5, 6, 7], "{status:?}");
+
+    // Cut every non-leader member off from the agents: they follow the leader instead and
+    // resume from their own index, and writes through them still land.
+    let members: Vec<String> = hosts[..4]
+        .iter()
+        .filter(|h| h.node.id() != leader)
+        .map(|h| h.addr.clone())
+        .collect();
+    let agent_addrs: Vec<String> = hosts[4..].iter().map(|h| h.addr.clone()).collect();
+    let m: Vec<&str> = members.iter().map(String::as_str).collect();
+    let a: Vec<&str> = agent_addrs.iter().map(String::as_str).collect();
+    net.partition(&m, &a);
+    for i in 0..20 {
+        put(&net, &hosts[4 + i % 3].addr, &format!("k{i}"), "v")
+            .await
+            .unwrap();
+    }
+    for h in &hosts[4..] {
+        wait_local(h, "k19", "v").await;
+    }
+    net.heal();
+    // An agent's tables are a member's: same revision, same keys.
+    let want = hosts[0].node.feed().read(|d| (d.revision, d.kv.clone()));
+    for h in &hosts[4..] {
+        let start = Instant::now();
+        while h.node.feed().read(|d| (d.revision, d.kv.clone())) != want {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "agent {} differs",
+                h.node.id()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_behind_a_compacted_watch_log_resumes_from_a_snapshot() {
+    let net = MemNetwork::default();
+    let raft = RaftSection {
+        replicas: 0,
+        ..raft_section(10_000, 1_000)
+    };
+    let hosts = cluster(&net, 3, &raft).await;
+    // Written before the agent exists: a fresh agent asks from index 0, which no watch log
+    // keeps past the first entries, so it must start from a snapshot.
+    for i in 0..50 {
+        put(&net, &hosts[0].addr, &format!("k{i}"), "v")
+            .await
+            .unwrap();
+    }
+    let (agent, role) = join_host(&net, 4, &raft).await;
+    assert_eq!(role, Role::Agent);
+    wait_local(&agent, "k49", "v").await;
+    put(&net, &agent.addr, "after", "1").await.unwrap();
+    wait_local(&agent, "after", "1").await;
+    let want = hosts[0].node.feed().read(|d| d.kv.clone());
+    assert_eq!(agent.node.feed().read(|d| d.kv.clone()), want);
 }

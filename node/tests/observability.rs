@@ -89,6 +89,8 @@ async fn one_node() -> OneNode {
             job_idle: Duration::from_secs(60),
             hook: Default::default(),
         })),
+        zone: String::new(),
+        roles: yard_control::roles::RolesConfig::default(),
     });
     net.register(ADDR, Arc::new(node.clone()));
     let (ctl, raft, feed) = (

@@ -20,6 +20,7 @@ pub mod log_store;
 pub mod session;
 pub mod state;
 pub mod state_machine;
+pub mod watch;
 
 pub use command::{Command, JoinToken, NodeInfo, NodeMeta, Response, Versioned};
 pub use gateway::{GatewayChange, GatewayCommand, GatewayTables};

@@ -5,7 +5,7 @@
 
 use std::io::Cursor;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
@@ -18,6 +18,7 @@ use tokio::sync::broadcast;
 use crate::codec::{decode, encode, storage_io};
 use crate::command::{NodeInfo, Response};
 use crate::state::{Change, StateMachineData};
+use crate::watch::{Encoded, Since, WatchLog};
 use crate::{NodeId, TypeConfig};
 
 const CURRENT: &[u8] = b"current";
@@ -36,6 +37,70 @@ struct Inner {
     db: sled::Db,
     feed: broadcast::Sender<Change>,
     snapshot_seq: AtomicU64,
+    /// Recent entries for agents' watches (`crate::watch`).
+    watch: Mutex<WatchLog>,
+    /// The index the tables stand at, for watches waiting on the next entry.
+    applied: tokio::sync::watch::Sender<u64>,
+    /// The tables encoded at some index, shared by every watcher that needs a snapshot while
+    /// the watch log still continues from it (a replica restarting under a thousand agents
+    /// encodes once, not once per agent).
+    watch_snapshot: Mutex<Option<(u64, Encoded)>>,
+}
+
+fn index_of(data: &StateMachineData) -> u64 {
+    data.last_applied.map_or(0, |l| l.index)
+}
+
+impl Inner {
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, StateMachineData> {
+        self.data.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn watch_log(&self) -> std::sync::MutexGuard<'_, WatchLog> {
+        self.watch.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Applies `entry` unless the tables already hold it, publishing its changes and keeping
+    /// it for watchers. The check makes applying idempotent by log index, which is what lets a
+    /// host that followed the log as an agent become a Raft member later: openraft replays
+    /// the entries the agent already applied, and they are skipped here (Raft's log matching
+    /// makes them the same entries).
+    fn apply_one(
+        &self,
+        data: &mut StateMachineData,
+        watch: &mut WatchLog,
+        entry: &Entry<TypeConfig>,
+        encoded: Option<Encoded>,
+    ) -> Response {
+        if data
+            .last_applied
+            .is_some_and(|last| entry.log_id.index <= last.index)
+        {
+            return Response::None;
+        }
+        let (response, changes) = data.apply_entry(entry);
+        for change in changes {
+            // No subscribers is fine: the feed is for whoever listens.
+            let _ = self.feed.send(change);
+        }
+        match encoded {
+            Some(e) => watch.push(entry.log_id.index, e),
+            // Cannot happen for entries that were decoded or replicated; if it did, watchers
+            // resync from a snapshot rather than skip the entry.
+            None => watch.clear(),
+        }
+        response
+    }
+
+    /// Replaces the tables with `new_data` (a snapshot) and tells every subscriber to resync.
+    fn replace(&self, data: &mut StateMachineData, new_data: StateMachineData) {
+        *data = new_data;
+        self.watch_log().clear();
+        let _ = self.feed.send(Change::Reset {
+            revision: data.revision,
+        });
+        self.applied.send_replace(index_of(data));
+    }
 }
 
 /// The replicated state machine. Cheap to clone; clones share the tables.
@@ -68,6 +133,54 @@ impl ChangeFeed {
         let data = self.inner.data.read().unwrap_or_else(|e| e.into_inner());
         (data.clone(), self.inner.feed.subscribe())
     }
+
+    /// The log index a watcher of these tables asks from next.
+    pub fn next_index(&self) -> u64 {
+        self.read(|d| d.last_applied.map_or(0, |l| l.index + 1))
+    }
+
+    /// The log index the tables stand at (0 before anything was applied).
+    pub fn applied_index(&self) -> u64 {
+        *self.inner.applied.borrow()
+    }
+
+    /// A receiver that wakes when the applied index moves (a watch waiting for entries).
+    pub fn applied_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.applied.subscribe()
+    }
+
+    /// What a watcher asking from log index `from` gets, at most about `max_bytes` of entries.
+    pub fn watch_since(&self, from: u64, max_bytes: usize) -> Since {
+        let applied = self.applied_index();
+        self.inner.watch_log().since(from, applied, max_bytes)
+    }
+
+    /// The tables encoded for a watcher whose index the watch log no longer holds, and the
+    /// index they stand at. Reuses the last encoding while the watch log still continues from
+    /// it. Encoding grows with the tables: call it off the async runtime.
+    pub fn watch_snapshot(&self) -> Result<(u64, Encoded), String> {
+        let mut cached = self
+            .inner
+            .watch_snapshot
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let first = self.inner.watch_log().first_index();
+        if let Some((index, bytes)) = cached.as_ref() {
+            if first.is_some_and(|f| f <= index + 1) {
+                return Ok((*index, bytes.clone()));
+            }
+        }
+        let data = self
+            .inner
+            .data
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let bytes = Arc::new(encode(&data).map_err(|e| format!("cannot encode the tables: {e}"))?);
+        let index = index_of(&data);
+        *cached = Some((index, bytes.clone()));
+        Ok((index, bytes))
+    }
 }
 
 impl StateMachineStore {
@@ -84,14 +197,61 @@ impl StateMachineStore {
                 db,
                 feed,
                 snapshot_seq: AtomicU64::new(0),
+                watch: Mutex::new(WatchLog::default()),
+                applied: tokio::sync::watch::Sender::new(0),
+                watch_snapshot: Mutex::new(None),
             }),
         };
         if let Some(stored) = store.load_snapshot()? {
             let data: StateMachineData = decode(&stored.data)
                 .map_err(|e| storage_io(ErrorSubject::Snapshot(None), ErrorVerb::Read, &e))?;
+            store.inner.applied.send_replace(index_of(&data));
             *store.write() = data;
         }
         Ok(store)
+    }
+
+    /// Applies entries an agent received from a replica's watch (encoded as the watch log
+    /// keeps them) and returns the index the tables now stand at. Entries the tables already
+    /// hold are skipped; a malformed one stops the batch with an error and applies nothing
+    /// after it.
+    pub fn apply_watched(&self, encoded: &[Encoded]) -> Result<u64, String> {
+        let mut decoded = Vec::with_capacity(encoded.len());
+        for bytes in encoded {
+            let entry: Entry<TypeConfig> =
+                decode(bytes).map_err(|e| format!("a watched entry does not decode: {e}"))?;
+            decoded.push((entry, bytes.clone()));
+        }
+        let mut data = self.write();
+        let mut watch = self.inner.watch_log();
+        for (entry, bytes) in &decoded {
+            let next = index_of(&data) + 1;
+            if data.last_applied.is_some() && entry.log_id.index > next {
+                return Err(format!(
+                    "the watch skipped from index {} to {}",
+                    next - 1,
+                    entry.log_id.index
+                ));
+            }
+            self.inner
+                .apply_one(&mut data, &mut watch, entry, Some(bytes.clone()));
+        }
+        drop(watch);
+        let index = index_of(&data);
+        self.inner.applied.send_replace(index);
+        Ok(index)
+    }
+
+    /// Replaces an agent's tables with a replica's snapshot (from [`ChangeFeed::watch_snapshot`])
+    /// unless they are already at least as new; returns the index the tables stand at.
+    pub fn install_watched(&self, bytes: &[u8]) -> Result<u64, String> {
+        let new_data: StateMachineData =
+            decode(bytes).map_err(|e| format!("a watched snapshot does not decode: {e}"))?;
+        let mut data = self.write();
+        if index_of(&new_data) > index_of(&data) || data.last_applied.is_none() {
+            self.inner.replace(&mut data, new_data);
+        }
+        Ok(index_of(&data))
     }
 
     /// A read handle sharing these tables.
@@ -102,7 +262,7 @@ impl StateMachineStore {
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, StateMachineData> {
-        self.inner.data.write().unwrap_or_else(|e| e.into_inner())
+        self.inner.write()
     }
 
     fn load_snapshot(&self) -> Result<Option<StoredSnapshot>, StorageError<NodeId>> {
@@ -189,16 +349,22 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
+        // Encoded for watchers before the tables are locked, so readers wait for the apply only.
+        let entries: Vec<(Entry<TypeConfig>, Option<Encoded>)> = entries
+            .into_iter()
+            .map(|e| {
+                let encoded = encode(&e).ok().map(Arc::new);
+                (e, encoded)
+            })
+            .collect();
         let mut data = self.write();
-        let mut responses = Vec::new();
-        for entry in entries {
-            let (response, changes) = data.apply_entry(&entry);
-            for change in changes {
-                // No subscribers is fine: the feed is for whoever listens.
-                let _ = self.inner.feed.send(change);
-            }
-            responses.push(response);
+        let mut watch = self.inner.watch_log();
+        let mut responses = Vec::with_capacity(entries.len());
+        for (entry, encoded) in entries {
+            responses.push(self.inner.apply_one(&mut data, &mut watch, &entry, encoded));
         }
+        drop(watch);
+        self.inner.applied.send_replace(index_of(&data));
         Ok(responses)
     }
 
@@ -235,10 +401,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         };
         self.save_snapshot(&stored).await?;
         let mut data = self.write();
-        *data = new_data;
-        let _ = self.inner.feed.send(Change::Reset {
-            revision: data.revision,
-        });
+        if index_of(&new_data) <= index_of(&data) && data.last_applied.is_some() {
+            // A host that followed the log as an agent already holds these tables and more;
+            // going back would replay changes its actors have acted on. openraft's replay of
+            // the entries after the snapshot is skipped by `apply_one`.
+            tracing::info!(snapshot = %meta.snapshot_id, applied = index_of(&data), "kept newer tables than the snapshot");
+            return Ok(());
+        }
+        self.inner.replace(&mut data, new_data);
         tracing::info!(snapshot = %meta.snapshot_id, "installed snapshot");
         Ok(())
     }

@@ -170,6 +170,8 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
     let (log, sm) = yard_raft_store::open(&cfg.node.data_dir.join("raft"))
         .context("cannot open the raft store")?;
     let feed = sm.feed();
+    // An agent applies what its watch brings into the same store Raft would.
+    let agent_store = sm.clone();
     let raft_cfg = Arc::new(cfg.raft.to_openraft(&cluster)?);
     let net = yard::raft_network::RaftNet {
         transport: transport.clone(),
@@ -230,6 +232,8 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
         reachability: reachability.clone(),
         gateway: gateway_control.clone(),
         diagnosis: diagnosis_control.clone(),
+        zone: cfg.node.zone.clone(),
+        roles: cfg.raft.roles(),
     });
     {
         let (raft, feed) = (raft.clone(), node.feed().clone());
@@ -529,15 +533,45 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
     })?;
     node.attach_admin(admin);
 
+    let agent_file = cfg.node.data_dir.join("agent-seeds");
+    let follow = |seeds: Vec<String>| {
+        let settings = yard::roles::agent::Settings {
+            hold: Duration::from_millis(cfg.raft.watch_hold_ms),
+            rpc_timeout,
+            seeds,
+        };
+        tokio::spawn(yard::roles::agent::follow(
+            node.clone(),
+            agent_store.clone(),
+            settings,
+        ));
+    };
     let start_cluster = async {
         if let Some(seed) = &args.join {
             // Logged once the signal handlers below are installed (this block runs inside the
             // select): from here a SIGTERM stops the node.
             tracing::info!(seed = %seed, "joining the cluster");
-            node.join(seed, Duration::from_secs(120))
+            let role = node
+                .join(seed, Duration::from_secs(120))
                 .await
-                .map(|_| ())
-                .map_err(anyhow::Error::msg)
+                .map_err(anyhow::Error::msg)?;
+            if role == yard_control::roles::Role::Agent {
+                // Remembered, so a restart without --join follows again.
+                std::fs::write(&agent_file, format!("{seed}\n"))
+                    .with_context(|| format!("cannot write {}", agent_file.display()))?;
+                follow(vec![seed.clone()]);
+            }
+            Ok(())
+        } else if agent_file.exists() && !node.raft().is_initialized().await? {
+            let seeds: Vec<String> = std::fs::read_to_string(&agent_file)
+                .with_context(|| format!("cannot read {}", agent_file.display()))?
+                .lines()
+                .map(str::to_owned)
+                .filter(|l| !l.is_empty())
+                .collect();
+            tracing::info!(?seeds, "resuming as an agent");
+            follow(seeds);
+            Ok(())
         } else if args.bootstrap || args.config.is_none() {
             node.bootstrap().await.map_err(anyhow::Error::msg)
         } else {
