@@ -26,7 +26,7 @@ use crate::rpc::{
 use crate::tls::{CertAuthority, PeerRole};
 use crate::transport::{BoxFut, Handler, Target, Transport, TransportError};
 use yard_actors::gateway::actor::GatewayView;
-use yard_control::roles::{HostView, Role};
+use yard_control::roles::Role;
 
 /// Everything a node's request handling needs.
 pub struct NodeParts {
@@ -74,6 +74,10 @@ pub struct Node {
     agg_quota: Arc<std::sync::OnceLock<yard_raft_store::aggregation::Quota>>,
     /// On an agent: the leader its watch last named (a member reads it from Raft instead).
     agent_leader: Arc<std::sync::Mutex<Option<(NodeId, NodeInfo)>>>,
+    /// The autopilot's latest reason, for `yard members`.
+    autopilot_reason: Arc<std::sync::Mutex<String>>,
+    /// Hosts that are no Raft members and that the leader's host liveness holds dead.
+    dead_hosts: Arc<std::sync::Mutex<BTreeSet<NodeId>>>,
 }
 
 enum Attempt<T> {
@@ -130,6 +134,48 @@ impl Node {
             agg_view: Arc::default(),
             agg_quota: Arc::default(),
             agent_leader: Arc::default(),
+            autopilot_reason: Arc::default(),
+            dead_hosts: Arc::default(),
+        }
+    }
+
+    /// The voter and replica counts this node keeps when it leads.
+    pub fn roles(&self) -> &yard_control::roles::RolesConfig {
+        &self.inner.roles
+    }
+
+    /// Records the autopilot's latest reason.
+    pub fn set_autopilot_reason(&self, reason: String) {
+        *self
+            .autopilot_reason
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = reason;
+    }
+
+    /// The autopilot's latest reason (empty on a node that has not led).
+    pub fn autopilot_reason(&self) -> String {
+        self.autopilot_reason
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Whether a host that is no Raft member is alive as far as this node (the leader) knows.
+    pub fn host_alive(&self, id: NodeId) -> bool {
+        !self
+            .dead_hosts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&id)
+    }
+
+    /// Marks a host dead or alive (the leader's host liveness verdicts).
+    pub fn set_host_alive(&self, id: NodeId, alive: bool) {
+        let mut dead = self.dead_hosts.lock().unwrap_or_else(|e| e.into_inner());
+        if alive {
+            dead.remove(&id);
+        } else {
+            dead.insert(id);
         }
     }
 
@@ -238,7 +284,7 @@ impl Node {
     }
 
     /// The leader's reachability view (empty on a follower).
-    pub(crate) fn reachability(&self) -> std::collections::BTreeMap<NodeId, bool> {
+    pub fn reachability(&self) -> std::collections::BTreeMap<NodeId, bool> {
         self.inner.reachability.snapshot()
     }
 
@@ -958,55 +1004,9 @@ impl Node {
         if self.inner.feed.read(|d| d.nodes.contains_key(&req.id)) {
             return Role::Agent;
         }
-        let view = self.cluster_view();
+        let view = crate::roles::autopilot::view(self, &mut Default::default(), 0);
         let zone = (!req.zone.is_empty()).then_some(req.zone.as_str());
         yard_control::roles::role_for_join(&self.inner.roles, &view, req.id, zone)
-    }
-
-    /// The hosts as the roles core sees them: Raft members with their roles and the leader's
-    /// reachability, agents from the hosts table.
-    pub(crate) fn cluster_view(&self) -> yard_control::roles::ClusterView {
-        let (voters, members) = (self.voter_ids(), self.member_ids());
-        let reach = self.inner.reachability.snapshot();
-        let me = self.inner.id;
-        let zones: std::collections::BTreeMap<NodeId, Option<String>> = self
-            .inner
-            .feed
-            .read(|d| d.nodes.iter().map(|(id, n)| (*id, zone_of(n))).collect());
-        let mut hosts: Vec<HostView> = members
-            .iter()
-            .map(|id| HostView {
-                id: *id,
-                zone: zones.get(id).cloned().flatten(),
-                role: if voters.contains(id) {
-                    Role::Voter
-                } else {
-                    Role::Replica
-                },
-                alive: *id == me || reach.get(id).copied().unwrap_or(true),
-                since_ms: 0,
-                lag: None,
-            })
-            .collect();
-        hosts.extend(
-            zones
-                .iter()
-                .filter(|(id, _)| !members.contains(id))
-                .map(|(id, zone)| HostView {
-                    id: *id,
-                    zone: zone.clone(),
-                    role: Role::Agent,
-                    alive: true,
-                    since_ms: 0,
-                    lag: None,
-                }),
-        );
-        yard_control::roles::ClusterView {
-            now_ms: 0,
-            leader: me,
-            hosts,
-            change_in_flight: false,
-        }
     }
 
     /// Signs a node certificate for the holder of a valid join token.

@@ -124,6 +124,7 @@ async fn start(
     let transport = net.transport(&addr(id), PeerRole::Node(id));
     let cfg = Arc::new(raft.to_openraft("test").unwrap());
     let roles = raft.roles();
+    let reachability = Reachability::default();
     let net_factory = yard::raft_network::RaftNet {
         transport: transport.clone(),
         id,
@@ -145,7 +146,7 @@ async fn start(
         rpc_timeout: Duration::from_millis(500),
         leader_wait: Duration::from_secs(3),
         health: HealthRegistry::default(),
-        reachability: Reachability::default(),
+        reachability: reachability.clone(),
         gateway: Arc::new(GatewayControl::new(
             LeaseConfig {
                 lease_ms: 200,
@@ -172,6 +173,8 @@ async fn start(
         let (ctl, n) = (node.gateway().clone(), node.clone());
         tokio::spawn(async move { ctl.run(n).await });
         tokio::spawn(yard::prevote::run(node.clone()));
+        tokio::spawn(yard::roles::autopilot::run(node.clone()));
+        tokio::spawn(probe_members(node.clone(), reachability));
         let (ctl, raft, feed) = (
             node.diagnosis().clone(),
             node.raft().clone(),
@@ -184,6 +187,35 @@ async fn start(
         store,
         addr: addr(id),
         _dir: dir,
+    }
+}
+
+/// The leader's member liveness as the daemon's liveness actor runs it (the same pure core,
+/// probes over the in-memory transport, without the actix shell): every 50 ms, 3 misses.
+async fn probe_members(node: Node, reachability: Reachability) {
+    use yard_actors::liveness::{Effect, Event, LivenessCore};
+    let mut core = LivenessCore::new(3);
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let leader = node.raft().metrics().borrow().state == openraft::ServerState::Leader;
+        let mut members = node.member_ids();
+        members.remove(&node.id());
+        let mut pending = core.handle(Event::Tick { leader, members });
+        while let Some(effect) = pending.pop() {
+            match effect {
+                Effect::Probe { round, ids } => {
+                    for id in ids {
+                        let ok = matches!(
+                            node.call_node(id, Request::Probe, Duration::from_millis(100))
+                                .await,
+                            Ok(Reply::Pong { .. })
+                        );
+                        pending.extend(core.handle(Event::ProbeResult { id, round, ok }));
+                    }
+                }
+                Effect::Publish(view) => reachability.publish(view),
+            }
+        }
     }
 }
 
@@ -1150,4 +1182,82 @@ async fn an_agent_behind_a_compacted_watch_log_resumes_from_a_snapshot() {
     wait_local(&agent, "after", "1").await;
     let want = hosts[0].node.feed().read(|d| d.kv.clone());
     assert_eq!(agent.node.feed().read(|d| d.kv.clone()), want);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_voter_is_replaced_by_a_caught_up_replica_one_change_at_a_time() {
+    let net = MemNetwork::default();
+    let raft = RaftSection {
+        replicas: 1,
+        voter_grace_ms: 1_000,
+        ..raft_section(10_000, 1_000)
+    };
+    let mut hosts = cluster(&net, 3, &raft).await;
+    for id in 4..=5 {
+        hosts.push(join_host(&net, id, &raft).await.0);
+    }
+    let leader = wait_leader(&hosts[..3].iter().collect::<Vec<_>>(), None).await;
+    put(&net, &hosts[4].addr, "before", "1").await.unwrap();
+    // Kill a voter that does not lead: its Raft stops and nobody reaches it any more.
+    let victim = hosts[..3].iter().find(|h| h.node.id() != leader).unwrap();
+    let victim_id = victim.node.id();
+    net.unregister(&victim.addr);
+    victim.node.raft().shutdown().await.unwrap();
+    // The replica (host 4) is promoted and the lost voter demoted: three voters again, none
+    // of them the lost one, and the agent's writes go on meanwhile.
+    let start = Instant::now();
+    let mut i = 0;
+    loop {
+        put(&net, &hosts[4].addr, &format!("during{i}"), "1")
+            .await
+            .unwrap();
+        i += 1;
+        let l = hosts.iter().find(|h| h.node.id() == leader).unwrap();
+        let voters = l.node.voter_ids();
+        if voters.len() == 3 && voters.contains(&4) && !voters.contains(&victim_id) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "voters still {voters:?}; autopilot: {}",
+            l.node.autopilot_reason()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let l = hosts.iter().find(|h| h.node.id() == leader).unwrap();
+    assert_eq!(
+        get(&net, &l.addr, "before").await.unwrap(),
+        Some("1".into())
+    );
+    assert_eq!(
+        get(&net, &hosts[4].addr, &format!("during{}", i - 1))
+            .await
+            .unwrap(),
+        Some("1".into())
+    );
+    // Then the lost host leaves Raft and the agent (host 5) becomes the replica: Raft replays
+    // to it the entries its watch had applied, which its tables skip by index, so they stay
+    // exactly the leader's.
+    let start = Instant::now();
+    loop {
+        let members = l.node.member_ids();
+        if members.contains(&5) && !members.contains(&victim_id) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "members still {members:?}; autopilot: {}",
+            l.node.autopilot_reason()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    put(&net, &hosts[4].addr, "after", "1").await.unwrap();
+    let new_replica = &hosts[4];
+    wait_local(new_replica, "after", "1").await;
+    let want = l.node.feed().read(|d| (d.revision, d.kv.clone()));
+    assert_eq!(
+        new_replica.node.feed().read(|d| (d.revision, d.kv.clone())),
+        want
+    );
+    assert!(new_replica.node.is_member());
 }

@@ -46,6 +46,7 @@ async fn one_node() -> OneNode {
         election_timeout_max_ms: 400,
         snapshot_every: 10_000,
         logs_kept: 1_000,
+        ..RaftSection::default()
     };
     let raft = yard_raft_store::Raft::new(
         1,

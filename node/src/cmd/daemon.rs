@@ -244,6 +244,7 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
         tokio::spawn(async move { gateway_control.run(node).await })
     };
     let prevote = tokio::spawn(yard::prevote::run(node.clone()));
+    let autopilot = tokio::spawn(yard::roles::autopilot::run(node.clone()));
     node.set_agg_quota(cfg.aggregator.quota());
     {
         let path = cfg.agg_socket();
@@ -614,6 +615,7 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
     actors.stop();
     control.abort();
     prevote.abort();
+    autopilot.abort();
     if let Err(e) = raft.shutdown().await {
         tracing::warn!(error = %e, "raft did not shut down cleanly");
     }

@@ -5,4 +5,5 @@
 //!   forwards every write and linearizable read to the leader it learns from the watch.
 
 pub mod agent;
+pub mod autopilot;
 pub mod watch;

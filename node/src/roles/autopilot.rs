@@ -1,0 +1,174 @@
+//! The autopilot's loop: on the leader, every `TICK`, it builds the roles core's view of the
+//! hosts and executes the one membership change `yard_control::roles::decide` returns, waiting
+//! for it to commit before the next decision (one change at a time). Everything it decides is
+//! in the core; this file only gathers the view and runs openraft's membership calls.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use openraft::{ChangeMembers, ServerState};
+use yard_control::roles::{Action, ClusterView, HostView, Role};
+use yard_raft_store::{Command, NodeId, NodeInfo};
+
+use crate::service::{host_meta, zone_of, Node};
+
+/// How often the leader reconsiders the roles.
+const TICK: Duration = Duration::from_millis(500);
+/// The longest one membership change may take before the loop gives up on it and decides again.
+const CHANGE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// When each host was last seen to change between alive and not, on the leader's clock: the
+/// core's `since_ms`. A host first seen is taken to have changed just now, which is the
+/// cautious reading for both rules that use it (a voter is replaced only after its grace, a
+/// host promoted only after it was stable).
+#[derive(Debug, Default)]
+pub struct HostClock {
+    seen: BTreeMap<NodeId, (bool, u64)>,
+}
+
+impl HostClock {
+    fn since(&mut self, id: NodeId, alive: bool, now_ms: u64) -> u64 {
+        let e = self.seen.entry(id).or_insert((alive, now_ms));
+        if e.0 != alive {
+            *e = (alive, now_ms);
+        }
+        e.1
+    }
+}
+
+/// The hosts as the roles core sees them: Raft members with their roles, the leader's
+/// reachability and replication lag; agents from the hosts table with the liveness their
+/// replicas report.
+pub fn view(node: &Node, clock: &mut HostClock, now_ms: u64) -> ClusterView {
+    let (voters, members) = (node.voter_ids(), node.member_ids());
+    let reach = node.reachability();
+    let me = node.id();
+    let metrics = node.raft().metrics().borrow().clone();
+    let last = metrics.last_log_index.unwrap_or(0);
+    let lag_of = |id: NodeId| -> Option<u64> {
+        if id == me {
+            return Some(0);
+        }
+        let matched = metrics
+            .replication
+            .as_ref()?
+            .get(&id)?
+            .map_or(0, |l| l.index);
+        Some(last.saturating_sub(matched))
+    };
+    let zones: BTreeMap<NodeId, Option<String>> = node
+        .feed()
+        .read(|d| d.nodes.iter().map(|(id, n)| (*id, zone_of(n))).collect());
+    let mut hosts: Vec<HostView> = Vec::with_capacity(zones.len().max(members.len()));
+    for id in &members {
+        let alive = *id == me || reach.get(id).copied().unwrap_or(true);
+        hosts.push(HostView {
+            id: *id,
+            zone: zones.get(id).cloned().flatten(),
+            role: if voters.contains(id) {
+                Role::Voter
+            } else {
+                Role::Replica
+            },
+            alive,
+            since_ms: clock.since(*id, alive, now_ms),
+            lag: lag_of(*id),
+        });
+    }
+    for (id, zone) in zones.iter().filter(|(id, _)| !members.contains(id)) {
+        let alive = node.host_alive(*id);
+        hosts.push(HostView {
+            id: *id,
+            zone: zone.clone(),
+            role: Role::Agent,
+            alive,
+            since_ms: clock.since(*id, alive, now_ms),
+            lag: None,
+        });
+    }
+    ClusterView {
+        now_ms,
+        leader: me,
+        hosts,
+        change_in_flight: false,
+    }
+}
+
+/// Runs for the life of the node; acts only while it leads.
+pub async fn run(node: Node) {
+    let started = Instant::now();
+    let mut clock = HostClock::default();
+    let mut last_reason = String::new();
+    loop {
+        tokio::time::sleep(TICK).await;
+        if node.raft().metrics().borrow().state != ServerState::Leader {
+            clock = HostClock::default();
+            continue;
+        }
+        let now_ms = started.elapsed().as_millis() as u64;
+        let view = view(&node, &mut clock, now_ms);
+        let decision = yard_control::roles::decide(node.roles(), &view);
+        if decision.reason != last_reason {
+            tracing::info!(reason = %decision.reason, action = ?decision.action, "autopilot");
+            last_reason = decision.reason.clone();
+        }
+        node.set_autopilot_reason(decision.reason.clone());
+        let Some(action) = decision.action else {
+            continue;
+        };
+        match tokio::time::timeout(CHANGE_TIMEOUT, execute(&node, action)).await {
+            Ok(Ok(())) => tracing::info!(%action, "autopilot change committed"),
+            Ok(Err(e)) => tracing::warn!(%action, error = %e, "autopilot change failed"),
+            Err(_) => tracing::warn!(%action, "autopilot change did not commit in time"),
+        }
+    }
+}
+
+/// Runs one action with openraft and records the host's new role in the hosts table.
+async fn execute(node: &Node, action: Action) -> Result<(), String> {
+    let raft = node.raft();
+    let id = action.id();
+    let ids = BTreeSet::from([id]);
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    match action {
+        Action::Promote { .. } => raft
+            .change_membership(ChangeMembers::AddVoterIds(ids), false)
+            .await
+            .map(drop)
+            .map_err(|e| err(&e))?,
+        // Kept as a learner: a demoted voter stays a caught-up replica.
+        Action::Demote { .. } => raft
+            .change_membership(ChangeMembers::RemoveVoters(ids), true)
+            .await
+            .map(drop)
+            .map_err(|e| err(&e))?,
+        Action::Drop { .. } => raft
+            .change_membership(ChangeMembers::RemoveNodes(ids), false)
+            .await
+            .map(drop)
+            .map_err(|e| err(&e))?,
+        Action::AddReplica { .. } => {
+            let meta = node
+                .feed()
+                .read(|d| d.nodes.get(&id).cloned())
+                .ok_or_else(|| format!("host {id} is not in the hosts table"))?;
+            let info = NodeInfo {
+                addr: meta.addr.clone(),
+                name: meta.name.clone(),
+            };
+            raft.add_learner(id, info, true)
+                .await
+                .map(drop)
+                .map_err(|e| err(&e))?
+        }
+    }
+    let meta = node.feed().read(|d| d.nodes.get(&id).cloned());
+    if let Some(meta) = meta {
+        let zone = zone_of(&meta).unwrap_or_default();
+        let record = host_meta(id, &meta.name, &meta.addr, &zone, action.to_role());
+        raft.client_write(Command::SetNode(record))
+            .await
+            .map_err(|e| err(&e))?;
+    }
+    Ok(())
+}
