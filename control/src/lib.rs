@@ -4,4 +4,5 @@
 //! (`follow`). The node's loops in `node/src/roles/` only execute what these return.
 
 pub mod follow;
+pub mod host_liveness;
 pub mod roles;

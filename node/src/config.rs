@@ -86,9 +86,6 @@ pub struct RaftSection {
     /// How long a voter must be unreachable before the autopilot replaces it: longer than a
     /// restart, so a planned restart moves no vote.
     pub voter_grace_ms: u64,
-    /// How long a replica holds an agent's watch open when nothing changes: an idle agent
-    /// costs one small round trip per this period, and its poll is its heartbeat.
-    pub watch_hold_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -102,6 +99,34 @@ pub struct LivenessSection {
     pub lease_ms: u64,
     /// Extra wait before the leader takes a lapsed node's VIPs (clock-rate and scheduling slack).
     pub lease_margin_ms: u64,
+    /// Hosts that hold no vote (agents): how long a member holds an agent's watch open when
+    /// nothing changes. The poll is the agent's heartbeat; an idle agent costs one small round
+    /// trip per this period.
+    pub hold_ms: u64,
+    /// How long an agent's member waits after its last poll before it reports it silent; the
+    /// leader then commits it dead (unless another member has it attached).
+    pub silent_ms: u64,
+    /// How long an agent whose member was lost has to attach to another before it is dead.
+    pub reattach_ms: u64,
+    /// The longest step a member's judging clock takes between two events: a member that was
+    /// paused or starved longer does not accuse its agents of its own silence.
+    pub max_tick_gap_ms: u64,
+    /// The share of a member's agents that may fall silent in one tick before it suspects its
+    /// own link and waits one more `silent_ms`.
+    pub mass_silence_fraction: f64,
+}
+
+impl LivenessSection {
+    /// The host liveness cores' settings.
+    pub fn hosts(&self) -> yard_control::host_liveness::LivenessConfig {
+        yard_control::host_liveness::LivenessConfig {
+            hold_ms: self.hold_ms,
+            silent_ms: self.silent_ms,
+            reattach_ms: self.reattach_ms,
+            max_tick_gap_ms: self.max_tick_gap_ms,
+            mass_silence_fraction: self.mass_silence_fraction,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -583,7 +608,6 @@ impl Default for RaftSection {
             voters: 3,
             replicas: 2,
             voter_grace_ms: 5_000,
-            watch_hold_ms: 250,
         }
     }
 }
@@ -595,6 +619,11 @@ impl Default for LivenessSection {
             misses: 3,
             lease_ms: 90,
             lease_margin_ms: 10,
+            hold_ms: 250,
+            silent_ms: 1_000,
+            reattach_ms: 1_000,
+            max_tick_gap_ms: 300,
+            mass_silence_fraction: 0.5,
         }
     }
 }
@@ -751,15 +780,20 @@ impl Config {
         if self.raft.snapshot_every == 0 {
             return bad("raft.snapshot_every", "must be at least 1");
         }
-        if !(1..=7).contains(&self.raft.voters) || self.raft.voters % 2 == 0 {
-            return bad("raft.voters", "must be an odd number from 1 to 7");
-        }
+        self.raft
+            .roles()
+            .validate()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         if self.raft.replicas > 16 {
             return bad("raft.replicas", "must be at most 16");
         }
-        if self.raft.watch_hold_ms == 0 || self.raft.watch_hold_ms > 5_000 {
-            return bad("raft.watch_hold_ms", "must be between 1 and 5000");
+        if self.liveness.hold_ms > 5_000 {
+            return bad("liveness.hold_ms", "must be at most 5000");
         }
+        self.liveness
+            .hosts()
+            .validate()
+            .map_err(ConfigError::Invalid)?;
         if self.liveness.interval_ms == 0 || self.liveness.misses == 0 {
             return bad(
                 "liveness.interval_ms",

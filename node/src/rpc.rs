@@ -69,6 +69,13 @@ pub enum Request {
     /// nothing new the member holds the request up to `hold_ms` before answering empty; the
     /// poll is also the agent's heartbeat. Answered `Watch`.
     Watch { from: u64, hold_ms: u64 },
+    /// A member's transitions of the agents it serves, for the leader's host liveness
+    /// (`crate::roles::liveness`), in the order it judged them: `ReportsAccepted`.
+    HostReports {
+        reports: Vec<yard_control::host_liveness::Report>,
+    },
+    /// The agents this member serves and their watch positions: `Watchers`.
+    Watchers,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -346,6 +353,10 @@ pub enum Reply {
         role: String,
     },
     Watch(WatchBatch),
+    /// The leader took a member's host reports.
+    ReportsAccepted,
+    /// The agents a member serves.
+    Watchers(Vec<crate::roles::liveness::Watched>),
     Certificate {
         ca: String,
         cert: CertPem,

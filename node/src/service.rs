@@ -53,6 +53,8 @@ pub struct NodeParts {
     pub zone: String,
     /// The voter and replica counts the leader keeps (`raft.voters`, `raft.replicas`).
     pub roles: yard_control::roles::RolesConfig,
+    /// Agents' liveness (`[liveness]` hold_ms, silent_ms, …).
+    pub host_liveness: yard_control::host_liveness::LivenessConfig,
 }
 
 /// A running node's request handler. Cheap to clone.
@@ -76,8 +78,8 @@ pub struct Node {
     agent_leader: Arc<std::sync::Mutex<Option<(NodeId, NodeInfo)>>>,
     /// The autopilot's latest reason, for `yard members`.
     autopilot_reason: Arc<std::sync::Mutex<String>>,
-    /// Hosts that are no Raft members and that the leader's host liveness holds dead.
-    dead_hosts: Arc<std::sync::Mutex<BTreeSet<NodeId>>>,
+    /// What this node judges of the agents it serves, and the reports it takes as leader.
+    host_liveness: Arc<crate::roles::liveness::HostLiveness>,
 }
 
 enum Attempt<T> {
@@ -119,6 +121,9 @@ const MAX_WRITES_PER_PROPOSAL: usize = 512;
 impl Node {
     /// Wraps the parts; must run inside a tokio runtime (it starts the write batcher).
     pub fn new(parts: NodeParts) -> Self {
+        let host_liveness = Arc::new(crate::roles::liveness::HostLiveness::new(
+            parts.host_liveness.clone(),
+        ));
         let writes = WriteBatcher::start(
             parts.raft.clone(),
             PROPOSALS_IN_FLIGHT,
@@ -134,8 +139,8 @@ impl Node {
             agg_view: Arc::default(),
             agg_quota: Arc::default(),
             agent_leader: Arc::default(),
+            host_liveness,
             autopilot_reason: Arc::default(),
-            dead_hosts: Arc::default(),
         }
     }
 
@@ -160,23 +165,14 @@ impl Node {
             .clone()
     }
 
-    /// Whether a host that is no Raft member is alive as far as this node (the leader) knows.
+    /// Whether a host the leader has not committed dead (`Command::HostLiveness`).
     pub fn host_alive(&self, id: NodeId) -> bool {
-        !self
-            .dead_hosts
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(&id)
+        !self.inner.feed.read(|d| d.hosts_down.contains(&id))
     }
 
-    /// Marks a host dead or alive (the leader's host liveness verdicts).
-    pub fn set_host_alive(&self, id: NodeId, alive: bool) {
-        let mut dead = self.dead_hosts.lock().unwrap_or_else(|e| e.into_inner());
-        if alive {
-            dead.remove(&id);
-        } else {
-            dead.insert(id);
-        }
+    /// This node's part in hosts' liveness.
+    pub fn host_liveness(&self) -> &Arc<crate::roles::liveness::HostLiveness> {
+        &self.host_liveness
     }
 
     /// The transport this node calls others with.
@@ -792,7 +788,7 @@ impl Node {
                     name: n.name.clone(),
                     addr: n.addr.clone(),
                     role: "agent".into(),
-                    reachable: n.id == p.id,
+                    reachable: n.id == p.id || !d.hosts_down.contains(&n.id),
                 })
                 .collect()
         });
@@ -1209,8 +1205,27 @@ impl Handler for Node {
                         this.inner.id
                     ))
                 }
-                (PeerRole::Node(_), Request::Watch { from, hold_ms }) => {
+                // A member cut off from the leader sheds its agents, so they move to one that
+                // is not (and the leader's liveness judges them there).
+                (PeerRole::Node(_), Request::Watch { .. }) if this.known_leader().is_none() => {
+                    Reply::Error(format!("node {} knows no leader to follow", this.inner.id))
+                }
+                (PeerRole::Node(id), Request::Watch { from, hold_ms }) => {
+                    this.host_liveness.polled(id, from);
                     crate::roles::watch::serve(&this, from, Duration::from_millis(hold_ms)).await
+                }
+                (PeerRole::Node(id), Request::HostReports { reports }) => {
+                    if this.inner.raft.metrics().borrow().state != ServerState::Leader {
+                        Reply::Error(format!("node {} is not the leader", this.inner.id))
+                    } else if !this.member_ids().contains(&id) {
+                        Reply::Error(format!("node {id} is not a raft member"))
+                    } else {
+                        this.host_liveness.accept(id, reports);
+                        Reply::ReportsAccepted
+                    }
+                }
+                (PeerRole::Node(_), Request::Watchers) => {
+                    Reply::Watchers(this.host_liveness.watched())
                 }
                 (PeerRole::Node(_), Request::PreVote) => {
                     let cfg = crate::prevote::PreVoteConfig::of(this.inner.raft.config());
@@ -1307,7 +1322,9 @@ impl Handler for Node {
                         | Request::GatewayUnrevoke { .. } => "gateway lease renewals",
                         Request::ProbeReport { .. } => "probe reports",
                         Request::GatewayRates { .. } => "gateway rate reports",
-                        Request::Watch { .. } => "watches",
+                        Request::Watch { .. } | Request::HostReports { .. } | Request::Watchers => {
+                            "watches"
+                        }
                         Request::Join(_) | Request::RedeemToken(_) => "joins",
                     };
                     tracing::warn!(?role, what, "refused request for the peer's role");

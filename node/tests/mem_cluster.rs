@@ -166,6 +166,7 @@ async fn start(
             hook: Default::default(),
         })),
         zone: String::new(),
+        host_liveness: Default::default(),
         roles,
     });
     net.register(&addr(id), Arc::new(node.clone()));
@@ -175,6 +176,8 @@ async fn start(
         tokio::spawn(yard::prevote::run(node.clone()));
         tokio::spawn(yard::roles::autopilot::run(node.clone()));
         tokio::spawn(probe_members(node.clone(), reachability));
+        tokio::spawn(yard::roles::liveness::report(node.clone()));
+        tokio::spawn(yard::roles::liveness::judge(node.clone()));
         let (ctl, raft, feed) = (
             node.diagnosis().clone(),
             node.raft().clone(),
@@ -1047,7 +1050,7 @@ async fn join_host(net: &MemNetwork, id: NodeId, raft: &RaftSection) -> (TestNod
             t.node.clone(),
             t.store.clone(),
             yard::roles::agent::Settings {
-                hold: Duration::from_millis(raft.watch_hold_ms),
+                hold: Duration::from_millis(250),
                 rpc_timeout: Duration::from_millis(500),
                 seeds: vec![addr(1)],
             },
@@ -1260,4 +1263,57 @@ async fn a_lost_voter_is_replaced_by_a_caught_up_replica_one_change_at_a_time() 
         want
     );
     assert!(new_replica.node.is_member());
+}
+
+/// Waits until every one of `hosts` holds `id` dead (`alive: false`) or alive in its tables.
+async fn wait_host_liveness(hosts: &[TestNode], id: NodeId, alive: bool, within: Duration) {
+    let start = Instant::now();
+    while !hosts.iter().all(|h| h.node.host_alive(id) == alive) {
+        assert!(
+            start.elapsed() < within,
+            "host {id} not committed {} within {within:?}",
+            if alive { "alive" } else { "dead" }
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_cut_off_is_committed_dead_once_and_alive_again_after_the_heal() {
+    let net = MemNetwork::default();
+    let raft = RaftSection {
+        replicas: 0,
+        ..raft_section(10_000, 1_000)
+    };
+    let mut hosts = cluster(&net, 3, &raft).await;
+    for id in 4..=6 {
+        hosts.push(join_host(&net, id, &raft).await.0);
+    }
+    // Settled: every agent attached and alive everywhere.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    for id in 4..=6 {
+        assert!(hosts.iter().all(|h| h.node.host_alive(id)), "agent {id}");
+    }
+    let others: Vec<String> = hosts
+        .iter()
+        .filter(|h| h.node.id() != 5)
+        .map(|h| h.addr.clone())
+        .collect();
+    let o: Vec<&str> = others.iter().map(String::as_str).collect();
+    let cut = Instant::now();
+    net.partition(&[&hosts[4].addr], &o);
+    // Its member stops hearing its polls: silent after 1 s, committed dead within 2 s; the
+    // other agents stay alive.
+    wait_host_liveness(&hosts[..4], 5, false, Duration::from_secs(3)).await;
+    let detected = cut.elapsed();
+    // Its last poll may have arrived up to one hold (250 ms) before the cut.
+    assert!(
+        detected >= Duration::from_millis(700),
+        "dead after {detected:?}"
+    );
+    assert!(hosts[..4]
+        .iter()
+        .all(|h| h.node.host_alive(4) && h.node.host_alive(6)));
+    net.heal();
+    wait_host_liveness(&hosts, 5, true, Duration::from_secs(3)).await;
 }

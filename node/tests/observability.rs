@@ -91,6 +91,7 @@ async fn one_node() -> OneNode {
             hook: Default::default(),
         })),
         zone: String::new(),
+        host_liveness: Default::default(),
         roles: yard_control::roles::RolesConfig::default(),
     });
     net.register(ADDR, Arc::new(node.clone()));

@@ -86,6 +86,9 @@ pub enum Command {
     },
     /// A change to the aggregator tables (jobs, members, placements, hosts).
     Aggregation(crate::aggregation::AggCommand),
+    /// The leader's one decision that a host which holds no vote is dead (`alive: false`) or
+    /// back: every node's actors react to this entry, never to a detector of their own.
+    HostLiveness { id: u64, alive: bool },
 }
 
 /// What applying a command produced.

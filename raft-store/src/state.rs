@@ -32,6 +32,8 @@ pub enum Change {
     },
     /// The whole state was replaced (snapshot installed): subscribers must resync.
     Reset { revision: u64 },
+    /// The leader decided host `id` is dead or alive again.
+    HostLiveness { revision: u64, id: u64, alive: bool },
     /// Gateway tables changed: everything one command changed, as one message (an import of
     /// thousands of endpoints must not overrun subscribers' queues).
     Gateway {
@@ -66,6 +68,9 @@ pub struct StateMachineData {
     /// Aggregation jobs and hosts. Appended last, like `diagnosis`.
     #[serde(default)]
     pub aggregation: AggTables,
+    /// Hosts the leader decided are dead (`Command::HostLiveness`). Appended last.
+    #[serde(default)]
+    pub hosts_down: std::collections::BTreeSet<u64>,
 }
 
 impl StateMachineData {
@@ -158,6 +163,30 @@ impl StateMachineData {
                         revision,
                         id: meta.id,
                         meta: Some(meta.clone()),
+                    }],
+                )
+            }
+            Command::HostLiveness { id, alive } => {
+                let changed = if *alive {
+                    self.hosts_down.remove(id)
+                } else {
+                    self.hosts_down.insert(*id)
+                };
+                if !changed {
+                    return (
+                        Response::Written {
+                            revision: self.revision,
+                        },
+                        Vec::new(),
+                    );
+                }
+                let revision = self.bump();
+                (
+                    Response::Written { revision },
+                    vec![Change::HostLiveness {
+                        revision,
+                        id: *id,
+                        alive: *alive,
                     }],
                 )
             }

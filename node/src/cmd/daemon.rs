@@ -234,6 +234,7 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
         diagnosis: diagnosis_control.clone(),
         zone: cfg.node.zone.clone(),
         roles: cfg.raft.roles(),
+        host_liveness: cfg.liveness.hosts(),
     });
     {
         let (raft, feed) = (raft.clone(), node.feed().clone());
@@ -245,6 +246,8 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
     };
     let prevote = tokio::spawn(yard::prevote::run(node.clone()));
     let autopilot = tokio::spawn(yard::roles::autopilot::run(node.clone()));
+    let host_reports = tokio::spawn(yard::roles::liveness::report(node.clone()));
+    let host_judge = tokio::spawn(yard::roles::liveness::judge(node.clone()));
     node.set_agg_quota(cfg.aggregator.quota());
     {
         let path = cfg.agg_socket();
@@ -537,7 +540,7 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
     let agent_file = cfg.node.data_dir.join("agent-seeds");
     let follow = |seeds: Vec<String>| {
         let settings = yard::roles::agent::Settings {
-            hold: Duration::from_millis(cfg.raft.watch_hold_ms),
+            hold: Duration::from_millis(cfg.liveness.hold_ms),
             rpc_timeout,
             seeds,
         };
@@ -616,6 +619,8 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
     control.abort();
     prevote.abort();
     autopilot.abort();
+    host_reports.abort();
+    host_judge.abort();
     if let Err(e) = raft.shutdown().await {
         tracing::warn!(error = %e, "raft did not shut down cleanly");
     }

@@ -6,4 +6,5 @@
 
 pub mod agent;
 pub mod autopilot;
+pub mod liveness;
 pub mod watch;

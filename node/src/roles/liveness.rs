@@ -1,0 +1,300 @@
+//! Hosts' liveness at cluster size, executed (the rules are `yard_control::host_liveness`):
+//! every member judges the agents whose watches it serves (their polls are the heartbeats) and
+//! sends the leader only transitions; the leader turns them into verdicts and commits each as
+//! one `Command::HostLiveness` entry, which every node's actors then read from the tables.
+//! The leader's work per tick is the due reattach deadlines and the reports that arrived, never
+//! a walk over all hosts.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use openraft::ServerState;
+use tokio::sync::broadcast::error::TryRecvError;
+use tokio::sync::mpsc;
+use yard_control::host_liveness::{HostLivenessCore, LivenessConfig, Report, Verdict, WatcherCore};
+use yard_raft_store::{Change, Command, NodeId};
+
+use crate::rpc::{Reply, Request};
+use crate::service::Node;
+
+/// How often members judge their agents and the leader its reports.
+const TICK: Duration = Duration::from_millis(100);
+/// Reports a member keeps for a leader it cannot reach; past this it sends its full picture
+/// (`WatcherCore::resync`) once one answers, instead of an unbounded backlog.
+const MAX_QUEUED: usize = 65_536;
+
+/// One node's part in host liveness: what it judges as a member, the reports that reached it
+/// as leader.
+pub struct HostLiveness {
+    cfg: LivenessConfig,
+    epoch: Instant,
+    watchers: Mutex<Watchers>,
+    reports_tx: mpsc::UnboundedSender<MemberReports>,
+    /// Taken once by the leader's loop (`judge`).
+    reports_rx: Mutex<Option<mpsc::UnboundedReceiver<MemberReports>>>,
+}
+
+/// Reports from one member, in its order.
+type MemberReports = (NodeId, Vec<Report>);
+
+impl std::fmt::Debug for HostLiveness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostLiveness")
+            .field("cfg", &self.cfg)
+            .finish()
+    }
+}
+
+/// The agents this member serves: the judging core, and each one's watch position (its lag).
+struct Watchers {
+    core: WatcherCore,
+    from: BTreeMap<NodeId, u64>,
+}
+
+/// One watched agent as its member sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Watched {
+    pub host: NodeId,
+    /// The log index its last poll asked from.
+    pub from: u64,
+    /// How long ago its last poll arrived.
+    pub ago_ms: u64,
+}
+
+impl HostLiveness {
+    pub fn new(cfg: LivenessConfig) -> Self {
+        let (reports_tx, reports_rx) = mpsc::unbounded_channel();
+        Self {
+            watchers: Mutex::new(Watchers {
+                core: WatcherCore::new(cfg.clone()),
+                from: BTreeMap::new(),
+            }),
+            cfg,
+            epoch: Instant::now(),
+            reports_tx,
+            reports_rx: Mutex::new(Some(reports_rx)),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn watchers(&self) -> std::sync::MutexGuard<'_, Watchers> {
+        self.watchers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records a watch poll from `host` asking from log index `from`.
+    pub fn polled(&self, host: NodeId, from: u64) {
+        let now = self.now_ms();
+        let mut w = self.watchers();
+        w.core.polled(host, now);
+        w.from.insert(host, from);
+    }
+
+    /// The agents this member serves.
+    pub fn watched(&self) -> Vec<Watched> {
+        let now = self.now_ms();
+        let w = self.watchers();
+        w.core
+            .hosts()
+            .map(|(host, last)| Watched {
+                host,
+                from: w.from.get(&host).copied().unwrap_or(0),
+                ago_ms: now.saturating_sub(last),
+            })
+            .collect()
+    }
+
+    /// Takes reports a member sent this node (the leader).
+    pub fn accept(&self, replica: NodeId, reports: Vec<Report>) {
+        let _ = self.reports_tx.send((replica, reports));
+    }
+}
+
+/// Every member, every tick: judges its agents and sends the transitions to the leader, in
+/// order; a new leader gets the member's whole picture first.
+pub async fn report(node: Node) {
+    let hl = node.host_liveness().clone();
+    let mut queue: Vec<Report> = Vec::new();
+    let mut told: Option<NodeId> = None;
+    loop {
+        tokio::time::sleep(TICK).await;
+        if !node.is_member() {
+            continue;
+        }
+        let (fresh, resync) = {
+            let mut w = hl.watchers();
+            let fresh = w.core.tick(hl.now_ms());
+            for r in &fresh {
+                if let Report::Silent { host, .. } = r {
+                    w.from.remove(host);
+                }
+            }
+            (fresh, w.core.resync())
+        };
+        let Some((leader, _)) = node.known_leader() else {
+            continue;
+        };
+        if told != Some(leader) || queue.len() > MAX_QUEUED {
+            // The new leader knows nothing of this member's agents: the whole picture, which
+            // already reflects every transition queued for the old one.
+            queue = resync;
+        } else {
+            queue.extend(fresh);
+        }
+        if queue.is_empty() && told == Some(leader) {
+            continue;
+        }
+        let batch = std::mem::take(&mut queue);
+        let delivered = if leader == node.id() {
+            hl.accept(leader, batch.clone());
+            true
+        } else {
+            let req = Request::HostReports {
+                reports: batch.clone(),
+            };
+            matches!(
+                node.call_node(leader, req, TICK * 5).await,
+                Ok(Reply::ReportsAccepted)
+            )
+        };
+        if delivered {
+            told = Some(leader);
+        } else {
+            queue = batch;
+            told = None;
+        }
+    }
+}
+
+/// On the leader: turns members' reports into verdicts and commits each as one entry.
+pub async fn judge(node: Node) {
+    let hl = node.host_liveness().clone();
+    let Some(mut reports) = hl
+        .reports_rx
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()
+    else {
+        return;
+    };
+    let mut led: Option<Led> = None;
+    loop {
+        tokio::time::sleep(TICK).await;
+        if node.raft().metrics().borrow().state != ServerState::Leader {
+            led = None;
+            while reports.try_recv().is_ok() {}
+            continue;
+        }
+        let now = hl.now_ms();
+        let l = led.get_or_insert_with(|| Led::start(&node, hl.cfg.clone(), now));
+        l.follow_tables(&node, now);
+        l.follow_members(&node, now);
+        let members = node.member_ids();
+        while let Ok((replica, batch)) = reports.try_recv() {
+            if !members.contains(&replica) {
+                continue;
+            }
+            for r in batch {
+                l.core.report(replica, r, now);
+            }
+        }
+        for verdict in l.core.tick(now) {
+            let (id, alive) = match verdict {
+                Verdict::Dead { host } => (host, false),
+                Verdict::Alive { host } => (host, true),
+            };
+            commit(&node, id, alive).await;
+        }
+        // Hosts a former leader committed dead that this leader's core holds attached: their
+        // return happened before this leader's core existed, so no transition announces it.
+        let down: Vec<NodeId> = node.feed().read(|d| d.hosts_down.iter().copied().collect());
+        for id in down {
+            if l.core.is_dead(id) == Some(false) && l.core.current_replica(id).is_some() {
+                commit(&node, id, true).await;
+            }
+        }
+    }
+}
+
+async fn commit(node: &Node, id: NodeId, alive: bool) {
+    let down = node.feed().read(|d| d.hosts_down.contains(&id));
+    if down != alive {
+        return;
+    }
+    match node
+        .raft()
+        .client_write(Command::HostLiveness { id, alive })
+        .await
+    {
+        Ok(_) => tracing::info!(host = id, alive, "host liveness committed"),
+        Err(e) => tracing::warn!(host = id, alive, error = %e, "host liveness not committed"),
+    }
+}
+
+/// The leader's state while it leads.
+struct Led {
+    core: HostLivenessCore,
+    feed: tokio::sync::broadcast::Receiver<Change>,
+    lost: BTreeSet<NodeId>,
+}
+
+impl Led {
+    fn start(node: &Node, cfg: LivenessConfig, now: u64) -> Self {
+        let (data, feed) = node.feed().subscribe();
+        let members = node.member_ids();
+        let mut core = HostLivenessCore::new(cfg);
+        for id in data.nodes.keys().filter(|id| !members.contains(id)) {
+            core.known(*id, now);
+        }
+        Self {
+            core,
+            feed,
+            lost: BTreeSet::new(),
+        }
+    }
+
+    /// Hosts joining, leaving or becoming members since the last tick.
+    fn follow_tables(&mut self, node: &Node, now: u64) {
+        loop {
+            match self.feed.try_recv() {
+                Ok(Change::Node { id, meta, .. }) => {
+                    if meta.is_none() || node.member_ids().contains(&id) {
+                        self.core.forget(id);
+                    } else {
+                        self.core.known(id, now);
+                    }
+                }
+                Ok(_) => {}
+                Err(TryRecvError::Empty) => return,
+                Err(TryRecvError::Lagged(_) | TryRecvError::Closed) => {
+                    // Missed changes: take the hosts table as it is (rare; O(hosts) once).
+                    let (data, feed) = node.feed().subscribe();
+                    self.feed = feed;
+                    let members = node.member_ids();
+                    for id in data.nodes.keys() {
+                        if members.contains(id) {
+                            self.core.forget(*id);
+                        } else {
+                            self.core.known(*id, now);
+                        }
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Members the leader's own liveness lost or found again: their agents' vouches.
+    fn follow_members(&mut self, node: &Node, now: u64) {
+        for (id, reachable) in node.reachability() {
+            if !reachable && self.lost.insert(id) {
+                self.core.replica_lost(id, now);
+            } else if reachable && self.lost.remove(&id) {
+                self.core.replica_back(id, now);
+            }
+        }
+    }
+}
