@@ -116,6 +116,8 @@ pub enum AdminRequest {
     MembersRemove {
         id: NodeId,
     },
+    /// `yard members`: every host's role, zone, lag and liveness, from the leader.
+    Members,
     TokenCreate {
         ttl_secs: u64,
     },
@@ -305,6 +307,7 @@ impl AdminRequest {
         matches!(
             self,
             AdminRequest::Status
+                | AdminRequest::Members
                 | AdminRequest::KvGet { .. }
                 | AdminRequest::KvList { .. }
                 | AdminRequest::Diagnose { .. }
@@ -462,6 +465,36 @@ pub enum AdminReply {
     AggJobs(Vec<AggJobRow>),
     AggStats(AggStats),
     Plan(Box<PlanView>),
+    Members(MembersView),
+}
+
+/// One host in `yard members`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HostRow {
+    pub id: NodeId,
+    pub name: String,
+    pub addr: String,
+    /// "voter", "replica" or "agent".
+    pub role: String,
+    /// Its `node.zone` (empty: none).
+    pub zone: String,
+    /// Whether the leader holds it alive: its member liveness for voters and replicas, the
+    /// committed host liveness for agents.
+    pub alive: bool,
+    /// Log entries it trails the leader's commit by (None: not known, e.g. an agent no member
+    /// serves).
+    pub lag: Option<u64>,
+    /// For an agent: the member whose watch it follows.
+    pub follows: Option<NodeId>,
+}
+
+/// `yard members`: the hosts and the autopilot's latest reason.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MembersView {
+    pub leader: NodeId,
+    pub commit_index: u64,
+    pub hosts: Vec<HostRow>,
+    pub autopilot: String,
 }
 
 /// `yard plan show`: the leader's service planner as it is.

@@ -716,6 +716,17 @@ impl Node {
             }
             AdminRequest::Status => self.status(forwarded, &req).await,
             AdminRequest::MembersRemove { id } => self.remove_member(forwarded, &req, *id).await,
+            AdminRequest::Members => {
+                self.leader_or_forward(forwarded, None, &req, || async {
+                    if self.inner.raft.metrics().borrow().state == ServerState::Leader {
+                        let view = crate::roles::members::view(self, self.inner.rpc_timeout).await;
+                        Ok(Attempt::Done(AdminReply::Members(view)))
+                    } else {
+                        Ok(Attempt::Forward(self.known_leader()))
+                    }
+                })
+                .await
+            }
             AdminRequest::TokenCreate { ttl_secs } => {
                 self.create_token(forwarded, &req, *ttl_secs).await
             }
@@ -827,6 +838,13 @@ impl Node {
 
     async fn remove_member(&self, forwarded: bool, req: &AdminRequest, id: NodeId) -> Reply {
         let known = self.member(id).is_some();
+        if !known && self.inner.feed.read(|d| d.nodes.contains_key(&id)) {
+            // An agent holds no vote: forgetting its record is the whole removal.
+            return match self.write(forwarded, req, Command::RemoveNode { id }).await {
+                Reply::Admin(_) => Reply::Admin(AdminReply::Removed { id }),
+                other => other,
+            };
+        }
         if !known {
             return Reply::Error(format!("node {id} is not a member of this cluster"));
         }

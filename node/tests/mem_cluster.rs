@@ -1127,6 +1127,25 @@ async fn hosts_past_the_voters_join_as_agents_that_follow_forward_and_fail_over(
         .map(|m| m.id)
         .collect();
     assert_eq!(agents, [5, 6, 7], "{status:?}");
+    // `yard members` through an agent: roles, the member each agent follows, and its lag.
+    let view = match admin(&net, &hosts[6].addr, AdminRequest::Members)
+        .await
+        .unwrap()
+    {
+        AdminReply::Members(m) => m,
+        other => panic!("unexpected {other:?}"),
+    };
+    let roles: Vec<&str> = view.hosts.iter().map(|h| h.role.as_str()).collect();
+    assert_eq!(
+        roles,
+        ["voter", "voter", "voter", "replica", "agent", "agent", "agent"],
+        "{view:?}"
+    );
+    for h in view.hosts.iter().filter(|h| h.role == "agent") {
+        assert!(h.alive, "{h:?}");
+        assert!(h.follows.is_some_and(|f| f <= 4), "{h:?}");
+        assert!(h.lag.is_some_and(|l| l <= 2), "{h:?}");
+    }
 
     // Cut every non-leader member off from the agents: they follow the leader instead and
     // resume from their own index, and writes through them still land.

@@ -11,7 +11,7 @@ use serde_json::json;
 use yard::client::AdminClient;
 use yard::rpc::{AdminReply, AdminRequest};
 
-use super::output::{print_status, Out};
+use super::output::{print_members, print_status, Out};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -73,10 +73,10 @@ enum Command {
         #[command(subcommand)]
         cmd: KvCmd,
     },
-    /// Cluster membership.
+    /// Every host's role (voter, replica, agent), zone, lag and liveness; or remove one.
     Members {
         #[command(subcommand)]
-        cmd: MembersCmd,
+        cmd: Option<MembersCmd>,
     },
     /// Benchmarks.
     Bench {
@@ -192,6 +192,9 @@ enum KvCmd {
 
 #[derive(Debug, Subcommand)]
 enum MembersCmd {
+    /// Every host's role, zone, lag and liveness, and the autopilot's latest reason (the
+    /// default).
+    List,
     /// Remove a node from the cluster.
     Remove { id: u64 },
 }
@@ -350,8 +353,11 @@ async fn client_command(args: &Args, out: Out) -> anyhow::Result<ExitCode> {
             },
         },
         Command::Members {
-            cmd: MembersCmd::Remove { id },
+            cmd: Some(MembersCmd::Remove { id }),
         } => AdminRequest::MembersRemove { id: *id },
+        Command::Members {
+            cmd: None | Some(MembersCmd::List),
+        } => AdminRequest::Members,
         Command::Node { .. }
         | Command::Ca { .. }
         | Command::Bench { .. }
@@ -377,6 +383,7 @@ async fn client_command(args: &Args, out: Out) -> anyhow::Result<ExitCode> {
 fn render(req: &AdminRequest, reply: AdminReply, out: Out) -> ExitCode {
     match (req, reply) {
         (_, AdminReply::Status(s)) => print_status(&s, out),
+        (_, AdminReply::Members(m)) => print_members(&m, out),
         (AdminRequest::KvGet { key }, AdminReply::Value(None)) => {
             eprintln!("key not found: {key}");
             return ExitCode::FAILURE;

@@ -67,3 +67,28 @@ pub fn print_status(s: &Status, out: Out) {
         t.trim_end().to_owned()
     });
 }
+
+/// `yard members`: one row per host, then the autopilot's reason.
+pub fn print_members(m: &yard::rpc::MembersView, out: Out) {
+    out.line(json!(m), || {
+        let mut t = format!(
+            "leader {}  commit index {}\nID    NAME        ADDR                   ROLE     ZONE      LAG     ALIVE  FOLLOWS\n",
+            m.leader, m.commit_index
+        );
+        for h in &m.hosts {
+            t.push_str(&format!(
+                "{:<5} {:<11} {:<22} {:<8} {:<9} {:<7} {:<6} {}\n",
+                h.id,
+                h.name,
+                h.addr,
+                h.role,
+                if h.zone.is_empty() { "-" } else { &h.zone },
+                h.lag.map_or("?".into(), |l| l.to_string()),
+                h.alive,
+                h.follows.map_or("-".into(), |f| f.to_string()),
+            ));
+        }
+        t.push_str(&format!("autopilot: {}", m.autopilot));
+        t
+    });
+}

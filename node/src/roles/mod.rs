@@ -7,4 +7,5 @@
 pub mod agent;
 pub mod autopilot;
 pub mod liveness;
+pub mod members;
 pub mod watch;

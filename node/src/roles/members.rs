@@ -1,0 +1,99 @@
+//! `yard members` on the leader: every host's role, zone, lag and liveness. Members' lag is
+//! Raft's replication progress; agents' lag and the member each follows come from the members
+//! that serve their watches, asked once per request (the only place the leader's work grows
+//! with the hosts, and only when an operator asks).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::future::join_all;
+use yard_raft_store::NodeId;
+
+use crate::rpc::{HostRow, MembersView, Reply, Request};
+use crate::service::{zone_of, Node};
+
+/// Gathers the view; call it on the leader.
+pub async fn view(node: &Node, timeout: Duration) -> MembersView {
+    let metrics = node.raft().metrics().borrow().clone();
+    let commit = metrics.last_applied.map_or(0, |l| l.index);
+    let last = metrics.last_log_index.unwrap_or(0);
+    let (voters, members) = (node.voter_ids(), node.member_ids());
+    let reach = node.reachability();
+    // Each agent's freshest poll among the members that serve it: (ago_ms, member, from).
+    let asked = join_all(
+        members
+            .iter()
+            .map(|m| async move { (*m, node.call_node(*m, Request::Watchers, timeout).await) }),
+    )
+    .await;
+    let mut polls: BTreeMap<NodeId, (u64, NodeId, u64)> = BTreeMap::new();
+    for (member, reply) in asked {
+        let Ok(Reply::Watchers(rows)) = reply else {
+            continue;
+        };
+        for w in rows {
+            let e = polls.entry(w.host).or_insert((u64::MAX, member, 0));
+            if w.ago_ms < e.0 {
+                *e = (w.ago_ms, member, w.from);
+            }
+        }
+    }
+    let hosts = node.feed().read(|d| {
+        let mut ids: Vec<NodeId> = d.nodes.keys().copied().collect();
+        ids.extend(members.iter().filter(|m| !d.nodes.contains_key(m)));
+        ids.sort_unstable();
+        ids.into_iter()
+            .map(|id| {
+                let meta = d.nodes.get(&id);
+                let info = node.member(id);
+                let (role, alive, lag, follows) = if members.contains(&id) {
+                    let matched = metrics
+                        .replication
+                        .as_ref()
+                        .and_then(|r| r.get(&id))
+                        .map(|l| l.map_or(0, |l| l.index));
+                    let lag = if id == node.id() {
+                        Some(0)
+                    } else {
+                        matched.map(|m| last.saturating_sub(m))
+                    };
+                    let role = if voters.contains(&id) {
+                        "voter"
+                    } else {
+                        "replica"
+                    };
+                    let alive = id == node.id() || reach.get(&id).copied().unwrap_or(true);
+                    (role, alive, lag, None)
+                } else {
+                    let poll = polls.get(&id);
+                    // A poll asks from the index after the last one the agent applied.
+                    let lag =
+                        poll.map(|(_, _, from)| commit.saturating_sub(from.saturating_sub(1)));
+                    ("agent", !d.hosts_down.contains(&id), lag, poll.map(|p| p.1))
+                };
+                HostRow {
+                    id,
+                    name: meta
+                        .map(|m| m.name.clone())
+                        .or_else(|| info.as_ref().map(|i| i.name.clone()))
+                        .unwrap_or_default(),
+                    addr: meta
+                        .map(|m| m.addr.clone())
+                        .or_else(|| info.as_ref().map(|i| i.addr.clone()))
+                        .unwrap_or_default(),
+                    role: role.into(),
+                    zone: meta.and_then(zone_of).unwrap_or_default(),
+                    alive,
+                    lag,
+                    follows,
+                }
+            })
+            .collect()
+    });
+    MembersView {
+        leader: node.id(),
+        commit_index: commit,
+        hosts,
+        autopilot: node.autopilot_reason(),
+    }
+}
