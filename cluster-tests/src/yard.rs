@@ -122,7 +122,7 @@ impl<T: Borrow<Topology>> YardCluster<T> {
         for i in 2..=n {
             let seed = cluster.endpoint(1);
             cluster.spawn(i, &["--join", &seed])?;
-            cluster.wait_voters_checking(1, i, Duration::from_secs(30), Self::check_running)?;
+            cluster.wait_hosts_checking(i, i, Duration::from_secs(30), Self::check_running)?;
         }
         Ok(cluster)
     }
@@ -315,6 +315,39 @@ impl<T: Borrow<Topology>> YardCluster<T> {
     /// Waits until node `i` reports `n` voters, all reachable, and a leader.
     pub fn wait_voters(&self, i: usize, n: usize, timeout: Duration) -> Result<serde_json::Value> {
         self.wait_voters_checking(i, n, timeout, |_| Ok(()))
+    }
+
+    /// Waits until node `i` (a voter, replica or agent) answers a status with a leader and `n`
+    /// hosts of any role, all reachable: past `raft.voters` voters and `raft.replicas`
+    /// replicas, hosts join as agents.
+    pub fn wait_hosts(&self, i: usize, n: usize, timeout: Duration) -> Result<serde_json::Value> {
+        self.wait_hosts_checking(i, n, timeout, |_| Ok(()))
+    }
+
+    fn wait_hosts_checking(
+        &self,
+        i: usize,
+        n: usize,
+        timeout: Duration,
+        check: impl Fn(&Self) -> Result<()>,
+    ) -> Result<serde_json::Value> {
+        let start = Instant::now();
+        loop {
+            check(self)?;
+            if let Ok(s) = self.status(i) {
+                let members = s["members"].as_array().cloned().unwrap_or_default();
+                let up = members.iter().filter(|m| m["reachable"] == true).count();
+                if up == n && members.len() == n && s["leader"].is_u64() {
+                    return Ok(s);
+                }
+            }
+            if start.elapsed() > timeout {
+                return Err(Error::Yard(format!(
+                    "node {i} did not see {n} reachable hosts and a leader within {timeout:?}"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// [`YardCluster::wait_voters`], giving up as soon as `check` fails.

@@ -20,13 +20,21 @@ fn ok(out: std::process::Output) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
+/// Every host sees `n` hosts, all reachable: the first three voters (`raft.voters`' default),
+/// the next two replicas ("learner" in `yard status`), the rest agents.
 fn assert_members(c: &YardCluster, n: usize) {
     for i in 1..=n {
-        let s = c.wait_voters(i, n, Duration::from_secs(10)).unwrap();
-        let members = s["members"].as_array().unwrap();
+        let s = c.wait_hosts(i, n, Duration::from_secs(10)).unwrap();
+        let mut members = s["members"].as_array().unwrap().clone();
+        members.sort_by_key(|m| m["id"].as_u64());
         assert_eq!(members.len(), n, "node {i} sees {s}");
-        for m in members {
-            assert_eq!(m["role"], "voter");
+        for (k, m) in members.iter().enumerate() {
+            let want = match k {
+                0..=2 => "voter",
+                3..=4 => "learner",
+                _ => "agent",
+            };
+            assert_eq!(m["role"], want, "{s}");
             assert_eq!(m["reachable"], true);
         }
     }
@@ -286,7 +294,8 @@ fn a_node_without_a_certificate_joins_with_a_token_and_a_member_is_removed() {
         "{}",
         p.log()
     );
-    // The real token yields a certificate signed over the join RPC, then a voter.
+    // The real token yields a certificate signed over the join RPC, then a replica (three
+    // voters already vote).
     let p = c.join_with_token(4, &token).unwrap();
     let start = Instant::now();
     while c.status(4).is_err() {
@@ -304,7 +313,7 @@ fn a_node_without_a_certificate_joins_with_a_token_and_a_member_is_removed() {
     ok(c.cli(1, &["members", "remove", "4"]).unwrap());
     c.kill9(4).unwrap();
     for i in 1..=3 {
-        let s = c.wait_voters(i, 3, Duration::from_secs(10)).unwrap();
+        let s = c.wait_hosts(i, 3, Duration::from_secs(10)).unwrap();
         assert_eq!(s["members"].as_array().unwrap().len(), 3, "{s}");
     }
     let out = c.cli(1, &["members", "remove", "9"]).unwrap();

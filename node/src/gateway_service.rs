@@ -72,7 +72,7 @@ impl Node {
             }
             GatewayRequest::RemoveEndpoints(keys) => GatewayCommand::RemoveEndpoints(keys.clone()),
             GatewayRequest::SetDrain { node, draining } => {
-                if !self.member_ids().contains(node) {
+                if !self.is_host(*node) {
                     return Reply::Error(format!("node {node} is not a member"));
                 }
                 GatewayCommand::SetDrain {

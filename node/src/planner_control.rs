@@ -268,7 +268,7 @@ pub async fn report_rates(node: Node, pin_dir: PathBuf, every: Duration, smoothi
             })
             .collect();
         smoother.sample(epoch.elapsed().as_millis() as u64, &counts);
-        let Some(leader) = node.raft().metrics().borrow().current_leader else {
+        let Some((leader, _)) = node.known_leader() else {
             continue;
         };
         let rates: Vec<(Ipv4Addr, Rate)> = smoother.rates().iter().map(|(v, r)| (*v, *r)).collect();

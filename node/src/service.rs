@@ -346,13 +346,23 @@ impl Node {
         }
         let addr = self
             .member(id)
-            .ok_or_else(|| format!("node {id} is not in the membership"))?
-            .addr;
+            .map(|n| n.addr)
+            .or_else(|| {
+                self.inner
+                    .feed
+                    .read(|d| d.nodes.get(&id).map(|n| n.addr.clone()))
+            })
+            .ok_or_else(|| format!("node {id} is not in the membership"))?;
         self.inner
             .transport
             .call(Target::node(id, addr), req, timeout)
             .await
             .map_err(|e| e.to_string())
+    }
+
+    /// Whether `id` is a host of this cluster: a Raft member or an agent in the hosts table.
+    pub fn is_host(&self, id: NodeId) -> bool {
+        self.member(id).is_some() || self.inner.feed.read(|d| d.nodes.contains_key(&id))
     }
 
     /// Every member's id (voters and learners).
@@ -804,14 +814,21 @@ impl Node {
                 .collect()
         });
         let members = members.into_iter().chain(agents).collect();
-        // Raft's health is read live, not reported: a stuck core shows up here at once.
+        // Raft's health is read live, not reported: a stuck core shows up here at once. An
+        // agent's Raft never runs: its health is its watch's (a leader named, tables applied).
+        let leader = self.known_leader().map(|(l, _)| l);
+        let role = if membership.get_node(&p.id).is_some() {
+            format!("{:?}", m.state)
+        } else {
+            "Agent".to_owned()
+        };
         let raft = ActorHealth {
             name: "raft".into(),
-            healthy: m.running_state.is_ok() && m.current_leader.is_some(),
-            detail: match (&m.running_state, m.current_leader) {
+            healthy: m.running_state.is_ok() && leader.is_some(),
+            detail: match (&m.running_state, leader) {
                 (Err(e), _) => format!("stopped: {e}"),
-                (Ok(()), None) => format!("{:?}, no leader known", m.state),
-                (Ok(()), Some(l)) => format!("{:?}, leader {l}", m.state),
+                (Ok(()), None) => format!("{role}, no leader known"),
+                (Ok(()), Some(l)) => format!("{role}, leader {l}"),
             },
         };
         let actors = std::iter::once(raft)
@@ -828,9 +845,9 @@ impl Node {
             .collect();
         Status {
             id: p.id,
-            leader: m.current_leader,
+            leader,
             term: m.current_term,
-            commit_index: m.last_applied.map_or(0, |l| l.index),
+            commit_index: p.feed.applied_index(),
             members,
             actors,
         }
@@ -850,7 +867,14 @@ impl Node {
         }
         let reply = self
             .leader_or_forward(forwarded, None, req, || async move {
-                let change = ChangeMembers::RemoveVoters(BTreeSet::from([id]));
+                let ids = BTreeSet::from([id]);
+                // A voter leaves the voter set and the membership in one change (not
+                // retained as a learner); a replica only the membership.
+                let change = if self.voter_ids().contains(&id) {
+                    ChangeMembers::RemoveVoters(ids)
+                } else {
+                    ChangeMembers::RemoveNodes(ids)
+                };
                 match self.inner.raft.change_membership(change, false).await {
                     Ok(_) => Ok(Attempt::Done(AdminReply::Removed { id })),
                     Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
@@ -908,7 +932,7 @@ impl Node {
         let p = &self.inner;
         let members = self.member_ids();
         match role {
-            PeerRole::Node(id) if id == req.id || members.contains(&id) => {}
+            PeerRole::Node(id) if id == req.id || members.contains(&id) || self.is_host(id) => {}
             PeerRole::Node(id) => {
                 return Reply::Error(format!(
                     "certificate names node {id} but the join is for node {}",
@@ -928,14 +952,14 @@ impl Node {
             if m.state == ServerState::Leader {
                 break;
             }
-            if let Some(leader) = m.current_leader.filter(|l| *l != p.id) {
+            if let Some((leader, node)) = self.known_leader().filter(|(l, _)| *l != p.id) {
                 if forwarded {
                     return Reply::Error(format!(
                         "node {} is not the leader; node {leader} is",
                         p.id
                     ));
                 }
-                if let Some(node) = m.membership_config.membership().get_node(&leader) {
+                {
                     METRICS.forwarded.inc();
                     let timeout = Duration::from_secs(30);
                     match p
@@ -1031,11 +1055,10 @@ impl Node {
         }
         let Some(ca) = p.ca.clone() else {
             // Only nodes holding ca.key can sign; the leader is the best guess for one.
-            let m = p.raft.metrics().borrow().clone();
-            if let (Some(leader), PeerRole::Anonymous) =
-                (m.current_leader.filter(|l| *l != p.id), role)
+            if let (Some((leader, node)), PeerRole::Anonymous) =
+                (self.known_leader().filter(|(l, _)| *l != p.id), role)
             {
-                if let Some(node) = m.membership_config.membership().get_node(&leader) {
+                {
                     return match p
                         .transport
                         .call(

@@ -506,7 +506,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
     );
 
     // Invariant: with every fault healed the cluster converges to all voters reachable.
-    let converged = cluster.wait_voters(1, nodes_total, Duration::from_secs(30));
+    let converged = cluster.wait_hosts(1, nodes_total, Duration::from_secs(30));
     let history = recorder.history();
     let offset_ms = clock.at(recorder.origin());
     for line in failures_by_fault(&history, offset_ms, &faults) {
@@ -540,7 +540,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
     match converged {
         Ok(_) => {
             checks.add("cluster converged", true);
-            println!("chaos: cluster converged: {nodes_total} voters reachable");
+            println!("chaos: cluster converged: {nodes_total} hosts reachable");
         }
         Err(e) => {
             checks.add("cluster converged", false);

@@ -669,11 +669,11 @@ impl LeaseRenewer {
     fn ask(&self, req: Request) -> RenewFuture {
         let (node, transport, timeout) = (self.node.clone(), self.transport.clone(), self.timeout);
         let task = self.rt.spawn(async move {
-            let leader = node.raft().metrics().borrow().current_leader?;
+            let (leader, info) = node.known_leader()?;
             let reply = if leader == node.id() {
                 Ok(node.handle(PeerRole::Node(leader), req).await)
             } else {
-                let addr = node.member(leader)?.addr;
+                let addr = info.addr;
                 transport
                     .call(Target::node(leader, addr), req, timeout)
                     .await
@@ -793,20 +793,14 @@ impl Reporter for ProbeReporter {
     fn report(&self, batches: Vec<JobBatch>) -> ReportFuture {
         let (node, transport, timeout) = (self.node.clone(), self.transport.clone(), self.timeout);
         let task = self.rt.spawn(async move {
-            let leader = node
-                .raft()
-                .metrics()
-                .borrow()
-                .current_leader
+            let (leader, info) = node
+                .known_leader()
                 .ok_or_else(|| "no leader is known".to_owned())?;
             let req = Request::ProbeReport { batches };
             let reply = if leader == node.id() {
                 node.handle(PeerRole::Node(leader), req).await
             } else {
-                let addr = node
-                    .member(leader)
-                    .ok_or_else(|| format!("leader {leader} is not in the membership"))?
-                    .addr;
+                let addr = info.addr;
                 transport
                     .call(Target::node(leader, addr), req, timeout)
                     .await
