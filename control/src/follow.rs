@@ -3,8 +3,90 @@
 //! divide evenly, a member's loss moves only its own agents (to their second choice), and no
 //! coordination is needed. The leader is taken last: it already carries every write's
 //! replication, and the watch fan-out is what replicas are for.
+//!
+//! [`Follower`] keeps an agent on the member that last answered (sticky: a member that comes
+//! back does not pull its agents back and forth), names a backup for a poll that goes
+//! unanswered, and keeps a member that failed out of reach for a time that doubles with each
+//! consecutive failure: a dead member still in the membership (until the autopilot removes
+//! it) must not take an agent's polls again every few seconds, each one lost to a timeout
+//! while the agent's member judges it silent.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The first pause after a member failed a poll.
+pub const AVOID_MIN_MS: u64 = 1_000;
+/// The longest pause.
+pub const AVOID_MAX_MS: u64 = 30_000;
+
+/// One agent's choice of member.
+#[derive(Debug, Clone, Default)]
+pub struct Follower {
+    following: Option<u64>,
+    /// Member -> (avoided until, consecutive failures).
+    avoid: BTreeMap<u64, (u64, u32)>,
+}
+
+/// Where the next poll goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Targets {
+    /// The member to poll.
+    pub primary: u64,
+    /// Where a second poll goes if the first is not answered in time (the primary itself
+    /// when there is no other member).
+    pub backup: u64,
+}
+
+impl Follower {
+    /// The member this agent follows now, if one answered last.
+    pub fn following(&self) -> Option<u64> {
+        self.following
+    }
+
+    /// The next poll's targets among `members` (none: no member known yet).
+    pub fn targets(
+        &self,
+        agent: u64,
+        members: &BTreeSet<u64>,
+        leader: Option<u64>,
+        now_ms: u64,
+    ) -> Option<Targets> {
+        let avoided: BTreeSet<u64> = self
+            .avoid
+            .iter()
+            .filter(|(_, (until, _))| *until > now_ms)
+            .map(|(m, _)| *m)
+            .collect();
+        let order = ranked(agent, members, leader, &avoided);
+        let primary = self
+            .following
+            .filter(|f| members.contains(f) && !avoided.contains(f))
+            .or_else(|| order.first().copied())?;
+        let backup = order
+            .iter()
+            .copied()
+            .find(|m| *m != primary)
+            .unwrap_or(primary);
+        Some(Targets { primary, backup })
+    }
+
+    /// `member` answered a poll: follow it, and forget its failures.
+    pub fn answered(&mut self, member: u64) {
+        self.following = Some(member);
+        self.avoid.remove(&member);
+    }
+
+    /// `member` failed a poll (an error, a timeout, or slower than the backup).
+    pub fn failed(&mut self, member: u64, now_ms: u64) {
+        if self.following == Some(member) {
+            self.following = None;
+        }
+        let strikes = self.avoid.get(&member).map_or(0, |(_, s)| *s) + 1;
+        let pause = AVOID_MIN_MS
+            .saturating_mul(1 << (strikes - 1).min(16))
+            .min(AVOID_MAX_MS);
+        self.avoid.insert(member, (now_ms + pause, strikes));
+    }
+}
 
 /// The members an agent may follow, best first: non-leaders by their hash with `agent`, then
 /// the leader; members in `avoid` (recently failed) go after all others, in the same order.
@@ -42,6 +124,59 @@ fn weight(agent: u64, member: u64) -> u64 {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn an_agent_stays_with_the_member_that_answered() {
+        let members = set(&[1, 2, 3]);
+        let mut f = Follower::default();
+        let first = f.targets(9, &members, Some(1), 0).unwrap();
+        assert_ne!(first.primary, 1, "the leader is taken last");
+        assert_ne!(first.primary, first.backup);
+        // It answered through the backup (the ranked first was slow): stay there.
+        f.failed(first.primary, 0);
+        f.answered(first.backup);
+        let next = f.targets(9, &members, Some(1), 10_000_000).unwrap();
+        assert_eq!(next.primary, first.backup);
+    }
+
+    #[test]
+    fn a_failing_member_is_avoided_for_longer_each_time() {
+        let members = set(&[1, 2]);
+        let mut f = Follower::default();
+        let dead = f.targets(5, &members, None, 0).unwrap().primary;
+        let alive = if dead == 1 { 2 } else { 1 };
+        let mut now = 0;
+        for strike in 0..6u32 {
+            f.failed(dead, now);
+            let pause = (AVOID_MIN_MS << strike).min(AVOID_MAX_MS);
+            assert_eq!(
+                f.targets(5, &members, None, now + pause - 1)
+                    .unwrap()
+                    .primary,
+                alive
+            );
+            now += pause;
+            // Not followed any more: once the pause ends the ranked first is tried again.
+            assert_eq!(f.targets(5, &members, None, now).unwrap().primary, dead);
+        }
+        f.answered(dead);
+        f.failed(dead, now);
+        f.answered(dead);
+        assert_eq!(f.targets(5, &members, None, now).unwrap().primary, dead);
+    }
+
+    #[test]
+    fn one_member_is_its_own_backup_and_none_gives_no_target() {
+        let f = Follower::default();
+        assert_eq!(
+            f.targets(5, &set(&[3]), Some(3), 0),
+            Some(Targets {
+                primary: 3,
+                backup: 3
+            })
+        );
+        assert_eq!(f.targets(5, &BTreeSet::new(), None, 0), None);
+    }
 
     fn set(ids: &[u64]) -> BTreeSet<u64> {
         ids.iter().copied().collect()

@@ -76,6 +76,9 @@ pub enum Request {
     },
     /// The agents this member serves and their watch positions: `Watchers`.
     Watchers,
+    /// An agent asks the leader for the index its local tables must reach before a
+    /// linearizable read: `ReadIndex`.
+    ReadIndex,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -360,6 +363,10 @@ pub enum Reply {
     ReportsAccepted,
     /// The agents a member serves.
     Watchers(Vec<crate::roles::liveness::Watched>),
+    /// The leader's read index.
+    ReadIndex {
+        index: u64,
+    },
     Certificate {
         ca: String,
         cert: CertPem,

@@ -662,6 +662,16 @@ impl Node {
         req: &AdminRequest,
         f: impl Fn(&yard_raft_store::StateMachineData) -> T,
     ) -> Reply {
+        if !forwarded && !self.is_member() {
+            match self.read_index().await {
+                Ok(()) => {
+                    METRICS.kv_reads.inc();
+                    return Reply::Admin(self.inner.feed.read(&f).into());
+                }
+                // Forwarding the whole read is as correct, only dearer.
+                Err(e) => tracing::debug!(error = %e, "read index failed; forwarding the read"),
+            }
+        }
         self.leader_or_forward(forwarded, None, req, || async {
             match self.inner.raft.ensure_linearizable().await {
                 Ok(_) => {
@@ -679,6 +689,55 @@ impl Node {
             }
         })
         .await
+    }
+
+    /// On an agent: makes the local tables good for a linearizable read. The leader confirms
+    /// it still leads and names the index every acknowledged write is at or below (Raft's
+    /// read index, as etcd's learners read); once the watch has applied up to it, the local
+    /// tables hold every write acknowledged before the read began. The leader ships an index,
+    /// not the data.
+    async fn read_index(&self) -> Result<(), String> {
+        let p = &self.inner;
+        let (leader, info) = self
+            .known_leader()
+            .ok_or_else(|| "no leader is known".to_owned())?;
+        let reply = p
+            .transport
+            .call(
+                Target::node(leader, info.addr),
+                Request::ReadIndex,
+                p.rpc_timeout,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        let index = match reply {
+            Reply::ReadIndex { index } => index,
+            Reply::Error(e) => return Err(e),
+            other => return Err(format!("unexpected reply to a read index: {other:?}")),
+        };
+        let mut applied = p.feed.applied_changes();
+        let wait = async {
+            while *applied.borrow_and_update() < index {
+                if applied.changed().await.is_err() {
+                    return Err("the tables closed".to_owned());
+                }
+            }
+            Ok(())
+        };
+        tokio::time::timeout(p.rpc_timeout, wait)
+            .await
+            .map_err(|_| format!("the watch did not reach index {index} in time"))?
+    }
+
+    /// The leader's side of a read index: the index a read must wait for, once this node has
+    /// confirmed with a quorum that it still leads.
+    async fn serve_read_index(&self) -> Reply {
+        match self.inner.raft.ensure_linearizable().await {
+            Ok(read) => Reply::ReadIndex {
+                index: read.map_or(0, |l| l.index),
+            },
+            Err(e) => Reply::Error(format!("not a leader that can serve a read index: {e}")),
+        }
     }
 
     /// Serves one admin request; `tag` is the client session of a tagged write (key-value
@@ -1042,7 +1101,8 @@ impl Node {
         if self.inner.feed.read(|d| d.nodes.contains_key(&req.id)) {
             return Role::Agent;
         }
-        let view = crate::roles::autopilot::view(self, &mut Default::default(), 0);
+        let view =
+            crate::roles::autopilot::view(self, &mut Default::default(), 0, &Default::default());
         let zone = (!req.zone.is_empty()).then_some(req.zone.as_str());
         yard_control::roles::role_for_join(&self.inner.roles, &view, req.id, zone)
     }
@@ -1265,6 +1325,7 @@ impl Handler for Node {
                         Reply::ReportsAccepted
                     }
                 }
+                (PeerRole::Node(_), Request::ReadIndex) => this.serve_read_index().await,
                 (PeerRole::Node(_), Request::Watchers) => {
                     Reply::Watchers(this.host_liveness.watched())
                 }
@@ -1363,9 +1424,10 @@ impl Handler for Node {
                         | Request::GatewayUnrevoke { .. } => "gateway lease renewals",
                         Request::ProbeReport { .. } => "probe reports",
                         Request::GatewayRates { .. } => "gateway rate reports",
-                        Request::Watch { .. } | Request::HostReports { .. } | Request::Watchers => {
-                            "watches"
-                        }
+                        Request::Watch { .. }
+                        | Request::HostReports { .. }
+                        | Request::Watchers
+                        | Request::ReadIndex => "watches",
                         Request::Join(_) | Request::RedeemToken(_) => "joins",
                     };
                     tracing::warn!(?role, what, "refused request for the peer's role");
@@ -1476,8 +1538,18 @@ impl GaugeSource for RaftGauges {
             ),
             (
                 "yard_raft_leader_id",
-                "id of the current leader, 0 if none",
-                m.current_leader.unwrap_or(0) as f64,
+                "id of the current leader (on an agent, the one its watch names), 0 if none",
+                self.0.known_leader().map_or(0, |(l, _)| l) as f64,
+            ),
+            (
+                "yard_tables_applied_index",
+                "log index this host's tables stand at (raft on members, the watch on agents)",
+                self.0.inner.feed.applied_index() as f64,
+            ),
+            (
+                "yard_host_is_agent",
+                "1 when this host holds no raft membership and follows a watch",
+                f64::from(u8::from(!self.0.is_member())),
             ),
             (
                 "yard_raft_last_log_index",

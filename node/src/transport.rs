@@ -436,6 +436,12 @@ async fn serve_stream(
                 }
             }
         }
+        // Reset before its request was read: a requester that gave up (an agent's nudged
+        // poll answered on its other stream), not a malformed frame.
+        Err(frame::FrameError::Truncated(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+            tracing::debug!(%remote, "the requester reset its stream before the request arrived");
+            return;
+        }
         Err(e) => {
             METRICS.frame_errors.inc();
             tracing::warn!(%remote, error = %e, "bad frame");

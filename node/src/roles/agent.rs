@@ -3,22 +3,21 @@
 //! feed and its local reads are a member's. Writes and linearizable reads go to the leader the
 //! watch names (`Node::leader_or_forward`).
 //!
-//! Which member it follows is `yard_control::follow::ranked`: rendezvous hashing, leader last,
-//! members that just failed it after the others. A member that fails a poll is avoided for
-//! `AVOID_FOR`; the agent resumes from its own index on the next one, which answers with the
-//! entries after it or with a snapshot when its watch log no longer reaches back.
+//! Which member it follows is `yard_control::follow::Follower`: rendezvous hashing, leader
+//! last, the member that answered last kept, failed members avoided for a doubling time. The
+//! agent resumes from its own index on whichever member answers, which sends the entries after
+//! it or a snapshot when its watch log no longer reaches back.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use yard_control::follow::Follower;
 use yard_raft_store::{NodeId, StateMachineStore};
 
 use crate::rpc::{Reply, Request, WatchBatch};
 use crate::service::Node;
 use crate::transport::Target;
 
-/// How long a member that failed a poll is tried after the others.
-const AVOID_FOR: Duration = Duration::from_secs(5);
 /// The pause after a failed poll, so a lost member is not hammered.
 const RETRY_AFTER: Duration = Duration::from_millis(100);
 
@@ -36,7 +35,8 @@ pub struct Settings {
 /// Follows the tables for as long as this host is not a Raft member; a host the autopilot
 /// adds as a replica is then fed by Raft, and its applied entries are skipped by index.
 pub async fn follow(node: Node, store: StateMachineStore, settings: Settings) {
-    let mut avoid: BTreeMap<NodeId, Instant> = BTreeMap::new();
+    let epoch = Instant::now();
+    let mut follower = Follower::default();
     let mut seed_turn = 0usize;
     let mut following: Option<NodeId> = None;
     loop {
@@ -44,73 +44,96 @@ pub async fn follow(node: Node, store: StateMachineStore, settings: Settings) {
             tokio::time::sleep(Duration::from_millis(500)).await;
             continue;
         }
-        avoid.retain(|_, at| at.elapsed() < AVOID_FOR);
+        let now_ms = epoch.elapsed().as_millis() as u64;
         let sources = node.watch_sources();
         let leader = node.known_leader().map(|(id, _)| id);
-        let avoided: BTreeSet<NodeId> = avoid.keys().copied().collect();
         let ids: BTreeSet<NodeId> = sources.keys().copied().collect();
-        let choice = yard_control::follow::ranked(node.id(), &ids, leader, &avoided)
-            .first()
-            .copied();
-        let target = match choice {
-            Some(id) => Target::node(id, sources[&id].clone()),
+        let (primary, backup) = match follower.targets(node.id(), &ids, leader, now_ms) {
+            Some(t) => (
+                (
+                    Some(t.primary),
+                    Target::node(t.primary, sources[&t.primary].clone()),
+                ),
+                (
+                    Some(t.backup),
+                    Target::node(t.backup, sources[&t.backup].clone()),
+                ),
+            ),
             None if settings.seeds.is_empty() => {
                 tokio::time::sleep(RETRY_AFTER).await;
                 continue;
             }
             None => {
                 seed_turn += 1;
-                Target::any(settings.seeds[seed_turn % settings.seeds.len()].clone())
+                let seed = Target::any(settings.seeds[seed_turn % settings.seeds.len()].clone());
+                ((None, seed.clone()), (None, seed))
             }
         };
-        if choice != following {
-            tracing::info!(member = ?choice, addr = %target.addr, "following the tables from a member");
-            following = choice;
-        }
         let from = node.feed().next_index();
         let req = Request::Watch {
             from,
             hold_ms: settings.hold.as_millis() as u64,
         };
-        let outcome = poll(&node, &target, req, &settings).await;
+        let (answered_by, outcome) = poll(&node, [&primary, &backup], req, &settings).await;
+        let now_ms = epoch.elapsed().as_millis() as u64;
         let failure = match outcome {
-            Ok(Reply::Watch(batch)) => match apply(&node, &store, batch).await {
-                Ok(()) => continue,
-                Err(e) => e,
-            },
-            Ok(Reply::Error(e)) => e,
-            Ok(other) => format!("unexpected reply to a watch: {other:?}"),
-            Err(e) => e.to_string(),
+            Ok(Reply::Watch(batch)) => apply(&node, &store, batch).await.err(),
+            Ok(Reply::Error(e)) => Some(e),
+            Ok(other) => Some(format!("unexpected reply to a watch: {other:?}")),
+            Err(e) => Some(e.to_string()),
         };
-        tracing::debug!(member = ?choice, addr = %target.addr, error = %failure, "watch poll failed; trying another member");
-        if let Some(id) = choice {
-            avoid.insert(id, Instant::now());
+        let (member, addr) = if answered_by == 0 { &primary } else { &backup };
+        match (failure, member) {
+            (None, Some(m)) => {
+                if answered_by == 1 && primary.0 != Some(*m) {
+                    // The primary did not answer within two holds: slower than its backup.
+                    if let Some(p) = primary.0 {
+                        follower.failed(p, now_ms);
+                    }
+                }
+                follower.answered(*m);
+                if following != Some(*m) {
+                    tracing::info!(member = m, addr = %addr.addr, "following the tables from a member");
+                    following = Some(*m);
+                }
+            }
+            (None, None) => {}
+            (Some(e), m) => {
+                tracing::debug!(member = ?m, addr = %addr.addr, error = %e, "watch poll failed; trying another member");
+                if let Some(m) = m {
+                    follower.failed(*m, now_ms);
+                }
+                tokio::time::sleep(RETRY_AFTER).await;
+            }
         }
-        tokio::time::sleep(RETRY_AFTER).await;
     }
 }
 
-/// One poll, nudged: when no answer came `2 * hold` after it was sent, a second poll goes on a
-/// new stream and whichever answers first counts. Under 30% loss a single round trip takes
-/// longer than the member's `silent_ms` about once in 2,250 polls (QUIC's probe timeouts double
-/// per consecutive loss); the second stream makes that about 3 in 10 million, so a lossy link
-/// alone does not get a live agent committed dead (`yard_control::host_liveness`).
+/// One poll, nudged: when no answer came `2 * hold` after it was sent to the first target, a
+/// second poll goes on a new stream to the second (another member, when there is one) and
+/// whichever answers first counts; returns which (0 or 1) and its outcome. Under 30% loss a
+/// single round trip takes longer than the member's `silent_ms` about once in 2,250 polls
+/// (QUIC's probe timeouts double per consecutive loss); the second stream makes that about 3
+/// in 10 million (`yard_control::host_liveness`), and a dead member costs the agent two holds,
+/// not a timeout.
 async fn poll(
     node: &Node,
-    target: &Target,
+    targets: [&(Option<NodeId>, Target); 2],
     req: Request,
     settings: &Settings,
-) -> Result<Reply, crate::transport::TransportError> {
+) -> (usize, Result<Reply, crate::transport::TransportError>) {
     let deadline = settings.hold + settings.rpc_timeout;
-    let first = node.transport().call(target.clone(), req.clone(), deadline);
+    let first = node
+        .transport()
+        .call(targets[0].1.clone(), req.clone(), deadline);
     tokio::pin!(first);
     tokio::select! {
-        r = &mut first => r,
+        r = &mut first => (0, r),
         () = tokio::time::sleep(settings.hold * 2) => {
-            let second = node.transport().call(target.clone(), req, deadline);
+            let second = node.transport().call(targets[1].1.clone(), req, deadline);
             tokio::select! {
-                r = &mut first => r,
-                r = second => r,
+                r = &mut first => (0, r),
+                r = second => (1, r),
             }
         }
     }

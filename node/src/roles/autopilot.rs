@@ -39,7 +39,12 @@ impl HostClock {
 /// The hosts as the roles core sees them: Raft members with their roles, the leader's
 /// reachability and replication lag; agents from the hosts table with the liveness their
 /// replicas report.
-pub fn view(node: &Node, clock: &mut HostClock, now_ms: u64) -> ClusterView {
+pub fn view(
+    node: &Node,
+    clock: &mut HostClock,
+    now_ms: u64,
+    agent_lag: &BTreeMap<NodeId, u64>,
+) -> ClusterView {
     let (voters, members) = (node.voter_ids(), node.member_ids());
     let reach = node.reachability();
     let me = node.id();
@@ -83,7 +88,7 @@ pub fn view(node: &Node, clock: &mut HostClock, now_ms: u64) -> ClusterView {
             role: Role::Agent,
             alive,
             since_ms: clock.since(*id, alive, now_ms),
-            lag: None,
+            lag: agent_lag.get(id).copied(),
         });
     }
     ClusterView {
@@ -94,11 +99,26 @@ pub fn view(node: &Node, clock: &mut HostClock, now_ms: u64) -> ClusterView {
     }
 }
 
+/// How often the autopilot asks the members where their agents' watches stand, while it may
+/// need a candidate.
+const LAG_EVERY: Duration = Duration::from_secs(2);
+
+/// Whether the roles core may look for an agent to add: a voter or replica is down, or the
+/// replicas are fewer than wanted.
+fn wants_candidates(cfg: &yard_control::roles::RolesConfig, view: &ClusterView) -> bool {
+    let count = |r: Role| view.hosts.iter().filter(|h| h.role == r).count();
+    view.hosts.iter().any(|h| h.role != Role::Agent && !h.alive)
+        || count(Role::Voter) < cfg.voters
+        || count(Role::Replica) < cfg.replicas
+}
+
 /// Runs for the life of the node; acts only while it leads.
 pub async fn run(node: Node) {
     let started = Instant::now();
     let mut clock = HostClock::default();
     let mut last_reason = String::new();
+    let mut agent_lag: BTreeMap<NodeId, u64> = BTreeMap::new();
+    let mut lag_asked: Option<Instant> = None;
     loop {
         tokio::time::sleep(TICK).await;
         if node.raft().metrics().borrow().state != ServerState::Leader {
@@ -106,7 +126,22 @@ pub async fn run(node: Node) {
             continue;
         }
         let now_ms = started.elapsed().as_millis() as u64;
-        let view = view(&node, &mut clock, now_ms);
+        let mut view = view(&node, &mut clock, now_ms, &agent_lag);
+        if wants_candidates(node.roles(), &view)
+            && lag_asked.is_none_or(|at| at.elapsed() >= LAG_EVERY)
+        {
+            // Agents' lag is known only to the members serving them: asked only while a
+            // voter or replica is missing, when the core may need an agent to promote.
+            lag_asked = Some(Instant::now());
+            let commit = node.feed().applied_index();
+            let members = node.member_ids();
+            agent_lag = crate::roles::members::agent_positions(&node, &members, TICK)
+                .await
+                .into_iter()
+                .map(|(id, p)| (id, p.lag(commit)))
+                .collect();
+            view = self::view(&node, &mut clock, now_ms, &agent_lag);
+        }
         let decision = yard_control::roles::decide(node.roles(), &view);
         if decision.reason != last_reason {
             tracing::info!(reason = %decision.reason, action = ?decision.action, "autopilot");

@@ -12,6 +12,59 @@ use yard_raft_store::NodeId;
 use crate::rpc::{HostRow, MembersView, Reply, Request};
 use crate::service::{zone_of, Node};
 
+/// Where an agent's watch stands, from the member that heard its latest poll.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    pub ago_ms: u64,
+    pub member: NodeId,
+    /// The log index its latest poll asked from.
+    pub from: u64,
+}
+
+impl Position {
+    /// Entries the agent trails `commit` by: a poll asks from the index after the last one it
+    /// applied.
+    pub fn lag(&self, commit: u64) -> u64 {
+        commit.saturating_sub(self.from.saturating_sub(1))
+    }
+}
+
+/// Each agent's freshest poll among `members`, asked of each member once.
+pub async fn agent_positions(
+    node: &Node,
+    members: &std::collections::BTreeSet<NodeId>,
+    timeout: Duration,
+) -> BTreeMap<NodeId, Position> {
+    let asked = join_all(
+        members
+            .iter()
+            .map(|m| async move { (*m, node.call_node(*m, Request::Watchers, timeout).await) }),
+    )
+    .await;
+    let mut polls: BTreeMap<NodeId, Position> = BTreeMap::new();
+    for (member, reply) in asked {
+        let Ok(Reply::Watchers(rows)) = reply else {
+            continue;
+        };
+        for w in rows {
+            let fresh = Position {
+                ago_ms: w.ago_ms,
+                member,
+                from: w.from,
+            };
+            polls
+                .entry(w.host)
+                .and_modify(|p| {
+                    if fresh.ago_ms < p.ago_ms {
+                        *p = fresh;
+                    }
+                })
+                .or_insert(fresh);
+        }
+    }
+    polls
+}
+
 /// Gathers the view; call it on the leader.
 pub async fn view(node: &Node, timeout: Duration) -> MembersView {
     let metrics = node.raft().metrics().borrow().clone();
@@ -19,25 +72,7 @@ pub async fn view(node: &Node, timeout: Duration) -> MembersView {
     let last = metrics.last_log_index.unwrap_or(0);
     let (voters, members) = (node.voter_ids(), node.member_ids());
     let reach = node.reachability();
-    // Each agent's freshest poll among the members that serve it: (ago_ms, member, from).
-    let asked = join_all(
-        members
-            .iter()
-            .map(|m| async move { (*m, node.call_node(*m, Request::Watchers, timeout).await) }),
-    )
-    .await;
-    let mut polls: BTreeMap<NodeId, (u64, NodeId, u64)> = BTreeMap::new();
-    for (member, reply) in asked {
-        let Ok(Reply::Watchers(rows)) = reply else {
-            continue;
-        };
-        for w in rows {
-            let e = polls.entry(w.host).or_insert((u64::MAX, member, 0));
-            if w.ago_ms < e.0 {
-                *e = (w.ago_ms, member, w.from);
-            }
-        }
-    }
+    let polls = agent_positions(node, &members, timeout).await;
     let hosts = node.feed().read(|d| {
         let mut ids: Vec<NodeId> = d.nodes.keys().copied().collect();
         ids.extend(members.iter().filter(|m| !d.nodes.contains_key(m)));
@@ -67,9 +102,13 @@ pub async fn view(node: &Node, timeout: Duration) -> MembersView {
                 } else {
                     let poll = polls.get(&id);
                     // A poll asks from the index after the last one the agent applied.
-                    let lag =
-                        poll.map(|(_, _, from)| commit.saturating_sub(from.saturating_sub(1)));
-                    ("agent", !d.hosts_down.contains(&id), lag, poll.map(|p| p.1))
+                    let lag = poll.map(|p| p.lag(commit));
+                    (
+                        "agent",
+                        !d.hosts_down.contains(&id),
+                        lag,
+                        poll.map(|p| p.member),
+                    )
                 };
                 HostRow {
                     id,
