@@ -167,6 +167,12 @@ impl<T: Borrow<Topology>> YardCluster<T> {
         self.spawn(i, &["--join", &seed, "--token", token])
     }
 
+    /// Rewrites node `i`'s config with `extra` in place of the cluster's extra lines; the
+    /// node reads it at its next (re)start.
+    pub fn reconfigure(&self, i: usize, extra: &str) -> Result<()> {
+        self.write_config(i, &self.tls, extra)
+    }
+
     fn tls_str(&self) -> String {
         self.tls.display().to_string()
     }

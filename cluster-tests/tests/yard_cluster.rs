@@ -321,3 +321,107 @@ fn a_node_without_a_certificate_joins_with_a_token_and_a_member_is_removed() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("node 9 is not a member"));
     ok(c.cli(2, &["kv", "put", "after", "removal"]).unwrap());
 }
+
+/// The upgrade path of a cluster where every host votes (as every cluster did before agents):
+/// five voters restarted one at a time, the leader last, with `raft.voters = 3` and no standby
+/// replicas. Once a restarted node leads, the autopilot demotes two voters and drops them to
+/// agents, one change at a time, while a client writes every 100 ms: no write fails.
+#[test]
+fn an_all_voter_cluster_restarted_with_three_voters_keeps_three_and_makes_the_rest_agents() {
+    require_root();
+    let opts = ClusterOptions {
+        extra_config: "[raft]\nvoters = 5\nreplicas = 0\n".into(),
+    };
+    let mut c = YardCluster::start(&yard_bin(), 5, 5, &opts).unwrap();
+    c.wait_voters(1, 5, Duration::from_secs(20)).unwrap();
+    let leader = c.wait_leader(1).unwrap();
+    let endpoints = c.all_endpoints();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (stop, bin, tls) = (stop.clone(), yard_bin(), c.tls_dir().to_owned());
+        let endpoints = endpoints.clone();
+        let topo_host = 1;
+        let ns = c.topo.ns_name(topo_host);
+        std::thread::spawn(move || {
+            let (mut ok_writes, mut failed) = (0, Vec::new());
+            let mut k = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let out = std::process::Command::new("ip")
+                    .args(["netns", "exec", &ns])
+                    .arg(&bin)
+                    .args(["--endpoint", &endpoints, "--tls-dir"])
+                    .arg(&tls)
+                    .args(["kv", "put", &format!("up{k}"), "v", "--timeout-ms", "10000"])
+                    .output()
+                    .unwrap();
+                if out.status.success() {
+                    ok_writes += 1;
+                } else {
+                    failed.push(String::from_utf8_lossy(&out.stderr).trim().to_owned());
+                }
+                k += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            (ok_writes, failed)
+        })
+    };
+    let extra = "[raft]\nvoters = 3\nreplicas = 0\n";
+    let order: Vec<usize> = (1..=5).filter(|i| *i != leader).chain([leader]).collect();
+    for i in order {
+        c.reconfigure(i, extra).unwrap();
+        let p = c.process(i).unwrap().clone();
+        p.terminate().unwrap();
+        p.wait_exit(Duration::from_secs(10)).unwrap();
+        c.restart(i).unwrap();
+        // Back in the cluster, and caught up, before the next one goes.
+        c.wait_hosts(i, 5, Duration::from_secs(30)).unwrap();
+        let l = c.wait_leader(i).unwrap();
+        let index = c.metric(l, "yard_tables_applied_index").unwrap();
+        let start = Instant::now();
+        while c.metric(i, "yard_tables_applied_index").unwrap_or(0.0) < index {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "node {i} never caught up"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    let start = Instant::now();
+    let s = loop {
+        let s = c.status(1).unwrap();
+        let members = s["members"].as_array().unwrap();
+        let voters = members.iter().filter(|m| m["role"] == "voter").count();
+        let agents = members.iter().filter(|m| m["role"] == "agent").count();
+        if voters == 3 && agents == 2 && members.iter().all(|m| m["reachable"] == true) {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "not settled: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    std::thread::sleep(Duration::from_secs(1));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (ok_writes, failed) = writer.join().unwrap();
+    assert!(
+        failed.is_empty(),
+        "{} writes failed: {failed:?}",
+        failed.len()
+    );
+    assert!(ok_writes > 20, "{ok_writes} writes");
+    // The new agents follow: a write through one is read back through the other.
+    let agents: Vec<usize> = s["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "agent")
+        .map(|m| m["id"].as_u64().unwrap() as usize)
+        .collect();
+    ok(c.cli(agents[0], &["kv", "put", "after-upgrade", "yes"])
+        .unwrap());
+    assert_eq!(
+        ok(c.cli(agents[1], &["kv", "get", "after-upgrade"]).unwrap()),
+        "yes"
+    );
+}

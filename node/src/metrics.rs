@@ -81,6 +81,10 @@ pub struct Metrics {
     pub failover_phase: HistogramVec,
     /// One analyzer pass over every job on the leader.
     pub analyzer_pass: Histogram,
+    /// On an agent: from a session-tagged write's proposal (the proposer's wall clock, in the
+    /// entry) to its apply in this agent's tables. Hosts share no clock in general; on one
+    /// machine (the benchmarks) they do, and NTP-synced hosts are within milliseconds.
+    pub watch_visible: Histogram,
 }
 
 /// The process's metrics.
@@ -187,6 +191,14 @@ impl Metrics {
                 "one analyzer pass over every watched job on the leader",
                 // 10 µs to about 1.3 s: a pass is in-memory work over the jobs' windows.
                 exponential_buckets(0.00001, 2.0, 18).expect("the analyzer buckets are valid"),
+            ),
+            watch_visible: histogram(
+                "yard_watch_visible_seconds",
+                "on an agent: a session-tagged write's proposal on the leader to its apply here (wall clocks)",
+                vec![
+                    0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1,
+                    0.15, 0.25, 0.5, 1.0, 2.5,
+                ],
             ),
             failover_phase,
             registry,

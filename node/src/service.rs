@@ -183,14 +183,8 @@ impl Node {
     /// Whether this host is a Raft member (voter or replica). Otherwise it is an agent, or
     /// not yet part of a cluster: it holds no vote and follows the tables through a watch.
     pub fn is_member(&self) -> bool {
-        self.inner
-            .raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .membership()
-            .get_node(&self.inner.id)
-            .is_some()
+        let me = self.inner.id;
+        self.with_membership(|m| m.get_node(&me).is_some())
     }
 
     /// The leader this node knows of, with its address: Raft's on a member, the watch's on an

@@ -27,7 +27,7 @@ pub use gateway::{GatewayChange, GatewayCommand, GatewayTables};
 pub use log_store::LogStore;
 pub use session::SessionTag;
 pub use state::{Change, StateMachineData};
-pub use state_machine::{ChangeFeed, StateMachineStore};
+pub use state_machine::{ChangeFeed, StateMachineStore, WatchedApply};
 
 openraft::declare_raft_types!(
     /// The openraft type configuration every Switchyard node uses.

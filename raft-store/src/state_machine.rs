@@ -215,7 +215,7 @@ impl StateMachineStore {
     /// keeps them) and returns the index the tables now stand at. Entries the tables already
     /// hold are skipped; a malformed one stops the batch with an error and applies nothing
     /// after it.
-    pub fn apply_watched(&self, encoded: &[Encoded]) -> Result<u64, String> {
+    pub fn apply_watched(&self, encoded: &[Encoded]) -> Result<WatchedApply, String> {
         let mut decoded = Vec::with_capacity(encoded.len());
         for bytes in encoded {
             let entry: Entry<TypeConfig> =
@@ -224,6 +224,7 @@ impl StateMachineStore {
         }
         let mut data = self.write();
         let mut watch = self.inner.watch_log();
+        let mut stamps_unix_ms = Vec::new();
         for (entry, bytes) in &decoded {
             let next = index_of(&data) + 1;
             if data.last_applied.is_some() && entry.log_id.index > next {
@@ -233,13 +234,22 @@ impl StateMachineStore {
                     entry.log_id.index
                 ));
             }
+            let before = index_of(&data);
             self.inner
                 .apply_one(&mut data, &mut watch, entry, Some(bytes.clone()));
+            if index_of(&data) > before {
+                if let openraft::EntryPayload::Normal(cmd) = &entry.payload {
+                    stamps(cmd, &mut stamps_unix_ms);
+                }
+            }
         }
         drop(watch);
         let index = index_of(&data);
         self.inner.applied.send_replace(index);
-        Ok(index)
+        Ok(WatchedApply {
+            index,
+            stamps_unix_ms,
+        })
     }
 
     /// Replaces an agent's tables with a replica's snapshot (from [`ChangeFeed::watch_snapshot`])
@@ -293,6 +303,31 @@ impl StateMachineStore {
             .await
             .map_err(|e| storage_io(subject(), ErrorVerb::Write, &e))?;
         Ok(())
+    }
+}
+
+/// What applying a watched batch did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchedApply {
+    /// The index the tables now stand at.
+    pub index: u64,
+    /// The proposers' wall-clock stamps of the session-tagged writes applied (how long a
+    /// write took to reach this agent).
+    pub stamps_unix_ms: Vec<u64>,
+}
+
+/// The stamps of the session-tagged writes in `cmd` (one level of batching).
+fn stamps(cmd: &crate::Command, out: &mut Vec<u64>) {
+    match cmd {
+        crate::Command::Once { now_unix_ms, .. } => out.push(*now_unix_ms),
+        crate::Command::Batch(cmds) => {
+            for c in cmds {
+                if let crate::Command::Once { now_unix_ms, .. } = c {
+                    out.push(*now_unix_ms);
+                }
+            }
+        }
+        _ => {}
     }
 }
 

@@ -563,8 +563,8 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
                 // Remembered, so a restart without --join follows again.
                 std::fs::write(&agent_file, format!("{seed}\n"))
                     .with_context(|| format!("cannot write {}", agent_file.display()))?;
-                follow(vec![seed.clone()]);
             }
+            follow(vec![seed.clone()]);
             Ok(())
         } else if agent_file.exists() && !node.raft().is_initialized().await? {
             let seeds: Vec<String> = std::fs::read_to_string(&agent_file)
@@ -577,10 +577,12 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
             follow(seeds);
             Ok(())
         } else if args.bootstrap || args.config.is_none() {
+            follow(Vec::new());
             node.bootstrap().await.map_err(anyhow::Error::msg)
         } else {
             if node.raft().is_initialized().await? {
                 tracing::info!("resuming from the store");
+                follow(Vec::new());
             } else {
                 tracing::warn!("the store is empty and neither --bootstrap nor --join was given: waiting to be added by a leader");
             }

@@ -18,6 +18,8 @@ use crate::rpc::{Reply, Request, WatchBatch};
 use crate::service::Node;
 use crate::transport::Target;
 
+/// How often a replica checks with another member that it still is one.
+const MEMBER_CHECK: Duration = Duration::from_secs(2);
 /// The pause after a failed poll, so a lost member is not hammered.
 const RETRY_AFTER: Duration = Duration::from_millis(100);
 
@@ -32,17 +34,28 @@ pub struct Settings {
     pub seeds: Vec<String>,
 }
 
-/// Follows the tables for as long as this host is not a Raft member; a host the autopilot
-/// adds as a replica is then fed by Raft, and its applied entries are skipped by index.
+/// Runs on every host: follows the tables whenever this host is not a Raft member (a host the
+/// autopilot adds as a replica is then fed by Raft, and the entries its watch had applied are
+/// skipped by index; one it drops follows again).
 pub async fn follow(node: Node, store: StateMachineStore, settings: Settings) {
     let epoch = Instant::now();
     let mut follower = Follower::default();
     let mut seed_turn = 0usize;
     let mut following: Option<NodeId> = None;
+    let mut checked: Option<Instant> = None;
     loop {
+        let mut hold = settings.hold;
         if node.is_member() {
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            continue;
+            // A replica the autopilot drops leaves Raft without always hearing so (the leader
+            // stops replicating to it once the change commits): now and then it asks a member
+            // for what it missed, which shows it its removal, and it follows as an agent.
+            let voter = node.voter_ids().contains(&node.id());
+            if voter || checked.is_some_and(|at| at.elapsed() < MEMBER_CHECK) {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+            checked = Some(Instant::now());
+            hold = Duration::ZERO;
         }
         let now_ms = epoch.elapsed().as_millis() as u64;
         let sources = node.watch_sources();
@@ -72,7 +85,7 @@ pub async fn follow(node: Node, store: StateMachineStore, settings: Settings) {
         let from = node.feed().next_index();
         let req = Request::Watch {
             from,
-            hold_ms: settings.hold.as_millis() as u64,
+            hold_ms: hold.as_millis() as u64,
         };
         let (answered_by, outcome) = poll(&node, [&primary, &backup], req, &settings).await;
         let now_ms = epoch.elapsed().as_millis() as u64;
@@ -151,7 +164,15 @@ async fn apply(node: &Node, store: &StateMachineStore, batch: WatchBatch) -> Res
         tracing::info!(index, "installed the tables from a member's snapshot");
     }
     if !batch.entries.is_empty() {
-        store.apply_watched(&batch.entries)?;
+        let applied = store.apply_watched(&batch.entries)?;
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        for stamp in applied.stamps_unix_ms {
+            crate::metrics::METRICS
+                .watch_visible
+                .observe(now_ms.saturating_sub(stamp) as f64 / 1000.0);
+        }
     }
     Ok(())
 }
