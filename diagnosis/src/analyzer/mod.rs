@@ -419,6 +419,7 @@ pub fn analyze_trace(trace: &Trace, cfg: &Config) -> Vec<Verdict> {
         missing,
         stuck: trace.stuck,
     });
+    a.state.offline = true;
     // The record's world is its declaration (its ranks need not be numbered densely).
     if let Some(&last) = trace.world.iter().max() {
         a.state.declare_world(last.saturating_add(1));

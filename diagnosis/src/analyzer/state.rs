@@ -435,6 +435,9 @@ pub(crate) struct State {
     pub counters: HashMap<(String, String), CounterState>,
     /// The largest world size a member declared (capped at [`MAX_RANK`] + 1).
     world: Option<u32>,
+    /// The events are a finished record (Flight Recorder dumps), whose entries each carry
+    /// their op's final state, rather than a live stream whose reports can be lost.
+    pub offline: bool,
 }
 
 impl State {
