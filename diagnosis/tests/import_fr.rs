@@ -1098,3 +1098,60 @@ fn work_completed_in_another_group_does_not_finish_an_async_collective() {
     );
     assert_eq!(vs[0].seq, Some(6));
 }
+
+/// A node restarted with a stale config: each of its four ranks enqueues the gradient
+/// all-reduce at half the size in its own data-parallel group (`new_group` gives every DP
+/// group the same name). Each pair is a 1-against-1 tie that the groups' earlier steps settle;
+/// together they are one fault of one node, reported once with all four ranks rather than as
+/// four verdicts in four groups.
+#[test]
+fn one_nodes_ranks_failing_alike_in_many_groups_are_one_verdict() {
+    let world: Vec<u32> = (0..8).collect();
+    let pair = |r: u32| vec![r % 4, r % 4 + 4];
+    let dumps: Vec<FrDump> = world
+        .iter()
+        .map(|&r| {
+            let mut es: Vec<FrEntry> = (1..=6)
+                .map(|s| {
+                    let state = if s < 6 { "completed" } else { "started" };
+                    let mut e = entry("dp", s, "nccl:all_reduce", state, s * 1_000_000);
+                    e.process_group = ("dp".to_string(), "dp".to_string());
+                    e.pg_id = 1;
+                    if s == 6 {
+                        e.time_discovered_started_ns = Some(e.time_created_ns + TIMEOUT_NS);
+                        if r >= 4 {
+                            e.input_sizes = vec![vec![2, 256]];
+                            e.output_sizes = vec![vec![2, 256]];
+                        }
+                    }
+                    e
+                })
+                .collect();
+            es.sort_by_key(|e| e.record_id);
+            let mut d = dump(r, &world, es);
+            d.pg_config.insert(
+                "dp".to_string(),
+                FrPg {
+                    name: "dp".into(),
+                    desc: "dp".into(),
+                    ranks: pair(r),
+                },
+            );
+            d
+        })
+        .collect();
+    let trace = to_trace(&dumps);
+    assert!(trace.stuck);
+    let vs = analyze_trace(&trace, &Config::default());
+    assert_eq!(
+        summary(&vs),
+        vec![(Class::Mismatch, Subtype::SizeMismatch, vec![4, 5, 6, 7])],
+        "{vs:#?}"
+    );
+    assert!(
+        vs[0].evidence[0].contains("one node-level fault")
+            && vs[0].evidence[0].contains("4 groups"),
+        "{:?}",
+        vs[0].evidence
+    );
+}
