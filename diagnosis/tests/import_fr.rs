@@ -978,3 +978,180 @@ fn a_long_collective_in_flight_in_a_dump_on_demand_is_not_a_hang() {
         "{vs:#?}"
     );
 }
+
+/// Dumps of `world` ranks in one default group, each rank's entries from `entries(rank)`,
+/// with the ops still in flight discovered started (or not) at a watchdog timeout: the
+/// last time in the dumps lies a full `timeout_ms` after the oldest op in flight.
+fn timeout_dumps(world: &[u32], entries: impl Fn(u32) -> Vec<FrEntry>) -> Vec<FrDump> {
+    world
+        .iter()
+        .map(|&r| {
+            let mut es = entries(r);
+            for e in &mut es {
+                if e.state == "started" {
+                    e.time_discovered_started_ns = Some(e.time_created_ns + TIMEOUT_NS);
+                }
+            }
+            dump(r, world, es)
+        })
+        .collect()
+}
+
+/// Every rank enqueued all_reduce #6 and none finished it, but one rank's entry is still
+/// `scheduled` while the others' are `started`: its GPU stream never reached the collective
+/// (FR records `started` when the op's start event fires on the stream). With no per-peer
+/// data the analyzer cannot prove a cause, so the verdict stays undecided, but it ranks that
+/// rank first, names it and says why.
+#[test]
+fn an_undecided_hang_ranks_the_rank_whose_op_never_started() {
+    let world = [0, 1, 2, 3];
+    let dumps = timeout_dumps(&world, |r| {
+        let mut es: Vec<FrEntry> = (1..=5)
+            .map(|s| entry("0", s, "nccl:all_reduce", "completed", s * 1_000_000))
+            .collect();
+        let state = if r == 2 { "scheduled" } else { "started" };
+        es.push(entry("0", 6, "nccl:all_reduce", state, 6_000_000));
+        es
+    });
+    let trace = to_trace(&dumps);
+    assert!(trace.stuck);
+    let vs = analyze_trace(&trace, &Config::default());
+    let v = &vs[0];
+    assert_eq!(
+        (v.class, v.subtype),
+        (Class::Hang, Subtype::Undecided),
+        "{vs:#?}"
+    );
+    assert_eq!(v.culprits, vec![2], "{vs:#?}");
+    assert!(v.confidence < 0.45);
+    assert!(
+        v.evidence
+            .iter()
+            .any(|e| e.starts_with("candidate 1 of 1: rank 2") && e.contains("never started")),
+        "{:?}",
+        v.evidence
+    );
+}
+
+/// When every rank's records look alike the undecided verdict names nobody and says so,
+/// rather than guessing.
+#[test]
+fn an_undecided_hang_with_nothing_to_tell_ranks_apart_names_nobody() {
+    let world = [0, 1, 2, 3];
+    let dumps = timeout_dumps(&world, |_| {
+        let mut es: Vec<FrEntry> = (1..=5)
+            .map(|s| entry("0", s, "nccl:all_reduce", "completed", s * 1_000_000))
+            .collect();
+        es.push(entry("0", 6, "nccl:all_reduce", "started", 6_000_000));
+        es
+    });
+    let vs = analyze_trace(&to_trace(&dumps), &Config::default());
+    let v = &vs[0];
+    assert_eq!(v.subtype, Subtype::Undecided, "{vs:#?}");
+    assert!(v.culprits.is_empty());
+    assert!(
+        v.evidence.iter().any(|e| e.contains("no candidate")),
+        "{:?}",
+        v.evidence
+    );
+}
+
+/// An asynchronous collective (`async_op=True`, as DDP's bucketed all-reduces and FSDP's
+/// prefetches are) runs on the group's own NCCL stream while the rank goes on working in
+/// other groups. Rank 2 launched all_reduce #6 in the world group and then completed a
+/// collective in its pair group: that says nothing about #6, which the other three ranks
+/// completed and rank 2 did not. It is the rank stuck in #6.
+#[test]
+fn work_completed_in_another_group_does_not_finish_an_async_collective() {
+    let world = [0, 1, 2, 3];
+    let mut dumps = timeout_dumps(&world, |r| {
+        let mut es: Vec<FrEntry> = (1..=5)
+            .map(|s| entry("0", s, "nccl:all_reduce", "completed", s * 1_000_000))
+            .collect();
+        let state = if r == 2 { "started" } else { "completed" };
+        es.push(entry("0", 6, "nccl:all_reduce", state, 6_000_000));
+        if r == 2 || r == 3 {
+            let mut later = entry("1", 1, "nccl:all_gather", "completed", 7_000_000);
+            later.pg_id = 1;
+            later.process_group = ("1".to_string(), "pair".to_string());
+            es.push(later);
+        }
+        es
+    });
+    for d in dumps.iter_mut().filter(|d| d.rank >= 2) {
+        d.pg_config.insert(
+            "1".to_string(),
+            FrPg {
+                name: "1".into(),
+                desc: "pair".into(),
+                ranks: vec![2, 3],
+            },
+        );
+    }
+    let trace = to_trace(&dumps);
+    assert!(trace.stuck);
+    let vs = analyze_trace(&trace, &Config::default());
+    assert_eq!(
+        summary(&vs),
+        vec![(Class::Hang, Subtype::DataplaneStall, vec![2])],
+        "{vs:#?}"
+    );
+    assert_eq!(vs[0].seq, Some(6));
+}
+
+/// A node restarted with a stale config: each of its four ranks enqueues the gradient
+/// all-reduce at half the size in its own data-parallel group (`new_group` gives every DP
+/// group the same name). Each pair is a 1-against-1 tie that the groups' earlier steps settle;
+/// together they are one fault of one node, reported once with all four ranks rather than as
+/// four verdicts in four groups.
+#[test]
+fn one_nodes_ranks_failing_alike_in_many_groups_are_one_verdict() {
+    let world: Vec<u32> = (0..8).collect();
+    let pair = |r: u32| vec![r % 4, r % 4 + 4];
+    let dumps: Vec<FrDump> = world
+        .iter()
+        .map(|&r| {
+            let mut es: Vec<FrEntry> = (1..=6)
+                .map(|s| {
+                    let state = if s < 6 { "completed" } else { "started" };
+                    let mut e = entry("dp", s, "nccl:all_reduce", state, s * 1_000_000);
+                    e.process_group = ("dp".to_string(), "dp".to_string());
+                    e.pg_id = 1;
+                    if s == 6 {
+                        e.time_discovered_started_ns = Some(e.time_created_ns + TIMEOUT_NS);
+                        if r >= 4 {
+                            e.input_sizes = vec![vec![2, 256]];
+                            e.output_sizes = vec![vec![2, 256]];
+                        }
+                    }
+                    e
+                })
+                .collect();
+            es.sort_by_key(|e| e.record_id);
+            let mut d = dump(r, &world, es);
+            d.pg_config.insert(
+                "dp".to_string(),
+                FrPg {
+                    name: "dp".into(),
+                    desc: "dp".into(),
+                    ranks: pair(r),
+                },
+            );
+            d
+        })
+        .collect();
+    let trace = to_trace(&dumps);
+    assert!(trace.stuck);
+    let vs = analyze_trace(&trace, &Config::default());
+    assert_eq!(
+        summary(&vs),
+        vec![(Class::Mismatch, Subtype::SizeMismatch, vec![4, 5, 6, 7])],
+        "{vs:#?}"
+    );
+    assert!(
+        vs[0].evidence[0].contains("one node-level fault")
+            && vs[0].evidence[0].contains("4 groups"),
+        "{:?}",
+        vs[0].evidence
+    );
+}

@@ -159,3 +159,29 @@ fn flight_recorder_dumps_alone_name_hangs_and_mismatches() {
         assert_eq!(o.culprits.fp, 0, "{} blamed a live rank", o.name);
     }
 }
+
+/// A rank slow from the job's first step (a restart onto a bad node) has no healthy history of
+/// its own to compare with: its baseline learns the slowness as normal. Compared with its
+/// data-parallel peers at the same seqs, as CCL-D compares ranks, it stands out, both from the
+/// first step and a few seconds in (a custom 128-rank TP 4 × PP 2 job, as `yard sim ccl
+/// --nodes 16 --tp 4 --pp 2` runs it).
+#[test]
+fn a_rank_slow_from_the_first_steps_is_named_against_its_peers() {
+    use yard_diagnosis::score::run_scenario;
+    use yard_diagnosis::sim::{Fault, SimSpec};
+    for onset_ns in [0, 3_000_000_000] {
+        let mut spec = SimSpec::new(16, 8, 4, 2);
+        spec.steps = 20;
+        spec.seed = 1;
+        spec.job = "sim-16x8".into();
+        spec.fault = Some(Fault::SlowCompute {
+            rank: 5,
+            factor: 6.0,
+            onset_ns,
+        });
+        let o = run_scenario(&spec, &Config::default()).unwrap();
+        assert!(o.top1_correct, "onset {onset_ns}: {:#?}", o.final_verdicts);
+        assert_eq!(o.final_verdicts[0].culprits, vec![5]);
+        assert_eq!(o.false_alarms, 0);
+    }
+}

@@ -301,6 +301,13 @@ fn done(state: &State, pg: &Pg, m: usize, seq: u64) -> bool {
     if rec.has_end() {
         return true;
     }
+    // A record holds each op's own final state (a Flight Recorder entry says `completed` or
+    // not): nothing is inferred from other work. An asynchronous collective's rank goes on
+    // working in other groups, and on other streams, while the collective is still running,
+    // so later work done elsewhere says nothing about this op.
+    if state.offline {
+        return false;
+    }
     let began = if rec.has_enq() {
         rec.enq
     } else if rec.has_start() {
@@ -458,6 +465,15 @@ fn camps(
     pg: &Pg,
     sigs: impl Iterator<Item = (usize, Sig)>,
 ) -> Option<(Sig, BTreeMap<Sig, Vec<Rank>>, bool)> {
+    camps_with_originals(pg, sigs).map(|(sig, camps, tie, _)| (sig, camps, tie))
+}
+
+/// [`camps`], also returning each camp's original (not normalized) signature.
+#[allow(clippy::type_complexity)]
+fn camps_with_originals(
+    pg: &Pg,
+    sigs: impl Iterator<Item = (usize, Sig)>,
+) -> Option<(Sig, BTreeMap<Sig, Vec<Rank>>, bool, BTreeMap<Sig, Sig>)> {
     let mut camps: BTreeMap<Sig, Vec<Rank>> = BTreeMap::new();
     let mut original: BTreeMap<Sig, Sig> = BTreeMap::new();
     for (m, sig) in sigs {
@@ -483,7 +499,7 @@ fn camps(
         .count()
         > 0;
     let sig = original.get(&best.0).copied().unwrap_or(best.0);
-    Some((sig, camps, tie))
+    Some((sig, camps, tie, original))
 }
 
 fn op_at(st: &Stuck) -> String {
@@ -516,11 +532,27 @@ fn mismatch_verdicts(
     sigs: impl Iterator<Item = (usize, Sig)>,
 ) -> Vec<Verdict> {
     let pg = &state.pgs[pgi];
-    let Some((maj, camps, tie)) = camps(pg, sigs) else {
+    let Some((mut maj, camps, mut tie, originals)) = camps_with_originals(pg, sigs) else {
         return Vec::new();
     };
     if camps.len() < 2 {
         return Vec::new();
+    }
+    // A tie (one rank against one, two against two) is no vote: the stream's own history says
+    // which camp did what the job always does at this point, and the other changed.
+    let mut settled_by = None;
+    if tie {
+        let size = camps.values().map(Vec::len).max().unwrap_or(0);
+        let tied: Vec<Sig> = camps
+            .iter()
+            .filter(|(_, r)| r.len() == size)
+            .map(|(s, _)| *s)
+            .collect();
+        if let Some((normal, why)) = usual_camp(pg, seq, &tied) {
+            maj = originals.get(&normal).copied().unwrap_or(normal);
+            tie = false;
+            settled_by = Some(why);
+        }
     }
     let maj_n = normalized(maj);
     let maj_ranks = camps.get(&maj_n).cloned().unwrap_or_default();
@@ -577,14 +609,22 @@ fn mismatch_verdicts(
             let mut v = pg.verdict(Class::Mismatch, subtype, seq, Some(maj.op));
             let minority = culprits.len();
             v.culprits = sorted(culprits);
-            if tie {
+            if let Some(why) = &settled_by {
                 evidence.push(format!(
-                    "no majority: {} and {} each form a camp of {}; the camp with the lowest rank is taken as the majority",
+                    "no majority: {} and {} each form a camp of {}; {why}",
                     text::ranks(&maj_ranks),
                     text::ranks(&v.culprits),
                     maj_ranks.len()
                 ));
-                v.confidence = 0.35;
+                v.confidence = 0.6;
+            } else if tie {
+                evidence.push(format!(
+                    "no majority: {} and {} each form a camp of {}, and this stream's earlier ops favour neither: both are candidates, the camp with the lowest rank is taken as the majority",
+                    text::ranks(&maj_ranks),
+                    text::ranks(&v.culprits),
+                    maj_ranks.len()
+                ));
+                v.confidence = 0.3;
             } else {
                 v.confidence = confidence(maj_ranks.len(), minority);
             }
@@ -592,6 +632,61 @@ fn mismatch_verdicts(
             v
         })
         .collect()
+}
+
+/// Of camps tied in size at `seq` (normalized signatures), the one whose op is what this
+/// stream usually runs at this point, with a sentence saying why; `None` when history favours
+/// none. A program repeats its step, so the op after the previous one (the op members agreed
+/// on at `seq - 1`) has followed that op before: a rank that skipped an op shows the op after
+/// it, one with a stale size or a diverging branch shows an op never seen. Scores, in order:
+/// how often the camp's op followed the previous op, then whether it was seen at all.
+fn usual_camp(pg: &Pg, seq: u64, tied: &[Sig]) -> Option<(Sig, String)> {
+    let lo = seq.saturating_sub(SEQ_WINDOW as u64 - 1);
+    let prev_of = |s: u64| -> Option<Sig> {
+        let members: Vec<usize> = (0..pg.members.len()).collect();
+        let (sig, camps, tie) = majority(pg, &members, s)?;
+        (!tie && camps.len() == 1).then(|| normalized(sig))
+    };
+    let prev = seq.checked_sub(1).and_then(prev_of);
+    let mut scores: Vec<(Sig, u32, u32)> = Vec::new();
+    for &camp in tied {
+        let mut followed = 0;
+        let mut seen = 0;
+        for s in lo..seq {
+            let here: Option<Sig> = (0..pg.members.len())
+                .filter_map(|m| pg.rec(m, s))
+                .map(|r| normalized(r.sig))
+                .find(|n| *n == camp);
+            if here.is_none() {
+                continue;
+            }
+            seen += 1;
+            if prev.is_some() && s.checked_sub(1).and_then(prev_of) == prev {
+                followed += 1;
+            }
+        }
+        scores.push((camp, followed, seen));
+    }
+    scores.sort_by_key(|&(_, f, s)| std::cmp::Reverse((f, u32::from(s > 0))));
+    let (best, f, s) = *scores.first()?;
+    let runner = scores
+        .get(1)
+        .map_or((0, 0), |&(_, f, s)| (f, u32::from(s > 0)));
+    if (f, u32::from(s > 0)) == runner {
+        return None;
+    }
+    let why = if f > runner.0 {
+        format!(
+            "in this stream's earlier ops {} followed the previous op {f} times and the other camp's op {} times, so the other camp changed",
+            best.op, runner.0
+        )
+    } else {
+        format!(
+            "{} ran {s} times in this stream's earlier ops and the other camp's op never did, so the other camp changed",
+            best.op
+        )
+    };
+    Some((best, why))
 }
 
 /// Confidence of a majority vote of `maj` against `min`.
@@ -791,7 +886,7 @@ fn dataplane(state: &State, st: &Stuck) -> Verdict {
         text::dur(st.idle_ns as f64)
     ));
     v.evidence.push(if pairs.is_empty() {
-        "no per-peer progress was reported, so no rank or link can be named".to_string()
+        "no per-peer progress was reported to name a rank or link by".to_string()
     } else {
         format!(
             "per-peer progress does not single out a rank or link ({} of {} pairs moved data)",
@@ -800,7 +895,180 @@ fn dataplane(state: &State, st: &Stuck) -> Verdict {
         )
     });
     v.confidence = 0.3;
+    rank_candidates(&mut v, candidates(state, st), n);
     v
+}
+
+/// One suspect of an undecided hang: how strongly the records point at it, and why.
+#[derive(Debug)]
+struct Candidate {
+    rank: Rank,
+    score: u32,
+    why: Vec<String>,
+}
+
+/// Suspects of a stream stuck with every member inside the op and nothing to tell them apart
+/// by the rules above, ranked from what each member's own records say:
+/// - its op at the stuck seq was enqueued but never started while others' started (FR's
+///   `scheduled` against `started`): its GPU stream never reached the collective, so
+///   something earlier on that stream, its own compute or another group's kernel, holds it;
+/// - it is stuck in another stream at an op it enqueued earlier (its own clock): it cannot
+///   serve this one either, and that stream is where to look;
+/// - the stream's op at the stuck seq differs from what its own earlier ops of the same kind
+///   were (a changed size shows against the rank's history even when nobody else's record
+///   of the seq differs);
+/// - its point-to-point peer has nothing pending towards it.
+///
+/// Returned best first; ranks with no evidence are left out.
+fn candidates(state: &State, st: &Stuck) -> Vec<Candidate> {
+    let pg = &state.pgs[st.pg];
+    let op = op_at(st);
+    let mut out: Vec<Candidate> = Vec::new();
+    let started: Vec<usize> = st
+        .entered_m
+        .iter()
+        .copied()
+        .filter(|&m| {
+            pg.rec(m, st.seq)
+                .is_some_and(|r| r.has_start() || r.has_end())
+        })
+        .collect();
+    for &m in &st.entered_m {
+        let rank = pg.members[m];
+        let mut c = Candidate {
+            rank,
+            score: 0,
+            why: Vec::new(),
+        };
+        let rec = pg.rec(m, st.seq);
+        if let Some(r) = rec {
+            if !r.has_start() && !r.has_end() && !started.is_empty() && !started.contains(&m) {
+                c.score += 4;
+                c.why.push(format!(
+                    "its {op} was enqueued but never started on its GPU while {} of {} ranks started it: something earlier on its stream holds it",
+                    started.len(),
+                    st.entered.len()
+                ));
+            }
+        }
+        // Stuck elsewhere at an op it enqueued before this one.
+        if let (Some(r), Some(rs)) = (rec, state.ranks.get(rank as usize)) {
+            if r.has_enq() {
+                for &(p, pm) in &rs.pgs {
+                    let other = &state.pgs[p as usize];
+                    if p as usize == st.pg || !other.state[pm as usize].in_flight {
+                        continue;
+                    }
+                    let Some(f) = frontier(state, other, pm as usize) else {
+                        continue;
+                    };
+                    let earlier = other
+                        .rec(pm as usize, f)
+                        .is_some_and(|o| o.has_enq() && o.enq < r.enq);
+                    if earlier {
+                        c.score += 2;
+                        c.why.push(format!(
+                            "before entering it, it entered #{f} of {} and never finished that",
+                            text::pg(other)
+                        ));
+                        break;
+                    }
+                }
+            }
+        }
+        // Its own history: the same op kind with another size or dtype before.
+        if let Some(r) = rec {
+            let now = normalized(r.sig);
+            let lo = st.seq.saturating_sub(SEQ_WINDOW as u64 - 1);
+            let mut same_op = 0;
+            let mut same_sig = 0;
+            for s in lo..st.seq {
+                if let Some(old) = pg.rec(m, s).map(|o| normalized(o.sig)) {
+                    if old.op == now.op {
+                        same_op += 1;
+                        same_sig += u32::from(old == now);
+                    }
+                }
+            }
+            let others_usual = st.entered_m.iter().filter(|&&o| o != m).any(|&o| {
+                pg.rec(o, st.seq).is_some_and(|x| {
+                    let x = normalized(x.sig);
+                    (lo..st.seq).any(|s| pg.rec(o, s).is_some_and(|y| normalized(y.sig) == x))
+                })
+            });
+            if same_op >= 2 && same_sig == 0 && others_usual {
+                c.score += 3;
+                c.why.push(format!(
+                    "its {} at #{} differs from its own {same_op} earlier {} ops in this stream, while the others' matches their history",
+                    now.op, st.seq, now.op
+                ));
+            }
+        }
+        // Point-to-point: its pending op's peer has nothing pending towards it.
+        if pg.p2p {
+            if let Some(r) = frontier(state, pg, m).and_then(|f| pg.rec(m, f)) {
+                if let Some(peer) = r.peer {
+                    let towards = pg.member_of(peer).and_then(|pm| {
+                        let f = frontier(state, pg, pm)?;
+                        pg.rec(pm, f)
+                    });
+                    let matched = towards.is_some_and(|t| {
+                        t.peer == Some(rank) && (t.sig.op == Op::Send) != (r.sig.op == Op::Send)
+                    });
+                    if !matched {
+                        c.score += 1;
+                        c.why.push(format!(
+                            "its pending {} with rank {peer} has no matching {} pending on rank {peer}",
+                            r.sig.op,
+                            if r.sig.op == Op::Send { "recv" } else { "send" }
+                        ));
+                    }
+                }
+            }
+        }
+        if c.score > 0 {
+            out.push(c);
+        }
+    }
+    out.sort_by(|a, b| b.score.cmp(&a.score).then(a.rank.cmp(&b.rank)));
+    out
+}
+
+/// Writes ranked candidates into an undecided verdict: every candidate with its evidence in
+/// `evidence` (best first, "candidate 1 of 3: rank 5: ..."), and the best-scored ranks as its
+/// culprits when they are fewer than half of the `n` ranks considered, so that an operator and
+/// a script both get a first place to look. Confidence stays below [`WEAK`]: a candidate is a
+/// lead, not a finding.
+fn rank_candidates(v: &mut Verdict, ranked: Vec<Candidate>, n: usize) {
+    const SHOWN: usize = 8;
+    if ranked.is_empty() {
+        v.evidence
+            .push("no rank's records stand out from the others': no candidate to rank".into());
+        return;
+    }
+    let total = ranked.len();
+    let top = ranked[0].score;
+    let best: Vec<Rank> = ranked
+        .iter()
+        .filter(|c| c.score == top)
+        .map(|c| c.rank)
+        .collect();
+    for (i, c) in ranked.iter().take(SHOWN).enumerate() {
+        v.evidence.push(format!(
+            "candidate {} of {total}: rank {}: {}",
+            i + 1,
+            c.rank,
+            c.why.join("; ")
+        ));
+    }
+    if total > SHOWN {
+        v.evidence
+            .push(format!("{} more candidates are not listed", total - SHOWN));
+    }
+    if best.len() * 2 < n.max(2) {
+        v.culprits = sorted(best);
+        v.confidence = if total == v.culprits.len() { 0.4 } else { 0.35 };
+    }
 }
 
 /// Ranks whose kernel hung, told apart by what each side of a pair reports: a hung rank sent

@@ -169,6 +169,7 @@ impl JobAnalyzer {
         verdicts.extend(hang.verdicts);
         verdicts.extend(slow::evaluate(&self.state, &self.cfg, &hang.stuck));
         verdicts.extend(unexplained);
+        by_node(&self.state, &mut verdicts);
         verdicts.sort_by_key(|v| (v.confidence < hang::WEAK, order(v)));
         condense(&mut verdicts);
         // One map of the previous keys, not a scan per verdict: a hung 16k-rank job holds
@@ -391,6 +392,132 @@ fn order(v: &Verdict) -> u8 {
     }
 }
 
+/// One fault seen in many groups of one node is one finding. A node whose ranks all misbehave
+/// the same way (a stale config makes each of its eight ranks enqueue the wrong size in its own
+/// data-parallel group; a slow host makes each a straggler in its own group) shows as one
+/// verdict per group, each naming one rank of that node. Verdicts of one class and subtype that
+/// each name only ranks of one host (known from the ranks' introductions), in two or more
+/// groups, are folded into one naming the host and all its ranks. Offline records say nothing of
+/// hosts; there only verdicts whose culprits together form one unbroken run of ranks (as one
+/// node's ranks are numbered) are folded, and the evidence says the node is inferred.
+fn by_node(state: &State, verdicts: &mut Vec<Verdict>) {
+    use std::collections::BTreeMap;
+    let host_of = |v: &Verdict| -> Option<String> {
+        let first = state.ranks.get(*v.culprits.first()? as usize)?.host();
+        v.culprits
+            .iter()
+            .all(|&r| {
+                state
+                    .ranks
+                    .get(r as usize)
+                    .is_some_and(|s| s.host() == first)
+            })
+            .then(|| first.to_string())
+    };
+    let eligible = |v: &Verdict| {
+        !v.culprits.is_empty()
+            && v.links.is_empty()
+            && v.pg.is_some()
+            && v.subtype != Subtype::Undecided
+            && v.confidence >= hang::WEAK
+    };
+    let mut groups: BTreeMap<(Class, Subtype, String), Vec<usize>> = BTreeMap::new();
+    for (i, v) in verdicts.iter().enumerate() {
+        if !eligible(v) {
+            continue;
+        }
+        if let Some(h) = host_of(v) {
+            groups.entry((v.class, v.subtype, h)).or_default().push(i);
+        }
+    }
+    let mut folds: Vec<(String, Vec<usize>)> = Vec::new();
+    for ((_, _, host), idx) in groups {
+        let pgs: std::collections::BTreeSet<_> = idx
+            .iter()
+            .filter_map(|&i| {
+                verdicts[i]
+                    .pg
+                    .as_ref()
+                    .map(|p| (p.name.clone(), p.ranks.clone()))
+            })
+            .collect();
+        if idx.len() < 2 || pgs.len() < 2 {
+            continue;
+        }
+        let mut all: Vec<Rank> = idx
+            .iter()
+            .flat_map(|&i| verdicts[i].culprits.iter().copied())
+            .collect();
+        all.sort_unstable();
+        all.dedup();
+        // One rank blamed in each of its groups is one rank's fault, which the report already
+        // folds into its first verdict (`condense`); a node-level fault names several.
+        if all.len() < 2 {
+            continue;
+        }
+        // No hosts known: one unbroken run of ranks.
+        if host.is_empty() && !all.windows(2).all(|w| w[1] == w[0] + 1) {
+            continue;
+        }
+        folds.push((host, idx));
+    }
+    if folds.is_empty() {
+        return;
+    }
+    let mut remove = Vec::new();
+    for (host, idx) in folds {
+        let mut culprits: Vec<Rank> = idx
+            .iter()
+            .flat_map(|&i| verdicts[i].culprits.iter().copied())
+            .collect();
+        culprits.sort_unstable();
+        culprits.dedup();
+        let first = idx[0];
+        let ops: std::collections::BTreeSet<Option<Op>> =
+            idx.iter().map(|&i| verdicts[i].op).collect();
+        let confidence = idx
+            .iter()
+            .map(|&i| verdicts[i].confidence)
+            .fold(0.0, f64::max);
+        let place = if host.is_empty() {
+            format!(
+                "{} (an unbroken run of ranks, as one node's are numbered; the records name no hosts)",
+                text::ranks(&culprits)
+            )
+        } else {
+            format!("host {host} ({})", text::ranks(&culprits))
+        };
+        let mut evidence = vec![format!(
+            "one node-level fault: every verdict below names only ranks of {place}, the same {} in {} groups",
+            verdicts[first].subtype,
+            idx.len()
+        )];
+        for &i in &idx {
+            let v = &verdicts[i];
+            let pg =
+                v.pg.as_ref()
+                    .map_or(String::new(), |p| format!("pg {}", p.name));
+            if let Some(e) = v.evidence.first() {
+                evidence.push(format!("{pg}: {e}"));
+            }
+        }
+        let v = &mut verdicts[first];
+        v.culprits = culprits;
+        v.pg = None;
+        v.seq = None;
+        if ops.len() > 1 {
+            v.op = None;
+        }
+        v.evidence = evidence;
+        v.confidence = confidence;
+        remove.extend(idx.into_iter().skip(1));
+    }
+    remove.sort_unstable();
+    for i in remove.into_iter().rev() {
+        verdicts.remove(i);
+    }
+}
+
 fn dedup_keep_order(v: &mut Vec<Rank>) {
     let mut seen = std::collections::BTreeSet::new();
     v.retain(|r| seen.insert(*r));
@@ -419,6 +546,7 @@ pub fn analyze_trace(trace: &Trace, cfg: &Config) -> Vec<Verdict> {
         missing,
         stuck: trace.stuck,
     });
+    a.state.offline = true;
     // The record's world is its declaration (its ranks need not be numbered densely).
     if let Some(&last) = trace.world.iter().max() {
         a.state.declare_world(last.saturating_add(1));

@@ -102,10 +102,20 @@ fn median(mut v: Vec<f32>) -> f32 {
 fn straggler(pg: &Pg, cfg: &Config) -> Option<Verdict> {
     let n = pg.members.len();
     let fired: Vec<usize> = (0..n)
-        .filter(|&m| pg.compute.get(m).is_some_and(|c| c.hits.active()))
+        .filter(|&m| {
+            pg.compute
+                .get(m)
+                .is_some_and(|c| c.hits.active() || c.peer.active())
+        })
         .collect();
     // Everyone slower is not a straggler (a global slowdown, e.g. the input pipeline).
     if fired.is_empty() || fired.len() * 2 > n {
+        return None;
+    }
+    // Against peers alone (no history) a few ranks slower than the rest are a straggler; a
+    // quarter or more slower together is a pattern of the job (an uneven split), not a fault.
+    let by_history = fired.iter().any(|&m| pg.compute[m].hits.active());
+    if !by_history && fired.len() * 4 > n {
         return None;
     }
     let seq = pg.gap_seq;
@@ -117,6 +127,19 @@ fn straggler(pg: &Pg, cfg: &Config) -> Option<Verdict> {
     let mut min_hits = w;
     for &m in &fired {
         let c = &pg.compute[m];
+        if !c.hits.active() {
+            min_hits = min_hits.min(c.peer.count());
+            v.evidence.push(format!(
+                "rank {} compute gap {} is {:.1}x the median of its {} peers at the same seq in {} of the last {w} ops of {} (compared with its peers, not its own history)",
+                pg.members[m],
+                text::dur(f64::from(c.last_gap)),
+                c.last_ratio,
+                n - 1,
+                c.peer.count(),
+                text::pg(pg)
+            ));
+            continue;
+        }
         min_hits = min_hits.min(c.hits.count());
         v.evidence.push(format!(
             "rank {} compute gap {} is {:.1}x the group's median of {} (usually {:.1}x) in {} of the last {w} ops of {}",

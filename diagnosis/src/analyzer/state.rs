@@ -146,6 +146,11 @@ pub(crate) struct ComputeStats {
     /// The member's usual gap ÷ median gap: a persistent imbalance is learned as normal.
     pub base: Baseline,
     pub hits: Hits,
+    /// The gap against its peers' at the same seq alone (no history): CCL-D's comparison,
+    /// which also sees a rank slow from the job's first steps, whose own baseline learned the
+    /// slowness as normal. Judged only where every member runs the same compute (see
+    /// [`judge_gaps`]).
+    pub peer: Hits,
     pub last_gap: f32,
     pub last_ratio: f32,
 }
@@ -435,6 +440,9 @@ pub(crate) struct State {
     pub counters: HashMap<(String, String), CounterState>,
     /// The largest world size a member declared (capped at [`MAX_RANK`] + 1).
     world: Option<u32>,
+    /// The events are a finished record (Flight Recorder dumps), whose entries each carry
+    /// their op's final state, rather than a live stream whose reports can be lost.
+    pub offline: bool,
 }
 
 impl State {
@@ -886,6 +894,19 @@ fn complete_seq(pg: &mut Pg, ranks: &[RankState], seq: u64, cfg: &Config) {
     judge_gaps(pg, ranks, seq, cfg);
 }
 
+/// Fewest members with a gap for the peer comparison: the median of fewer is one of the two
+/// ranks being compared.
+pub(crate) const PEER_MIN_MEMBERS: usize = 4;
+
+/// Whether a group's members run the same compute, so that one member's gap can be judged
+/// against its peers' at the same seq without any history: not a group of the whole job
+/// (its members span pipeline stages, whose compute differs by design). Data- and
+/// tensor-parallel groups of a Megatron layout hold ranks of one stage.
+fn peer_comparable(pg: &Pg, ranks: &[RankState]) -> bool {
+    let known = ranks.iter().filter(|r| r.known).count();
+    !pg.p2p && pg.members.len() < known
+}
+
 /// The compute gaps of a completed seq: each member's gap against the group's median gap at
 /// this seq, and against the member's own usual ratio to it.
 fn judge_gaps(pg: &mut Pg, ranks: &[RankState], seq: u64, cfg: &Config) {
@@ -926,6 +947,7 @@ fn judge_gaps(pg: &mut Pg, ranks: &[RankState], seq: u64, cfg: &Config) {
     if median >= cfg.slow_min_delta_ns as f32 {
         pg.gap_seq = seq;
         pg.gap_median = median;
+        let peers = peer_comparable(pg, ranks) && gaps.len() >= PEER_MIN_MEMBERS;
         for &(m, gap) in &gaps {
             let cs = &mut pg.compute[m];
             let ratio = gap / median;
@@ -934,14 +956,17 @@ fn judge_gaps(pg: &mut Pg, ranks: &[RankState], seq: u64, cfg: &Config) {
             cs.base.observe(ratio, !hit);
             cs.last_gap = gap;
             cs.last_ratio = ratio;
+            let was = cs.hits.active() || cs.peer.active();
             if base.is_some() {
-                let was = cs.hits.active();
-                let now = cs.hits.push(hit, cfg.slow_window);
-                match (was, now) {
-                    (false, true) => pg.stragglers += 1,
-                    (true, false) => pg.stragglers = pg.stragglers.saturating_sub(1),
-                    _ => {}
-                }
+                cs.hits.push(hit, cfg.slow_window);
+            }
+            if peers {
+                cs.peer.push(slow_time(gap, median, cfg), cfg.slow_window);
+            }
+            match (was, cs.hits.active() || cs.peer.active()) {
+                (false, true) => pg.stragglers += 1,
+                (true, false) => pg.stragglers = pg.stragglers.saturating_sub(1),
+                _ => {}
             }
         }
     }
