@@ -16,7 +16,10 @@
 #   YARD_BIN   the yard binary (default target/release/yard); this script builds nothing
 #   STATE      state, certificates, configs and logs (default /tmp/yard-local-cluster); wiped by
 #              `up`, kept by `down` so the logs can be read
-#   JOIN_TIMEOUT  seconds to wait for each node to become a voter (default 60)
+#   JOIN_TIMEOUT  seconds to wait for each node to join (default 60)
+#
+# Past raft.voters (3) voters and raft.replicas (2) replicas, hosts join as agents: `yard
+# members` shows each host's role.
 #
 # Inspect a node by hand with e.g.
 #   ip netns exec ydlc-2 curl -s 198.18.0.2:9480/metrics
@@ -153,33 +156,34 @@ yard_status() {
         --tls-dir "$STATE/tls" "$@"
 }
 
-voters() {
+# Hosts the leader sees reachable, of any role (voter, learner, agent).
+hosts_up() {
     local out
     out=$(yard_status --json 2>/dev/null) || {
         echo 0
         return
     }
-    { grep -o '"role": *"voter"' <<<"$out" || true; } | wc -l
+    { grep -o '"reachable": *true' <<<"$out" || true; } | wc -l
 }
 
-# Waits until the cluster has `want` voters, failing early if a node has died.
-wait_voters() {
+# Waits until the cluster has `want` reachable hosts, failing early if a node has died.
+wait_hosts() {
     local want=$1 n=$2 deadline=$((SECONDS + JOIN_TIMEOUT)) have i
     while :; do
-        have=$(voters)
+        have=$(hosts_up)
         ((have >= want)) && return 0
         for ((i = 1; i <= n; i++)); do
             local pidfile=$STATE/n$i/yard.pid
             if [[ -f $pidfile ]] && ! kill -0 "$(cat "$pidfile")" 2>/dev/null; then
                 echo "--- last lines of $STATE/n$i/yard.log:" >&2
                 tail -n 20 "$STATE/n$i/yard.log" >&2 || true
-                die "node n$i exited while waiting for $want voters"
+                die "node n$i exited while waiting for $want hosts"
             fi
         done
         if ((SECONDS >= deadline)); then
             echo "--- yard status:" >&2
             yard_status >&2 || true
-            die "the cluster has $have voters, not $want, after ${JOIN_TIMEOUT} s; logs are in $STATE/n*/yard.log"
+            die "the cluster has $have reachable hosts, not $want, after ${JOIN_TIMEOUT} s; logs are in $STATE/n*/yard.log"
         fi
         sleep 0.5
     done
@@ -219,13 +223,14 @@ cmd_up() {
     done
 
     start_node 1 --bootstrap
-    wait_voters 1 "$n"
-    # One join at a time: each is a membership change, and the leader runs one at a time.
+    wait_hosts 1 "$n"
+    # One join at a time: a voter's or replica's is a membership change, and the leader runs
+    # one at a time.
     for ((i = 2; i <= n; i++)); do
         start_node "$i" --join "$(addr 1):$RAFT_PORT"
-        wait_voters "$i" "$n"
+        wait_hosts "$i" "$n"
     done
-    say "$n voters are up; state and logs in $STATE"
+    say "$n hosts are up; state and logs in $STATE"
     yard_status
 }
 

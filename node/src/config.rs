@@ -86,6 +86,11 @@ pub struct RaftSection {
     /// How long a voter must be unreachable before the autopilot replaces it: longer than a
     /// restart, so a planned restart moves no vote.
     pub voter_grace_ms: u64,
+    /// The shortest time between an agent's two watch polls that brought entries: under a
+    /// stream of writes each poll carries this period's worth, so a member serving many
+    /// agents answers at most `1000 / watch_pace_ms` polls a second per agent. It adds up to
+    /// this much to the time a write takes to reach the agents.
+    pub watch_pace_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -608,6 +613,7 @@ impl Default for RaftSection {
             voters: 3,
             replicas: 2,
             voter_grace_ms: 5_000,
+            watch_pace_ms: 25,
         }
     }
 }
@@ -784,6 +790,9 @@ impl Config {
             .roles()
             .validate()
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        if self.raft.watch_pace_ms > 1_000 {
+            return bad("raft.watch_pace_ms", "must be at most 1000");
+        }
         if self.raft.replicas > 16 {
             return bad("raft.replicas", "must be at most 16");
         }

@@ -1052,6 +1052,7 @@ async fn join_host(net: &MemNetwork, id: NodeId, raft: &RaftSection) -> (TestNod
             yard::roles::agent::Settings {
                 hold: Duration::from_millis(250),
                 rpc_timeout: Duration::from_millis(500),
+                pace: Duration::from_millis(raft.watch_pace_ms),
                 seeds: vec![addr(1)],
             },
         ));

@@ -47,14 +47,22 @@ struct Args {
     /// How long idle CPU is measured.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     idle: Duration,
+    /// A second configuration of the binary under test, run beside its defaults: TOML lines
+    /// added to every node's config (e.g. "[raft]\nreplicas = 0"), labelled "agents+extra".
+    #[arg(long)]
+    extra_config: Option<String>,
 }
 
 fn main() -> Result<()> {
     let args = Args::parse();
     yard_cluster_tests::require_root();
-    let mut bins: Vec<(&str, &Path)> = vec![("agents", args.yard_bin.as_path())];
+    let mut bins: Vec<(&str, &Path, String)> =
+        vec![("agents", args.yard_bin.as_path(), String::new())];
+    if let Some(extra) = &args.extra_config {
+        bins.push(("agents+extra", args.yard_bin.as_path(), extra.clone()));
+    }
     if let Some(b) = &args.baseline_bin {
-        bins.push(("all-voters", b.as_path()));
+        bins.push(("all-voters", b.as_path(), String::new()));
     }
     let mut rows = Vec::new();
     for &hosts in &args.hosts {
@@ -63,9 +71,9 @@ fn main() -> Result<()> {
             if round % 2 == 1 {
                 order.reverse();
             }
-            for (label, bin) in order {
+            for (label, bin, extra) in order {
                 eprintln!("control-scale: {hosts} hosts, {label}, round {}", round + 1);
-                let row = match run_one(bin, hosts, &args) {
+                let row = match run_one(bin, hosts, &args, &extra) {
                     Ok(v) => v,
                     Err(e) => json!({"error": format!("{e:#}")}),
                 };
@@ -83,6 +91,7 @@ fn main() -> Result<()> {
         "{}",
         serde_json::to_string_pretty(&json!({
             "benchmark": "control-scale",
+            "extra_config": args.extra_config,
             "clients": args.clients,
             "ops": args.ops,
             "idle_s": args.idle.as_secs_f64(),
@@ -93,12 +102,14 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-fn run_one(bin: &Path, hosts: usize, args: &Args) -> Result<Value> {
+fn run_one(bin: &Path, hosts: usize, args: &Args, extra: &str) -> Result<Value> {
     let client = hosts + 1;
     let topo = Topology::new(client)?;
     let start = Instant::now();
-    let c = YardCluster::start_on(topo, bin, hosts, &ClusterOptions::default())
-        .context("the cluster did not form")?;
+    let opts = ClusterOptions {
+        extra_config: extra.to_owned(),
+    };
+    let c = YardCluster::start_on(topo, bin, hosts, &opts).context("the cluster did not form")?;
     let up_s = start.elapsed().as_secs_f64();
     let roles = roles(&c, hosts);
     // Settled: joins, the autopilot and the agents' first snapshots are done.
@@ -264,12 +275,12 @@ fn line(r: &Value) -> String {
 
 fn table(rows: &[Value]) -> String {
     let mut t = String::from(
-        "hosts  binary      round  up(s)  puts/s  p99(ms)  p999(ms)  idle all(%)  per voter(%)  per other(%)  agents p50/p99 visible(ms)\n",
+        "hosts  binary       round  up(s)  puts/s  p99(ms)  p999(ms)  idle all(%)  per voter(%)  per other(%)  agents p50/p99 visible(ms)\n",
     );
     for r in rows {
         if let Some(e) = r.get("error") {
             t.push_str(&format!(
-                "{:<6} {:<11} {:<6} failed: {e}\n",
+                "{:<6} {:<12} {:<6} failed: {e}\n",
                 r["hosts"], r["binary"], r["round"]
             ));
             continue;
@@ -281,7 +292,7 @@ fn table(rows: &[Value]) -> String {
         let pct = |k: &str| r[k].as_f64().map_or("-".into(), |v| format!("{v:.2}"));
         let vis = &r["write_visible_on_agents"];
         t.push_str(&format!(
-            "{:<6} {:<11} {:<6} {:<6.1} {:<7.0} {:<8} {:<9} {:<12} {:<13} {:<13} {}\n",
+            "{:<6} {:<12} {:<6} {:<6.1} {:<7.0} {:<8} {:<9} {:<12} {:<13} {:<13} {}\n",
             r["hosts"],
             r["binary"].as_str().unwrap_or(""),
             r["round"],

@@ -542,6 +542,7 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
         let settings = yard::roles::agent::Settings {
             hold: Duration::from_millis(cfg.liveness.hold_ms),
             rpc_timeout,
+            pace: Duration::from_millis(cfg.raft.watch_pace_ms),
             seeds,
         };
         tokio::spawn(yard::roles::agent::follow(
@@ -880,6 +881,7 @@ impl Prober for RaftProber {
         members.remove(&self.node.id());
         ProbeTarget {
             leader: self.node.raft().metrics().borrow().state == openraft::ServerState::Leader,
+            member: self.node.is_member(),
             members,
         }
     }

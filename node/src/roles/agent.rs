@@ -30,6 +30,10 @@ pub struct Settings {
     pub hold: Duration,
     /// Added to `hold` for one poll's deadline.
     pub rpc_timeout: Duration,
+    /// The shortest time between two polls that brought entries (`raft.watch_pace_ms`): a
+    /// busy cluster's writes reach an agent in batches of this period, not one poll per
+    /// commit, so each agent costs its member at most `1000 / pace` polls a second.
+    pub pace: Duration,
     /// Where to start before any member is known (the `--join` address).
     pub seeds: Vec<String>,
 }
@@ -43,6 +47,8 @@ pub async fn follow(node: Node, store: StateMachineStore, settings: Settings) {
     let mut seed_turn = 0usize;
     let mut following: Option<NodeId> = None;
     let mut checked: Option<Instant> = None;
+    let mut paced = false;
+    let mut polled_at = tokio::time::Instant::now();
     loop {
         let mut hold = settings.hold;
         if node.is_member() {
@@ -82,6 +88,10 @@ pub async fn follow(node: Node, store: StateMachineStore, settings: Settings) {
                 ((None, seed.clone()), (None, seed))
             }
         };
+        if std::mem::take(&mut paced) {
+            tokio::time::sleep_until(polled_at + settings.pace).await;
+        }
+        polled_at = tokio::time::Instant::now();
         let from = node.feed().next_index();
         let req = Request::Watch {
             from,
@@ -90,7 +100,16 @@ pub async fn follow(node: Node, store: StateMachineStore, settings: Settings) {
         let (answered_by, outcome) = poll(&node, [&primary, &backup], req, &settings).await;
         let now_ms = epoch.elapsed().as_millis() as u64;
         let failure = match outcome {
-            Ok(Reply::Watch(batch)) => apply(&node, &store, batch).await.err(),
+            Ok(Reply::Watch(batch)) => {
+                // A small batch means the agent is caught up and writes are streaming in:
+                // wait out the pace so the next batch carries more of them. A large one (or a
+                // snapshot) means it is behind: ask again at once.
+                let bytes: usize = batch.entries.iter().map(|e| e.len()).sum();
+                paced = !batch.entries.is_empty()
+                    && batch.snapshot.is_none()
+                    && bytes < crate::roles::watch::MAX_BATCH_BYTES / 2;
+                apply(&node, &store, batch).await.err()
+            }
             Ok(Reply::Error(e)) => Some(e),
             Ok(other) => Some(format!("unexpected reply to a watch: {other:?}")),
             Err(e) => Some(e.to_string()),

@@ -122,6 +122,7 @@ pub async fn report(node: Node) {
     loop {
         tokio::time::sleep(TICK).await;
         if !node.is_member() {
+            tokio::time::sleep(yard_actors::liveness::actor::NON_MEMBER_TICK).await;
             continue;
         }
         let (fresh, resync) = {
@@ -186,6 +187,9 @@ pub async fn judge(node: Node) {
         if node.raft().metrics().borrow().state != ServerState::Leader {
             led = None;
             while reports.try_recv().is_ok() {}
+            if !node.is_member() {
+                tokio::time::sleep(yard_actors::liveness::actor::NON_MEMBER_TICK).await;
+            }
             continue;
         }
         let now = hl.now_ms();
