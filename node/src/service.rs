@@ -19,6 +19,7 @@ use crate::admin_actor::ServeAdmin;
 use crate::batcher::{BatchError, WriteBatcher};
 use crate::gateway_control::GatewayControl;
 use crate::metrics::{GaugeSource, METRICS};
+use crate::roles::{host_meta, role_named};
 use crate::rpc::{
     ActorHealth, AdminReply, AdminRequest, JoinRequest, KvEntry, MemberStatus, RaftFailure,
     RaftReply, RaftRequest, RedeemRequest, Reply, Request, Status,
@@ -1204,41 +1205,6 @@ impl Node {
                 .map_err(|e| RaftFailure(e.to_string())),
         };
         Reply::Raft(res)
-    }
-}
-
-/// A host's record in the replicated hosts table.
-pub(crate) fn host_meta(id: NodeId, name: &str, addr: &str, zone: &str, role: Role) -> NodeMeta {
-    NodeMeta {
-        id,
-        name: name.to_owned(),
-        addr: addr.to_owned(),
-        roles: vec![role.to_string()],
-        labels: if zone.is_empty() {
-            Vec::new()
-        } else {
-            vec![("zone".to_owned(), zone.to_owned())]
-        },
-    }
-}
-
-/// A host's zone from its record.
-pub(crate) fn zone_of(meta: &NodeMeta) -> Option<String> {
-    meta.labels
-        .iter()
-        .find(|(k, _)| k == "zone")
-        .map(|(_, v)| v.clone())
-}
-
-/// Reads a role from its name on the wire.
-fn role_named(name: &str) -> Result<Role, String> {
-    match name {
-        "voter" => Ok(Role::Voter),
-        "replica" => Ok(Role::Replica),
-        "agent" => Ok(Role::Agent),
-        other => Err(format!(
-            "the cluster gave this host an unknown role {other:?}"
-        )),
     }
 }
 

@@ -136,6 +136,10 @@ fn run_one(bin: &Path, hosts: usize, args: &Args, extra: &str) -> Result<Value> 
     let is_voter = |i: usize| roles.get(i - 1).is_some_and(|r| r == "voter");
     let (voters_pct, voters) = pct(&|i| is_voter(i));
     let (others_pct, others) = pct(&|i| !is_voter(i));
+    // CPU during the benchmark's writes, per process: the leader's per write is the figure
+    // that must not grow with the hosts; the agents' is what they pay to follow.
+    let leader = c.leader(1).unwrap_or(1);
+    let busy_before: Vec<f64> = pids.iter().map(|(_, p)| cpu_s(*p)).collect::<Result<_>>()?;
     let out = c.cli_to(
         client,
         &c.endpoint(1),
@@ -156,6 +160,20 @@ fn run_one(bin: &Path, hosts: usize, args: &Args, extra: &str) -> Result<Value> 
         );
     }
     let bench: Value = serde_json::from_slice(&out.stdout).context("yard bench kv's json")?;
+    let busy_after: Vec<f64> = pids.iter().map(|(_, p)| cpu_s(*p)).collect::<Result<_>>()?;
+    let writes = bench["ops"].as_f64().unwrap_or(1.0).max(1.0);
+    let per_write_us = |pick: &dyn Fn(usize) -> bool| -> f64 {
+        let mut sum = 0.0;
+        for (k, (i, _)) in pids.iter().enumerate() {
+            if pick(*i) {
+                sum += busy_after[k] - busy_before[k];
+            }
+        }
+        1e6 * sum / writes
+    };
+    let leader_us = per_write_us(&|i| i == leader);
+    let voters_us = per_write_us(&|i| is_voter(i));
+    let others_us = per_write_us(&|i| !is_voter(i));
     // The agents' propagation histograms after the benchmark's writes.
     let mut buckets: Vec<(f64, f64)> = Vec::new();
     for i in (1..=hosts).filter(|i| roles.get(i - 1).is_some_and(|r| r == "agent")) {
@@ -180,6 +198,9 @@ fn run_one(bin: &Path, hosts: usize, args: &Args, extra: &str) -> Result<Value> 
         "put_p99_us": bench["p99_us"],
         "put_p999_us": bench["p999_us"],
         "put_errors": bench["errors"],
+        "leader_cpu_us_per_write": leader_us,
+        "voters_cpu_us_per_write": voters_us,
+        "others_cpu_us_per_write": others_us,
         "idle_cpu_pct_all": all_pct,
         "idle_cpu_pct_per_voter": if voters > 0 { json!(voters_pct / voters as f64) } else { Value::Null },
         "idle_cpu_pct_per_other": if others > 0 { json!(others_pct / others as f64) } else { Value::Null },
@@ -275,7 +296,7 @@ fn line(r: &Value) -> String {
 
 fn table(rows: &[Value]) -> String {
     let mut t = String::from(
-        "hosts  binary       round  up(s)  puts/s  p99(ms)  p999(ms)  idle all(%)  per voter(%)  per other(%)  agents p50/p99 visible(ms)\n",
+        "hosts  binary       round  up(s)  puts/s  p99(ms)  p999(ms)  idle all(%)  per voter(%)  per other(%)  leader/voters/others CPU per write(us)  agents p50/p99 visible(ms)\n",
     );
     for r in rows {
         if let Some(e) = r.get("error") {
@@ -292,7 +313,7 @@ fn table(rows: &[Value]) -> String {
         let pct = |k: &str| r[k].as_f64().map_or("-".into(), |v| format!("{v:.2}"));
         let vis = &r["write_visible_on_agents"];
         t.push_str(&format!(
-            "{:<6} {:<12} {:<6} {:<6.1} {:<7.0} {:<8} {:<9} {:<12} {:<13} {:<13} {}\n",
+            "{:<6} {:<12} {:<6} {:<6.1} {:<7.0} {:<8} {:<9} {:<12} {:<13} {:<13} {:<39} {}\n",
             r["hosts"],
             r["binary"].as_str().unwrap_or(""),
             r["round"],
@@ -303,6 +324,12 @@ fn table(rows: &[Value]) -> String {
             pct("idle_cpu_pct_all"),
             pct("idle_cpu_pct_per_voter"),
             pct("idle_cpu_pct_per_other"),
+            format!(
+                "{:.0} / {:.0} / {:.0}",
+                r["leader_cpu_us_per_write"].as_f64().unwrap_or(0.0),
+                r["voters_cpu_us_per_write"].as_f64().unwrap_or(0.0),
+                r["others_cpu_us_per_write"].as_f64().unwrap_or(0.0)
+            ),
             if vis.is_null() {
                 "-".to_owned()
             } else {

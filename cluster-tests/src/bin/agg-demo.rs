@@ -62,6 +62,17 @@ fn run(bin: &Path) -> Result<(), String> {
         ),
     };
     let mut c = YardCluster::start(bin, nodes, nodes, &opts).map_err(|e| e.to_string())?;
+    // The roles as the leader reports them: past three voters and two replicas, agents.
+    let status = c.status(1).map_err(|e| e.to_string())?;
+    let roles: Vec<String> = status["members"]
+        .as_array()
+        .map(|ms| {
+            ms.iter()
+                .map(|m| format!("n{} {}", m["id"], m["role"].as_str().unwrap_or("?")))
+                .collect()
+        })
+        .unwrap_or_default();
+    println!("agg demo: {nodes} hosts joined: {}", roles.join(", "));
     let size = (values * 4).to_string();
     cli(
         &c,

@@ -10,7 +10,8 @@ use openraft::{ChangeMembers, ServerState};
 use yard_control::roles::{Action, ClusterView, HostView, Role};
 use yard_raft_store::{Command, NodeId, NodeInfo};
 
-use crate::service::{host_meta, zone_of, Node};
+use crate::roles::{host_meta, zone_of};
+use crate::service::Node;
 
 /// How often the leader reconsiders the roles.
 const TICK: Duration = Duration::from_millis(500);

@@ -9,8 +9,9 @@ use std::time::Duration;
 use futures::future::join_all;
 use yard_raft_store::NodeId;
 
+use crate::roles::zone_of;
 use crate::rpc::{HostRow, MembersView, Reply, Request};
-use crate::service::{zone_of, Node};
+use crate::service::Node;
 
 /// Where an agent's watch stands, from the member that heard its latest poll.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
