@@ -85,8 +85,8 @@ impl Inner {
         }
         match encoded {
             Some(e) => watch.push(entry.log_id.index, e),
-            // Cannot happen for entries that were decoded or replicated; if it did, watchers
-            // resync from a snapshot rather than skip the entry.
+            // Not kept (an agent's apply, or an entry that would not encode): a watcher asking
+            // from before the next kept entry resyncs from a snapshot rather than skip it.
             None => watch.clear(),
         }
         response
@@ -214,18 +214,20 @@ impl StateMachineStore {
     /// Applies entries an agent received from a replica's watch (encoded as the watch log
     /// keeps them) and returns the index the tables now stand at. Entries the tables already
     /// hold are skipped; a malformed one stops the batch with an error and applies nothing
-    /// after it.
+    /// after it. An agent serves no watch, so it keeps no watch log (thousands of agents would
+    /// each hold one for nothing); made a replica, it fills one from the entries Raft applies
+    /// from then on, and a watcher asking it for older ones gets its tables.
     pub fn apply_watched(&self, encoded: &[Encoded]) -> Result<WatchedApply, String> {
         let mut decoded = Vec::with_capacity(encoded.len());
         for bytes in encoded {
             let entry: Entry<TypeConfig> =
                 decode(bytes).map_err(|e| format!("a watched entry does not decode: {e}"))?;
-            decoded.push((entry, bytes.clone()));
+            decoded.push(entry);
         }
         let mut data = self.write();
         let mut watch = self.inner.watch_log();
         let mut stamps_unix_ms = Vec::new();
-        for (entry, bytes) in &decoded {
+        for entry in &decoded {
             let next = index_of(&data) + 1;
             if data.last_applied.is_some() && entry.log_id.index > next {
                 return Err(format!(
@@ -235,8 +237,7 @@ impl StateMachineStore {
                 ));
             }
             let before = index_of(&data);
-            self.inner
-                .apply_one(&mut data, &mut watch, entry, Some(bytes.clone()));
+            self.inner.apply_one(&mut data, &mut watch, entry, None);
             if index_of(&data) > before {
                 if let openraft::EntryPayload::Normal(cmd) = &entry.payload {
                     stamps(cmd, &mut stamps_unix_ms);
