@@ -337,19 +337,41 @@ impl<T: Borrow<Topology>> YardCluster<T> {
         timeout: Duration,
         check: impl Fn(&Self) -> Result<()>,
     ) -> Result<serde_json::Value> {
+        self.wait_status(
+            i,
+            timeout,
+            check,
+            &format!("{n} reachable hosts"),
+            |members| {
+                let up = members.iter().filter(|m| m["reachable"] == true).count();
+                up == n && members.len() == n
+            },
+        )
+    }
+
+    /// Polls `yard status` through node `i` until it names a leader and `ok` holds of its
+    /// members, giving up as soon as `check` fails or after `timeout` (the error says it
+    /// waited for `what`).
+    fn wait_status(
+        &self,
+        i: usize,
+        timeout: Duration,
+        check: impl Fn(&Self) -> Result<()>,
+        what: &str,
+        ok: impl Fn(&[serde_json::Value]) -> bool,
+    ) -> Result<serde_json::Value> {
         let start = Instant::now();
         loop {
             check(self)?;
             if let Ok(s) = self.status(i) {
                 let members = s["members"].as_array().cloned().unwrap_or_default();
-                let up = members.iter().filter(|m| m["reachable"] == true).count();
-                if up == n && members.len() == n && s["leader"].is_u64() {
+                if ok(&members) && s["leader"].is_u64() {
                     return Ok(s);
                 }
             }
             if start.elapsed() > timeout {
                 return Err(Error::Yard(format!(
-                    "node {i} did not see {n} reachable hosts and a leader within {timeout:?}"
+                    "node {i} did not see {what} and a leader within {timeout:?}"
                 )));
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -364,26 +386,19 @@ impl<T: Borrow<Topology>> YardCluster<T> {
         timeout: Duration,
         check: impl Fn(&Self) -> Result<()>,
     ) -> Result<serde_json::Value> {
-        let start = Instant::now();
-        loop {
-            check(self)?;
-            if let Ok(s) = self.status(i) {
-                let members = s["members"].as_array().cloned().unwrap_or_default();
+        self.wait_status(
+            i,
+            timeout,
+            check,
+            &format!("{n} reachable voters"),
+            |members| {
                 let voters = members
                     .iter()
                     .filter(|m| m["role"] == "voter" && m["reachable"] == true)
                     .count();
-                if voters == n && s["leader"].is_u64() {
-                    return Ok(s);
-                }
-            }
-            if start.elapsed() > timeout {
-                return Err(Error::Yard(format!(
-                    "node {i} did not see {n} reachable voters within {timeout:?}"
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+                voters == n
+            },
+        )
     }
 
     /// Scrapes node `i`'s metrics from inside its host.
