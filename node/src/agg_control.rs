@@ -26,11 +26,6 @@ pub async fn run(node: Node, every: Duration, worker_gone: Duration) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        if !node.is_member() {
-            // An agent cannot lead before the autopilot makes it a member.
-            tokio::time::sleep(yard_actors::liveness::actor::NON_MEMBER_TICK).await;
-            continue;
-        }
         if node.raft().metrics().borrow().state != ServerState::Leader {
             // A new term starts the stretches over: only this leader's own probes count.
             sustained = Sustained::new(gone_ms);

@@ -518,13 +518,7 @@ impl GatewayControl {
                     self.plans().forget();
                     self.health().clear();
                 }
-                // A host that is no Raft member cannot lead before the autopilot makes it one.
-                let pause = if node.is_member() {
-                    self.interval
-                } else {
-                    yard_actors::liveness::actor::NON_MEMBER_TICK
-                };
-                next_tick = self.now_ms() + pause.as_millis() as u64;
+                next_tick = self.now_ms() + self.interval.as_millis() as u64;
                 continue;
             }
             if core.term() != Some(m.current_term) {

@@ -311,11 +311,10 @@ pub async fn run(node: Node) {
         let effects = tokio::select! {
             _ = ticker.tick() => {
                 let now = watch.tick(&cfg);
-                let effects = match local_view(&node).await {
+                match local_view(&node).await {
                     Some(view) => gate.tick(now, &view),
                     None => return,
-                };
-                effects
+                }
             }
             Some((round, from, granted)) = rx.recv() => gate.answer(round, from, granted, watch.now_ms()),
         };
@@ -347,11 +346,6 @@ pub async fn run(node: Node) {
                     }
                 }
             }
-        }
-        if !node.is_member() {
-            // A host that is no member never elects (the gate has just turned elections
-            // off): an agent waits to be made a member at a slow tick.
-            tokio::time::sleep(yard_actors::liveness::actor::NON_MEMBER_TICK).await;
         }
     }
 }

@@ -18,14 +18,7 @@ use crate::health::HealthRegistry;
 pub struct ProbeTarget {
     pub leader: bool,
     pub members: BTreeSet<u64>,
-    /// Whether this host is a Raft member. One that is not (an agent) cannot lead before the
-    /// autopilot makes it a member, which takes far longer than [`NON_MEMBER_TICK`], so its
-    /// shell ticks that slowly: an idle agent's CPU is what thousands of hosts pay.
-    pub member: bool,
 }
-
-/// The tick of a host that is no Raft member.
-pub const NON_MEMBER_TICK: Duration = Duration::from_millis(500);
 
 /// What the node gives the shell to do I/O: read membership and probe a member. Probes run on
 /// the node's tokio runtime (where QUIC lives), never on the actix arbiter.
@@ -84,41 +77,27 @@ impl LivenessActor {
     }
 }
 
-impl LivenessActor {
-    /// One probe round, then the next one scheduled: every interval on a member, every
-    /// [`NON_MEMBER_TICK`] on a host that is none.
-    fn tick(&mut self, ctx: &mut Context<Self>) {
-        let t = self.prober.targets();
-        let detail = if t.leader {
-            format!("leader probing {} members", t.members.len())
-        } else if t.member {
-            "follower (idle)".to_owned()
-        } else {
-            "agent (idle)".to_owned()
-        };
-        self.health.report("liveness", true, detail);
-        let next = if t.member {
-            self.interval
-        } else {
-            NON_MEMBER_TICK.max(self.interval)
-        };
-        self.run(
-            Event::Tick {
-                leader: t.leader,
-                members: t.members,
-            },
-            ctx,
-        );
-        ctx.run_later(next, |act, ctx| act.tick(ctx));
-    }
-}
-
 impl Actor for LivenessActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
         self.health.report("liveness", true, "started");
-        self.tick(ctx);
+        ctx.run_interval(self.interval, |act, ctx| {
+            let t = act.prober.targets();
+            let detail = if t.leader {
+                format!("leader probing {} members", t.members.len())
+            } else {
+                "follower (idle)".to_owned()
+            };
+            act.health.report("liveness", true, detail);
+            act.run(
+                Event::Tick {
+                    leader: t.leader,
+                    members: t.members,
+                },
+                ctx,
+            );
+        });
     }
 
     fn stopped(&mut self, _: &mut Self::Context) {

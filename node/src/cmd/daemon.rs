@@ -881,7 +881,6 @@ impl Prober for RaftProber {
         members.remove(&self.node.id());
         ProbeTarget {
             leader: self.node.raft().metrics().borrow().state == openraft::ServerState::Leader,
-            member: self.node.is_member(),
             members,
         }
     }

@@ -122,7 +122,6 @@ pub async fn report(node: Node) {
     loop {
         tokio::time::sleep(TICK).await;
         if !node.is_member() {
-            tokio::time::sleep(yard_actors::liveness::actor::NON_MEMBER_TICK).await;
             continue;
         }
         let (fresh, resync) = {
@@ -187,9 +186,6 @@ pub async fn judge(node: Node) {
         if node.raft().metrics().borrow().state != ServerState::Leader {
             led = None;
             while reports.try_recv().is_ok() {}
-            if !node.is_member() {
-                tokio::time::sleep(yard_actors::liveness::actor::NON_MEMBER_TICK).await;
-            }
             continue;
         }
         let now = hl.now_ms();
