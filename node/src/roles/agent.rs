@@ -26,7 +26,7 @@ const RETRY_AFTER: Duration = Duration::from_millis(100);
 /// How an agent follows.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// How long a member may hold a poll when nothing changes (`raft.watch_hold_ms`).
+    /// How long a member may hold a poll when nothing changes (`liveness.hold_ms`).
     pub hold: Duration,
     /// Added to `hold` for one poll's deadline.
     pub rpc_timeout: Duration,
