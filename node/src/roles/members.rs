@@ -74,6 +74,12 @@ pub async fn view(node: &Node, timeout: Duration) -> MembersView {
     let (voters, members) = (node.voter_ids(), node.member_ids());
     let reach = node.reachability();
     let polls = agent_positions(node, &members, timeout).await;
+    // Taken before the tables' read lock: `member` reads the tables too, and a second read
+    // lock on the same thread waits behind a queued writer (std's RwLock), a deadlock.
+    let infos: BTreeMap<NodeId, yard_raft_store::NodeInfo> = members
+        .iter()
+        .filter_map(|id| node.member(*id).map(|n| (*id, n)))
+        .collect();
     let hosts = node.feed().read(|d| {
         let mut ids: Vec<NodeId> = d.nodes.keys().copied().collect();
         ids.extend(members.iter().filter(|m| !d.nodes.contains_key(m)));
@@ -81,7 +87,7 @@ pub async fn view(node: &Node, timeout: Duration) -> MembersView {
         ids.into_iter()
             .map(|id| {
                 let meta = d.nodes.get(&id);
-                let info = node.member(id);
+                let info = infos.get(&id);
                 let (role, alive, lag, follows) = if members.contains(&id) {
                     let matched = metrics
                         .replication
