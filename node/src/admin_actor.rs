@@ -11,13 +11,9 @@ use actix::prelude::*;
 use yard_actors::admission::Admission;
 use yard_actors::health::HealthRegistry;
 
-use crate::rpc::{AdminRequest, Reply};
+use crate::rpc::Reply;
 use crate::service::Node;
-
-/// One operator request to serve.
-#[derive(Debug, Message)]
-#[rtype(result = "Reply")]
-pub struct ServeAdmin(pub AdminRequest);
+pub use crate::service::ServeAdmin;
 
 pub struct AdminActor {
     gate: Admission,

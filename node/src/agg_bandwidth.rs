@@ -28,8 +28,7 @@ use yard_raft_store::NodeId;
 use crate::rpc::{AdminRequest, AggRequest, Reply};
 use crate::service::Node;
 
-/// The largest stream a sink takes (a bigger count is refused).
-pub const MAX_PROBE_BYTES: u64 = 64 << 20;
+pub use crate::config::MAX_PROBE_BYTES;
 
 /// Why a probe gave no figure.
 #[derive(Debug, Error)]

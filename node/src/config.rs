@@ -9,6 +9,13 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
+/// The largest stream a bandwidth sink takes (a bigger count is refused): the bound of
+/// `aggregation.probe_bytes`.
+pub const MAX_PROBE_BYTES: u64 = 64 << 20;
+
+/// The longest restart grace granted: a node gone longer than this should lose its VIPs.
+pub const MAX_GRACE_MS: u64 = 600_000;
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -42,7 +49,7 @@ pub struct NodeSection {
     /// One by default: it spends the least CPU per write on a busy host (measured with
     /// `kv-vs-etcd`: 3,300 puts/s against 2,440 with two). With one, the namespace test of a
     /// lossy control link once saw more VIP moves than its damping bound: the lossy node
-    /// stood for election, deposed the leader and won; the pre-vote (`crate::prevote`) stops
+    /// stood for election, deposed the leader and won; the pre-vote stops
     /// that with any number of threads.
     pub worker_threads: usize,
     /// The failure domain this host is in (a rack, a room); the voters are spread over zones.
@@ -759,7 +766,7 @@ impl Config {
                 "and aggregator.place_ms must be above 0",
             );
         }
-        if agg.probe_bytes == 0 || agg.probe_bytes > crate::agg_bandwidth::MAX_PROBE_BYTES {
+        if agg.probe_bytes == 0 || agg.probe_bytes > MAX_PROBE_BYTES {
             return bad(
                 "aggregator.probe_bytes",
                 "must be between 1 and 67108864 (64 MiB)",
@@ -818,7 +825,7 @@ impl Config {
         if self.gateway.mtu < 576 {
             return bad("gateway.mtu", "must be at least 576");
         }
-        if self.gateway.restart_grace_ms > crate::gateway_control::MAX_GRACE_MS {
+        if self.gateway.restart_grace_ms > MAX_GRACE_MS {
             return bad(
                 "gateway.restart_grace_ms",
                 "must be at most 600000 (ten minutes)",

@@ -57,20 +57,20 @@ pub enum Request {
         stamp: yard_actors::gateway::lease::Stamp,
     },
     /// A voter that stopped hearing its leader asks whether this node would vote for it
-    /// (`crate::prevote`): `PreVote { granted }`.
+    /// (the pre-vote): `PreVote { granted }`.
     PreVote,
     /// A gateway node's smoothed per-VIP rates for the service planner on the leader:
     /// `RatesAccepted`. The node is the one named by the caller's certificate.
     GatewayRates {
         rates: Vec<(Ipv4Addr, yard_actors::gateway::replan::Rate)>,
     },
-    /// An agent follows the replicated tables from this member (`crate::roles`): the entries
+    /// An agent follows the replicated tables from this member: the entries
     /// from log index `from` on, or a snapshot when the member no longer keeps them. With
     /// nothing new the member holds the request up to `hold_ms` before answering empty; the
     /// poll is also the agent's heartbeat. Answered `Watch`.
     Watch { from: u64, hold_ms: u64 },
     /// A member's transitions of the agents it serves, for the leader's host liveness
-    /// (`crate::roles::liveness`), in the order it judged them: `ReportsAccepted`.
+    /// (host liveness), in the order it judged them: `ReportsAccepted`.
     HostReports {
         reports: Vec<yard_control::host_liveness::Report>,
     },
@@ -362,7 +362,7 @@ pub enum Reply {
     /// The leader took a member's host reports.
     ReportsAccepted,
     /// The agents a member serves.
-    Watchers(Vec<crate::roles::liveness::Watched>),
+    Watchers(Vec<Watched>),
     /// The leader's read index.
     ReadIndex {
         index: u64,
@@ -556,4 +556,14 @@ pub struct DiagnosisView {
         Vec<yard_diagnosis::event::Coll>,
         Vec<yard_diagnosis::event::Member>,
     )>,
+}
+
+/// One watched agent as its member sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Watched {
+    pub host: NodeId,
+    /// The log index its last poll asked from.
+    pub from: u64,
+    /// How long ago its last poll arrived.
+    pub ago_ms: u64,
 }

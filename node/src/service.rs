@@ -1,6 +1,8 @@
-//! What a node does with each request: authorise it by the peer's role, then serve it from the
-//! local Raft (reads through `ensure_linearizable`, writes through `client_write`) or forward it
-//! to the leader, so a client never needs to know who leads.
+//! The node: its Raft, its tables and the paths every request takes through them. A read is
+//! served from the local tables once they are linearizable (`ensure_linearizable`, or an
+//! agent's read index), a write goes through `client_write` on the leader, and either is
+//! forwarded to the leader when this node does not lead, so a client never needs to know who
+//! leads. Which request goes where is `crate::dispatch`; a host's join is `crate::roles::join`.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -12,24 +14,26 @@ use rand::Rng;
 use yard_actors::health::HealthRegistry;
 use yard_actors::liveness::Reachability;
 use yard_raft_store::{
-    ChangeFeed, Command, JoinToken, NodeId, NodeInfo, NodeMeta, Raft, Response, SessionTag,
+    ChangeFeed, Command, JoinToken, NodeId, NodeInfo, Raft, Response, SessionTag,
 };
 
-use crate::admin_actor::ServeAdmin;
 use crate::batcher::{BatchError, WriteBatcher};
 use crate::gateway_control::GatewayControl;
-use crate::metrics::{GaugeSource, METRICS};
-use crate::roles::{host_meta, role_named};
+use crate::metrics::METRICS;
 use crate::rpc::{
-    ActorHealth, AdminReply, AdminRequest, JoinRequest, KvEntry, MemberStatus, RaftFailure,
-    RaftReply, RaftRequest, RedeemRequest, Reply, Request, Status,
+    ActorHealth, AdminReply, AdminRequest, KvEntry, MemberStatus, RaftFailure, RaftReply,
+    RaftRequest, Reply, Request, Status,
 };
 use crate::tls::{CertAuthority, PeerRole};
-use crate::transport::{BoxFut, Handler, Target, Transport, TransportError};
+use crate::transport::{Handler, Target, Transport, TransportError};
 use yard_actors::gateway::actor::GatewayView;
-use yard_control::roles::Role;
 
 /// Everything a node's request handling needs.
+/// One operator request for the admin actor (`crate::admin_actor`) to serve.
+#[derive(Debug, actix::Message)]
+#[rtype(result = "Reply")]
+pub struct ServeAdmin(pub AdminRequest);
+
 pub struct NodeParts {
     pub id: NodeId,
     pub name: String,
@@ -61,16 +65,16 @@ pub struct NodeParts {
 /// A running node's request handler. Cheap to clone.
 #[derive(Clone)]
 pub struct Node {
-    inner: Arc<NodeParts>,
+    pub(crate) inner: Arc<NodeParts>,
     writes: WriteBatcher,
     /// The admin actor, once the actor system runs; operators' requests go through it.
-    admin: Arc<std::sync::OnceLock<actix::Recipient<ServeAdmin>>>,
+    pub(crate) admin: Arc<std::sync::OnceLock<actix::Recipient<ServeAdmin>>>,
     /// This node's gateway data plane, when the gateway is enabled here.
     gateway_view: Arc<std::sync::OnceLock<GatewayView>>,
     /// This node's probe, when it runs.
     probe_view: Arc<std::sync::OnceLock<yard_actors::probe::socket::SharedProbe>>,
-    /// How long the pre-vote gate has been watching (`crate::prevote::Watch`).
-    prevote_watch: Arc<crate::prevote::SharedWatch>,
+    /// How long the pre-vote gate has been watching (`yard_control::prevote::Watch`).
+    prevote_watch: Arc<crate::prevote::watch::SharedWatch>,
     /// This node's aggregator, when it aggregates.
     agg_view: Arc<std::sync::OnceLock<yard_actors::aggregator::actor::AggView>>,
     /// The job limits this node checks creations against when it leads.
@@ -80,10 +84,10 @@ pub struct Node {
     /// The autopilot's latest reason, for `yard members`.
     autopilot_reason: Arc<std::sync::Mutex<String>>,
     /// What this node judges of the agents it serves, and the reports it takes as leader.
-    host_liveness: Arc<crate::roles::liveness::HostLiveness>,
+    pub(crate) host_liveness: Arc<crate::roles::liveness_state::HostLiveness>,
 }
 
-enum Attempt<T> {
+pub(crate) enum Attempt<T> {
     Done(T),
     /// Not the leader: where to forward, if a leader is known.
     Forward(Option<(NodeId, NodeInfo)>),
@@ -92,13 +96,13 @@ enum Attempt<T> {
     Unknown,
 }
 
-fn now_unix_ms() -> u64 {
+pub(crate) fn now_unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-fn entry(key: &str, v: &yard_raft_store::Versioned) -> KvEntry {
+pub(crate) fn entry(key: &str, v: &yard_raft_store::Versioned) -> KvEntry {
     KvEntry {
         key: key.to_owned(),
         value: v.value.clone(),
@@ -122,7 +126,7 @@ const MAX_WRITES_PER_PROPOSAL: usize = 512;
 impl Node {
     /// Wraps the parts; must run inside a tokio runtime (it starts the write batcher).
     pub fn new(parts: NodeParts) -> Self {
-        let host_liveness = Arc::new(crate::roles::liveness::HostLiveness::new(
+        let host_liveness = Arc::new(crate::roles::liveness_state::HostLiveness::new(
             parts.host_liveness.clone(),
         ));
         let writes = WriteBatcher::start(
@@ -172,7 +176,7 @@ impl Node {
     }
 
     /// This node's part in hosts' liveness.
-    pub fn host_liveness(&self) -> &Arc<crate::roles::liveness::HostLiveness> {
+    pub fn host_liveness(&self) -> &Arc<crate::roles::liveness_state::HostLiveness> {
         &self.host_liveness
     }
 
@@ -218,7 +222,7 @@ impl Node {
     }
 
     /// The pre-vote gate's watch, shared by its loop and the `PreVote` handler.
-    pub fn prevote_watch(&self) -> &crate::prevote::SharedWatch {
+    pub fn prevote_watch(&self) -> &crate::prevote::watch::SharedWatch {
         &self.prevote_watch
     }
 
@@ -282,11 +286,6 @@ impl Node {
     /// Routes operators' requests through the admin actor from now on.
     pub fn attach_admin(&self, admin: actix::Recipient<ServeAdmin>) {
         let _ = self.admin.set(admin);
-    }
-
-    /// Serves one operator request (what the admin actor runs).
-    pub async fn serve_admin(&self, req: AdminRequest) -> Reply {
-        self.handle_admin(false, None, req).await
     }
 
     pub fn id(&self) -> NodeId {
@@ -365,77 +364,7 @@ impl Node {
         self.with_membership(|m| m.nodes().map(|(id, _)| *id).collect())
     }
 
-    /// Initialises a one-node cluster of this node unless the store already belongs to one.
-    pub async fn bootstrap(&self) -> Result<(), String> {
-        let p = &self.inner;
-        if p.raft.is_initialized().await.map_err(|e| e.to_string())? {
-            tracing::info!("store already initialised; not bootstrapping again");
-            return Ok(());
-        }
-        let node = NodeInfo {
-            addr: p.addr.clone(),
-            name: p.name.clone(),
-        };
-        p.raft
-            .initialize(std::collections::BTreeMap::from([(p.id, node)]))
-            .await
-            .map_err(|e| format!("bootstrap failed: {e}"))?;
-        self.write_until_leader(Command::SetNode(self.meta()))
-            .await?;
-        tracing::info!(id = p.id, "bootstrapped a one-node cluster");
-        Ok(())
-    }
-
-    fn meta(&self) -> NodeMeta {
-        host_meta(
-            self.inner.id,
-            &self.inner.name,
-            &self.inner.addr,
-            &self.inner.zone,
-            Role::Voter,
-        )
-    }
-
-    /// Joins the cluster through any member at `seed`; retries until `deadline` passes.
-    /// Returns the role the cluster gave this host.
-    pub async fn join(&self, seed: &str, deadline: Duration) -> Result<Role, String> {
-        let p = &self.inner;
-        if p.raft.is_initialized().await.map_err(|e| e.to_string())? {
-            tracing::info!("store already belongs to a cluster; not joining again");
-            return Ok(Role::Voter);
-        }
-        let req = JoinRequest {
-            id: p.id,
-            name: p.name.clone(),
-            addr: p.addr.clone(),
-            zone: p.zone.clone(),
-        };
-        let start = Instant::now();
-        loop {
-            let timeout = p.rpc_timeout.max(Duration::from_secs(30));
-            let err = match p
-                .transport
-                .call(Target::any(seed), Request::Join(req.clone()), timeout)
-                .await
-            {
-                Ok(Reply::Joined { leader, role }) => {
-                    tracing::info!(seed, leader, %role, "joined the cluster");
-                    return role_named(&role);
-                }
-                Ok(Reply::Error(e)) => e,
-                Ok(other) => format!("unexpected reply {other:?}"),
-                Err(e) => e.to_string(),
-            };
-            if start.elapsed() > deadline {
-                return Err(format!("could not join through {seed}: {err}"));
-            }
-            tracing::warn!(seed, error = %err, "join attempt failed; retrying");
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-    }
-
-    /// Proposes `cmd`, waiting out an election if there is no leader yet (used at bootstrap).
-    async fn write_until_leader(&self, cmd: Command) -> Result<Response, String> {
+    pub(crate) async fn write_until_leader(&self, cmd: Command) -> Result<Response, String> {
         let start = Instant::now();
         loop {
             match self.inner.raft.client_write(cmd.clone()).await {
@@ -459,7 +388,7 @@ impl Node {
     /// that this node sees replaced (or gone) is abandoned at once and retried on the new one,
     /// rather than waiting out the RPC timeout on a dead leader, and an unknown outcome there is
     /// retried too. Only untagged writes can still answer "unknown".
-    async fn leader_or_forward<T, F, Fut>(
+    pub(crate) async fn leader_or_forward<T, F, Fut>(
         &self,
         forwarded: bool,
         tag: Option<SessionTag>,
@@ -726,7 +655,7 @@ impl Node {
 
     /// The leader's side of a read index: the index a read must wait for, once this node has
     /// confirmed with a quorum that it still leads.
-    async fn serve_read_index(&self) -> Reply {
+    pub(crate) async fn serve_read_index(&self) -> Reply {
         match self.inner.raft.ensure_linearizable().await {
             Ok(read) => Reply::ReadIndex {
                 index: read.map_or(0, |l| l.index),
@@ -735,84 +664,9 @@ impl Node {
         }
     }
 
-    /// Serves one admin request; `tag` is the client session of a tagged write (key-value
-    /// writes only: other requests ignore it).
-    async fn handle_admin(
-        &self,
-        forwarded: bool,
-        tag: Option<SessionTag>,
-        req: AdminRequest,
-    ) -> Reply {
-        match &req {
-            AdminRequest::KvPut { key, value } => {
-                let _put_timer = METRICS.put_latency.start_timer();
-                let cmd = Command::Put {
-                    key: key.clone(),
-                    value: value.clone(),
-                };
-                self.write_tagged(forwarded, tag, &req, cmd).await
-            }
-            AdminRequest::KvDelete { key } => {
-                let cmd = Command::Delete { key: key.clone() };
-                self.write_tagged(forwarded, tag, &req, cmd).await
-            }
-            AdminRequest::KvCas { key, expect, value } => {
-                let cmd = Command::Cas {
-                    key: key.clone(),
-                    expect: expect.clone(),
-                    value: value.clone(),
-                };
-                self.write_tagged(forwarded, tag, &req, cmd).await
-            }
-            AdminRequest::KvGet { key } => {
-                let key = key.clone();
-                self.read(forwarded, &req, move |d| {
-                    AdminReply::Value(d.kv.get(&key).map(|v| entry(&key, v)))
-                })
-                .await
-            }
-            AdminRequest::KvList { prefix } => {
-                let prefix = prefix.clone();
-                self.read(forwarded, &req, move |d| {
-                    AdminReply::List(d.list(&prefix).map(|(k, v)| entry(k, v)).collect())
-                })
-                .await
-            }
-            AdminRequest::Status => self.status(forwarded, &req).await,
-            AdminRequest::MembersRemove { id } => self.remove_member(forwarded, &req, *id).await,
-            AdminRequest::Members => {
-                self.leader_or_forward(forwarded, None, &req, || async {
-                    if self.inner.raft.metrics().borrow().state == ServerState::Leader {
-                        let view = crate::roles::members::view(self, self.inner.rpc_timeout).await;
-                        Ok(Attempt::Done(AdminReply::Members(view)))
-                    } else {
-                        Ok(Attempt::Forward(self.known_leader()))
-                    }
-                })
-                .await
-            }
-            AdminRequest::TokenCreate { ttl_secs } => {
-                self.create_token(forwarded, &req, *ttl_secs).await
-            }
-            AdminRequest::Gateway(g) => self.handle_gateway(forwarded, &req, g).await,
-            AdminRequest::Diagnose { job, timeline } => {
-                self.handle_diagnose(forwarded, &req, job.as_deref(), *timeline)
-                    .await
-            }
-            AdminRequest::Agg(a) => self.handle_agg(forwarded, &req, a).await,
-            AdminRequest::PlanShow => {
-                let me = self.inner.id;
-                self.read(forwarded, &req, |_| {
-                    AdminReply::Plan(Box::new(self.inner.gateway.plan_view(me)))
-                })
-                .await
-            }
-        }
-    }
-
     /// The status as this node sees it; reachability is the leader's view, so a follower
     /// forwards to the leader and falls back to its own view only if the leader is unreachable.
-    async fn status(&self, forwarded: bool, req: &AdminRequest) -> Reply {
+    pub(crate) async fn status(&self, forwarded: bool, req: &AdminRequest) -> Reply {
         let p = &self.inner;
         let leads = p.raft.metrics().borrow().state == ServerState::Leader;
         if !forwarded && !leads {
@@ -907,7 +761,12 @@ impl Node {
         }
     }
 
-    async fn remove_member(&self, forwarded: bool, req: &AdminRequest, id: NodeId) -> Reply {
+    pub(crate) async fn remove_member(
+        &self,
+        forwarded: bool,
+        req: &AdminRequest,
+        id: NodeId,
+    ) -> Reply {
         let known = self.member(id).is_some();
         if !known && self.inner.feed.read(|d| d.nodes.contains_key(&id)) {
             // An agent holds no vote: forgetting its record is the whole removal.
@@ -951,7 +810,12 @@ impl Node {
         reply
     }
 
-    async fn create_token(&self, forwarded: bool, req: &AdminRequest, ttl_secs: u64) -> Reply {
+    pub(crate) async fn create_token(
+        &self,
+        forwarded: bool,
+        req: &AdminRequest,
+        ttl_secs: u64,
+    ) -> Reply {
         if ttl_secs == 0 || ttl_secs > 7 * 24 * 3600 {
             return Reply::Error("token ttl must be between 1 second and 7 days".into());
         }
@@ -981,211 +845,7 @@ impl Node {
         }
     }
 
-    /// Adds a node as a learner, waits for it to catch up, then promotes it to voter.
-    async fn handle_join(&self, role: PeerRole, req: JoinRequest) -> Reply {
-        let p = &self.inner;
-        let members = self.member_ids();
-        match role {
-            PeerRole::Node(id) if id == req.id || members.contains(&id) || self.is_host(id) => {}
-            PeerRole::Node(id) => {
-                return Reply::Error(format!(
-                    "certificate names node {id} but the join is for node {}",
-                    req.id
-                ));
-            }
-            _ => {
-                return Reply::Error(
-                    "joining needs a node certificate; redeem a join token first".into(),
-                )
-            }
-        }
-        let forwarded = role != PeerRole::Node(req.id);
-        let start = Instant::now();
-        loop {
-            let m = p.raft.metrics().borrow().clone();
-            if m.state == ServerState::Leader {
-                break;
-            }
-            if let Some((leader, node)) = self.known_leader().filter(|(l, _)| *l != p.id) {
-                if forwarded {
-                    return Reply::Error(format!(
-                        "node {} is not the leader; node {leader} is",
-                        p.id
-                    ));
-                }
-                {
-                    METRICS.forwarded.inc();
-                    let timeout = Duration::from_secs(30);
-                    match p
-                        .transport
-                        .call(
-                            Target::node(leader, node.addr.clone()),
-                            Request::Join(req.clone()),
-                            timeout,
-                        )
-                        .await
-                    {
-                        Ok(reply) => return reply,
-                        Err(e) => tracing::debug!(error = %e, "forwarding join failed"),
-                    }
-                }
-            }
-            if start.elapsed() > p.leader_wait {
-                return Reply::Error(
-                    "no leader to add the node; is a majority of the cluster up?".into(),
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let node = NodeInfo {
-            addr: req.addr.clone(),
-            name: req.name.clone(),
-        };
-        let known = self.member(req.id).map(|n| n.addr).or_else(|| {
-            p.feed
-                .read(|d| d.nodes.get(&req.id).map(|n| n.addr.clone()))
-        });
-        if let Some(addr) = known.filter(|a| *a != req.addr) {
-            return Reply::Error(format!(
-                "node id {} is already a member at {addr}; remove it first",
-                req.id
-            ));
-        }
-        let role = self.role_for_join(&req);
-        tracing::info!(id = req.id, addr = %req.addr, %role, "adding a host");
-        if role != Role::Agent {
-            if let Err(e) = p.raft.add_learner(req.id, node, true).await {
-                return Reply::Error(format!("cannot add node {} as a learner: {e}", req.id));
-            }
-        }
-        if role == Role::Voter {
-            if let Err(e) = p
-                .raft
-                .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([req.id])), false)
-                .await
-            {
-                return Reply::Error(format!("cannot promote node {} to voter: {e}", req.id));
-            }
-        }
-        let meta = host_meta(req.id, &req.name, &req.addr, &req.zone, role);
-        if let Err(e) = p.raft.client_write(Command::SetNode(meta)).await {
-            // An agent is known to the cluster by this record only.
-            if role == Role::Agent {
-                return Reply::Error(format!("cannot record node {} as an agent: {e}", req.id));
-            }
-            tracing::warn!(error = %e, "node metadata not recorded");
-        }
-        tracing::info!(id = req.id, %role, "host joined");
-        Reply::Joined {
-            leader: p.id,
-            role: role.to_string(),
-        }
-    }
-
-    /// The role a joining host gets (`yard_control::roles::role_for_join`). A host that is
-    /// already a member keeps its role, and one recorded as an agent stays one: a restart
-    /// must never change the voter set.
-    fn role_for_join(&self, req: &JoinRequest) -> Role {
-        let (voters, members) = (self.voter_ids(), self.member_ids());
-        if voters.contains(&req.id) {
-            return Role::Voter;
-        }
-        if members.contains(&req.id) {
-            return Role::Replica;
-        }
-        if self.inner.feed.read(|d| d.nodes.contains_key(&req.id)) {
-            return Role::Agent;
-        }
-        let view =
-            crate::roles::autopilot::view(self, &mut Default::default(), 0, &Default::default());
-        let zone = (!req.zone.is_empty()).then_some(req.zone.as_str());
-        yard_control::roles::role_for_join(&self.inner.roles, &view, req.id, zone)
-    }
-
-    /// Signs a node certificate for the holder of a valid join token.
-    async fn handle_redeem(&self, role: PeerRole, req: RedeemRequest) -> Reply {
-        let p = &self.inner;
-        if role == PeerRole::Admin {
-            return Reply::Error("admin certificates cannot redeem join tokens".into());
-        }
-        let Some(ca) = p.ca.clone() else {
-            // Only nodes holding ca.key can sign; the leader is the best guess for one.
-            if let (Some((leader, node)), PeerRole::Anonymous) =
-                (self.known_leader().filter(|(l, _)| *l != p.id), role)
-            {
-                {
-                    return match p
-                        .transport
-                        .call(
-                            Target::node(leader, node.addr.clone()),
-                            Request::RedeemToken(req),
-                            p.rpc_timeout,
-                        )
-                        .await
-                    {
-                        Ok(reply) => reply,
-                        Err(e) => Reply::Error(format!(
-                            "cannot reach the leader to sign a certificate: {e}"
-                        )),
-                    };
-                }
-            }
-            return Reply::Error(
-                "no node reachable from here holds the CA key to sign certificates".into(),
-            );
-        };
-        let mut parts = req.token.splitn(3, '.');
-        let (Some(id), Some(secret), Some(hash)) = (parts.next(), parts.next(), parts.next())
-        else {
-            return Reply::Error(
-                "join token is malformed; expected <id>.<secret>.<ca-hash>".into(),
-            );
-        };
-        if hash != p.ca_hash {
-            return Reply::Error("join token belongs to another cluster's CA".into());
-        }
-        // Tokens only ever appear and expire, so a local read can wrongly refuse a token that
-        // is not replicated here yet, never wrongly accept one: wait briefly for replication.
-        let deadline = Instant::now() + Duration::from_secs(2);
-        let stored = loop {
-            match p.feed.read(|d| d.tokens.get(id).cloned()) {
-                Some(t) => break t,
-                None if Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(50)).await
-                }
-                None => return Reply::Error("join token is not valid for this cluster".into()),
-            }
-        };
-        if stored.secret_sha256 != sha256(secret.as_bytes()) {
-            return Reply::Error("join token is not valid for this cluster".into());
-        }
-        if stored.expires_unix_ms <= now_unix_ms() {
-            return Reply::Error(
-                "join token expired; create a new one with `yard token create`".into(),
-            );
-        }
-        let known = self.member(req.id);
-        if let Some(existing) = known {
-            if existing.name != req.name {
-                return Reply::Error(format!(
-                    "node id {} already belongs to {}",
-                    req.id, existing.name
-                ));
-            }
-        }
-        match ca.sign_node(&p.cluster, &req.name, req.id, &req.ips) {
-            Ok(cert) => {
-                tracing::info!(id = req.id, name = %req.name, "signed a node certificate for a token join");
-                Reply::Certificate {
-                    ca: ca.cert_pem.clone(),
-                    cert,
-                }
-            }
-            Err(e) => Reply::Error(format!("cannot sign a certificate: {e}")),
-        }
-    }
-
-    async fn handle_raft(&self, req: RaftRequest) -> Reply {
+    pub(crate) async fn handle_raft(&self, req: RaftRequest) -> Reply {
         let raft = &self.inner.raft;
         let res = match req {
             RaftRequest::AppendEntries(r) => raft
@@ -1208,11 +868,11 @@ impl Node {
     }
 }
 
-fn leader_of(f: ForwardToLeader<NodeId, NodeInfo>) -> Option<(NodeId, NodeInfo)> {
+pub(crate) fn leader_of(f: ForwardToLeader<NodeId, NodeInfo>) -> Option<(NodeId, NodeInfo)> {
     f.leader_id.zip(f.leader_node)
 }
 
-fn random_token_part(len: usize) -> String {
+pub(crate) fn random_token_part(len: usize) -> String {
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
     let mut rng = rand::thread_rng();
     (0..len)
@@ -1220,7 +880,7 @@ fn random_token_part(len: usize) -> String {
         .collect()
 }
 
-fn sha256(bytes: &[u8]) -> [u8; 32] {
+pub(crate) fn sha256(bytes: &[u8]) -> [u8; 32] {
     let d = ring::digest::digest(&ring::digest::SHA256, bytes);
     let mut out = [0u8; 32];
     out.copy_from_slice(d.as_ref());
@@ -1250,292 +910,5 @@ impl From<Response> for AdminReply {
                 }),
             },
         }
-    }
-}
-
-impl Handler for Node {
-    fn handle(&self, role: PeerRole, req: Request) -> BoxFut<Reply> {
-        let this = self.clone();
-        Box::pin(async move {
-            match (role, req) {
-                (PeerRole::Node(_), Request::Raft(r)) => this.handle_raft(r).await,
-                (PeerRole::Node(_), Request::Probe) => Reply::Pong { id: this.inner.id },
-                (PeerRole::Node(_), Request::Watch { .. }) if !this.is_member() => {
-                    Reply::Error(format!(
-                        "node {} is not a raft member and serves no watch",
-                        this.inner.id
-                    ))
-                }
-                // A member cut off from the leader sheds its agents, so they move to one that
-                // is not (and the leader's liveness judges them there).
-                (PeerRole::Node(_), Request::Watch { .. }) if this.known_leader().is_none() => {
-                    Reply::Error(format!("node {} knows no leader to follow", this.inner.id))
-                }
-                (PeerRole::Node(id), Request::Watch { from, hold_ms }) => {
-                    this.host_liveness.polled(id, from);
-                    crate::roles::watch::serve(&this, from, Duration::from_millis(hold_ms)).await
-                }
-                (PeerRole::Node(id), Request::HostReports { reports }) => {
-                    if this.inner.raft.metrics().borrow().state != ServerState::Leader {
-                        Reply::Error(format!("node {} is not the leader", this.inner.id))
-                    } else if !this.member_ids().contains(&id) {
-                        Reply::Error(format!("node {id} is not a raft member"))
-                    } else {
-                        this.host_liveness.accept(id, reports);
-                        Reply::ReportsAccepted
-                    }
-                }
-                (PeerRole::Node(_), Request::ReadIndex) => this.serve_read_index().await,
-                (PeerRole::Node(_), Request::Watchers) => {
-                    Reply::Watchers(this.host_liveness.watched())
-                }
-                (PeerRole::Node(_), Request::PreVote) => {
-                    let cfg = crate::prevote::PreVoteConfig::of(this.inner.raft.config());
-                    Reply::PreVote {
-                        granted: crate::prevote::local_view(&this)
-                            .await
-                            .is_some_and(|v| crate::prevote::grant(&cfg, &v)),
-                    }
-                }
-                (PeerRole::Node(_), Request::ProbeReport { batches }) => {
-                    this.handle_probe_report(batches)
-                }
-                (PeerRole::Node(id), Request::GatewayGrace { applied, grace_ms }) => {
-                    match this
-                        .inner
-                        .gateway
-                        .grace(&this.inner.raft, id, applied, grace_ms)
-                        .await
-                    {
-                        Ok(granted_ms) => Reply::LeaseGranted {
-                            granted_ms,
-                            revision: this.inner.feed.read(|d| d.gateway.revision),
-                        },
-                        Err(e) => Reply::Error(e),
-                    }
-                }
-                (
-                    PeerRole::Node(id),
-                    Request::GatewayRenew {
-                        applied,
-                        lease_left_ms,
-                    },
-                ) => {
-                    let revision = this.inner.feed.read(|d| d.gateway.revision);
-                    match this.inner.gateway.renew(id, applied, lease_left_ms) {
-                        Ok(granted_ms) => Reply::LeaseGranted {
-                            granted_ms,
-                            revision,
-                        },
-                        Err(e) => Reply::Error(e),
-                    }
-                }
-                (PeerRole::Node(id), Request::GatewayRates { rates }) => {
-                    this.inner.gateway.rates(id, rates);
-                    Reply::RatesAccepted
-                }
-                (PeerRole::Node(_), Request::GatewayRevoke { node, stamp }) => {
-                    match this.inner.gateway.revoke(node, stamp).await {
-                        Ok((remaining_ms, held_ms)) => Reply::LeaseRevoked {
-                            remaining_ms,
-                            held_ms,
-                        },
-                        Err(e) => Reply::Error(e),
-                    }
-                }
-                (PeerRole::Node(_), Request::GatewayUnrevoke { node, stamp }) => {
-                    match this.inner.gateway.unrevoke(node, stamp).await {
-                        Ok(()) => Reply::LeaseUnrevoked,
-                        Err(e) => Reply::Error(e),
-                    }
-                }
-                // The KV data path skips the actor: the hop through the actix thread and back
-                // cost 60% of put throughput when measured (bench kv, 16 clients).
-                (PeerRole::Admin, Request::Admin(r)) if r.is_kv() => this.serve_admin(r).await,
-                (PeerRole::Admin, Request::Admin(r)) => match this.admin.get() {
-                    Some(actor) => actor
-                        .send(ServeAdmin(r))
-                        .await
-                        .unwrap_or_else(|_| Reply::Error("the admin actor is not running".into())),
-                    None => this.serve_admin(r).await,
-                },
-                (PeerRole::Node(_), Request::Admin(r)) => this.handle_admin(true, None, r).await,
-                // Tagged writes are key-value writes: the data path, straight to the node.
-                (PeerRole::Admin, Request::AdminOnce { tag, req }) if req.is_kv() => {
-                    this.handle_admin(false, Some(tag), req).await
-                }
-                (PeerRole::Node(_), Request::AdminOnce { tag, req }) if req.is_kv() => {
-                    this.handle_admin(true, Some(tag), req).await
-                }
-                (PeerRole::Admin | PeerRole::Node(_), Request::AdminOnce { .. }) => {
-                    Reply::Error("only key-value writes carry a client session".into())
-                }
-                (role, Request::Join(r)) => this.handle_join(role, r).await,
-                (role, Request::RedeemToken(r)) => this.handle_redeem(role, r).await,
-                (role, req) => {
-                    METRICS.requests_refused.inc();
-                    let what = match req {
-                        Request::Raft(_) | Request::PreVote => "raft traffic",
-                        Request::Admin(_) | Request::AdminOnce { .. } => "admin requests",
-                        Request::Probe => "liveness probes",
-                        Request::GatewayRenew { .. }
-                        | Request::GatewayGrace { .. }
-                        | Request::GatewayRevoke { .. }
-                        | Request::GatewayUnrevoke { .. } => "gateway lease renewals",
-                        Request::ProbeReport { .. } => "probe reports",
-                        Request::GatewayRates { .. } => "gateway rate reports",
-                        Request::Watch { .. }
-                        | Request::HostReports { .. }
-                        | Request::Watchers
-                        | Request::ReadIndex => "watches",
-                        Request::Join(_) | Request::RedeemToken(_) => "joins",
-                    };
-                    tracing::warn!(?role, what, "refused request for the peer's role");
-                    Reply::Error(format!(
-                        "{what} need a {} certificate",
-                        if what == "admin requests" {
-                            "admin"
-                        } else {
-                            "node"
-                        }
-                    ))
-                }
-            }
-        })
-    }
-}
-
-/// Gauges read from openraft at scrape time.
-pub struct RaftGauges(pub Node);
-
-impl GaugeSource for RaftGauges {
-    fn families(&self) -> Vec<crate::metrics::Family> {
-        use crate::metrics::Family;
-        let mut families = self.0.diagnosis().families(self.0.feed());
-        families.extend(self.0.gateway().planner_families());
-        if let Some(view) = self.0.agg_view() {
-            families.extend(crate::agg_service::families(&view.snapshot()));
-        }
-        if let Some(probe) = self.0.probe_view() {
-            let p = probe.snapshot();
-            families.push(Family {
-                name: "yard_probe_events_total",
-                help:
-                    "events from local ranks: accepted, dropped (buffer full), coalesced, reported",
-                kind: "counter",
-                samples: vec![
-                    ("what=\"accepted\"".into(), p.stats.accepted as f64),
-                    ("what=\"dropped\"".into(), p.stats.dropped as f64),
-                    ("what=\"coalesced\"".into(), p.stats.coalesced as f64),
-                    ("what=\"reported\"".into(), p.stats.reported as f64),
-                ],
-            });
-            families.push(Family {
-                name: "yard_probe_state",
-                help: "the probe now: connected clients, jobs, pending events, refused connections",
-                kind: "gauge",
-                samples: vec![
-                    ("what=\"connections\"".into(), p.connections as f64),
-                    ("what=\"jobs\"".into(), p.jobs as f64),
-                    ("what=\"pending\"".into(), p.stats.pending as f64),
-                    ("what=\"protocol_errors\"".into(), p.protocol_errors as f64),
-                ],
-            });
-        }
-        let Some(view) = self.0.gateway_view() else {
-            return families;
-        };
-        let s = view.snapshot();
-        let per_reason = |pick: fn(&yard_actors::gateway::actor::CounterRow) -> u64| {
-            s.counters
-                .iter()
-                .map(|c| (format!("reason=\"{}\"", c.0), pick(c) as f64))
-                .collect()
-        };
-        let owned = s
-            .vips
-            .iter()
-            .filter(|(_, m)| *m == yard_actors::gateway::core::Serve::Owned)
-            .count();
-        families.extend([
-            Family {
-                name: "yard_gateway_xdp_packets_total",
-                help: "packets the gateway XDP program handled, by outcome",
-                kind: "counter",
-                samples: per_reason(|c| c.1),
-            },
-            Family {
-                name: "yard_gateway_xdp_bytes_total",
-                help: "bytes the gateway XDP program handled, by outcome",
-                kind: "counter",
-                samples: per_reason(|c| c.2),
-            },
-            Family {
-                name: "yard_gateway_state",
-                help: "gateway node state: lease_remaining_ms, vips_owned, vips_served, endpoints, errors",
-                kind: "gauge",
-                samples: vec![
-                    ("what=\"lease_remaining_ms\"".into(), s.lease_remaining_ms as f64),
-                    ("what=\"vips_owned\"".into(), owned as f64),
-                    ("what=\"vips_served\"".into(), s.vips.len() as f64),
-                    ("what=\"endpoints\"".into(), s.endpoints as f64),
-                    ("what=\"errors\"".into(), s.errors as f64),
-                ],
-            },
-        ]);
-        families
-    }
-
-    fn gauges(&self) -> Vec<(&'static str, &'static str, f64)> {
-        let m = self.0.inner.raft.metrics().borrow().clone();
-        let reach = self.0.inner.reachability.snapshot();
-        vec![
-            ("yard_raft_term", "current raft term", m.current_term as f64),
-            (
-                "yard_raft_is_leader",
-                "1 when this node leads",
-                f64::from(u8::from(m.state == ServerState::Leader)),
-            ),
-            (
-                "yard_raft_leader_id",
-                "id of the current leader (on an agent, the one its watch names), 0 if none",
-                self.0.known_leader().map_or(0, |(l, _)| l) as f64,
-            ),
-            (
-                "yard_tables_applied_index",
-                "log index this host's tables stand at (raft on members, the watch on agents)",
-                self.0.inner.feed.applied_index() as f64,
-            ),
-            (
-                "yard_host_is_agent",
-                "1 when this host holds no raft membership and follows a watch",
-                f64::from(u8::from(!self.0.is_member())),
-            ),
-            (
-                "yard_raft_last_log_index",
-                "index of the last log entry",
-                m.last_log_index.unwrap_or(0) as f64,
-            ),
-            (
-                "yard_raft_last_applied_index",
-                "index of the last applied entry",
-                m.last_applied.map_or(0, |l| l.index) as f64,
-            ),
-            (
-                "yard_raft_snapshot_index",
-                "index covered by the last snapshot",
-                m.snapshot.map_or(0, |l| l.index) as f64,
-            ),
-            (
-                "yard_raft_members",
-                "nodes in the membership",
-                m.membership_config.membership().nodes().count() as f64,
-            ),
-            (
-                "yard_liveness_reachable_members",
-                "members the leader can reach",
-                reach.values().filter(|r| **r).count() as f64,
-            ),
-        ]
     }
 }

@@ -173,7 +173,7 @@ async fn start(
     {
         let (ctl, n) = (node.gateway().clone(), node.clone());
         tokio::spawn(async move { ctl.run(n).await });
-        tokio::spawn(yard::prevote::run(node.clone()));
+        tokio::spawn(yard::prevote::gate::run(node.clone()));
         tokio::spawn(yard::roles::autopilot::run(node.clone()));
         tokio::spawn(probe_members(node.clone(), reachability));
         tokio::spawn(yard::roles::liveness::report(node.clone()));

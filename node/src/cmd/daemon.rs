@@ -14,10 +14,11 @@ use yard::client::AdminClient;
 use yard::config::{Config, LogFormat, Offload, XdpMode};
 use yard::diagnosis_control::{DiagnosisControl, DiagnosisSettings};
 use yard::gateway_control::GatewayControl;
+use yard::gauges::RaftGauges;
 use yard::http::{Endpoints, NodeReadiness};
 use yard::planner_control::PlannerSettings;
 use yard::rpc::{RedeemRequest, Reply, Request};
-use yard::service::{Node, NodeParts, RaftGauges};
+use yard::service::{Node, NodeParts};
 use yard::tls::PeerRole;
 use yard::tls::{self, CertAuthority, Identity, Trust};
 use yard::transport::{self, Handler as _, Quic, QuicTransport, Target, Transport};
@@ -244,7 +245,7 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
         let node = node.clone();
         tokio::spawn(async move { gateway_control.run(node).await })
     };
-    let prevote = tokio::spawn(yard::prevote::run(node.clone()));
+    let prevote = tokio::spawn(yard::prevote::gate::run(node.clone()));
     let autopilot = tokio::spawn(yard::roles::autopilot::run(node.clone()));
     let host_reports = tokio::spawn(yard::roles::liveness::report(node.clone()));
     let host_judge = tokio::spawn(yard::roles::liveness::judge(node.clone()));
@@ -355,7 +356,7 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
         tracing::info!(interface = %g.interface, adopted, pin_dir = %g.pin_dir.display(), offload = ?g.offload, placement = %placement, "gateway data plane ready");
         if cfg.planner.enabled {
             // Sampled from the pinned counters, off the gateway actor's thread.
-            tokio::spawn(yard::planner_control::report_rates(
+            tokio::spawn(yard::planner_report::report_rates(
                 node.clone(),
                 g.pin_dir.clone(),
                 Duration::from_millis(cfg.planner.report_ms),

@@ -5,113 +5,24 @@
 //! The leader's work per tick is the due reattach deadlines and the reports that arrived, never
 //! a walk over all hosts.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::collections::BTreeSet;
+use std::time::Duration;
 
 use openraft::ServerState;
 use tokio::sync::broadcast::error::TryRecvError;
-use tokio::sync::mpsc;
-use yard_control::host_liveness::{HostLivenessCore, LivenessConfig, Report, Verdict, WatcherCore};
+use yard_control::host_liveness::{HostLivenessCore, LivenessConfig, Report, Verdict};
 use yard_raft_store::{Change, Command, NodeId};
 
 use crate::rpc::{Reply, Request};
 use crate::service::Node;
+
+pub use super::liveness_state::HostLiveness;
 
 /// How often members judge their agents and the leader its reports.
 const TICK: Duration = Duration::from_millis(100);
 /// Reports a member keeps for a leader it cannot reach; past this it sends its full picture
 /// (`WatcherCore::resync`) once one answers, instead of an unbounded backlog.
 const MAX_QUEUED: usize = 65_536;
-
-/// One node's part in host liveness: what it judges as a member, the reports that reached it
-/// as leader.
-pub struct HostLiveness {
-    cfg: LivenessConfig,
-    epoch: Instant,
-    watchers: Mutex<Watchers>,
-    reports_tx: mpsc::UnboundedSender<MemberReports>,
-    /// Taken once by the leader's loop (`judge`).
-    reports_rx: Mutex<Option<mpsc::UnboundedReceiver<MemberReports>>>,
-}
-
-/// Reports from one member, in its order.
-type MemberReports = (NodeId, Vec<Report>);
-
-impl std::fmt::Debug for HostLiveness {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HostLiveness")
-            .field("cfg", &self.cfg)
-            .finish()
-    }
-}
-
-/// The agents this member serves: the judging core, and each one's watch position (its lag).
-struct Watchers {
-    core: WatcherCore,
-    from: BTreeMap<NodeId, u64>,
-}
-
-/// One watched agent as its member sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Watched {
-    pub host: NodeId,
-    /// The log index its last poll asked from.
-    pub from: u64,
-    /// How long ago its last poll arrived.
-    pub ago_ms: u64,
-}
-
-impl HostLiveness {
-    pub fn new(cfg: LivenessConfig) -> Self {
-        let (reports_tx, reports_rx) = mpsc::unbounded_channel();
-        Self {
-            watchers: Mutex::new(Watchers {
-                core: WatcherCore::new(cfg.clone()),
-                from: BTreeMap::new(),
-            }),
-            cfg,
-            epoch: Instant::now(),
-            reports_tx,
-            reports_rx: Mutex::new(Some(reports_rx)),
-        }
-    }
-
-    fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
-    }
-
-    fn watchers(&self) -> std::sync::MutexGuard<'_, Watchers> {
-        self.watchers.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Records a watch poll from `host` asking from log index `from`.
-    pub fn polled(&self, host: NodeId, from: u64) {
-        let now = self.now_ms();
-        let mut w = self.watchers();
-        w.core.polled(host, now);
-        w.from.insert(host, from);
-    }
-
-    /// The agents this member serves.
-    pub fn watched(&self) -> Vec<Watched> {
-        let now = self.now_ms();
-        let w = self.watchers();
-        w.core
-            .hosts()
-            .map(|(host, last)| Watched {
-                host,
-                from: w.from.get(&host).copied().unwrap_or(0),
-                ago_ms: now.saturating_sub(last),
-            })
-            .collect()
-    }
-
-    /// Takes reports a member sent this node (the leader).
-    pub fn accept(&self, replica: NodeId, reports: Vec<Report>) {
-        let _ = self.reports_tx.send((replica, reports));
-    }
-}
 
 /// Every member, every tick: judges its agents and sends the transitions to the leader, in
 /// order; a new leader gets the member's whole picture first.

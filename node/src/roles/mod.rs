@@ -5,14 +5,17 @@
 //! - `agent`: a host that holds no vote follows the tables through a watch from a member and
 //!   forwards every write and linearizable read to the leader it learns from the watch;
 //! - `autopilot`: the leader executes the roles core's membership changes one at a time;
-//! - `liveness`: members judge their agents, the leader commits their deaths;
+//! - `liveness`: members judge their agents, the leader commits their deaths (the state they
+//!   share with the RPC handlers is `liveness_state`);
 //! - `members`: `yard members`, gathered on the leader.
 //!
-//! A host joins through `Node::handle_join` (`service.rs`), which asks the roles core.
+//! - `join`: a host joins; the leader asks the roles core for its role and carries it out.
 
 pub mod agent;
 pub mod autopilot;
+pub mod join;
 pub mod liveness;
+pub mod liveness_state;
 pub mod members;
 pub mod watch;
 

@@ -1,34 +1,13 @@
-//! Pre-vote in front of openraft's elections (Raft dissertation §9.6; openraft 0.9 has none).
-//!
-//! Without it, a follower that alone stops hearing the leader — its control link lossy, or cut
-//! from the leader but not from the others — stands for election with a higher term. The other
-//! voters refuse it (openraft's leader lease), but the higher term deposes the leader the next
-//! time the leader reaches it, and the lossy node may even win the election that follows. So
-//! measured: a gateway owner at 40% control loss won an election, could not hear the healthy
-//! nodes' lease renewals as leader and revoked them, moving all six VIPs at once.
-//!
-//! With it, a node may stand only after a majority of the voters (itself included) said they
-//! would vote: none of them is the leader or has heard from one within openraft's leader
-//! lease. The answer ignores logs and terms: openraft's real vote checks those, and a
-//! pre-vote only has to stop candidacies while a leader is alive, so it adds no way for an
-//! election to be blocked that the real vote does not have already (the same leader lease).
-//!
-//! In a rolling upgrade, a node that does not know the `PreVote` request answers it with an
-//! error, which counts as a refusal: upgraded nodes stand only once a majority of the voters
-//! is upgraded, while the others elect as before.
-//!
-//! [`Gate`] is the pure decision, driven by [`run`]: elections are enabled (openraft's
-//! `runtime_config().elect`) for a window after a granted round and disabled otherwise.
+//! Pre-vote in front of Raft elections (Raft dissertation §9.6), as a pure decision: whether
+//! this node would grant another's pre-vote ([`grant`]) and when its own elections are enabled
+//! ([`Gate`]). The node's shell (`node/src/prevote/`) reads openraft's state into a
+//! [`LocalView`], asks the voters and turns [`Effect`]s into openraft's `elect` setting; the
+//! reasons for the design are in its module doc.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
-use openraft::ServerState;
-use tokio::sync::mpsc;
-use yard_raft_store::NodeId;
-
-use crate::rpc::{Reply, Request};
-use crate::service::Node;
+/// A host's id, as Raft numbers it.
+type NodeId = u64;
 
 /// What this node knows of its own Raft state, for a pre-vote.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,17 +37,6 @@ pub struct PreVoteConfig {
     pub window_ms: u64,
     /// How often a round is started while no answer made a majority: one heartbeat.
     pub round_ms: u64,
-}
-
-impl PreVoteConfig {
-    /// The gate's timings for a Raft node configured with `c`.
-    pub fn of(c: &openraft::Config) -> Self {
-        Self {
-            quiet_ms: c.election_timeout_max,
-            window_ms: 4 * c.election_timeout_max,
-            round_ms: c.heartbeat_interval.max(1),
-        }
-    }
 }
 
 /// Whether this node would vote for another now: not while it leads, nor while it hears from
@@ -104,43 +72,6 @@ impl Watch {
     /// How long ago the leader was last heard, as far as this node watched.
     pub fn heard(&self, heard_ms_ago: Option<u64>, now_ms: u64) -> Option<u64> {
         heard_ms_ago.map(|ms| ms.min(now_ms.saturating_sub(self.since)))
-    }
-}
-
-/// A [`Watch`] on its clock, shared by the gate's loop and the `PreVote` handler.
-#[derive(Debug)]
-pub struct SharedWatch {
-    epoch: tokio::time::Instant,
-    watch: std::sync::Mutex<Watch>,
-}
-
-impl Default for SharedWatch {
-    fn default() -> Self {
-        Self {
-            epoch: tokio::time::Instant::now(),
-            watch: std::sync::Mutex::default(),
-        }
-    }
-}
-
-impl SharedWatch {
-    fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Watch> {
-        self.watch.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn tick(&self, cfg: &PreVoteConfig) -> u64 {
-        let now = self.now_ms();
-        self.lock().tick(now, cfg);
-        now
-    }
-
-    fn heard(&self, heard_ms_ago: Option<u64>) -> Option<u64> {
-        let now = self.now_ms();
-        self.lock().heard(heard_ms_ago, now)
     }
 }
 
@@ -273,80 +204,6 @@ impl Gate {
             self.set(true, &mut out);
         }
         out
-    }
-}
-
-/// This node's view for a pre-vote, read from openraft.
-pub async fn local_view(node: &Node) -> Option<LocalView> {
-    let (leader, heard_ms_ago) = node
-        .raft()
-        .with_raft_state(|s| {
-            let leader = s.server_state == ServerState::Leader;
-            let following = s.vote_ref().is_committed() && !leader;
-            let heard = s
-                .vote_last_modified()
-                .filter(|_| following)
-                .map(|t| t.elapsed().as_millis() as u64);
-            (leader, heard)
-        })
-        .await
-        .ok()?;
-    Some(LocalView {
-        leader,
-        heard_ms_ago: node.prevote_watch().heard(heard_ms_ago),
-        voters: node.voter_ids(),
-    })
-}
-
-/// The gate's loop on this node; returns when the task is aborted.
-pub async fn run(node: Node) {
-    let me = node.id();
-    let cfg = PreVoteConfig::of(node.raft().config());
-    let mut gate = Gate::new(cfg, me);
-    let (tx, mut rx) = mpsc::channel::<(u64, NodeId, bool)>(64);
-    let watch = node.prevote_watch();
-    let mut ticker = tokio::time::interval(Duration::from_millis(cfg.round_ms));
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        let effects = tokio::select! {
-            _ = ticker.tick() => {
-                let now = watch.tick(&cfg);
-                match local_view(&node).await {
-                    Some(view) => gate.tick(now, &view),
-                    None => return,
-                }
-            }
-            Some((round, from, granted)) = rx.recv() => gate.answer(round, from, granted, watch.now_ms()),
-        };
-        for effect in effects {
-            match effect {
-                Effect::Elect(on) => {
-                    if on {
-                        tracing::info!(
-                            node = me,
-                            "pre-vote: a majority would vote; elections enabled"
-                        );
-                    } else {
-                        tracing::debug!(node = me, "pre-vote: elections disabled");
-                    }
-                    node.raft().runtime_config().elect(on);
-                }
-                Effect::Ask { round, to } => {
-                    for voter in to {
-                        let (node, tx) = (node.clone(), tx.clone());
-                        // An answer later than a round is useless: the next round asks again.
-                        let timeout = Duration::from_millis(cfg.round_ms.saturating_mul(2));
-                        tokio::spawn(async move {
-                            let granted = matches!(
-                                node.call_node(voter, Request::PreVote, timeout).await,
-                                Ok(Reply::PreVote { granted: true })
-                            );
-                            let _ = tx.send((round, voter, granted)).await;
-                        });
-                    }
-                }
-            }
-        }
     }
 }
 

@@ -1,0 +1,86 @@
+//! The pre-vote gate's loop on this node: reads openraft's state, asks the voters, and sets
+//! openraft's `elect` from the [`Gate`]'s effects.
+
+use std::time::Duration;
+
+use openraft::ServerState;
+use tokio::sync::mpsc;
+use yard_control::prevote::{Effect, Gate, LocalView};
+use yard_raft_store::NodeId;
+
+use crate::rpc::{Reply, Request};
+use crate::service::Node;
+
+/// This node's view for a pre-vote, read from openraft.
+pub async fn local_view(node: &Node) -> Option<LocalView> {
+    let (leader, heard_ms_ago) = node
+        .raft()
+        .with_raft_state(|s| {
+            let leader = s.server_state == ServerState::Leader;
+            let following = s.vote_ref().is_committed() && !leader;
+            let heard = s
+                .vote_last_modified()
+                .filter(|_| following)
+                .map(|t| t.elapsed().as_millis() as u64);
+            (leader, heard)
+        })
+        .await
+        .ok()?;
+    Some(LocalView {
+        leader,
+        heard_ms_ago: node.prevote_watch().heard(heard_ms_ago),
+        voters: node.voter_ids(),
+    })
+}
+
+/// The gate's loop on this node; returns when the task is aborted.
+pub async fn run(node: Node) {
+    let me = node.id();
+    let cfg = super::config_of(node.raft().config());
+    let mut gate = Gate::new(cfg, me);
+    let (tx, mut rx) = mpsc::channel::<(u64, NodeId, bool)>(64);
+    let watch = node.prevote_watch();
+    let mut ticker = tokio::time::interval(Duration::from_millis(cfg.round_ms));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let effects = tokio::select! {
+            _ = ticker.tick() => {
+                let now = watch.tick(&cfg);
+                match local_view(&node).await {
+                    Some(view) => gate.tick(now, &view),
+                    None => return,
+                }
+            }
+            Some((round, from, granted)) = rx.recv() => gate.answer(round, from, granted, watch.now_ms()),
+        };
+        for effect in effects {
+            match effect {
+                Effect::Elect(on) => {
+                    if on {
+                        tracing::info!(
+                            node = me,
+                            "pre-vote: a majority would vote; elections enabled"
+                        );
+                    } else {
+                        tracing::debug!(node = me, "pre-vote: elections disabled");
+                    }
+                    node.raft().runtime_config().elect(on);
+                }
+                Effect::Ask { round, to } => {
+                    for voter in to {
+                        let (node, tx) = (node.clone(), tx.clone());
+                        // An answer later than a round is useless: the next round asks again.
+                        let timeout = Duration::from_millis(cfg.round_ms.saturating_mul(2));
+                        tokio::spawn(async move {
+                            let granted = matches!(
+                                node.call_node(voter, Request::PreVote, timeout).await,
+                                Ok(Reply::PreVote { granted: true })
+                            );
+                            let _ = tx.send((round, voter, granted)).await;
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
