@@ -57,6 +57,9 @@ impl FaultKind {
     }
 }
 
+/// Mixed into the seed of the agents' draws (any constant: it only has to differ from 0).
+const AGENT_STREAM: u64 = 0x6167_656e_7473;
+
 /// The shortest and longest whole-machine stall.
 pub const STALL_MIN: Duration = Duration::from_secs(1);
 pub const STALL_MAX: Duration = Duration::from_secs(5);
@@ -155,6 +158,13 @@ pub struct ScheduleConfig {
     pub min_gap: Duration,
     #[serde(with = "millis")]
     pub max_gap: Duration,
+    /// Agent hosts, numbered after the `hosts` the minority is drawn from (indices
+    /// `hosts..hosts + agents`): each step's fault also takes a random subset of them, none to
+    /// all, since no number of agents down costs the voters their quorum. Drawn from a
+    /// generator of their own, so a seed's faults on the voters are the same with or without
+    /// agents.
+    #[serde(default)]
+    pub agents: usize,
 }
 
 impl ScheduleConfig {
@@ -169,6 +179,7 @@ impl ScheduleConfig {
             max_fault: Duration::from_secs(30),
             min_gap: Duration::from_secs(5),
             max_gap: Duration::from_secs(20),
+            agents: 0,
         }
     }
 }
@@ -207,7 +218,7 @@ impl Schedule {
             .map_or(0, |t| (target % n + n - t % n) % n);
         let mut out = self.clone();
         for s in &mut out.steps {
-            for t in &mut s.fault.targets {
+            for t in s.fault.targets.iter_mut().filter(|t| **t < n) {
                 *t = (*t + k) % n;
             }
             s.fault.targets.sort_unstable();
@@ -239,9 +250,10 @@ impl fmt::Display for Schedule {
         let c = &self.config;
         writeln!(
             f,
-            "fault schedule: seed {}, {} hosts, {:?} total, {} steps",
+            "fault schedule: seed {}, {} hosts and {} agents, {:?} total, {} steps",
             c.seed,
             c.hosts,
+            c.agents,
             c.total,
             self.steps.len()
         )?;
@@ -308,6 +320,7 @@ pub fn generate(config: &ScheduleConfig) -> Result<Schedule, ScheduleError> {
     }
 
     let mut rng = ChaCha8Rng::seed_from_u64(config.seed);
+    let mut agent_rng = ChaCha8Rng::seed_from_u64(config.seed ^ AGENT_STREAM);
     let max_faulty = Schedule::max_faulty(config.hosts);
     let mut steps = Vec::new();
     let mut t = random_between(&mut rng, config.min_gap, config.max_gap);
@@ -319,11 +332,20 @@ pub fn generate(config: &ScheduleConfig) -> Result<Schedule, ScheduleError> {
         let count = rng.gen_range(1..=max_faulty);
         let mut targets = sample(&mut rng, config.hosts, count).into_vec();
         targets.sort_unstable();
+        if config.agents > 0 {
+            let count = agent_rng.gen_range(0..=config.agents);
+            let mut agents: Vec<usize> = sample(&mut agent_rng, config.agents, count)
+                .into_iter()
+                .map(|a| config.hosts + a)
+                .collect();
+            agents.sort_unstable();
+            targets.extend(agents);
+        }
         if kind.is_stall() {
             // A stall is short and hits every daemon (the draws above are kept, so that the
             // schedules of the other kinds do not depend on whether stalls are in the mix).
             duration = random_between(&mut rng, STALL_MIN, STALL_MAX.min(room));
-            targets = (0..config.hosts).collect();
+            targets = (0..config.hosts + config.agents).collect();
         }
         steps.push(Step {
             start: t,
@@ -404,11 +426,55 @@ mod aimed_tests {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
     use proptest::prelude::*;
 
     fn all_kinds() -> Vec<FaultKind> {
         FaultKind::every()
+    }
+
+    #[test]
+    fn agents_are_faulted_beside_the_voters_without_changing_the_voters_faults() {
+        let without = generate(&config(7, 3, 300)).unwrap();
+        let mut with = config(7, 3, 300);
+        with.agents = 4;
+        let with = generate(&with).unwrap();
+        assert_valid(&with);
+        assert_eq!(without.steps.len(), with.steps.len());
+        let mut agents_hit = BTreeSet::new();
+        for (a, b) in without.steps.iter().zip(&with.steps) {
+            assert_eq!(
+                (a.start, a.duration, a.fault.kind),
+                (b.start, b.duration, b.fault.kind)
+            );
+            if b.fault.kind.is_stall() {
+                assert_eq!(b.fault.targets, (0..7).collect::<Vec<_>>());
+                continue;
+            }
+            let voters: Vec<usize> = b.fault.targets.iter().copied().filter(|&t| t < 3).collect();
+            assert_eq!(a.fault.targets, voters);
+            agents_hit.extend(b.fault.targets.iter().copied().filter(|&t| t >= 3));
+        }
+        assert_eq!(
+            agents_hit,
+            (3..7).collect(),
+            "every agent is faulted at some point"
+        );
+        // Aiming shifts the voters only.
+        let (aimed, _) = with.aimed_at(2);
+        for (a, b) in with.steps.iter().zip(&aimed.steps) {
+            let agents = |s: &Step| {
+                s.fault
+                    .targets
+                    .iter()
+                    .copied()
+                    .filter(|&t| t >= 3)
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(agents(a), agents(b));
+        }
     }
 
     fn config(seed: u64, hosts: usize, secs: u64) -> ScheduleConfig {
@@ -425,7 +491,7 @@ mod tests {
             if step.fault.kind.is_stall() {
                 assert_eq!(
                     step.fault.targets.len(),
-                    c.hosts,
+                    c.hosts + c.agents,
                     "a stall stops every daemon"
                 );
                 assert!(step.duration >= STALL_MIN.min(c.max_fault) && step.duration <= STALL_MAX);
@@ -434,7 +500,7 @@ mod tests {
                 continue;
             }
             assert!(
-                step.fault.targets.len() <= max,
+                step.fault.targets.iter().filter(|&&h| h < c.hosts).count() <= max,
                 "step {i} faults a majority"
             );
             if let Some((offset, len)) = stall_within(step) {
@@ -445,7 +511,7 @@ mod tests {
                 assert!(len <= STALL_MAX);
             }
             assert!(step.fault.targets.windows(2).all(|w| w[0] < w[1]));
-            assert!(step.fault.targets.iter().all(|&h| h < c.hosts));
+            assert!(step.fault.targets.iter().all(|&h| h < c.hosts + c.agents));
             assert!(step.duration >= c.min_fault && step.duration <= c.max_fault);
             assert!(
                 step.start >= previous_end + c.min_gap,
@@ -458,7 +524,8 @@ mod tests {
         // Sample every step boundary: the faulted set only changes there.
         for step in s.steps.iter().filter(|st| !st.fault.kind.is_stall()) {
             for t in [step.start, step.end() - Duration::from_millis(1)] {
-                assert!(s.faulted_at(t).len() <= max);
+                let voters = s.faulted_at(t).into_iter().filter(|&h| h < c.hosts).count();
+                assert!(voters <= max);
             }
         }
     }

@@ -102,6 +102,7 @@ fn three_voters_and_twenty_agents_survive_a_leader_kill_a_partition_and_a_stoppe
     let opts = ClusterOptions {
         // No standby replica: replacing a lost voter must go through an agent.
         extra_config: "[raft]\nreplicas = 0\nvoter_grace_ms = 2000\n".into(),
+        ..Default::default()
     };
     let topo = Topology::new(CLIENT_HOST).unwrap();
     let mut c = YardCluster::start_on(topo, &test_yard_bin(), HOSTS, &opts).unwrap();

@@ -368,5 +368,6 @@ pub fn grouped_options(probe_every_ms: Option<u64>) -> crate::yard::ClusterOptio
             crate::yard::aggregator_config(32),
             crate::torch::AGG_TORCH_TIMING
         ),
+        ..Default::default()
     }
 }

@@ -50,6 +50,16 @@ pub struct ClusterOptions {
     /// Every [`HOST_PLACEHOLDER`] in it is replaced by the node's host number, for settings
     /// that differ per host (e.g. the gateway's pin directory on [`Topology::bpffs`]).
     pub extra_config: String,
+    /// Hosts whose config takes these lines instead of `extra_config` (e.g. agents that run no
+    /// aggregator), with the same placeholder.
+    pub host_config: std::collections::BTreeMap<usize, String>,
+}
+
+impl ClusterOptions {
+    /// The extra lines of host `i`'s config.
+    pub fn extra_for(&self, i: usize) -> &str {
+        self.host_config.get(&i).unwrap_or(&self.extra_config)
+    }
 }
 
 /// A cluster of `yard` processes, host i running node i.
@@ -115,7 +125,7 @@ impl<T: Borrow<Topology>> YardCluster<T> {
                 &ip,
             ])?;
             let tls = cluster.tls.clone();
-            cluster.write_config(i, &tls, &opts.extra_config)?;
+            cluster.write_config(i, &tls, opts.extra_for(i))?;
         }
         cluster.spawn(1, &["--bootstrap"])?;
         cluster.wait_voters_checking(1, 1, Duration::from_secs(20), Self::check_running)?;

@@ -45,6 +45,7 @@ fn options() -> ClusterOptions {
             yard_cluster_tests::yard::aggregator_config(32),
             torch::AGG_TORCH_TIMING
         ),
+        ..Default::default()
     }
 }
 
@@ -493,6 +494,7 @@ fn ddp_on_eight_tbf_linked_worker_hosts_regroups_into_a_tree_and_matches_gloo() 
             yard_cluster_tests::yard::aggregator_config(32),
             torch::AGG_TORCH_TIMING
         ),
+        ..Default::default()
     };
     let (cluster, python, version, _values) =
         cluster_with_grouped_job(TREE_WORKERS, "auto", &opts, |c| {

@@ -27,6 +27,7 @@ const ROUNDS: u32 = 12;
 fn options() -> ClusterOptions {
     ClusterOptions {
         extra_config: yard_cluster_tests::yard::aggregator_config(32),
+        ..Default::default()
     }
 }
 

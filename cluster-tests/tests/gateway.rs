@@ -82,6 +82,7 @@ fn gateway_cluster_with<'t>(
         gateways,
         &ClusterOptions {
             extra_config: config,
+            ..Default::default()
         },
     )
     .unwrap();

@@ -50,6 +50,7 @@ fn probe_diagnoses_a_ring_job_on_three_hosts() {
             "[probe]\ninterface = \"eth0\"\nports = [{RING_PORT}]\n\
              [analyzer]\nhang_floor_ms = 2000\nheartbeat_timeout_ms = 2000\nslow_factor = {SLOW_FACTOR:.1}\n"
         ),
+        ..Default::default()
     };
     let c = YardCluster::start(&yard_cluster_tests::yard::test_yard_bin(), 3, 3, &opts).unwrap();
 

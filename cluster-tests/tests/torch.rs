@@ -61,6 +61,7 @@ fn a_frozen_torch_rank_is_named_on_three_hosts() {
     let began = Instant::now();
     let opts = ClusterOptions {
         extra_config: "[analyzer]\nhang_floor_ms = 2000\nheartbeat_timeout_ms = 2000\n".into(),
+        ..Default::default()
     };
     let c = YardCluster::start(&yard_cluster_tests::yard::test_yard_bin(), 3, 3, &opts).unwrap();
     let job = torch::start_job(

@@ -162,6 +162,7 @@ fn a_restarted_node_that_missed_a_lot_catches_up_by_snapshot() {
     require_root();
     let opts = ClusterOptions {
         extra_config: "[raft]\nsnapshot_every = 50\nlogs_kept = 0\n".into(),
+        ..Default::default()
     };
     let mut c = YardCluster::start(&yard_bin(), 3, 3, &opts).unwrap();
     let leader = c.wait_leader(1).unwrap();
@@ -331,6 +332,7 @@ fn an_all_voter_cluster_restarted_with_three_voters_keeps_three_and_makes_the_re
     require_root();
     let opts = ClusterOptions {
         extra_config: "[raft]\nvoters = 5\nreplicas = 0\n".into(),
+        ..Default::default()
     };
     let mut c = YardCluster::start(&yard_bin(), 5, 5, &opts).unwrap();
     c.wait_voters(1, 5, Duration::from_secs(20)).unwrap();

@@ -18,6 +18,37 @@ pub const AVOID_MIN_MS: u64 = 1_000;
 /// The longest pause.
 pub const AVOID_MAX_MS: u64 = 30_000;
 
+/// How often a member that may have been removed while it was away asks another member.
+pub const MEMBER_CHECK_MS: u64 = 2_000;
+
+/// Whether a host that Raft says is a member should ask another member now whether it still is
+/// one. Raft's leader stops replicating to a host once its removal commits, so a host that was
+/// down, paused or cut off at that moment restarts or resumes believing it is still a member:
+/// a replica waits forever, a voter stands for election in a membership that no longer exists
+/// (the Raft dissertation's disruptive removed server). A replica asks every
+/// [`MEMBER_CHECK_MS`]; a voter only after hearing no leader for that long (a voter that hears
+/// one is a member), and again every [`MEMBER_CHECK_MS`] while it hears none.
+pub fn member_check_due(
+    voter: bool,
+    leaderless_ms: Option<u64>,
+    since_last_check_ms: Option<u64>,
+) -> bool {
+    let quiet = since_last_check_ms.is_none_or(|ms| ms >= MEMBER_CHECK_MS);
+    if voter {
+        quiet && leaderless_ms.is_some_and(|ms| ms >= MEMBER_CHECK_MS)
+    } else {
+        quiet
+    }
+}
+
+/// Whether a member's answer shows that this host (`me`) was removed while it was away: the
+/// member's membership is newer than the one this host last knew (`mine_at`, the log index of
+/// its configuration) and does not hold this host. Then the host follows as an agent; otherwise
+/// it leaves the answer alone and catches up through Raft.
+pub fn removed_while_away(me: u64, mine_at: u64, theirs_at: u64, theirs: &BTreeSet<u64>) -> bool {
+    theirs_at > mine_at && !theirs.contains(&me)
+}
+
 /// One agent's choice of member.
 #[derive(Debug, Clone, Default)]
 pub struct Follower {
@@ -123,6 +154,46 @@ fn weight(agent: u64, member: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_voter_checks_its_membership_only_after_hearing_no_leader_for_a_while() {
+        assert!(!member_check_due(true, None, None), "it hears a leader");
+        assert!(!member_check_due(true, Some(MEMBER_CHECK_MS - 1), None));
+        assert!(member_check_due(true, Some(MEMBER_CHECK_MS), None));
+        assert!(!member_check_due(
+            true,
+            Some(10 * MEMBER_CHECK_MS),
+            Some(10)
+        ));
+        assert!(member_check_due(
+            true,
+            Some(10 * MEMBER_CHECK_MS),
+            Some(MEMBER_CHECK_MS)
+        ));
+    }
+
+    #[test]
+    fn a_replica_checks_every_period_leader_or_not() {
+        assert!(member_check_due(false, None, None));
+        assert!(!member_check_due(false, None, Some(MEMBER_CHECK_MS - 1)));
+        assert!(member_check_due(false, Some(0), Some(MEMBER_CHECK_MS)));
+    }
+
+    #[test]
+    fn only_a_newer_membership_without_this_host_removes_it() {
+        let without_me = BTreeSet::from([2, 3, 4]);
+        let with_me = BTreeSet::from([1, 2, 3]);
+        assert!(removed_while_away(1, 10, 20, &without_me));
+        assert!(!removed_while_away(1, 10, 20, &with_me), "still a member");
+        assert!(
+            !removed_while_away(1, 20, 20, &without_me),
+            "not newer than its own"
+        );
+        assert!(
+            !removed_while_away(1, 30, 20, &without_me),
+            "an older, stale answer"
+        );
+    }
     use proptest::prelude::*;
 
     #[test]

@@ -338,6 +338,10 @@ pub struct WatchBatch {
     pub snapshot: Option<std::sync::Arc<Vec<u8>>>,
     /// Encoded log entries, in order from the asked index (or from after the snapshot).
     pub entries: Vec<std::sync::Arc<Vec<u8>>>,
+    /// The log index of the membership in force at the member, and its members (voters and
+    /// replicas): a host that Raft still calls a member learns from it that it was removed.
+    pub membership_at: u64,
+    pub members: std::collections::BTreeSet<NodeId>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

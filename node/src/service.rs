@@ -317,6 +317,23 @@ impl Node {
         })
     }
 
+    /// The membership in force: its log index and every member's id.
+    pub fn membership(&self) -> (u64, BTreeSet<NodeId>) {
+        let raft = self.inner.raft.metrics().borrow().membership_config.clone();
+        let ids =
+            |m: &openraft::Membership<NodeId, NodeInfo>| m.nodes().map(|(id, _)| *id).collect();
+        self.inner.feed.read(|d| {
+            if d.last_membership.log_id() > raft.log_id() {
+                (
+                    d.last_membership.log_id().map_or(0, |l| l.index),
+                    ids(d.last_membership.membership()),
+                )
+            } else {
+                (raft.log_id().map_or(0, |l| l.index), ids(raft.membership()))
+            }
+        })
+    }
+
     /// A member's address and name, from the membership in force.
     pub fn member(&self, id: NodeId) -> Option<NodeInfo> {
         self.with_membership(|m| m.get_node(&id).cloned())

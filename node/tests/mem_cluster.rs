@@ -1285,6 +1285,72 @@ async fn a_lost_voter_is_replaced_by_a_caught_up_replica_one_change_at_a_time() 
     assert!(new_replica.node.is_member());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voter_removed_while_cut_off_follows_as_an_agent_after_the_heal() {
+    let net = MemNetwork::default();
+    let raft = RaftSection {
+        replicas: 1,
+        voter_grace_ms: 1_000,
+        ..raft_section(10_000, 1_000)
+    };
+    let mut hosts = cluster(&net, 3, &raft).await;
+    for id in 4..=5 {
+        hosts.push(join_host(&net, id, &raft).await.0);
+    }
+    let leader = wait_leader(&hosts[..3].iter().collect::<Vec<_>>(), None).await;
+    let victim = hosts[..3].iter().find(|h| h.node.id() != leader).unwrap();
+    let victim_id = victim.node.id();
+    // The daemon runs the follow loop on every host; it idles while the host is a member.
+    tokio::spawn(yard::roles::agent::follow(
+        victim.node.clone(),
+        victim.store.clone(),
+        yard::roles::agent::Settings {
+            hold: Duration::from_millis(250),
+            rpc_timeout: Duration::from_millis(500),
+            pace: Duration::from_millis(raft.watch_pace_ms),
+            seeds: Vec::new(),
+        },
+    ));
+    let others: Vec<&str> = hosts
+        .iter()
+        .filter(|h| h.node.id() != victim_id)
+        .map(|h| h.addr.as_str())
+        .collect();
+    net.partition(&[victim.addr.as_str()], &others);
+    // Replaced and then dropped while it hears nothing: it still believes it votes.
+    let l = hosts.iter().find(|h| h.node.id() == leader).unwrap();
+    let start = Instant::now();
+    while l.node.member_ids().contains(&victim_id) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the cut-off voter was never removed; autopilot: {}",
+            l.node.autopilot_reason()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(victim.node.voter_ids().contains(&victim_id));
+    let term = l.node.raft().metrics().borrow().current_term;
+    net.heal();
+    put(&net, &l.addr, "after-heal", "1").await.unwrap();
+    // It learns its removal from a member, follows the tables as an agent, and deposes nobody.
+    wait_local(victim, "after-heal", "1").await;
+    assert!(!victim.node.is_member());
+    assert!(!victim.node.voter_ids().contains(&victim_id));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(l.node.raft().metrics().borrow().current_term, term);
+    assert_eq!(
+        l.node.raft().metrics().borrow().state,
+        openraft::ServerState::Leader
+    );
+    put(&net, &victim.addr, "through-the-old-voter", "1")
+        .await
+        .unwrap();
+    assert_eq!(
+        get(&net, &l.addr, "through-the-old-voter").await.unwrap(),
+        Some("1".into())
+    );
+}
+
 /// Waits until every one of `hosts` holds `id` dead (`alive: false`) or alive in its tables.
 async fn wait_host_liveness(hosts: &[TestNode], id: NodeId, alive: bool, within: Duration) {
     let start = Instant::now();

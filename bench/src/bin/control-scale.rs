@@ -108,6 +108,7 @@ fn run_one(bin: &Path, hosts: usize, args: &Args, extra: &str) -> Result<Value> 
     let start = Instant::now();
     let opts = ClusterOptions {
         extra_config: extra.to_owned(),
+        ..Default::default()
     };
     let c = YardCluster::start_on(topo, bin, hosts, &opts).context("the cluster did not form")?;
     let up_s = start.elapsed().as_secs_f64();

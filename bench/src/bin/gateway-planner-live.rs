@@ -157,6 +157,7 @@ fn run(args: &Args, yard_bin: &Path, planner: bool, kill: usize) -> Result<Value
         3,
         &ClusterOptions {
             extra_config: config,
+            ..Default::default()
         },
     )?;
     let pool: Vec<String> = (1..=6).map(|n| vip(n).to_string()).collect();

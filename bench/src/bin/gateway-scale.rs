@@ -112,6 +112,7 @@ fn main() -> Result<()> {
         args.nodes,
         &ClusterOptions {
             extra_config: config,
+            ..Default::default()
         },
     )?;
     let file = c.topology().dir().join("endpoints.txt");

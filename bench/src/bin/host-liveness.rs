@@ -44,6 +44,7 @@ fn main() -> Result<()> {
     let topo = Topology::new(hosts)?;
     let opts = ClusterOptions {
         extra_config: "[raft]\nreplicas = 0\n[log]\nformat = \"json\"\n".into(),
+        ..Default::default()
     };
     let mut c = YardCluster::start_on(topo, &args.yard_bin, hosts, &opts)
         .context("cluster did not form")?;

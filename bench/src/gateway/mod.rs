@@ -133,6 +133,7 @@ pub fn start_yard<'t>(
     }
     let opts = ClusterOptions {
         extra_config: yard_gateway_config(topo, xdp_mode, t),
+        ..Default::default()
     };
     YardCluster::start_on(topo, bin, n, &opts).context("the yard gateway cluster did not form")
 }

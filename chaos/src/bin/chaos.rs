@@ -54,9 +54,15 @@ struct Args {
     /// Seed of the schedule and the workload; random (and printed) when absent.
     #[arg(long)]
     seed: Option<u64>,
-    /// Cluster size (3 or more).
+    /// Cluster size (3 or more): the voters, the hosts a strict minority of is faulted.
     #[arg(long, default_value_t = 3)]
     hosts: usize,
+    /// Agent hosts beside the voters (their nodes join after them and hold no vote; the KV
+    /// clients use them as well as the voters). Each fault of the schedule also takes a
+    /// random subset of them. Needs --no-gateway: an agent would be a gateway node, which the
+    /// VIP checks do not follow yet.
+    #[arg(long, default_value_t = 0)]
+    agents: usize,
     /// Concurrent workload clients.
     #[arg(long, default_value_t = 4)]
     clients: usize,
@@ -240,7 +246,11 @@ fn run(args: Args) -> anyhow::Result<bool> {
     let total = Duration::from_secs(args.seconds);
     let kinds = args.kinds.clone().unwrap_or_else(FaultKind::every);
     // Only the yard nodes are scheduled: the client and compute hosts are never faulted.
+    if !args.no_gateway && args.agents > 0 {
+        bail!("--agents needs --no-gateway: the VIP checks follow the voters' gateways only");
+    }
     let mut config = ScheduleConfig::new(seed, args.hosts, total, kinds);
+    config.agents = args.agents;
     config.min_fault = Duration::from_secs(3);
     config.max_fault = Duration::from_secs(15);
     config.min_gap = Duration::from_secs(3);
@@ -257,16 +267,17 @@ fn run(args: Args) -> anyhow::Result<bool> {
     if gateway && args.aggregation {
         bail!("--aggregation needs --no-gateway: the aggregator and the gateway would both attach XDP to eth0");
     }
-    // Hosts 1..=n: the yard nodes the schedule faults; with --aggregation, n+1..=n+3 the
-    // aggregation workers' hosts, each with a node too (never faulted); then the KV clients'
-    // and VIP-table poller's host; then, with the gateway, two compute hosts with overlay
-    // tenants.
+    let agents = args.agents;
+    // Hosts 1..=n: the voters the schedule faults; n+1..=n+agents the agents it faults too;
+    // with --aggregation, the aggregation workers' hosts, each with a node too (never
+    // faulted); then the KV clients' and VIP-table poller's host; then, with the gateway, two
+    // compute hosts with overlay tenants.
     let worker_hosts: Vec<usize> = if args.aggregation {
-        (n + 1..=n + AGG_WORKER_HOSTS).collect()
+        (n + agents + 1..=n + agents + AGG_WORKER_HOSTS).collect()
     } else {
         Vec::new()
     };
-    let nodes_total = n + worker_hosts.len();
+    let nodes_total = n + agents + worker_hosts.len();
     // Rank r's host (none without --aggregation).
     let rank_hosts: Vec<usize> = if worker_hosts.is_empty() {
         Vec::new()
@@ -285,11 +296,31 @@ fn run(args: Args) -> anyhow::Result<bool> {
         gateway_config(&topo, n, args.holddown_max_ms)?
     } else if args.aggregation {
         aggregator_config()
+    } else if agents > 0 {
+        // Voters and agents only: the autopilot may replace a voter faulted for longer than
+        // its grace with an agent.
+        "[raft]\nreplicas = 0\n".to_owned()
     } else {
         String::new()
     };
-    let mut cluster =
-        YardCluster::start_on(topo, &bin, nodes_total, &ClusterOptions { extra_config })?;
+    // In the aggregation run the agents aggregate nothing (the job's grouping stays a matter
+    // of the voters' rate-limited links) and never replace a voter, as the worker hosts.
+    let host_config = if args.aggregation {
+        (n + 1..=n + agents)
+            .map(|h| (h, AGENT_AGG_CONFIG.to_owned()))
+            .collect()
+    } else {
+        BTreeMap::new()
+    };
+    let mut cluster = YardCluster::start_on(
+        topo,
+        &bin,
+        nodes_total,
+        &ClusterOptions {
+            extra_config,
+            host_config,
+        },
+    )?;
     if args.aggregation {
         // The aggregating hosts' links at AGG_MBIT both ways, so bandwidth decides the
         // grouping: one aggregator's link carries all six workers' chunks, a tree splits them
@@ -384,7 +415,9 @@ fn run(args: Args) -> anyhow::Result<bool> {
         None
     };
 
-    let endpoints: Vec<String> = (1..=n).map(|i| cluster.endpoint(i)).collect();
+    // Through agents as well as voters: an agent forwards writes and serves linearizable reads
+    // at the leader's read index.
+    let endpoints: Vec<String> = (1..=n + agents).map(|i| cluster.endpoint(i)).collect();
     let tls = cluster.tls_dir().to_owned();
     let recorder = Recorder::new();
     let workload = WorkloadConfig {
@@ -505,7 +538,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
         summary.elapsed.as_secs_f64()
     );
 
-    // Invariant: with every fault healed the cluster converges to all voters reachable.
+    // Invariant: with every fault healed the cluster converges to every host reachable.
     let converged = cluster.wait_hosts(1, nodes_total, Duration::from_secs(30));
     let history = recorder.history();
     let offset_ms = clock.at(recorder.origin());
@@ -644,6 +677,8 @@ fn run(args: Args) -> anyhow::Result<bool> {
 /// workers it would serve no faster than one aggregator (the job would stay flat).
 const AGG_WORKERS: usize = 6;
 const AGG_WORKER_HOSTS: usize = 3;
+/// The config of an agent host in the aggregation run: no aggregator, no voter replaced.
+const AGENT_AGG_CONFIG: &str = "[raft]\nreplicas = 0\nvoter_grace_ms = 3600000\n";
 /// Egress limit of the aggregation run's hosts, Mbit/s.
 const AGG_MBIT: u32 = 200;
 /// How long an `auto` job may take to be grouped into a tree before the schedule, s.

@@ -60,6 +60,7 @@ fn run(bin: &Path) -> Result<(), String> {
             yard_cluster_tests::yard::aggregator_config(32),
             torch::AGG_TORCH_TIMING
         ),
+        ..Default::default()
     };
     let mut c = YardCluster::start(bin, nodes, nodes, &opts).map_err(|e| e.to_string())?;
     // The roles as the leader reports them: past three voters and two replicas, agents.

@@ -87,6 +87,7 @@ fn run(bin: PathBuf) -> Result<()> {
         3,
         &ClusterOptions {
             extra_config: config,
+            ..Default::default()
         },
     )?;
     let pool: Vec<String> = (1..=6).map(|n| vip(n).to_string()).collect();

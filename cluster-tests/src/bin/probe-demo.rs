@@ -31,6 +31,7 @@ fn run(yard: PathBuf, ring_bin: PathBuf, svg: PathBuf) -> Result<()> {
         extra_config: format!(
             "[probe]\ninterface = \"eth0\"\nports = [{RING_PORT}]\n[analyzer]\nslow_factor = 3.0\n"
         ),
+        ..Default::default()
     };
     let c = YardCluster::start(&yard, 3, 3, &opts)?;
     let ring_opts = RingOptions {

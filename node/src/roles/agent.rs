@@ -11,15 +11,13 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use yard_control::follow::Follower;
+use yard_control::follow::{member_check_due, removed_while_away, Follower};
 use yard_raft_store::{NodeId, StateMachineStore};
 
 use crate::rpc::{Reply, Request, WatchBatch};
 use crate::service::Node;
 use crate::transport::Target;
 
-/// How often a replica checks with another member that it still is one.
-const MEMBER_CHECK: Duration = Duration::from_secs(2);
 /// The pause after a failed poll, so a lost member is not hammered.
 const RETRY_AFTER: Duration = Duration::from_millis(100);
 
@@ -40,7 +38,9 @@ pub struct Settings {
 
 /// Runs on every host: follows the tables whenever this host is not a Raft member (a host the
 /// autopilot adds as a replica is then fed by Raft, and the entries its watch had applied are
-/// skipped by index; one it drops follows again).
+/// skipped by index; one it drops follows again). A host Raft still calls a member asks now and
+/// then whether it was removed while it was away (`member_check_due`), and follows as an agent
+/// when a member's answer shows so.
 pub async fn follow(node: Node, store: StateMachineStore, settings: Settings) {
     let epoch = Instant::now();
     let mut follower = Follower::default();
@@ -51,17 +51,22 @@ pub async fn follow(node: Node, store: StateMachineStore, settings: Settings) {
     let mut polled_at = tokio::time::Instant::now();
     loop {
         let mut hold = settings.hold;
+        let mut checking = false;
         if node.is_member() {
-            // A replica the autopilot drops leaves Raft without always hearing so (the leader
-            // stops replicating to it once the change commits): now and then it asks a member
-            // for what it missed, which shows it its removal, and it follows as an agent.
             let voter = node.voter_ids().contains(&node.id());
-            if voter || checked.is_some_and(|at| at.elapsed() < MEMBER_CHECK) {
+            let leaderless_ms = match crate::prevote::gate::local_view(&node).await {
+                Some(v) if v.leader => None,
+                Some(v) => Some(v.heard_ms_ago.unwrap_or(u64::MAX)),
+                None => return,
+            };
+            let since_check = checked.map(|at: Instant| at.elapsed().as_millis() as u64);
+            if !member_check_due(voter, leaderless_ms, since_check) {
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 continue;
             }
             checked = Some(Instant::now());
             hold = Duration::ZERO;
+            checking = true;
         }
         let now_ms = epoch.elapsed().as_millis() as u64;
         let sources = node.watch_sources();
@@ -101,6 +106,18 @@ pub async fn follow(node: Node, store: StateMachineStore, settings: Settings) {
         let now_ms = epoch.elapsed().as_millis() as u64;
         let failure = match outcome {
             Ok(Reply::Watch(batch)) => {
+                if checking {
+                    let (mine_at, _) = node.membership();
+                    if !removed_while_away(node.id(), mine_at, batch.membership_at, &batch.members)
+                    {
+                        // Still a member, or the answer is no newer: Raft catches it up.
+                        continue;
+                    }
+                    tracing::warn!(
+                        membership_at = batch.membership_at,
+                        "this host was removed from raft's membership while it was away; it follows the tables as an agent"
+                    );
+                }
                 // A small batch means the agent is caught up and writes are streaming in:
                 // wait out the pace so the next batch carries more of them. A large one (or a
                 // snapshot) means it is behind: ask again at once.

@@ -62,9 +62,12 @@ fn batch(
     snapshot: Option<yard_raft_store::watch::Encoded>,
     entries: Vec<yard_raft_store::watch::Encoded>,
 ) -> Reply {
+    let (membership_at, members) = node.membership();
     Reply::Watch(WatchBatch {
         leader: node.known_leader(),
         snapshot,
         entries,
+        membership_at,
+        members,
     })
 }
