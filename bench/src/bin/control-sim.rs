@@ -73,7 +73,7 @@ struct Args {
     #[arg(long, default_value_t = 100)]
     fanout_writes: usize,
     /// Their rate, per second.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 2.0)]
     fanout_rate: f64,
     /// Quiet time over which the leader's idle CPU is read.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
@@ -100,6 +100,10 @@ struct Args {
 
 /// Raft members: the roles core's defaults (3 voters, 2 replicas).
 const MEMBERS: u64 = 5;
+
+// The daemon's allocator, so the members' and agents' costs are the daemon's.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// Agents' ids start here.
 const AGENT_BASE: NodeId = 1000;
 /// Joins in flight at once.
@@ -145,7 +149,10 @@ fn group_of(comm: &str) -> String {
     "other".into()
 }
 
-fn cpu_delta(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeMap<String, f64> {
+fn cpu_delta(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+) -> BTreeMap<String, f64> {
     after
         .iter()
         .map(|(g, a)| {
@@ -410,11 +417,21 @@ async fn follow(agent: Arc<Agent>, settings: FollowSettings) {
     let mut seed_turn = agent.id as usize;
     let mut paced = false;
     let mut polled_at = tokio::time::Instant::now();
+    // The members, read again only when the tables moved (the daemon reads them every poll,
+    // on a host of its own; here 5,000 agents share two cores).
+    let mut known: Option<(u64, BTreeMap<NodeId, String>, BTreeSet<NodeId>)> = None;
     while !agent.stop.load(Ordering::Relaxed) {
         let now_ms = epoch.elapsed().as_millis() as u64;
-        let sources = sources(&agent.store, agent.id);
-        let ids: BTreeSet<NodeId> = sources.keys().copied().collect();
-        let (primary, backup) = match follower.targets(agent.id, &ids, leader, now_ms) {
+        let at = agent.store.feed().applied_index();
+        if known.as_ref().is_none_or(|(i, _, _)| *i != at) {
+            let s = sources(&agent.store, agent.id);
+            let ids = s.keys().copied().collect();
+            known = Some((at, s, ids));
+        }
+        let Some((_, sources, ids)) = known.as_ref() else {
+            continue;
+        };
+        let (primary, backup) = match follower.targets(agent.id, ids, leader, now_ms) {
             Some(t) => (
                 (
                     Some(t.primary),
@@ -593,6 +610,9 @@ struct Cluster {
     agent_tasks: Vec<tokio::task::JoinHandle<()>>,
     agents_rt: Runtime,
     _agents_db_dir: tempfile::TempDir,
+    /// CPU seconds per thread group while the agents joined, and how long that took.
+    join_cpu: BTreeMap<String, f64>,
+    join_secs: f64,
 }
 
 impl Cluster {
@@ -643,11 +663,10 @@ async fn form(args: &Args, hosts: usize) -> Result<Cluster> {
     for id in 2..=MEMBERS {
         let m = start_member(&net, id, &raft).await?;
         let n = m.node.clone();
-        let role = m
-            .rt
-            .spawn(async move { n.join(&addr(1), Duration::from_secs(30)).await })
-            .await?
-            .map_err(anyhow::Error::msg)?;
+        let role =
+            m.rt.spawn(async move { n.join(&addr(1), Duration::from_secs(30)).await })
+                .await?
+                .map_err(anyhow::Error::msg)?;
         eprintln!("control-sim: member {id} joined as {role}");
         members.push(m);
     }
@@ -702,12 +721,17 @@ async fn form(args: &Args, hosts: usize) -> Result<Cluster> {
     // Each agent joins through a member (forwarded to the leader), then follows at once, as
     // the daemon does; a bounded number of joins in flight.
     let started = Instant::now();
+    let cpu_before = cpu_by_group();
     let mut tasks = Vec::with_capacity(n_agents);
     let mut failed = 0usize;
     for chunk in agents.chunks(JOINS_IN_FLIGHT) {
         let mut joins = Vec::new();
         for a in chunk {
-            let (a, seed, s) = (a.clone(), seeds[a.id as usize % seeds.len()].clone(), settings.clone());
+            let (a, seed, s) = (
+                a.clone(),
+                seeds[a.id as usize % seeds.len()].clone(),
+                settings.clone(),
+            );
             joins.push(agents_rt.spawn(async move {
                 let joined = join(&a, seed).await;
                 let task = tokio::spawn(follow(a, s));
@@ -725,10 +749,9 @@ async fn form(args: &Args, hosts: usize) -> Result<Cluster> {
             tasks.push(task);
         }
     }
-    eprintln!(
-        "control-sim: {n_agents} agents joined in {:.1} s ({failed} failed)",
-        started.elapsed().as_secs_f64()
-    );
+    let join_cpu = cpu_delta(&cpu_before, &cpu_by_group());
+    let join_secs = started.elapsed().as_secs_f64();
+    eprintln!("control-sim: {n_agents} agents joined in {join_secs:.1} s ({failed} failed)");
     let cluster = Cluster {
         net,
         members,
@@ -736,6 +759,8 @@ async fn form(args: &Args, hosts: usize) -> Result<Cluster> {
         agent_tasks: tasks,
         agents_rt,
         _agents_db_dir: db_dir,
+        join_cpu,
+        join_secs,
     };
     let target = cluster.leader()?.node.feed().applied_index();
     let agents = cluster.agents.clone();
@@ -772,7 +797,10 @@ async fn burst(c: &Cluster, writes: usize, clients: usize, tag: &str) -> Result<
                     key: format!("{tag}/{w}/{k}"),
                     value: "v".repeat(64),
                 });
-                match t.call(Target::any(to.clone()), req, Duration::from_secs(10)).await {
+                match t
+                    .call(Target::any(to.clone()), req, Duration::from_secs(10))
+                    .await
+                {
                     Ok(Reply::Admin(_)) => {}
                     _ => errors += 1,
                 }
@@ -788,14 +816,18 @@ async fn burst(c: &Cluster, writes: usize, clients: usize, tag: &str) -> Result<
 }
 
 /// The leader's applied index over time, recorded on the leader's runtime.
-fn record_leader_applies(m: &Member) -> (Arc<Mutex<Vec<(u64, Instant)>>>, tokio::task::JoinHandle<()>) {
+fn record_leader_applies(
+    m: &Member,
+) -> (Arc<Mutex<Vec<(u64, Instant)>>>, tokio::task::JoinHandle<()>) {
     let out = Arc::new(Mutex::new(Vec::new()));
     let o = out.clone();
     let mut rx = m.node.feed().applied_changes();
     let task = m.rt.spawn(async move {
         while rx.changed().await.is_ok() {
             let i = *rx.borrow_and_update();
-            o.lock().unwrap_or_else(|e| e.into_inner()).push((i, Instant::now()));
+            o.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((i, Instant::now()));
         }
     });
     (out, task)
@@ -818,7 +850,8 @@ async fn fanout(c: &Cluster, args: &Args) -> Result<Value> {
             value: "v".repeat(64),
         });
         if !matches!(
-            t.call(Target::any(to.clone()), req, Duration::from_secs(10)).await,
+            t.call(Target::any(to.clone()), req, Duration::from_secs(10))
+                .await,
             Ok(Reply::Admin(_))
         ) {
             errors += 1;
@@ -826,9 +859,15 @@ async fn fanout(c: &Cluster, args: &Args) -> Result<Value> {
     }
     let last = leader.node.feed().applied_index();
     let agents = c.agents.clone();
-    let caught_up = wait_until("every agent applied the fan-out writes", Duration::from_secs(60), || {
-        agents.iter().all(|a| a.store.feed().applied_index() >= last)
-    })
+    let caught_up = wait_until(
+        "every agent applied the fan-out writes",
+        Duration::from_secs(60),
+        || {
+            agents
+                .iter()
+                .all(|a| a.store.feed().applied_index() >= last)
+        },
+    )
     .await;
     recorder.abort();
     let stamps = stamps.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -869,32 +908,61 @@ async fn fanout(c: &Cluster, args: &Args) -> Result<Value> {
     }))
 }
 
-async fn liveness(c: &Cluster, args: &Args) -> Result<Value> {
-    let leader = c.leader()?;
-    let term_before = term_of(&c.members);
-    let (_, mut changes) = leader.node.feed().subscribe();
-    let lossy = c.agents.first().context("no agents")?.clone();
-    let victims: Vec<Arc<Agent>> = c.agents.iter().rev().take(args.kills).cloned().collect();
-    let commits: Arc<Mutex<Vec<(Instant, NodeId, bool)>>> = Arc::default();
-    let lagged = Arc::new(AtomicBool::new(false));
-    let watcher = {
-        let (commits, lagged) = (commits.clone(), lagged.clone());
-        tokio::spawn(async move {
+/// Every `HostLiveness` commit the leader applies, with when, for the whole round.
+struct Verdicts {
+    commits: Arc<Mutex<Vec<(Instant, NodeId, bool)>>>,
+    lagged: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Verdicts {
+    fn record(leader: &Member) -> Self {
+        let (_, mut changes) = leader.node.feed().subscribe();
+        let commits: Arc<Mutex<Vec<(Instant, NodeId, bool)>>> = Arc::default();
+        let lagged = Arc::new(AtomicBool::new(false));
+        let (c, l) = (commits.clone(), lagged.clone());
+        let task = tokio::spawn(async move {
             loop {
                 match changes.recv().await {
-                    Ok(Change::HostLiveness { id, alive, .. }) => commits
+                    Ok(Change::HostLiveness { id, alive, .. }) => c
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .push((Instant::now(), id, alive)),
                     Ok(_) => {}
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                        lagged.store(true, Ordering::Relaxed)
+                        l.store(true, Ordering::Relaxed)
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
                 }
             }
-        })
-    };
+        });
+        Self {
+            commits,
+            lagged,
+            task,
+        }
+    }
+
+    fn all(&self) -> Vec<(Instant, NodeId, bool)> {
+        self.commits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Hosts committed dead since `from`.
+    fn dead_since(&self, from: Instant) -> usize {
+        self.all()
+            .iter()
+            .filter(|(t, _, alive)| *t >= from && !alive)
+            .count()
+    }
+}
+
+async fn liveness(c: &Cluster, args: &Args, verdicts: &Verdicts) -> Result<Value> {
+    let term_before = term_of(&c.members);
+    let lossy = c.agents.first().context("no agents")?.clone();
+    let victims: Vec<Arc<Agent>> = c.agents.iter().rev().take(args.kills).cloned().collect();
     let ppm = (args.loss.clamp(0.0, 100.0) * 1e4) as u32;
     lossy.loss_ppm.store(ppm, Ordering::Relaxed);
     eprintln!(
@@ -915,12 +983,18 @@ async fn liveness(c: &Cluster, args: &Args) -> Result<Value> {
     // Time for the last victim to be judged.
     tokio::time::sleep(Duration::from_secs(3)).await;
     lossy.loss_ppm.store(0, Ordering::Relaxed);
-    watcher.abort();
-    let commits = commits.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let commits: Vec<_> = verdicts
+        .all()
+        .into_iter()
+        .filter(|(t, _, _)| *t >= started)
+        .collect();
     let mut detect = Vec::new();
     let mut undetected = 0usize;
     for (id, at) in &killed {
-        match commits.iter().find(|(t, h, alive)| h == id && !alive && t >= at) {
+        match commits
+            .iter()
+            .find(|(t, h, alive)| h == id && !alive && t >= at)
+        {
             Some((t, _, _)) => detect.push(t.duration_since(*at).as_secs_f64() * 1e3),
             None => undetected += 1,
         }
@@ -943,7 +1017,7 @@ async fn liveness(c: &Cluster, args: &Args) -> Result<Value> {
         "false_suspicions": false_dead.len(),
         "false_suspicions_lossy_host": lossy_false,
         "false_suspected_hosts": false_dead,
-        "feed_lagged": lagged.load(Ordering::Relaxed),
+        "feed_lagged": verdicts.lagged.load(Ordering::Relaxed),
         "term_changes": term_of(&c.members) - term_before,
     }))
 }
@@ -954,16 +1028,39 @@ async fn round(args: &Args, hosts: usize) -> Result<Value> {
     let leader = c.leader()?.id;
     let lg = format!("member-{leader}");
     let term0 = term_of(&c.members);
+    let verdicts = Verdicts::record(c.leader()?);
+    let n_agents = c.agents.len().max(1) as f64;
+    let join_leader_us = c.join_cpu.get(&lg).copied().unwrap_or(0.0) * 1e6 / n_agents;
 
     let b = cpu_by_group();
     tokio::time::sleep(args.idle).await;
     let idle = cpu_delta(&b, &cpu_by_group());
     let idle_s = args.idle.as_secs_f64();
 
+    // The phases that measure time run before the write burst, whose load on the agents'
+    // shared cores is the harness's own (each agent would have a host of its own).
     let b = cpu_by_group();
+    let t = Instant::now();
+    let fan = fanout(&c, args).await?;
+    let fan_cpu = cpu_delta(&b, &cpu_by_group());
+    let fan_dead = verdicts.dead_since(t);
+
+    let live = if hosts == args.liveness_hosts {
+        Some(liveness(&c, args, &verdicts).await?)
+    } else {
+        None
+    };
+
+    let b = cpu_by_group();
+    let t = Instant::now();
     let (secs, errors) = burst(&c, args.writes, args.clients, &format!("burst{hosts}")).await?;
     let busy = cpu_delta(&b, &cpu_by_group());
-    let leader_us = busy.get(&lg).copied().unwrap_or(0.0) * 1e6 / args.writes as f64;
+    let burst_dead = verdicts.dead_since(t);
+    let leader_s = busy.get(&lg).copied().unwrap_or(0.0);
+    let leader_us = leader_s * 1e6 / args.writes as f64;
+    // The leader's idle CPU over the burst's time taken out: what the writes themselves cost.
+    let leader_idle_s = idle.get(&lg).copied().unwrap_or(0.0) / idle_s * secs;
+    let leader_marginal_us = (leader_s - leader_idle_s) * 1e6 / args.writes as f64;
     let members_us = busy
         .iter()
         .filter(|(g, _)| g.starts_with("member-"))
@@ -971,22 +1068,15 @@ async fn round(args: &Args, hosts: usize) -> Result<Value> {
         .sum::<f64>()
         * 1e6
         / args.writes as f64;
-
-    let b = cpu_by_group();
-    let fan = fanout(&c, args).await?;
-    let fan_cpu = cpu_delta(&b, &cpu_by_group());
-
-    let live = if hosts == args.liveness_hosts {
-        Some(liveness(&c, args).await?)
-    } else {
-        None
-    };
+    verdicts.task.abort();
     let rss_mb = std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse::<f64>().ok()))
+            s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|v| v.parse::<f64>().ok())
+            })
         })
         .map_or(f64::NAN, |kb| kb / 1024.0);
     let out = json!({
@@ -994,17 +1084,23 @@ async fn round(args: &Args, hosts: usize) -> Result<Value> {
         "agents": c.agents.len(),
         "leader": leader,
         "term_changes": term_of(&c.members) - term0,
+        "join_secs": c.join_secs,
+        "join_cpu_s": c.join_cpu,
+        "join_leader_cpu_us_per_join": join_leader_us,
         "idle_cpu_percent": idle.iter().map(|(g, v)| (g.clone(), 100.0 * v / idle_s)).collect::<BTreeMap<_, _>>(),
+        "fanout": fan,
+        "fanout_cpu_s": fan_cpu,
+        "fanout_hosts_committed_dead": fan_dead,
+        "liveness": live,
         "writes": args.writes,
         "clients": args.clients,
         "write_errors": errors,
         "writes_per_s": args.writes as f64 / secs,
         "leader_cpu_us_per_write": leader_us,
+        "leader_marginal_cpu_us_per_write": leader_marginal_us,
         "members_cpu_us_per_write": members_us,
         "burst_cpu_s": busy,
-        "fanout": fan,
-        "fanout_cpu_s": fan_cpu,
-        "liveness": live,
+        "burst_hosts_committed_dead": burst_dead,
         "rss_mb": rss_mb,
     });
     c.shutdown();
@@ -1036,20 +1132,35 @@ fn main() -> Result<()> {
         _ => f64::NAN,
     };
     eprintln!(
-        "{:>6} {:>10} {:>10} {:>8} {:>9} {:>9} {:>9} {:>8}",
-        "hosts", "leader us/w", "members us/w", "writes/s", "fan p50", "fan p99", "fan max", "rss MB"
+        "{:>6} {:>11} {:>12} {:>12} {:>8} {:>8} {:>8} {:>8} {:>10} {:>7}",
+        "hosts",
+        "leader us/w",
+        "marginal us/w",
+        "members us/w",
+        "writes/s",
+        "fan p50",
+        "fan p99",
+        "fan max",
+        "join us/j",
+        "rss MB"
     );
     for r in &rounds {
         let f = &r["fanout"]["all_agents_ms"];
         eprintln!(
-            "{:>6} {:>10.1} {:>10.1} {:>8.0} {:>9.1} {:>9.1} {:>9.1} {:>8.0}",
+            "{:>6} {:>11.1} {:>12.1} {:>12.1} {:>8.0} {:>8.1} {:>8.1} {:>8.1} {:>10.0} {:>7.0}",
             r["hosts"],
             per_write(r),
+            r["leader_marginal_cpu_us_per_write"]
+                .as_f64()
+                .unwrap_or(f64::NAN),
             r["members_cpu_us_per_write"].as_f64().unwrap_or(f64::NAN),
             r["writes_per_s"].as_f64().unwrap_or(f64::NAN),
             f["p50"].as_f64().unwrap_or(f64::NAN),
             f["p99"].as_f64().unwrap_or(f64::NAN),
             f["max"].as_f64().unwrap_or(f64::NAN),
+            r["join_leader_cpu_us_per_join"]
+                .as_f64()
+                .unwrap_or(f64::NAN),
             r["rss_mb"].as_f64().unwrap_or(f64::NAN),
         );
     }
