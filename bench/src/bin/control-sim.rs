@@ -361,14 +361,13 @@ impl Transport for Lossy {
                 tokio::time::sleep(back).await;
                 reply
             };
+            let late = Err(TransportError::Timeout {
+                addr,
+                ms: timeout.as_millis(),
+            });
             tokio::time::timeout(timeout, exchange)
                 .await
-                .unwrap_or_else(|_| {
-                    Err(TransportError::Timeout {
-                        addr,
-                        ms: timeout.as_millis(),
-                    })
-                })
+                .unwrap_or(late)
         })
     }
 }
@@ -815,10 +814,11 @@ async fn burst(c: &Cluster, writes: usize, clients: usize, tag: &str) -> Result<
     Ok((start.elapsed().as_secs_f64(), errors))
 }
 
+/// Applied indexes and when each was reached, in order.
+type Stamps = Arc<Mutex<Vec<(u64, Instant)>>>;
+
 /// The leader's applied index over time, recorded on the leader's runtime.
-fn record_leader_applies(
-    m: &Member,
-) -> (Arc<Mutex<Vec<(u64, Instant)>>>, tokio::task::JoinHandle<()>) {
+fn record_leader_applies(m: &Member) -> (Stamps, tokio::task::JoinHandle<()>) {
     let out = Arc::new(Mutex::new(Vec::new()));
     let o = out.clone();
     let mut rx = m.node.feed().applied_changes();
