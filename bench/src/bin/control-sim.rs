@@ -227,7 +227,7 @@ async fn start_member(net: &MemNetwork, id: NodeId, raft: &RaftSection) -> Resul
     );
     {
         let _guard = rt.enter();
-        tokio::spawn(yard::prevote::run(node.clone()));
+        tokio::spawn(yard::prevote::gate::run(node.clone()));
         tokio::spawn(yard::roles::autopilot::run(node.clone()));
         tokio::spawn(yard::roles::liveness::report(node.clone()));
         tokio::spawn(yard::roles::liveness::judge(node.clone()));
