@@ -46,6 +46,23 @@ pub fn view(
     now_ms: u64,
     agent_lag: &BTreeMap<NodeId, u64>,
 ) -> ClusterView {
+    view_of(node, clock, now_ms, agent_lag, true)
+}
+
+/// The members alone, which is all a joining host's role depends on
+/// (`yard_control::roles::role_for_join`): a join costs the leader the same at 5,000 hosts as
+/// at 5, where the whole view made N joins cost O(N²).
+pub fn members_view(node: &Node) -> ClusterView {
+    view_of(node, &mut HostClock::default(), 0, &BTreeMap::new(), false)
+}
+
+fn view_of(
+    node: &Node,
+    clock: &mut HostClock,
+    now_ms: u64,
+    agent_lag: &BTreeMap<NodeId, u64>,
+    with_agents: bool,
+) -> ClusterView {
     let (voters, members) = (node.voter_ids(), node.member_ids());
     let reach = node.reachability();
     let me = node.id();
@@ -62,10 +79,24 @@ pub fn view(
             .map_or(0, |l| l.index);
         Some(last.saturating_sub(matched))
     };
-    let zones: BTreeMap<NodeId, Option<String>> = node
-        .feed()
-        .read(|d| d.nodes.iter().map(|(id, n)| (*id, zone_of(n))).collect());
-    let mut hosts: Vec<HostView> = Vec::with_capacity(zones.len().max(members.len()));
+    // One read of the tables for every host, agents and their liveness included.
+    let (zones, agents) = node.feed().read(|d| {
+        let zones: BTreeMap<NodeId, Option<String>> = members
+            .iter()
+            .filter_map(|id| d.nodes.get(id).map(|n| (*id, zone_of(n))))
+            .collect();
+        let agents: Vec<(NodeId, Option<String>, bool)> = if with_agents {
+            d.nodes
+                .iter()
+                .filter(|(id, _)| !members.contains(id))
+                .map(|(id, n)| (*id, zone_of(n), !d.hosts_down.contains(id)))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        (zones, agents)
+    });
+    let mut hosts: Vec<HostView> = Vec::with_capacity(members.len() + agents.len());
     for id in &members {
         let alive = *id == me || reach.get(id).copied().unwrap_or(true);
         hosts.push(HostView {
@@ -81,15 +112,14 @@ pub fn view(
             lag: lag_of(*id),
         });
     }
-    for (id, zone) in zones.iter().filter(|(id, _)| !members.contains(id)) {
-        let alive = node.host_alive(*id);
+    for (id, zone, alive) in agents {
         hosts.push(HostView {
-            id: *id,
-            zone: zone.clone(),
+            id,
+            zone,
             role: Role::Agent,
             alive,
-            since_ms: clock.since(*id, alive, now_ms),
-            lag: agent_lag.get(id).copied(),
+            since_ms: clock.since(id, alive, now_ms),
+            lag: agent_lag.get(&id).copied(),
         });
     }
     ClusterView {

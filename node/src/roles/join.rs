@@ -205,8 +205,7 @@ impl Node {
         if self.inner.feed.read(|d| d.nodes.contains_key(&req.id)) {
             return Role::Agent;
         }
-        let view =
-            crate::roles::autopilot::view(self, &mut Default::default(), 0, &Default::default());
+        let view = crate::roles::autopilot::members_view(self);
         let zone = (!req.zone.is_empty()).then_some(req.zone.as_str());
         yard_control::roles::role_for_join(&self.inner.roles, &view, req.id, zone)
     }
