@@ -560,6 +560,7 @@ fn two_jobs_sum_exactly_under_loss_both_ways_and_forged_frames_are_dropped() {
                                         chunk,
                                         worker: 0,
                                         count: 0,
+                                        contributors: 0,
                                     },
                                     &vec![1; len],
                                 );
