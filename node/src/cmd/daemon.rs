@@ -317,6 +317,7 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
             a.interface.clone(),
         ))
     } else {
+        tokio::spawn(yard::agg_control::deregister_while_disabled(node.clone()));
         None
     };
     let gateway = if cfg.gateway.enabled {
