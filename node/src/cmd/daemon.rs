@@ -251,9 +251,12 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
     node.set_agg_quota(cfg.aggregator.quota());
     {
         let path = cfg.agg_socket();
-        let listener = yard::agg_agent::bind(&path, cfg.probe_socket_access()?)
+        let access = cfg.agg_socket_access()?;
+        let policy = yard::agg_agent::AgentPolicy::for_daemon(&access)
+            .context("cannot read this process's credentials for the aggregation agent")?;
+        let listener = yard::agg_agent::bind(&path, access)
             .with_context(|| format!("cannot listen on aggregator.socket {}", path.display()))?;
-        tokio::spawn(yard::agg_agent::serve(listener, node.clone()));
+        tokio::spawn(yard::agg_agent::serve(listener, node.clone(), policy));
     }
     tokio::spawn(yard::agg_control::run(
         node.clone(),
