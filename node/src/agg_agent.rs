@@ -193,15 +193,18 @@ pub fn check_addr(addr: SocketAddrV4) -> Result<(), String> {
     Ok(())
 }
 
-/// The ranks live sessions of this agent hold, by (job, rank): the holder's pid.
+/// A job's rank, by job name.
+type JobRank = (String, u16);
+
+/// The ranks live sessions of this agent hold: the holder's pid.
 #[derive(Debug, Clone, Default)]
-pub struct Holders(Arc<Mutex<BTreeMap<(String, u16), Option<i32>>>>);
+pub struct Holders(Arc<Mutex<BTreeMap<JobRank, Option<i32>>>>);
 
 /// A rank held by a session until it is dropped.
 #[derive(Debug)]
 pub struct Hold {
     holders: Holders,
-    key: (String, u16),
+    key: JobRank,
 }
 
 impl Drop for Hold {

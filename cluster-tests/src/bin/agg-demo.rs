@@ -234,11 +234,9 @@ fn run(bin: &Path) -> Result<(), String> {
     }
     println!(
         "agg demo: node {now} completed {summed} chunks of the job after the move{}",
-        if chunks > 0 {
-            format!(" ({} steps' worth)", summed / chunks)
-        } else {
-            String::new()
-        }
+        summed
+            .checked_div(chunks)
+            .map_or_else(String::new, |steps| format!(" ({steps} steps' worth)"))
     );
     let reports: Vec<Value> = (0..WORKERS)
         .map(|r| {
