@@ -643,3 +643,63 @@ fn two_jobs_sum_exactly_under_loss_both_ways_and_forged_frames_are_dropped() {
         Value::Array(stats.iter().map(|s| s["counters"].clone()).collect())
     );
 }
+
+/// A node restarted with `[aggregator] enabled = false` deregisters its host: afterwards a job
+/// whose workers run on the other two aggregating hosts (so only node 3 could sum it) waits,
+/// naming those two, instead of being placed on node 3, which is reachable again but runs no
+/// aggregator. Before the fix nothing deregistered a host and the job went to node 3.
+#[test]
+fn a_node_restarted_with_its_aggregator_disabled_is_no_longer_placeable() {
+    require_root();
+    let bin = yard_cluster_tests::yard::test_yard_bin();
+    let mut cluster = YardCluster::start(&bin, NODES, NODES, &options()).unwrap();
+    cluster
+        .wait_voters(1, NODES, Duration::from_secs(30))
+        .unwrap();
+    cluster.kill9(3).unwrap();
+    cluster
+        .reconfigure(3, "[aggregator]\nenabled = false\n")
+        .unwrap();
+    cluster.restart(3).unwrap();
+    cluster
+        .wait_voters(1, NODES, Duration::from_secs(60))
+        .unwrap();
+    let size = (u64::from(SMALL) * 4).to_string();
+    let create = [
+        "agg",
+        "job",
+        "create",
+        "only3",
+        "--grouping",
+        "flat",
+        "--workers",
+        "2",
+        "--size",
+        &size,
+        "--dtype",
+        "i32",
+        "--json",
+    ];
+    json(&cluster.cli(1, &create).unwrap(), "yard agg job create");
+    for (rank, host) in [(0usize, 1usize), (1, 2)] {
+        let addr = SocketAddrV4::new(cluster.topology().addr(host), 42000);
+        join_job(&cluster, host, "only3", rank, addr).unwrap();
+    }
+    let want = "no aggregator can take it: node 1 runs a worker, node 2 runs a worker";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let job = show_job(&cluster, 1, "only3");
+        let waiting = job
+            .as_ref()
+            .and_then(|j| j["waiting"].as_str().map(str::to_owned));
+        if waiting.as_deref() == Some(want) {
+            assert_eq!(job.unwrap()["running"], false);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the job was not left waiting for want of a host: {job:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
