@@ -355,7 +355,7 @@ fn small_sum(ranks: &[usize], round: u32) -> Vec<i32> {
 fn a_worker_that_dies_fails_its_job_and_an_elastic_job_goes_on_without_it() {
     require_root();
     let bin = yard_cluster_tests::yard::test_yard_bin();
-    let cluster = YardCluster::start(&bin, NODES, NODES + 3, &options()).unwrap();
+    let cluster = YardCluster::start(&bin, NODES, NODES, &options()).unwrap();
     let size = (u64::from(SMALL) * 4).to_string();
     for (job, elastic) in [("strict", false), ("elastic", true)] {
         let mut args = vec![
@@ -380,11 +380,13 @@ fn a_worker_that_dies_fails_its_job_and_an_elastic_job_goes_on_without_it() {
             "yard agg job create",
         );
     }
+    // The workers run on node 1's host and join through its agent, which takes only this
+    // host's addresses (so node 1 sums neither job: it runs their workers).
     let socket = cluster.agg_socket(1);
     let mut threads = Vec::new();
     for (j, job) in ["strict", "elastic"].into_iter().enumerate() {
         for rank in 0..3 {
-            let host = NODES + 1 + rank;
+            let host = 1;
             let addr = SocketAddrV4::new(
                 cluster.topology().addr(host),
                 41000 + (j * 10 + rank) as u16,
@@ -561,6 +563,7 @@ fn two_jobs_sum_exactly_under_loss_both_ways_and_forged_frames_are_dropped() {
                                         chunk,
                                         worker: 0,
                                         count: 0,
+                                        contributors: 0,
                                     },
                                     &vec![1; len],
                                 );
@@ -640,4 +643,64 @@ fn two_jobs_sum_exactly_under_loss_both_ways_and_forged_frames_are_dropped() {
         "green's aggregator counted {foreign} foreign frames of {forged} forged; nodes' counters: {:#}",
         Value::Array(stats.iter().map(|s| s["counters"].clone()).collect())
     );
+}
+
+/// A node restarted with `[aggregator] enabled = false` deregisters its host: afterwards a job
+/// whose workers run on the other two aggregating hosts (so only node 3 could sum it) waits,
+/// naming those two, instead of being placed on node 3, which is reachable again but runs no
+/// aggregator. Before the fix nothing deregistered a host and the job went to node 3.
+#[test]
+fn a_node_restarted_with_its_aggregator_disabled_is_no_longer_placeable() {
+    require_root();
+    let bin = yard_cluster_tests::yard::test_yard_bin();
+    let mut cluster = YardCluster::start(&bin, NODES, NODES, &options()).unwrap();
+    cluster
+        .wait_voters(1, NODES, Duration::from_secs(30))
+        .unwrap();
+    cluster.kill9(3).unwrap();
+    cluster
+        .reconfigure(3, "[aggregator]\nenabled = false\n")
+        .unwrap();
+    cluster.restart(3).unwrap();
+    cluster
+        .wait_voters(1, NODES, Duration::from_secs(60))
+        .unwrap();
+    let size = (u64::from(SMALL) * 4).to_string();
+    let create = [
+        "agg",
+        "job",
+        "create",
+        "only3",
+        "--grouping",
+        "flat",
+        "--workers",
+        "2",
+        "--size",
+        &size,
+        "--dtype",
+        "i32",
+        "--json",
+    ];
+    json(&cluster.cli(1, &create).unwrap(), "yard agg job create");
+    for (rank, host) in [(0usize, 1usize), (1, 2)] {
+        let addr = SocketAddrV4::new(cluster.topology().addr(host), 42000);
+        join_job(&cluster, host, "only3", rank, addr).unwrap();
+    }
+    let want = "no aggregator can take it: node 1 runs a worker, node 2 runs a worker";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let job = show_job(&cluster, 1, "only3");
+        let waiting = job
+            .as_ref()
+            .and_then(|j| j["waiting"].as_str().map(str::to_owned));
+        if waiting.as_deref() == Some(want) {
+            assert_eq!(job.unwrap()["running"], false);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the job was not left waiting for want of a host: {job:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }

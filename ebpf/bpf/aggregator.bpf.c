@@ -413,6 +413,7 @@ static __always_inline int forward_up(struct xdp_md *ctx, const struct agg_job *
 	h->flags = slot->up_flags;
 	h->exp = slot->exp;
 	h->worker = job->parent_worker;
+	h->contributors = 0;
 	/* From this host (the member addressed it) to the parent. */
 	__builtin_memcpy(eth->h_source, eth->h_dest, ETH_ALEN);
 	__builtin_memcpy(eth->h_dest, mac, ETH_ALEN);
@@ -569,7 +570,7 @@ admitted:;
 		slot->epoch = h->epoch;
 		slot->round = h->round;
 		slot->seen = ~0ULL;
-		slot->count = h->worker;
+		slot->count = h->contributors;
 		slot->values = n;
 		slot->exp = h->exp;
 		slot->done = AGG_SLOT_DONE;
@@ -788,6 +789,7 @@ decided:
 		/* The values in the frame are the result: to every member through the fan-out. */
 		h->kind = AGG_FANOUT;
 		h->flags = 0;
+		h->worker = 0;
 		reverse(eth, ip, udp);
 		count(AGG_PARENT_RESULT, job_id, len);
 		return XDP_PASS;
@@ -802,7 +804,8 @@ decided:
 	write_result(ctx, slot);
 	RELOAD();
 	h->exp = slot->exp;
-	h->worker = slot->count;
+	h->worker = 0;
+	h->contributors = slot->count;
 	h->flags = 0;
 	reverse(eth, ip, udp);
 	if (out == RESEND) {

@@ -196,7 +196,9 @@ _Static_assert(PEERS_COUNTER_MAX == 8, "Rust PeerCounter::ALL has 8 entries");
 #define AGG_PORT 7481
 /* "YAGG" as it appears on the wire (little-endian __u32). */
 #define AGG_MAGIC 0x47474159
-#define AGG_VERSION 1
+/* 2: contributors got a field of their own (1 carried them in `worker`, and a receiver that
+ * checked `worker` as an index dropped a result of 64 contributions or more). */
+#define AGG_VERSION 2
 /*
  * Most values one frame carries: 768 x 4 B + 74 B of headers = 3146 B, inside the largest frame
  * native XDP takes on veth and most NIC drivers (one page less headroom and skb_shared_info).
@@ -233,9 +235,14 @@ struct agg_hdr {
 	__u32 epoch;   /* bumped by every regrouping (aggregator moved, worker gone) */
 	__u32 round;   /* the training step: each round sums the whole gradient once */
 	__u32 chunk;   /* the chunk's index in the gradient */
-	__u16 worker;  /* DATA: the sender's index in the job; RESULT: contributors */
+	__u16 worker;  /* DATA: the sender's index in the job (< AGG_WORKERS_MAX); RESULT: 0 */
 	__u16 count;   /* values that follow, 1..AGG_VALUES_MAX */
-	__u32 reserved; /* 0 */
+	/*
+	 * RESULT: the contributions the sum holds (a root's members, which may be 64: never an
+	 * index, so never checked against AGG_WORKERS_MAX); DATA: 0.
+	 */
+	__u16 contributors;
+	__u16 reserved; /* 0 */
 };
 YARD_ASSERT_SIZE(struct agg_hdr, 32);
 YARD_ASSERT_OFFSET(struct agg_hdr, magic, 0);
@@ -249,7 +256,8 @@ YARD_ASSERT_OFFSET(struct agg_hdr, round, 16);
 YARD_ASSERT_OFFSET(struct agg_hdr, chunk, 20);
 YARD_ASSERT_OFFSET(struct agg_hdr, worker, 24);
 YARD_ASSERT_OFFSET(struct agg_hdr, count, 26);
-YARD_ASSERT_OFFSET(struct agg_hdr, reserved, 28);
+YARD_ASSERT_OFFSET(struct agg_hdr, contributors, 28);
+YARD_ASSERT_OFFSET(struct agg_hdr, reserved, 30);
 
 /* agg_jobs: key __u32 job id -> the job as this aggregator serves it (filled from Raft). */
 struct agg_job {

@@ -278,9 +278,10 @@ fn malformed_frames_are_dropped_and_other_traffic_passes() {
     arp[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
     assert_eq!(run(arp), XdpAction::Pass);
     assert_eq!(counter(&agg, None, AggCounter::PassNotAgg), 3);
-    // ours but broken: every header field and every truncation
+    // ours but broken: every checked header field (magic, version, kind, reserved) and every
+    // truncation
     let mut bad = Vec::new();
-    for at in [0usize, 4, 5, 28] {
+    for at in [0usize, 4, 5, 30] {
         let mut p = good.clone();
         p[at] ^= 0x40;
         bad.push(frame(from, &p));
@@ -495,7 +496,7 @@ fn a_replayed_result_becomes_the_chunk_s_result() {
         "the replay completes the chunk"
     );
     let (h, body) = Header::parse(payload_of(&got.frame)).unwrap();
-    assert_eq!((h.exp, h.worker), (3, 3));
+    assert_eq!((h.exp, h.worker, h.contributors), (3, 0, 3));
     assert_eq!(
         wire::values(body),
         stored,

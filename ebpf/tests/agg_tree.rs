@@ -223,6 +223,7 @@ impl Tree {
                 chunk,
                 worker: index,
                 count: 0,
+                contributors: 0,
             },
             v,
         )
@@ -618,4 +619,48 @@ fn a_replayed_result_reaches_every_worker_through_the_tree_after_a_regrouping() 
             "the root completed round 1 once"
         );
     }
+}
+
+/// A root that sums 64 members (63 of its own workers and one cluster aggregator, the most its
+/// bitmap holds): its RESULT frames say 64 contributions. Version 1 of the header carried that
+/// count in `worker`, which the cluster aggregator checks as an index (< 64) before it looks at
+/// where the frame came from, so it dropped every result as a bad header and the cluster's
+/// workers never completed a round. The count now has a field of its own.
+#[test]
+fn a_root_of_64_members_completes_rounds_through_its_cluster() {
+    let mut rng = StdRng::seed_from_u64(64);
+    let values = 2 * u32::from(CHUNK) + 1;
+    let mut t = Tree::new(63, &[2], values, Dtype::I32);
+    assert_eq!(
+        t.hosts[0].spec.members.len(),
+        wire::WORKERS_MAX,
+        "the root's members"
+    );
+    let chunks = u64::from(t.hosts[0].spec.geometry.chunks());
+    for r in 0..2 {
+        let grads = int_grads(&mut rng, t.workers, values);
+        let exps = vec![vec![0i8; chunks as usize]; t.workers];
+        let results = round(&mut t, &mut rng, CLEAN, r, &grads, &exps);
+        let exact = exact_i32(&grads);
+        for (w, res) in results.iter().enumerate() {
+            assert_eq!(flat(res), exact, "round {r}, worker {w}");
+        }
+    }
+    assert_eq!(
+        t.count(0, AggCounter::Completed),
+        2 * chunks,
+        "root completions"
+    );
+    assert_eq!(
+        t.count(1, AggCounter::ParentResult),
+        2 * chunks,
+        "results taken"
+    );
+    assert_eq!(t.count(1, AggCounter::BadHeader), 0, "no result dropped");
+    // What the cluster's workers got says 64 contributions, and no worker index.
+    let v = vec![1i32; usize::from(CHUNK)];
+    let late = t.contribution(63, 0, 0, 0, &v, wire::FLAG_RETX);
+    let out = t.deliver(1, worker_addr(63), &late);
+    let (h, _) = Header::parse(&out[0].1).unwrap();
+    assert_eq!((h.kind, h.worker, h.contributors), (Kind::Result, 0, 64));
 }

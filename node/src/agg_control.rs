@@ -67,3 +67,51 @@ pub async fn run(node: Node, every: Duration, worker_gone: Duration) {
         }
     }
 }
+
+/// Runs on a node whose aggregator is disabled, until the process ends: whenever the replicated
+/// tables list this node as an aggregating host (it was enabled before a restart, or its
+/// registration was still being retried), it asks for the host to be deregistered
+/// (`AggCommand::Host` with no slots), so the leader stops placing jobs on a program that no
+/// longer runs and moves those it had there. Driven by the change feed, so an idle node sends
+/// nothing.
+pub async fn deregister_while_disabled(node: Node) {
+    use tokio::sync::broadcast::error::RecvError;
+    use yard_raft_store::Change;
+
+    let me = node.id();
+    let (data, mut rx) = node.feed().subscribe();
+    let mut listed = data.aggregation.hosts.get(&me).map(|h| h.ip);
+    loop {
+        if let Some(ip) = listed {
+            let req = crate::rpc::AdminRequest::Agg(crate::rpc::AggRequest::Host {
+                node: me,
+                ip,
+                slots: 0,
+                cpu_millis: 0,
+            });
+            match node.serve_admin(req).await {
+                crate::rpc::Reply::Admin(_) => {
+                    tracing::info!(node = me, %ip, "aggregator disabled: deregistered this host");
+                }
+                other => {
+                    tracing::debug!(reply = ?other, "deregistration not committed yet; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    listed = node
+                        .feed()
+                        .read(|d| d.aggregation.hosts.get(&me).map(|h| h.ip));
+                    continue;
+                }
+            }
+        }
+        listed = match rx.recv().await {
+            Ok(Change::Aggregation { tables, .. }) => tables.hosts.get(&me).map(|h| h.ip),
+            Ok(Change::Reset { .. }) | Err(RecvError::Lagged(_)) => {
+                let (data, fresh) = node.feed().subscribe();
+                rx = fresh;
+                data.aggregation.hosts.get(&me).map(|h| h.ip)
+            }
+            Ok(_) => None,
+            Err(RecvError::Closed) => return,
+        };
+    }
+}

@@ -331,9 +331,17 @@ pub struct AggregatorSection {
     /// job fails, or an elastic one goes on without it).
     pub worker_gone_ms: u64,
     /// The Unix socket workers on this host join their jobs through (every node serves it,
-    /// aggregating or not; it has the probe socket's mode and group); defaults to
-    /// `<data_dir>/agg.sock`.
+    /// aggregating or not); defaults to `<data_dir>/agg.sock`.
     pub socket: Option<PathBuf>,
+    /// The aggregation socket's own permission bits, apart from the probe socket's: whoever
+    /// joins a job through it sends gradients into every other worker's sums, which is more
+    /// than reporting probe events. The agent also checks each peer's credentials, so only
+    /// the daemon's user and members of the socket's group are served whatever the mode.
+    #[serde(deserialize_with = "octal_mode")]
+    pub socket_mode: u32,
+    /// The group owning the aggregation socket (a name or a numeric gid): the training users'
+    /// group. None: the daemon's own group.
+    pub socket_group: Option<String>,
     /// The TCP port of the bandwidth sink every aggregating host runs (the grouping measures
     /// each worker host's bandwidth to it).
     pub probe_port: u16,
@@ -380,6 +388,8 @@ impl Default for AggregatorSection {
             place_ms: 100,
             worker_gone_ms: 5000,
             socket: None,
+            socket_mode: yard_actors::probe::socket::DEFAULT_SOCKET_MODE,
+            socket_group: None,
             probe_port: 7482,
             // 4 MiB: a third of a second at 100 Mbit/s, 3 ms at 10 Gbit/s; long enough that
             // TCP's slow start is a small part of it at the links the tests shape.
@@ -895,6 +905,23 @@ impl Config {
                 return bad("probe.socket_group", &e.to_string());
             }
         }
+        if self.aggregator.socket_mode > 0o777 {
+            return bad(
+                "aggregator.socket_mode",
+                "must be permission bits of at most 0o777, like 0o660 (in TOML write the 0o)",
+            );
+        }
+        if self.aggregator.socket_mode & 0o222 == 0 {
+            return bad(
+                "aggregator.socket_mode",
+                "grants nobody write permission, which connecting needs",
+            );
+        }
+        if let Some(group) = &self.aggregator.socket_group {
+            if let Err(e) = yard_actors::probe::socket::resolve_group(group) {
+                return bad("aggregator.socket_group", &e.to_string());
+            }
+        }
         let a = &self.analyzer;
         if a.evaluate_ms == 0 || a.hang_floor_ms == 0 || a.heartbeat_timeout_ms == 0 {
             return bad(
@@ -987,6 +1014,23 @@ impl Config {
         };
         Ok(yard_actors::probe::socket::SocketAccess {
             mode: self.probe.socket_mode,
+            group,
+        })
+    }
+
+    /// Who may connect to the aggregation socket (its own mode and group).
+    pub fn agg_socket_access(
+        &self,
+    ) -> Result<yard_actors::probe::socket::SocketAccess, ConfigError> {
+        let group = match &self.aggregator.socket_group {
+            Some(g) => Some(
+                yard_actors::probe::socket::resolve_group(g)
+                    .map_err(|e| ConfigError::Invalid(format!("aggregator.socket_group: {e}")))?,
+            ),
+            None => None,
+        };
+        Ok(yard_actors::probe::socket::SocketAccess {
+            mode: self.aggregator.socket_mode,
             group,
         })
     }
@@ -1254,6 +1298,37 @@ mod tests {
                 "invalid configuration: node.worker_threads: must be between 1 and 256"
             );
         }
+    }
+
+    /// The aggregation socket has its own mode and group: configuring the probe socket's
+    /// does not open the one through which workers join jobs.
+    #[test]
+    fn the_aggregation_socket_has_its_own_mode_and_group() {
+        let cfg = load_toml("[probe]\nsocket_mode = 0o666\nsocket_group = \"1234\"\n").unwrap();
+        assert_eq!(
+            cfg.agg_socket_access().unwrap(),
+            yard_actors::probe::socket::SocketAccess {
+                mode: 0o660,
+                group: None
+            }
+        );
+        let cfg =
+            load_toml("[aggregator]\nsocket_mode = 0o600\nsocket_group = \"4321\"\n").unwrap();
+        assert_eq!(
+            cfg.agg_socket_access().unwrap(),
+            yard_actors::probe::socket::SocketAccess {
+                mode: 0o600,
+                group: Some(4321)
+            }
+        );
+        assert_eq!(cfg.probe_socket_access().unwrap().mode, 0o660);
+        let err = load_toml("[aggregator]\nsocket_mode = 0o444\n")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "invalid configuration: aggregator.socket_mode: grants nobody write permission, which connecting needs"
+        );
     }
 
     #[test]

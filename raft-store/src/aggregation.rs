@@ -557,6 +557,28 @@ impl AggTables {
         Ok(changed)
     }
 
+    /// Forgets node `id`, removed from the cluster (`Command::RemoveNode`): it aggregates no
+    /// more, and its bandwidth figures, from it and to it, go. Nothing else would deregister
+    /// it: a removed node is no longer probed by the leader, so a host left here looked
+    /// reachable and took new jobs for ever. Jobs seated on it are the leader's to move: its
+    /// placement core leaves a host that is no longer registered, in one command per job.
+    /// `Ok(true)`-like: whether anything changed (the revision is then `revision`).
+    pub fn forget_node(&mut self, id: NodeId, revision: u64) -> bool {
+        let mut changed = self.hosts.remove(&id).is_some();
+        changed |= self.bandwidth.remove(&id).is_some();
+        for to in self.bandwidth.values_mut() {
+            changed |= to.remove(&id).is_some();
+        }
+        self.bandwidth.retain(|_, to| !to.is_empty());
+        let marked = self.remeasure.len();
+        self.remeasure.retain(|(from, to)| *from != id && *to != id);
+        changed |= self.remeasure.len() != marked;
+        if changed {
+            self.revision = revision;
+        }
+        changed
+    }
+
     fn job_mut(&mut self, name: &str) -> Result<&mut AggJob, String> {
         self.jobs
             .get_mut(name)

@@ -193,14 +193,19 @@ impl StateMachineData {
             Command::RemoveNode { id } => {
                 let revision = self.bump();
                 let existed = self.nodes.remove(id).is_some();
-                (
-                    Response::Deleted { revision, existed },
-                    vec![Change::Node {
+                let mut changes = vec![Change::Node {
+                    revision,
+                    id: *id,
+                    meta: None,
+                }];
+                // In the same revision: a removed host must not stay placeable.
+                if self.aggregation.forget_node(*id, revision) {
+                    changes.push(Change::Aggregation {
                         revision,
-                        id: *id,
-                        meta: None,
-                    }],
-                )
+                        tables: std::sync::Arc::new(self.aggregation.clone()),
+                    });
+                }
+                (Response::Deleted { revision, existed }, changes)
             }
             Command::CreateToken { token, now_unix_ms } => {
                 let revision = self.bump();
@@ -241,6 +246,18 @@ impl StateMachineData {
                 )
             }
             Command::Aggregation(cmd) => {
+                // Only a member may register as an aggregator: a removed node's daemon that is
+                // still running (and retrying its registration) must not bring the host back.
+                if let crate::aggregation::AggCommand::Host { node, slots, .. } = cmd {
+                    if *slots > 0 && !self.nodes.contains_key(node) {
+                        return (
+                            Response::Rejected(format!(
+                                "node {node} is not a member of the cluster, so it cannot aggregate"
+                            )),
+                            Vec::new(),
+                        );
+                    }
+                }
                 let revision = self.revision + 1;
                 match self.aggregation.apply(cmd, revision) {
                     Err(why) => (Response::Rejected(why), Vec::new()),
@@ -500,6 +517,68 @@ mod tests {
         assert_eq!(again, first);
         assert!(changes.is_empty());
         assert_eq!(sm.revision, 1);
+    }
+
+    /// A removed node stops aggregating in the removal's own revision (its host, its
+    /// bandwidth figures both ways), and its daemon, if still running, cannot register again.
+    #[test]
+    fn a_removed_node_is_no_longer_an_aggregating_host_and_cannot_register_again() {
+        use crate::aggregation::AggCommand;
+        let mut sm = StateMachineData::default();
+        for id in [1u64, 2] {
+            sm.apply_command(&Command::SetNode(NodeMeta {
+                id,
+                name: format!("n{id}"),
+                addr: format!("198.18.0.{id}:7480"),
+                ..NodeMeta::default()
+            }));
+        }
+        let host = |node: u64| {
+            Command::Aggregation(AggCommand::Host {
+                node,
+                ip: std::net::Ipv4Addr::new(198, 18, 0, node as u8),
+                slots: 100,
+                cpu_millis: 1000,
+            })
+        };
+        let figure = |from: u64, to: u64| {
+            Command::Aggregation(AggCommand::Bandwidth {
+                from,
+                to,
+                bytes_per_s: 1_000_000,
+            })
+        };
+        for cmd in [host(1), host(2), figure(1, 2), figure(2, 1)] {
+            assert!(matches!(sm.apply_command(&cmd).0, Response::Written { .. }));
+        }
+        let (reply, changes) = sm.apply_command(&Command::RemoveNode { id: 2 });
+        let Response::Deleted { revision, existed } = reply else {
+            panic!("{reply:?}");
+        };
+        assert!(existed);
+        assert_eq!(sm.aggregation.hosts.keys().collect::<Vec<_>>(), [&1]);
+        assert!(
+            sm.aggregation.bandwidth.is_empty(),
+            "both figures named node 2"
+        );
+        assert_eq!(sm.aggregation.revision, revision);
+        assert!(
+            matches!(&changes[..], [Change::Node { meta: None, .. }, Change::Aggregation { tables, .. }] if !tables.hosts.contains_key(&2)),
+            "{changes:?}"
+        );
+        // The removed node's daemon retrying its registration is refused, in one sentence.
+        let (reply, changes) = sm.apply_command(&host(2));
+        assert_eq!(
+            reply,
+            Response::Rejected(
+                "node 2 is not a member of the cluster, so it cannot aggregate".into()
+            )
+        );
+        assert!(changes.is_empty());
+        assert!(!sm.aggregation.hosts.contains_key(&2));
+        // A node that never aggregated is removed with nothing to tell the aggregator.
+        let (_, changes) = sm.apply_command(&Command::RemoveNode { id: 9 });
+        assert_eq!(changes.len(), 1);
     }
 
     proptest! {

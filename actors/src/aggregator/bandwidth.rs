@@ -28,6 +28,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 use yard_raft_store::aggregation::{AggTables, Grouping};
+
+use super::eligible::must_probe;
 use yard_raft_store::NodeId;
 
 /// One member's cumulative arrival timing at this host's aggregator: the gaps between its
@@ -168,8 +170,9 @@ pub fn due(
     now_ms: u64,
     every_ms: u64,
 ) -> Vec<NodeId> {
-    // The grouped jobs with a worker here, and the hosts that could aggregate each: not a
-    // worker's own host unless the job allows it (as the leader's candidates).
+    // The grouped jobs with a worker here, and the hosts the leader's tree will ask about for
+    // each: the one rule of `eligible`, less the pairs it needs no probe for (this host
+    // itself, which a colocated job may use).
     let jobs: Vec<_> = tables
         .jobs
         .values()
@@ -181,13 +184,10 @@ pub fn due(
         .collect();
     let hosts: Vec<NodeId> = tables
         .hosts
-        .iter()
-        .filter(|(n, h)| **n != me && h.ip != my_ip)
-        .filter(|(_, h)| {
-            jobs.iter()
-                .any(|j| j.colocate || j.members.values().all(|a| *a.ip() != h.ip))
-        })
-        .map(|(n, _)| *n)
+        .keys()
+        .filter(|n| **n != me)
+        .filter(|n| jobs.iter().any(|j| must_probe(tables, j, my_ip, **n)))
+        .copied()
         .collect();
     if hosts.is_empty() {
         return Vec::new();

@@ -10,10 +10,13 @@
 //!   program's table entries, and what changed since the last time.
 //! - [`bandwidth`]: a node's side, pure: which aggregating hosts it measures its bandwidth to
 //!   now (the grouping's input).
+//! - [`eligible`]: the one rule for which hosts may aggregate a job and which bandwidth figure
+//!   stands for each worker-host pair, used by the placement, the trees and the probes.
 //! - [`actor`]: the actix shell that owns the XDP program and applies the core's effects.
 
 pub mod actor;
 pub mod bandwidth;
 pub mod core;
+pub mod eligible;
 pub mod placement;
 pub mod tree;

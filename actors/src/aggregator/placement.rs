@@ -26,6 +26,7 @@ use yard_raft_store::aggregation::{
     AggCommand, AggJob, AggTables, Grouping, Placement, Seat, MAX_WORKERS,
 };
 
+use super::eligible;
 use super::tree::{decide_tree, TreeDecision};
 use yard_raft_store::NodeId;
 
@@ -85,7 +86,7 @@ pub fn decide(tables: &AggTables, view: &ClusterView) -> Decision {
         if !seats.is_empty()
             && seats
                 .iter()
-                .all(|s| host_usable(tables, view, s.placement.node))
+                .all(|s| host_usable(tables, view, job, s.placement.node))
         {
             for seat in &seats {
                 let p = seat.placement;
@@ -142,7 +143,7 @@ pub fn decide(tables: &AggTables, view: &ClusterView) -> Decision {
                 // job larger than one aggregator sums has no flat arrangement: it waits for its
                 // tree (its figures, or hosts enough to hold it).
                 let usable =
-                    !own.is_empty() && own.iter().all(|(n, _)| host_usable(tables, view, *n));
+                    !own.is_empty() && own.iter().all(|(n, _)| host_usable(tables, view, job, *n));
                 if job.members.len() > usize::from(MAX_WORKERS) {
                     out.waiting.push((
                         job.name.clone(),
@@ -189,8 +190,11 @@ fn seat_load(job: &AggJob, seat: &Seat) -> u64 {
     2 * members * u64::from(job.chunks())
 }
 
-fn host_usable(tables: &AggTables, view: &ClusterView, node: NodeId) -> bool {
-    tables.hosts.contains_key(&node) && !view.unreachable.contains(&node)
+/// Whether `job` may keep its seat on `node`: the host may still aggregate it
+/// ([`eligible::may_aggregate`]: a removed or disabled host no longer does) and the leader
+/// reaches it.
+fn host_usable(tables: &AggTables, view: &ClusterView, job: &AggJob, node: NodeId) -> bool {
+    eligible::may_aggregate(tables, job, node) && !view.unreachable.contains(&node)
 }
 
 /// The first member that lives on an unreachable node, as a command.
@@ -281,21 +285,23 @@ fn choose(
     load: &BTreeMap<NodeId, u64>,
     job: &AggJob,
 ) -> Result<Placement, String> {
-    let worker_ips: BTreeSet<Ipv4Addr> = job.members.values().map(|a| *a.ip()).collect();
     let need = job.slots();
     let cost = cpu_load(job);
     // (load after placing, its host's cpu, free slots, node, base)
     let mut best: Option<(u64, u32, u32, NodeId, u32)> = None;
     let mut reasons = Vec::new();
-    for (node, host) in &tables.hosts {
+    for node in tables.hosts.keys() {
         if view.unreachable.contains(node) {
             reasons.push(format!("node {node} is unreachable"));
             continue;
         }
-        if !job.colocate && worker_ips.contains(&host.ip) {
-            reasons.push(format!("node {node} runs a worker"));
-            continue;
-        }
+        let host = match eligible::host_for(tables, job, *node) {
+            Ok(h) => h,
+            Err(why) => {
+                reasons.push(why);
+                continue;
+            }
+        };
         let taken = used.get(node).map(Vec::as_slice).unwrap_or(&[]);
         let free = host.slots
             - taken
@@ -485,6 +491,59 @@ mod tests {
         assert!(
             decide(&t, &view()).commands.is_empty(),
             "a settled world needs nothing"
+        );
+    }
+
+    /// Through the state machine, as the cluster applies it: removing the node that sums a
+    /// job moves the job off it in one command, and nothing is placed there again, although
+    /// the leader, which no longer probes a removed node, never finds it unreachable.
+    #[test]
+    fn a_removed_host_loses_its_job_and_takes_no_new_one() {
+        use yard_raft_store::command::NodeMeta;
+        use yard_raft_store::{Command, StateMachineData};
+        let mut sm = StateMachineData::default();
+        let tables = world(50, &[("a", 1000, false)]);
+        for (node, host) in &tables.hosts {
+            sm.apply_command(&Command::SetNode(NodeMeta {
+                id: *node,
+                name: format!("n{node}"),
+                addr: format!("{}:7480", host.ip),
+                ..NodeMeta::default()
+            }));
+            sm.apply_command(&Command::Aggregation(AggCommand::Host {
+                node: *node,
+                ip: host.ip,
+                slots: host.slots,
+                cpu_millis: host.cpu_millis,
+            }));
+        }
+        sm.aggregation.jobs = tables.jobs.clone();
+        let settle = |sm: &mut StateMachineData| {
+            let d = decide(&sm.aggregation, &view());
+            for c in &d.commands {
+                sm.apply_command(&Command::Aggregation(c.clone()));
+            }
+            d
+        };
+        settle(&mut sm);
+        let first = sm.aggregation.jobs["a"].placement.unwrap().node;
+        sm.apply_command(&Command::RemoveNode { id: first });
+        let d = settle(&mut sm);
+        assert_eq!(d.commands.len(), 1, "one move: {d:?}");
+        let second = sm.aggregation.jobs["a"].placement.unwrap().node;
+        assert_ne!(second, first, "the job left the removed host");
+        // With every other host removed too, the job waits: the removed hosts are not offered.
+        for node in [1, 2, 3].into_iter().filter(|n| *n != first) {
+            sm.apply_command(&Command::RemoveNode { id: node });
+        }
+        let d = settle(&mut sm);
+        assert!(d.commands.is_empty(), "{d:?}");
+        assert_eq!(
+            d.waiting,
+            [(
+                "a".to_string(),
+                "no node aggregates (none has aggregator.enabled)".to_string()
+            )]
         );
     }
 

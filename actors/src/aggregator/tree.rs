@@ -2,12 +2,15 @@
 //! bandwidths and the hosts' CPU budgets to the planner's grouping (`yard_planner::grouping`,
 //! ALEPH), and whether it is worth a regrouping.
 //!
-//! - Candidates: every aggregating host the leader can reach that has a free contiguous range
-//!   for the whole gradient (the job's own ranges count as free: a new epoch makes them so) and
-//!   is not a worker's own host unless the job allows it.
-//! - Bandwidth from worker `w` to host `h`: the tables' figure from `w`'s node to `h`. A job
-//!   is grouped only once every worker's node has measured every candidate; until then it is
-//!   placed as a flat job (by CPU load), and regrouped when the figures arrive.
+//! - Candidates: every host that may aggregate the job ([`super::eligible`], the rule the
+//!   probes and the flat placement use too) that the leader can reach and that has a free
+//!   contiguous range for the whole gradient (the job's own ranges count as free: a new epoch
+//!   makes them so).
+//! - Bandwidth from worker `w` to host `h`: [`super::eligible::figure`], the tables' figure
+//!   from `w`'s node to `h`, or for a worker on `h` itself (a colocated job) the host's summing
+//!   capacity, since its frames cross no link and nobody probes that pair. A job is grouped
+//!   only once every worker's node has measured every candidate; until then it is placed as a
+//!   flat job (by CPU load), and regrouped when the figures arrive.
 //! - A host's capacity: the smaller of its link (the fastest stream measured into it: one
 //!   stream of a faster sender fills it) and its CPU budget at [`SUM_BYTES_PER_CORE`].
 //! - `ps` takes the best single host; `auto` the best tree.
@@ -24,6 +27,7 @@ use yard_planner::grouping::{
 use yard_raft_store::aggregation::{AggJob, AggTables, Cluster, Grouping, Placement, MAX_WORKERS};
 use yard_raft_store::NodeId;
 
+use super::eligible::{cpu_bytes_per_s, figure, may_aggregate};
 use super::placement::{first_fit, ClusterView};
 
 /// Bytes/s one core of an aggregating host sums, as the grouping counts a host's CPU budget.
@@ -61,7 +65,6 @@ pub fn decide_tree(
     taken: &BTreeMap<NodeId, Vec<(u32, u32)>>,
 ) -> TreeDecision {
     let ranks: Vec<u16> = job.members.keys().copied().collect();
-    let worker_ips: BTreeSet<std::net::Ipv4Addr> = job.members.values().map(|a| *a.ip()).collect();
     let need = job.slots();
     // Hosts the job has seats on now (a settling one keeps its seat).
     let seated: BTreeSet<NodeId> = job.seats().iter().map(|s| s.placement.node).collect();
@@ -69,10 +72,10 @@ pub fn decide_tree(
     let hosts: Vec<(NodeId, u32)> = tables
         .hosts
         .iter()
-        .filter(|(n, h)| {
+        .filter(|(n, _)| {
             !view.unreachable.contains(n)
                 && (!view.settling.contains(n) || seated.contains(n))
-                && (job.colocate || !worker_ips.contains(&h.ip))
+                && may_aggregate(tables, job, **n)
         })
         .filter_map(|(n, h)| {
             let t = taken.get(n).map(Vec::as_slice).unwrap_or(&[]);
@@ -95,10 +98,11 @@ pub fn decide_tree(
         let Some(node) = node_of(rank) else {
             return TreeDecision::Unmeasured(format!("rank {rank}'s host is not a node"));
         };
+        let worker_ip = *job.members[rank].ip();
         let mut row = Vec::with_capacity(hosts.len());
         for (h, _) in &hosts {
-            match tables.bandwidth.get(&node).and_then(|m| m.get(h)) {
-                Some(b) => row.push(*b as f64),
+            match figure(tables, node, worker_ip, *h) {
+                Some(b) => row.push(b),
                 None => {
                     return TreeDecision::Unmeasured(format!(
                         "node {node} has not measured its bandwidth to node {h}"
@@ -108,18 +112,18 @@ pub fn decide_tree(
         }
         bandwidth.push(row);
     }
-    // Every candidate has a measurement into it (checked above), so its link is known.
+    // A candidate has a measurement into it (checked above) unless every worker is on it; its
+    // link is then not what bounds it.
     let capacity: Vec<f64> = hosts
         .iter()
         .map(|(h, _)| {
+            let cpu = cpu_bytes_per_s(&tables.hosts[h]);
             let link = tables
                 .bandwidth
                 .values()
                 .filter_map(|m| m.get(h))
                 .max()
-                .copied()
-                .unwrap_or(0) as f64;
-            let cpu = f64::from(tables.hosts[h].cpu_millis) / 1000.0 * SUM_BYTES_PER_CORE;
+                .map_or(cpu, |b| *b as f64);
             link.min(cpu)
         })
         .collect();

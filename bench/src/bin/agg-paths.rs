@@ -71,6 +71,7 @@ fn frame(job: u32, w: usize, round: u32, chunk: u32, values: &[i32]) -> Vec<u8> 
             chunk,
             worker: u16::try_from(w).unwrap_or(0),
             count: 0,
+            contributors: 0,
         },
         values,
     );
@@ -163,6 +164,7 @@ fn run(args: &Args) -> Result<()> {
                     chunk: 0,
                     worker: 0,
                     count: 0,
+                    contributors: 0,
                 },
                 &data,
             ),

@@ -75,6 +75,7 @@ fn frame(job: u32, w: usize, chunk: u32, values: &[i32]) -> Vec<u8> {
             chunk,
             worker: u16::try_from(w).unwrap_or(0),
             count: 0,
+            contributors: 0,
         },
         values,
     );

@@ -286,7 +286,7 @@ impl Aggregator {
                 epoch: h.epoch,
                 round: h.round,
                 seen: u64::MAX,
-                count: h.worker,
+                count: h.contributors,
                 exp: h.exp,
                 state: State::Done,
                 acc: values,
@@ -354,6 +354,7 @@ fn partial(h: &Header, slot: &Slot, parent: Parent, up_flags: u8) -> Vec<u8> {
         flags: up_flags,
         exp: slot.exp,
         worker: parent.worker,
+        contributors: 0,
         ..*h
     };
     wire::encode(&header, &slot.acc)
@@ -365,7 +366,8 @@ fn result(h: &Header, slot: &Slot) -> Vec<u8> {
         kind: Kind::Result,
         flags: 0,
         exp: slot.exp,
-        worker: slot.count,
+        worker: 0,
+        contributors: slot.count,
         ..*h
     };
     wire::encode(&header, &slot.acc)
@@ -406,6 +408,7 @@ mod tests {
                 chunk,
                 worker,
                 count: 0,
+                contributors: 0,
             },
             values,
         )

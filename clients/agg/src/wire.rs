@@ -7,8 +7,9 @@ use std::fmt;
 pub const PORT: u16 = 7481;
 /// `AGG_MAGIC`: "YAGG" on the wire.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"YAGG");
-/// `AGG_VERSION`.
-pub const VERSION: u8 = 1;
+/// `AGG_VERSION`: 2 since results carry their contributors in a field of their own (version 1
+/// carried them in `worker`, which receivers also check as an index).
+pub const VERSION: u8 = 2;
 /// Bytes of the header.
 pub const HEADER_LEN: usize = 32;
 /// `AGG_VALUES_MAX`: most values in one frame.
@@ -102,10 +103,13 @@ pub struct Header {
     pub epoch: u32,
     pub round: u32,
     pub chunk: u32,
-    /// Data: the sender's index in the job; Result: how many contributions the sum holds.
+    /// Data: the sender's index in the job (below [`WORKERS_MAX`]); Result: 0.
     pub worker: u16,
     /// Values that follow.
     pub count: u16,
+    /// Result: how many contributions the sum holds. A count, never an index, so it may reach
+    /// [`WORKERS_MAX`] (a root summing 64 members); Data: 0.
+    pub contributors: u16,
 }
 
 /// Why bytes are not an aggregation frame.
@@ -119,8 +123,8 @@ pub enum WireError {
     Version(u8),
     #[error("unknown frame kind {0}")]
     Kind(u8),
-    #[error("the reserved header word is {0:#x}, not 0")]
-    Reserved(u32),
+    #[error("the reserved header field is {0:#x}, not 0")]
+    Reserved(u16),
     #[error("a frame carries 1 to {VALUES_MAX} values, this one says {0}")]
     Count(u16),
     #[error("the header announces {announced} values but {present} bytes follow it")]
@@ -140,7 +144,8 @@ impl Header {
         }
         out.extend_from_slice(&self.worker.to_le_bytes());
         out.extend_from_slice(&self.count.to_le_bytes());
-        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&self.contributors.to_le_bytes());
+        out.extend_from_slice(&0u16.to_le_bytes());
     }
 
     /// Parses a UDP payload: the header and the bytes of its values (exactly `count` x 4;
@@ -160,7 +165,7 @@ impl Header {
             return Err(WireError::Version(buf[4]));
         }
         let kind = Kind::from_raw(buf[5]).ok_or(WireError::Kind(buf[5]))?;
-        let reserved = u32_at(28);
+        let reserved = u16_at(30);
         if reserved != 0 {
             return Err(WireError::Reserved(reserved));
         }
@@ -186,6 +191,7 @@ impl Header {
             chunk: u32_at(20),
             worker: u16_at(24),
             count,
+            contributors: u16_at(28),
         };
         Ok((header, &body[..need]))
     }
@@ -264,6 +270,7 @@ mod tests {
             chunk: 9,
             worker: 3,
             count: 3,
+            contributors: 0,
         }
     }
 
@@ -278,6 +285,20 @@ mod tests {
     }
 
     #[test]
+    fn a_result_of_64_contributions_keeps_its_count_apart_from_the_worker_index() {
+        let h = Header {
+            kind: Kind::Result,
+            worker: 0,
+            contributors: WORKERS_MAX as u16,
+            ..header()
+        };
+        let bytes = encode(&h, &[1, 2, 3]);
+        assert_eq!(&bytes[24..26], &[0, 0], "worker");
+        assert_eq!(&bytes[28..30], &64u16.to_le_bytes(), "contributors");
+        assert_eq!(Header::parse(&bytes).unwrap().0, h);
+    }
+
+    #[test]
     fn bad_frames_are_refused_with_the_reason() {
         let good = encode(&header(), &[1, 2, 3]);
         assert_eq!(Header::parse(&good[..31]), Err(WireError::Short(31)));
@@ -285,13 +306,17 @@ mod tests {
         b[0] = b'X';
         assert!(matches!(Header::parse(&b), Err(WireError::Magic(_))));
         let mut b = good.clone();
-        b[4] = 2;
-        assert_eq!(Header::parse(&b), Err(WireError::Version(2)));
+        b[4] = 1;
+        assert_eq!(
+            Header::parse(&b),
+            Err(WireError::Version(1)),
+            "version 1 carried contributors in worker"
+        );
         let mut b = good.clone();
         b[5] = 9;
         assert_eq!(Header::parse(&b), Err(WireError::Kind(9)));
         let mut b = good.clone();
-        b[28] = 1;
+        b[30] = 1;
         assert_eq!(Header::parse(&b), Err(WireError::Reserved(1)));
         let mut b = good.clone();
         b[26..28].copy_from_slice(&0u16.to_le_bytes());

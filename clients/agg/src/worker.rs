@@ -274,6 +274,7 @@ impl Worker {
                     chunk: c,
                     worker: m.worker,
                     count: 0,
+                    contributors: 0,
                 },
                 &values,
             )
@@ -531,7 +532,8 @@ mod tests {
                 }
                 let reply = Header {
                     kind: Kind::Result,
-                    worker: 1,
+                    worker: 0,
+                    contributors: 2,
                     ..h
                 };
                 agg.send_to(&wire::encode(&reply, &wire::values(body)), from)

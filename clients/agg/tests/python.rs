@@ -157,6 +157,7 @@ fn case(rng: &mut Rng, job: &mut u32, workers: u16, cv: u16, x: Vec<f32>) -> Cas
             chunk: 0,
             worker: (rng.below(u64::from(workers))) as u16,
             count: 0,
+            contributors: 0,
         },
     }
 }

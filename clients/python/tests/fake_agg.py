@@ -21,7 +21,10 @@ import tempfile
 import threading
 import time
 
-HDR = struct.Struct("<IBBBbIIIIHHI")
+# magic, version, kind, flags, exp, job, epoch, round, chunk, worker, count, contributors,
+# reserved
+HDR = struct.Struct("<IBBBbIIIIHHHH")
+VERSION = 2
 MAGIC = struct.unpack("<I", b"YAGG")[0]
 
 
@@ -98,8 +101,8 @@ class FakeAggregator:
 
     def _result(self, rnd, chunk, slot):
         n = len(slot["acc"])
-        h = HDR.pack(MAGIC, 1, 2, 0, slot["exp"], self.job, self.epoch, rnd, chunk,
-                     bin(slot["bitmap"]).count("1"), n, 0)
+        h = HDR.pack(MAGIC, VERSION, 2, 0, slot["exp"], self.job, self.epoch, rnd, chunk, 0, n,
+                     bin(slot["bitmap"]).count("1"), 0)
         return h + struct.pack("<%di" % n, *slot["acc"])
 
     def _run(self):
@@ -130,9 +133,9 @@ class FakeAggregator:
         if len(data) < 32:
             self.dropped["bad"] += 1
             return
-        (magic, ver, kind, flags, exp, job, epoch, rnd, chunk, worker, count,
+        (magic, ver, kind, flags, exp, job, epoch, rnd, chunk, worker, count, _contributors,
          res) = HDR.unpack_from(data)
-        if (magic != MAGIC or ver != 1 or kind != 1 or res or chunk >= self.chunks()
+        if (magic != MAGIC or ver != VERSION or kind != 1 or res or chunk >= self.chunks()
                 or count != self.chunk_len(chunk) or len(data) < 32 + 4 * count
                 or (self.dtype == "i32" and exp != 0)):
             self.dropped["bad"] += 1

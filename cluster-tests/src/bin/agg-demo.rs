@@ -1,9 +1,13 @@
 //! The aggregator part of the main job (`deploy/demo.sh`): seven `yard` nodes in namespaces,
 //! three of them summing in XDP, and a real PyTorch DDP job of four ranks (one per worker host,
 //! Debian's torch 1.13 on gloo for DDP's own broadcasts) whose gradients go through
-//! `yard_agg.hook`; the aggregating node is killed with -9 mid-training, the job moves in one
-//! Raft command and training completes. Then each rank's parameters are compared with the same
-//! training on gloo's all-reduce, and across ranks bit for bit. Every figure printed is measured.
+//! `yard_agg.hook`; the aggregating node is killed with -9 mid-training, the job moves and
+//! training completes. Then each rank's parameters are compared with the same training on
+//! gloo's all-reduce, and across ranks bit for bit. Every figure printed is measured and every
+//! claim checked, or the demo fails: the kill lands while every rank still has steps to do
+//! (their logs say which step each is at), the job's aggregator changes to a live node (one
+//! Raft command is claimed only if the epoch moved by exactly one), and the new aggregator's
+//! own counters show it completed the job's chunks after the move.
 //! Needs root and torch; cleans up on exit.
 
 use std::path::{Path, PathBuf};
@@ -17,6 +21,11 @@ use yard_cluster_tests::yard::{ClusterOptions, YardCluster};
 const AGGREGATORS: usize = 3;
 const WORKERS: usize = 4;
 const STEPS: u32 = 40;
+/// Simulated compute per step: 40 steps take at least 12 s, so the kill, after a few steps,
+/// finds every rank mid-training (without it the ranks could finish before the job moved).
+const STEP_SLEEP_MS: &str = "300";
+/// Hook steps every rank has done when the aggregator is killed.
+const STEPS_BEFORE_KILL: u32 = 3;
 
 fn cli(c: &YardCluster, i: usize, args: &[&str]) -> Result<String, String> {
     let out = c
@@ -35,6 +44,35 @@ fn cli(c: &YardCluster, i: usize, args: &[&str]) -> Result<String, String> {
 fn job(c: &YardCluster) -> Result<Value, String> {
     let text = cli(c, 1, &["agg", "job", "show", "demo-ddp", "--json"])?;
     serde_json::from_str(&text).map_err(|e| format!("job show: {e}"))
+}
+
+/// The hook steps rank `p` has logged (`hook step N` lines of `agg_torch_job.py`).
+fn hook_steps(p: &yard_cluster_tests::Process) -> u32 {
+    p.log_tail(usize::try_from(STEPS).unwrap_or(40) * 4)
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("hook step ")?.parse().ok())
+        .max()
+        .unwrap_or(0)
+}
+
+/// Chunks of job `id` node `i`'s aggregator has completed (`yard agg stats`, asked of node
+/// `i` alone: the stats are that node's own).
+fn completed_on(c: &YardCluster, i: usize, id: u64) -> Result<u64, String> {
+    let out = c
+        .cli(i, &["agg", "stats", "--json"])
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!(
+            "yard agg stats on node {i}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).map_err(|e| format!("agg stats: {e}"))?;
+    Ok(v["jobs"]
+        .as_array()
+        .and_then(|js| js.iter().find(|j| j["id"].as_u64() == Some(id)))
+        .and_then(|j| j["counters"]["completed"]["packets"].as_u64())
+        .unwrap_or(0))
 }
 
 fn f32s(v: &Value) -> Vec<f32> {
@@ -106,18 +144,19 @@ fn run(bin: &Path) -> Result<(), String> {
             nic: "eth0",
             steps: STEPS,
             out_dir: &out_dir,
-            extra: &[],
+            extra: &["--step-sleep-ms", STEP_SLEEP_MS],
         },
     )
     .map_err(|e| e.to_string())?;
-    // Once the ranks are summing, the aggregating node dies.
+    // Once every rank has summed a few steps through it, the aggregating node dies.
     let began = Instant::now();
-    let (node, epoch) = loop {
+    let (node, epoch, id) = loop {
         let j = job(&c)?;
-        if j["running"] == true && began.elapsed() > Duration::from_secs(3) {
+        if j["running"] == true && ranks.iter().all(|p| hook_steps(p) >= STEPS_BEFORE_KILL) {
             break (
                 j["aggregator_node"].as_u64().unwrap_or(0) as usize,
                 j["epoch"].as_u64().unwrap_or(0),
+                j["id"].as_u64().unwrap_or(0),
             );
         }
         if began.elapsed() > Duration::from_secs(120) {
@@ -126,9 +165,43 @@ fn run(bin: &Path) -> Result<(), String> {
         std::thread::sleep(Duration::from_millis(200));
     };
     println!("{}", cli(&c, 1, &["agg", "job", "show", "demo-ddp"])?);
-    println!("agg demo: kill -9 of node {node}, which sums the job (epoch {epoch})");
     c.kill9(node).map_err(|e| e.to_string())?;
     let killed = Instant::now();
+    let at_kill: Vec<u32> = ranks.iter().map(hook_steps).collect();
+    if at_kill.iter().any(|s| *s >= STEPS) {
+        return Err(format!(
+            "a rank had finished its {STEPS} steps when node {node} was killed (steps {at_kill:?}): nothing was left to move"
+        ));
+    }
+    println!(
+        "agg demo: kill -9 of node {node}, which sums the job (epoch {epoch}), the ranks at hook steps {at_kill:?} of {STEPS}"
+    );
+    // The move, as the tables show it: another, live node sums the job at a newer epoch.
+    let (now, moved_epoch) = loop {
+        let j = job(&c)?;
+        let at = j["aggregator_node"].as_u64().unwrap_or(0) as usize;
+        let e = j["epoch"].as_u64().unwrap_or(0);
+        if j["running"] == true && at != 0 && at != node && e > epoch {
+            break (at, e);
+        }
+        if killed.elapsed() > Duration::from_secs(120) {
+            return Err(format!(
+                "the job did not move off node {node} within 120 s of the kill: {j}"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let moved_after = killed.elapsed();
+    let at_move: Vec<u32> = ranks.iter().map(hook_steps).collect();
+    let how = if moved_epoch == epoch + 1 {
+        "in one Raft command (epoch + 1)".to_owned()
+    } else {
+        format!("{} epochs later", moved_epoch - epoch)
+    };
+    println!(
+        "agg demo: the job moved to node {now} at epoch {moved_epoch}, {how}, {:.1} s after the kill, the ranks at hook steps {at_move:?}",
+        moved_after.as_secs_f64()
+    );
     for (r, p) in ranks.iter().enumerate() {
         let left = Duration::from_secs(300).saturating_sub(killed.elapsed());
         match p.wait_exit(left) {
@@ -145,11 +218,26 @@ fn run(bin: &Path) -> Result<(), String> {
         "agg demo: all {WORKERS} ranks finished {STEPS} steps, {:.1} s after the kill",
         killed.elapsed().as_secs_f64()
     );
+    // The steps after the kill were summed by the new aggregator: its own counters say so.
     let j = job(&c)?;
-    let now = j["aggregator_node"].as_u64().unwrap_or(0) as usize;
+    if j["aggregator_node"].as_u64() != Some(now as u64) {
+        return Err(format!(
+            "the job moved again after node {now} took it: {}",
+            j["aggregator_node"]
+        ));
+    }
+    let summed = completed_on(&c, now, id)?;
+    let chunks = j["chunks"].as_u64().unwrap_or(0);
+    if summed == 0 {
+        return Err(format!(
+            "node {now} completed no chunk of the job: the steps after the kill were not summed there"
+        ));
+    }
     println!(
-        "agg demo: the job moved to node {now} at epoch {} in one Raft command",
-        j["epoch"]
+        "agg demo: node {now} completed {summed} chunks of the job after the move{}",
+        summed
+            .checked_div(chunks)
+            .map_or_else(String::new, |steps| format!(" ({steps} steps' worth)"))
     );
     let reports: Vec<Value> = (0..WORKERS)
         .map(|r| {

@@ -56,6 +56,7 @@ pub fn data(spec: &JobSpec, w: usize, round: u32, chunk: u32, exp: i8, values: &
             chunk,
             worker: u16::try_from(w).unwrap(),
             count: 0,
+            contributors: 0,
         },
         values,
     )
@@ -106,7 +107,11 @@ pub fn run_round(
                 expected[5] = Kind::Fanout as u8; // XDP hands it to TC as a fan-out
                 assert_eq!(payload_of(&got.frame), expected.as_slice(), "chunk {c}");
                 let (h, body) = Header::parse(&bytes).unwrap();
-                assert_eq!(usize::from(h.worker), n, "contributors");
+                assert_eq!(
+                    (h.worker, usize::from(h.contributors)),
+                    (0, n),
+                    "contributors"
+                );
                 result = Some((h.exp, wire::values(body)));
             }
         }

@@ -51,9 +51,12 @@ pub struct ProbePlane {
 pub async fn start_aggregation_services(cfg: &Config, node: &Node) -> anyhow::Result<()> {
     {
         let path = cfg.agg_socket();
-        let listener = yard::agg_agent::bind(&path, cfg.probe_socket_access()?)
+        let access = cfg.agg_socket_access()?;
+        let policy = yard::agg_agent::AgentPolicy::for_daemon(&access)
+            .context("cannot read this process's credentials for the aggregation agent")?;
+        let listener = yard::agg_agent::bind(&path, access)
             .with_context(|| format!("cannot listen on aggregator.socket {}", path.display()))?;
-        tokio::spawn(yard::agg_agent::serve(listener, node.clone()));
+        tokio::spawn(yard::agg_agent::serve(listener, node.clone(), policy));
     }
     tokio::spawn(yard::agg_control::run(
         node.clone(),
@@ -80,9 +83,12 @@ pub async fn start_aggregation_services(cfg: &Config, node: &Node) -> anyhow::Re
     Ok(())
 }
 
-/// Loads and attaches the aggregator's XDP program and registers this host as an aggregator.
+/// Loads and attaches the aggregator's XDP program and registers this host as an aggregator;
+/// with the aggregator disabled, takes this host out of the aggregating hosts whenever the
+/// tables list it.
 pub fn open_aggregator(cfg: &Config, node: &Node) -> anyhow::Result<Option<AggregatorPlane>> {
     if !cfg.aggregator.enabled {
+        tokio::spawn(yard::agg_control::deregister_while_disabled(node.clone()));
         return Ok(None);
     }
     let a = &cfg.aggregator;
