@@ -21,4 +21,4 @@ cargo test --workspace -- --test-threads=2
 CHAOS_SECONDS=${CHAOS_SECONDS:-240}
 cargo run --release -p yard-chaos --bin chaos -- --yard-bin target/release/yard --seconds "$CHAOS_SECONDS" ${CHAOS_SEED:+--seed "$CHAOS_SEED"}
 CHAOS_AGG_SECONDS=${CHAOS_AGG_SECONDS:-90}
-cargo run --release -p yard-chaos --bin chaos -- --yard-bin target/release/yard --seconds "$CHAOS_AGG_SECONDS" --no-gateway --aggregation ${CHAOS_SEED:+--seed "$CHAOS_SEED"}
+cargo run --release -p yard-chaos --bin chaos -- --yard-bin target/release/yard --seconds "$CHAOS_AGG_SECONDS" --no-gateway --aggregation --agents "${CHAOS_AGENTS:-2}" ${CHAOS_SEED:+--seed "$CHAOS_SEED"}

@@ -20,6 +20,13 @@ pub use super::liveness_state::HostLiveness;
 
 /// How often members judge their agents and the leader its reports.
 const TICK: Duration = Duration::from_millis(100);
+/// How often a member adds its whole picture to what it sends the leader. The leader's core
+/// ignores reports from a member its own liveness holds lost and withdraws that member's
+/// vouches, and nothing tells the member when it is back; a chaos run left an agent committed
+/// dead for good that way, polling a live member all along. Re-sent attachments are idempotent
+/// in the core, and a member serves a few thousand agents at most: a few kilobytes every few
+/// seconds.
+const RESYNC_EVERY: Duration = Duration::from_secs(5);
 /// Reports a member keeps for a leader it cannot reach; past this it sends its full picture
 /// (`WatcherCore::resync`) once one answers, instead of an unbounded backlog.
 const MAX_QUEUED: usize = 65_536;
@@ -30,6 +37,7 @@ pub async fn report(node: Node) {
     let hl = node.host_liveness().clone();
     let mut queue: Vec<Report> = Vec::new();
     let mut told: Option<NodeId> = None;
+    let mut resynced = tokio::time::Instant::now();
     loop {
         tokio::time::sleep(TICK).await;
         if !node.is_member() {
@@ -52,8 +60,15 @@ pub async fn report(node: Node) {
             // The new leader knows nothing of this member's agents: the whole picture, which
             // already reflects every transition queued for the old one.
             queue = resync;
+            resynced = tokio::time::Instant::now();
         } else {
             queue.extend(fresh);
+            if resynced.elapsed() >= RESYNC_EVERY {
+                // After the transitions, not instead of them: the leader still holds this
+                // member's earlier vouches, and only a `Silent` withdraws one.
+                queue.extend(resync);
+                resynced = tokio::time::Instant::now();
+            }
         }
         if queue.is_empty() && told == Some(leader) {
             continue;
@@ -108,6 +123,7 @@ pub async fn judge(node: Node) {
             if !members.contains(&replica) {
                 continue;
             }
+            tracing::debug!(replica, reports = ?batch, "host reports");
             for r in batch {
                 l.core.report(replica, r, now);
             }
