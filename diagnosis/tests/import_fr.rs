@@ -1155,3 +1155,61 @@ fn one_nodes_ranks_failing_alike_in_many_groups_are_one_verdict() {
         vs[0].evidence
     );
 }
+
+/// A TP x PP x DP job's data-parallel groups of two (Megatron's layout with dp = 2) run the
+/// same program: at the first gradient all_reduce of the job, one rank of one group enqueues
+/// it in BFloat16 (its mixed-precision setting differs) while its peer and every other DP
+/// group run Float. The two-member group is a 1-against-1 tie with no history of its own; the
+/// sibling groups say which rank changed.
+#[test]
+fn a_one_against_one_tie_with_no_history_is_settled_by_the_sibling_groups() {
+    let world: Vec<u32> = (0..8).collect();
+    // DP groups {0,4} {1,5} {2,6} {3,7}, all named "5" as split_group names them
+    let group_of = |r: u32| vec![r % 4, r % 4 + 4];
+    let dumps: Vec<FrDump> = world
+        .iter()
+        .map(|&r| {
+            let mut e = entry("5", 1, "nccl:all_reduce", "started", 1_000_000);
+            e.process_group.1 = "DATA_PARALLEL_GROUP".into();
+            if r == 6 {
+                e.input_dtypes = vec!["BFloat16".into()];
+                e.output_dtypes = vec!["BFloat16".into()];
+                e.input_sizes = vec![vec![2, 256]];
+                e.output_sizes = vec![vec![2, 256]];
+            }
+            if r % 4 != 2 {
+                // the other groups finished it
+                e.state = "completed".into();
+                e.time_discovered_completed_ns = Some(1_000_100);
+            } else {
+                e.time_discovered_started_ns = Some(1_000_000 + TIMEOUT_NS);
+            }
+            let mut d = dump(r, &world, vec![e]);
+            d.pg_config.insert(
+                "5".into(),
+                FrPg {
+                    name: "5".into(),
+                    desc: "DATA_PARALLEL_GROUP".into(),
+                    ranks: group_of(r),
+                },
+            );
+            d
+        })
+        .collect();
+    let trace = to_trace(&dumps);
+    assert!(trace.stuck);
+    let vs = analyze_trace(&trace, &Config::default());
+    let v = &vs[0];
+    assert_eq!(
+        (v.class, v.subtype, v.culprits.clone()),
+        (Class::Mismatch, Subtype::DtypeMismatch, vec![6]),
+        "{vs:#?}"
+    );
+    assert!(
+        v.evidence
+            .iter()
+            .any(|e| e.contains("other groups of this size")),
+        "{:?}",
+        v.evidence
+    );
+}

@@ -548,7 +548,9 @@ fn mismatch_verdicts(
             .filter(|(_, r)| r.len() == size)
             .map(|(s, _)| *s)
             .collect();
-        if let Some((normal, why)) = usual_camp(pg, seq, &tied) {
+        if let Some((normal, why)) =
+            usual_camp(pg, seq, &tied).or_else(|| sibling_camp(state, pgi, seq, &tied))
+        {
             maj = originals.get(&normal).copied().unwrap_or(normal);
             tie = false;
             settled_by = Some(why);
@@ -687,6 +689,51 @@ fn usual_camp(pg: &Pg, seq: u64, tied: &[Sig]) -> Option<(Sig, String)> {
         )
     };
     Some((best, why))
+}
+
+/// Of camps tied in size at `seq`, the one the stream's siblings agree with: the other
+/// collective streams of the same size whose members recorded, at the same seq, exactly one of
+/// the tied ops. Data-parallel replicas of a 3-D job (every DP group of a TP x PP x DP layout,
+/// the outer groups of DiLoCo) run the same program, so at their first gradient all_reduce,
+/// where a two-member stream has no history of its own yet, the rank whose dtype or size
+/// differs from what every sibling group runs is the one that changed. `None` unless one camp
+/// is matched by strictly more sibling streams than any other.
+fn sibling_camp(state: &State, pgi: usize, seq: u64, tied: &[Sig]) -> Option<(Sig, String)> {
+    let me = &state.pgs[pgi];
+    let mut votes: Vec<(Sig, u32)> = tied.iter().map(|&s| (s, 0)).collect();
+    let mut siblings = 0u32;
+    for (i, pg) in state.pgs.iter().enumerate() {
+        if i == pgi || pg.p2p || pg.members.len() != me.members.len() {
+            continue;
+        }
+        let mut seen: Vec<Sig> = (0..pg.members.len())
+            .filter_map(|m| pg.rec(m, seq))
+            .map(|r| normalized(r.sig))
+            .collect();
+        seen.sort();
+        seen.dedup();
+        // a sibling that disagrees within itself says nothing
+        let [one] = seen.as_slice() else { continue };
+        for (sig, n) in &mut votes {
+            if sig == one {
+                *n += 1;
+                siblings += 1;
+            }
+        }
+    }
+    votes.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
+    let (best, n) = *votes.first()?;
+    let runner = votes.get(1).map_or(0, |&(_, n)| n);
+    if n <= runner {
+        return None;
+    }
+    Some((
+        best,
+        format!(
+            "{n} of the {siblings} other groups of this size that ran one of the tied ops at #{seq} ran {} {}, so the other camp changed",
+            best.op, best.dtype
+        ),
+    ))
 }
 
 /// Confidence of a majority vote of `maj` against `min`.

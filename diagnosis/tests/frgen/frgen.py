@@ -22,6 +22,8 @@ What a dump holds, as PyTorch writes it (version "2.10"):
 pickled with protocol 2, one file per rank named `nccl_trace_rank_<global rank>` (no rank key).
 
 Behaviours of the real recorder this reproduces, because an analyzer meets them:
+  * without TORCH_NCCL_ENABLE_TIMING a work has no start event: ops are only "scheduled" or
+    "completed", never "started", and time_discovered_started_ns stays None;
   * a completed op's start and completion are *discovered* together by the watchdog (it polls
     every 100 ms and retires the work), so both times are the poll time; an op still running at
     dump time is discovered started at the dump itself;
@@ -37,7 +39,8 @@ Behaviours of the real recorder this reproduces, because an analyzer meets them:
   * a crashed rank leaves no dump.
 
 Usage: frgen.py SEED OUTDIR   writes OUTDIR/<case>/nccl_trace_rank_N for every case and
-OUTDIR/truth.json ({case: {"kind", "fault", "culprits", "link", "healthy"}}).
+OUTDIR/truth.json ({case: {"kind", "culprits", "link", "healthy", "dump", ...}}), "dump"
+being "timeout" or "on_demand".
 """
 
 import json
@@ -399,7 +402,9 @@ def entries_for(job, r, w, timing, dump_ns, local_pg, timeout_ms, tid):
     pg_id = local_pg[(r, w.gid)]
     proc = (g.name, g.desc)
     me = g.local(r)
-    started = w.arrival is not None and w.arrival <= dump_ns
+    # without TORCH_NCCL_ENABLE_TIMING the work has no start event (ProcessGroupNCCL creates
+    # ncclStartEvent_ only with timing), so the recorder can never say "started"
+    started = timing and w.arrival is not None and w.arrival <= dump_ns
     completed = w.done is not None and w.done <= dump_ns
     poll_done = None
     if completed:
@@ -447,7 +452,7 @@ def entries_for(job, r, w, timing, dump_ns, local_pg, timeout_ms, tid):
                   "frames": frames_for(job, w.name)})
     e["state"] = state
     if completed:
-        e["time_discovered_started_ns"] = poll_done
+        e["time_discovered_started_ns"] = poll_done if timing else None
         e["time_discovered_completed_ns"] = poll_done
         e["retired"] = True
         if timing:
@@ -488,7 +493,7 @@ def write_dumps(job, works, out_dir, dump_at, timing, buffer_size, timeout_ms, d
                 "last_completed_collective": -1})
             seq = w.pseq if w.is_p2p else w.cseq
             st["last_enqueued_collective"] = seq
-            if w.arrival is not None and w.arrival <= dump_ns:
+            if timing and w.arrival is not None and w.arrival <= dump_ns:
                 st["last_started_collective"] = seq
             if w.done is not None and w.done <= dump_ns:
                 st["last_completed_collective"] = seq
@@ -1009,6 +1014,9 @@ def case(seed, name):
         a, b = step_times(works, r0, slow_dump_step)
         t = a + int((b - a) * rng.uniform(0.0, 0.9))
         dump_at = {r: t + rng.randrange(0, 50 * MS) for r in range(job.world)}
+    # why the dump exists: the watchdog wrote it at a timeout, or someone asked for it
+    # (_dump_nccl_trace, the debug server) while the job ran; the person holding the files knows
+    truth["dump"] = "timeout" if hang else "on_demand"
     truth["world"] = job.world
     truth["layout"] = job.layout
     truth["timing"] = timing
