@@ -135,10 +135,27 @@ fn judge(verdicts: &[Verdict], t: &Truth) -> (bool, usize) {
 fn run(seeds: &[u64]) -> Vec<Outcome> {
     let mut out = Vec::new();
     for &seed in seeds {
-        let dir = tempfile::tempdir().unwrap();
-        let truths = generate(seed, dir.path());
+        let tmp = tempfile::tempdir().unwrap();
+        // `FRGEN_DIR=<dir>` keeps each seed's dumps in `<dir>/<seed>` and reuses them, to
+        // iterate on the rules without regenerating.
+        let (dir, truths) = match std::env::var_os("FRGEN_DIR") {
+            Some(d) => {
+                let dir = Path::new(&d).join(seed.to_string());
+                let truths = match std::fs::read(dir.join("truth.json")) {
+                    Ok(t) => serde_json::from_slice(&t).expect("truth.json parses"),
+                    Err(_) => generate(seed, &dir),
+                };
+                (dir, truths)
+            }
+            None => (tmp.path().to_path_buf(), generate(seed, tmp.path())),
+        };
+        let only_kind = std::env::var("FRGEN_KIND").ok();
         for (kind, t) in &truths {
-            let mut trace = read_dir(&dir.path().join(kind))
+            // `FRGEN_KIND=<case>` scores one kind of case only.
+            if only_kind.as_ref().is_some_and(|k| k != kind) {
+                continue;
+            }
+            let mut trace = read_dir(&dir.join(kind))
                 .unwrap_or_else(|e| panic!("seed {seed} {kind}: the dumps do not import: {e}"));
             let unhinted = analyze_trace(&trace, &Config::default());
             // what `yard diagnose --fr-on-demand` does: the user says the watchdog did not
