@@ -1155,3 +1155,240 @@ fn one_nodes_ranks_failing_alike_in_many_groups_are_one_verdict() {
         vs[0].evidence
     );
 }
+
+/// A TP x PP x DP job's data-parallel groups of two (Megatron's layout with dp = 2) run the
+/// same program: at the first gradient all_reduce of the job, one rank of one group enqueues
+/// it in BFloat16 (its mixed-precision setting differs) while its peer and every other DP
+/// group run Float. The two-member group is a 1-against-1 tie with no history of its own; the
+/// sibling groups say which rank changed.
+#[test]
+fn a_one_against_one_tie_with_no_history_is_settled_by_the_sibling_groups() {
+    let world: Vec<u32> = (0..8).collect();
+    // DP groups {0,4} {1,5} {2,6} {3,7}, all named "5" as split_group names them
+    let group_of = |r: u32| vec![r % 4, r % 4 + 4];
+    let dumps: Vec<FrDump> = world
+        .iter()
+        .map(|&r| {
+            let mut e = entry("5", 1, "nccl:all_reduce", "started", 1_000_000);
+            e.process_group.1 = "DATA_PARALLEL_GROUP".into();
+            if r == 6 {
+                e.input_dtypes = vec!["BFloat16".into()];
+                e.output_dtypes = vec!["BFloat16".into()];
+                e.input_sizes = vec![vec![2, 256]];
+                e.output_sizes = vec![vec![2, 256]];
+            }
+            if r % 4 != 2 {
+                // the other groups finished it
+                e.state = "completed".into();
+                e.time_discovered_completed_ns = Some(1_000_100);
+            } else {
+                e.time_discovered_started_ns = Some(1_000_000 + TIMEOUT_NS);
+            }
+            let mut d = dump(r, &world, vec![e]);
+            d.pg_config.insert(
+                "5".into(),
+                FrPg {
+                    name: "5".into(),
+                    desc: "DATA_PARALLEL_GROUP".into(),
+                    ranks: group_of(r),
+                },
+            );
+            d
+        })
+        .collect();
+    let trace = to_trace(&dumps);
+    assert!(trace.stuck);
+    let vs = analyze_trace(&trace, &Config::default());
+    let v = &vs[0];
+    assert_eq!(
+        (v.class, v.subtype, v.culprits.clone()),
+        (Class::Mismatch, Subtype::DtypeMismatch, vec![6]),
+        "{vs:#?}"
+    );
+    assert!(
+        v.evidence
+            .iter()
+            .any(|e| e.contains("other groups of this size")),
+        "{:?}",
+        v.evidence
+    );
+}
+
+/// Adds process group `name` (members `ranks`) to a dump's `pg_config`.
+fn with_group(mut d: FrDump, name: &str, desc: &str, ranks: &[u32]) -> FrDump {
+    d.pg_config.insert(
+        name.to_string(),
+        FrPg {
+            name: name.into(),
+            desc: desc.into(),
+            ranks: ranks.to_vec(),
+        },
+    );
+    d
+}
+
+/// A GPU hang in one tensor-parallel group of a TP x DP job, as Megatron-LM runs it: each TP
+/// pair all-reduces activations per layer, and the DP groups all-reduce gradients at step end.
+/// Rank 1's GPU stops inside its own compute before TP all_reduce #6: its entry stays
+/// `scheduled` while its TP peer's is `started` (with TORCH_NCCL_ENABLE_TIMING the start event
+/// fires when the stream reaches the op). Every CPU runs ahead to the step's end and enqueues
+/// the DP gradient all_reduce, which nobody's GPU reaches, and the other TP pair (ranks 2 and
+/// 3) finishes its step and waits there too. Several streams are stuck, each undecided on its
+/// own; it is one fault, so one verdict: the hang begins in the TP group, the DP streams wait
+/// behind it, and rank 1 is the candidate.
+#[test]
+fn one_gpu_hang_seen_in_many_groups_is_one_verdict_naming_its_rank() {
+    let world = [0, 1, 2, 3];
+    let ms = 1_000_000;
+    let dumps: Vec<FrDump> = world
+        .iter()
+        .map(|&r| {
+            let tp = if r < 2 { "tp_a" } else { "tp_b" };
+            let dp = if r % 2 == 0 { "dp_a" } else { "dp_b" };
+            let mut es: Vec<FrEntry> = (1..=5)
+                .map(|s| entry(tp, s, "nccl:all_reduce", "completed", s * ms))
+                .collect();
+            let (tp_state, dp_state) = match r {
+                0 => ("started", "scheduled"),
+                1 => ("scheduled", "scheduled"),
+                _ => ("completed", "started"),
+            };
+            es.push(entry(tp, 6, "nccl:all_reduce", tp_state, 6 * ms));
+            es.push(entry(dp, 1, "nccl:all_reduce", dp_state, 8 * ms));
+            for e in &mut es {
+                if e.state == "started" {
+                    e.time_discovered_started_ns = Some(e.time_created_ns + TIMEOUT_NS);
+                }
+            }
+            let d = dump(r, &world, es);
+            let d = with_group(
+                d,
+                tp,
+                "TENSOR_MODEL_PARALLEL_GROUP",
+                if r < 2 { &[0, 1] } else { &[2, 3] },
+            );
+            with_group(
+                d,
+                dp,
+                "DATA_PARALLEL_GROUP",
+                if r % 2 == 0 { &[0, 2] } else { &[1, 3] },
+            )
+        })
+        .collect();
+    let vs = analyze_trace(&to_trace(&dumps), &Config::default());
+    assert_eq!(vs.len(), 1, "one fault, one verdict: {vs:#?}");
+    let v = &vs[0];
+    assert_eq!((v.class, v.subtype), (Class::Hang, Subtype::Undecided));
+    assert_eq!(v.culprits, vec![1], "{vs:#?}");
+    assert!(v.confidence < 0.45);
+    assert_eq!(v.pg.as_ref().map(|p| p.ranks.clone()), Some(vec![0, 1]));
+    assert!(
+        v.evidence.iter().any(|e| e.contains("wait behind")),
+        "{:?}",
+        v.evidence
+    );
+}
+
+/// The same hang without TORCH_NCCL_ENABLE_TIMING: no work has a start event, so every entry
+/// of the stuck TP all_reduce is `scheduled` on both ranks and the records cannot tell the
+/// hung GPU from its waiting peer. The verdict says where the hang begins and names both
+/// members as candidates in its evidence, and no culprit.
+#[test]
+fn a_tp_hang_without_timing_names_its_group_and_no_culprit() {
+    let world = [0, 1, 2, 3];
+    let ms = 1_000_000;
+    let dumps: Vec<FrDump> = world
+        .iter()
+        .map(|&r| {
+            let tp = if r < 2 { "tp_a" } else { "tp_b" };
+            let dp = if r % 2 == 0 { "dp_a" } else { "dp_b" };
+            let mut es: Vec<FrEntry> = (1..=5)
+                .map(|s| entry(tp, s, "nccl:all_reduce", "completed", s * ms))
+                .collect();
+            es.push(entry(
+                tp,
+                6,
+                "nccl:all_reduce",
+                if r < 2 { "scheduled" } else { "completed" },
+                6 * ms,
+            ));
+            es.push(entry(dp, 1, "nccl:all_reduce", "scheduled", 8 * ms));
+            for e in &mut es {
+                e.time_discovered_started_ns = None;
+                e.duration_ms = None;
+            }
+            let d = dump(r, &world, es);
+            let d = with_group(
+                d,
+                tp,
+                "TENSOR_MODEL_PARALLEL_GROUP",
+                if r < 2 { &[0, 1] } else { &[2, 3] },
+            );
+            with_group(
+                d,
+                dp,
+                "DATA_PARALLEL_GROUP",
+                if r % 2 == 0 { &[0, 2] } else { &[1, 3] },
+            )
+        })
+        .collect();
+    // Nothing in such dumps shows when they were taken: the user says the watchdog wrote
+    // them, a timeout after the stuck op.
+    let mut trace = to_trace(&dumps);
+    trace.stuck = true;
+    trace.taken_ns = 6 * ms + TIMEOUT_NS;
+    let vs = analyze_trace(&trace, &Config::default());
+    assert_eq!(vs.len(), 1, "{vs:#?}");
+    let v = &vs[0];
+    assert_eq!(v.subtype, Subtype::Undecided);
+    assert!(v.culprits.is_empty(), "{vs:#?}");
+    assert_eq!(v.pg.as_ref().map(|p| p.ranks.clone()), Some(vec![0, 1]));
+    assert!(
+        v.evidence
+            .iter()
+            .any(|e| e.contains("ranks 0 and 1") && e.contains("TORCH_NCCL_ENABLE_TIMING")),
+        "{:?}",
+        v.evidence
+    );
+}
+
+/// FSDP1-style gradient reduction: `reduce_scatter_tensor_coalesced` takes one tensor per
+/// parameter, and every member must pass the same shapes. One rank built its last parameter
+/// with another shape (a stale checkpoint), so the op never completes anywhere, while the
+/// asynchronous reduction's rank goes on and later collectives of the group complete. The rank
+/// whose sizes differ is the culprit, found from all the tensors of the entry, not its first.
+#[test]
+fn a_coalesced_reduce_scatter_whose_last_tensor_differs_on_one_rank_names_it() {
+    let world = [0, 1, 2, 3];
+    let ms = 1_000_000;
+    let dumps = timeout_dumps(&world, |r| {
+        let mut es: Vec<FrEntry> = (1..=4)
+            .map(|s| entry("0", s, "nccl:all_reduce", "completed", s * ms))
+            .collect();
+        let mut rs = entry(
+            "0",
+            5,
+            "nccl:reduce_scatter_tensor_coalesced",
+            "started",
+            5 * ms,
+        );
+        let last = if r == 2 { 1032 } else { 1024 };
+        rs.input_sizes = vec![vec![4096], vec![4096], vec![last]];
+        rs.output_sizes = vec![vec![1024], vec![1024], vec![last / 4]];
+        rs.input_dtypes = vec!["Float".into(); 3];
+        rs.output_dtypes = vec!["Float".into(); 3];
+        es.push(rs);
+        es.push(entry("0", 6, "nccl:all_reduce", "completed", 7 * ms));
+        es.push(entry("0", 7, "nccl:all_reduce", "scheduled", 8 * ms));
+        es
+    });
+    let vs = analyze_trace(&to_trace(&dumps), &Config::default());
+    let v = &vs[0];
+    assert_eq!(
+        (v.class, v.subtype),
+        (Class::Mismatch, Subtype::SizeMismatch),
+        "{vs:#?}"
+    );
+    assert_eq!(v.culprits, vec![2]);
+    assert_eq!(v.seq, Some(5));
+}

@@ -85,7 +85,10 @@ pub(crate) fn evaluate(
         out.stuck[i] = true;
         stuck.push(st);
     }
-    let completed = completed_mismatches(state, &stuck);
+    let mut completed = completed_mismatches(state, &stuck);
+    if state.offline {
+        completed.extend(overtaken_mismatches(state, &stuck, &completed));
+    }
     if stuck.is_empty() {
         out.verdicts = completed;
         return out;
@@ -100,6 +103,7 @@ pub(crate) fn evaluate(
     }
 
     let mut rooted: BTreeSet<usize> = BTreeSet::new();
+    let mut leads: Vec<Lead> = Vec::new();
     let mut suppressed: Vec<(usize, Vec<usize>, Vec<Rank>, Verdict)> = Vec::new();
     let mut by_pg: BTreeMap<usize, usize> = BTreeMap::new();
     for st in &stuck {
@@ -158,8 +162,35 @@ pub(crate) fn evaluate(
             continue;
         }
         by_pg.insert(st.pg, out.verdicts.len());
-        out.verdicts.push(dataplane(state, st));
-        rooted.insert(st.pg);
+        let v = dataplane(state, st);
+        if v.subtype == Subtype::Undecided {
+            // Undecided: a root only if none of its members entered it while still inside an
+            // earlier op of another stream (then it is that op's knock-on).
+            let waits_earlier: Vec<Rank> = st
+                .entered_m
+                .iter()
+                .filter(|&&m| blocked_earlier(state, st, m).is_some())
+                .map(|&m| pg.members[m])
+                .collect();
+            let root = waits_earlier.is_empty();
+            if root {
+                rooted.insert(st.pg);
+            }
+            leads.push(Lead {
+                verdict: out.verdicts.len(),
+                pg: st.pg,
+                root,
+                waits_earlier,
+                scores: candidates(state, st)
+                    .into_iter()
+                    .map(|c| (c.rank, c.score, c.why.join("; ")))
+                    .collect(),
+                members: st.entered.clone(),
+            });
+        } else {
+            rooted.insert(st.pg);
+        }
+        out.verdicts.push(v);
     }
     out.unknown_blocking = sorted(std::mem::take(&mut out.unknown_blocking));
 
@@ -192,14 +223,222 @@ pub(crate) fn evaluate(
                 None => out.dead_notes.push(note),
             }
         } else {
-            // No root found: keep the verdict, naming the waiting ranks after all.
+            // No root found: keep the verdict, naming the waiting ranks after all. They are
+            // the minority that did not enter this op while waiting in streams no root
+            // explains: where a wait-for cycle (a deadlock) breaks, the rank whose program
+            // diverged from its peers' is the one missing from its peers' op.
+            let pgr = &state.pgs[pg];
+            leads.push(Lead {
+                verdict: out.verdicts.len(),
+                pg,
+                root: false,
+                waits_earlier: Vec::new(),
+                scores: victims
+                    .iter()
+                    .map(|&r| {
+                        (
+                            r,
+                            VICTIM_SCORE,
+                            "it never entered the op its peers wait in here, and waits in a stream no root explains".to_string(),
+                        )
+                    })
+                    .collect(),
+                members: pgr.members.clone(),
+            });
             v.culprits = victims;
             v.confidence = (v.confidence * 0.5).min(0.4);
             out.verdicts.push(v);
         }
     }
+    fold_leads(state, &mut out.verdicts, leads);
     out.verdicts.extend(completed);
     out
+}
+
+/// Score of a rank that is behind in a stuck stream while waiting in another stream that no
+/// root cause explains (see [`fold_leads`]).
+const VICTIM_SCORE: u32 = 3;
+
+/// A weak finding of one stuck stream, kept so that all of one fault's weak findings become
+/// one verdict: an undecided stream with its ranked candidates, or a stream whose missing
+/// members wait in streams nothing explains.
+#[derive(Debug)]
+struct Lead {
+    /// Index of the stream's verdict in the outcome's verdicts.
+    verdict: usize,
+    pg: usize,
+    /// No member waits in an earlier op elsewhere: the stream is where the hang begins.
+    root: bool,
+    /// Members that entered this op while still inside an earlier op of another stream.
+    waits_earlier: Vec<Rank>,
+    /// (rank, score, why), best first.
+    scores: Vec<(Rank, u32, String)>,
+    members: Vec<Rank>,
+}
+
+/// One hang seen in many groups is one finding. A hung rank stops every group it is in, and
+/// every group its peers are in once they wait for it: a 64-rank 3-D job shows a dozen stuck
+/// streams, each "undecided" on its own. This replaces every weak verdict of `leads` by one
+/// verdict that says where the hang begins and ranks candidates over all of them:
+/// - a stream whose members all entered its op with nothing earlier pending elsewhere is a
+///   root; its candidates' evidence counts (their own records set them apart);
+/// - a stream some of whose members wait in an earlier op elsewhere is a knock-on; its
+///   candidates' evidence does not count (it is what waiting looks like);
+/// - a rank missing from its peers' op while it waits in a stream nothing explains (a cycle:
+///   its peers wait for it and it waits for them) counts [`VICTIM_SCORE`] per such stream.
+///
+/// The best-scored ranks are named when they are fewer than half of the ranks considered (or
+/// one of a pair);
+/// otherwise nobody is, and the verdict says why the records cannot tell them apart.
+fn fold_leads(state: &State, verdicts: &mut Vec<Verdict>, leads: Vec<Lead>) {
+    const SHOWN: usize = 8;
+    if leads.is_empty() || (leads.len() == 1 && !verdicts[leads[0].verdict].culprits.is_empty()) {
+        return;
+    }
+    // Roots and cycles' missing members count; knock-on streams only when there is neither.
+    let first_in_line = |l: &Lead| l.root || l.waits_earlier.is_empty();
+    let any_first = leads.iter().any(first_in_line);
+    let counted = |l: &Lead| first_in_line(l) || !any_first;
+    let mut score: BTreeMap<Rank, (u32, Vec<String>)> = BTreeMap::new();
+    let mut considered: BTreeSet<Rank> = BTreeSet::new();
+    for l in leads.iter().filter(|l| counted(l)) {
+        considered.extend(&l.members);
+        let where_ = text::pg(&state.pgs[l.pg]);
+        for (r, s, why) in &l.scores {
+            let e = score.entry(*r).or_default();
+            e.0 += s;
+            e.1.push(format!("in {where_}: {why}"));
+        }
+    }
+    let mut ranked: Vec<(Rank, u32, Vec<String>)> =
+        score.into_iter().map(|(r, (s, w))| (r, s, w)).collect();
+    ranked.retain(|c| c.1 > 0);
+    ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+
+    let first = &verdicts[leads[0].verdict];
+    let roots: Vec<&Lead> = leads.iter().filter(|l| l.root).collect();
+    let mut v = first.clone();
+    v.class = Class::Hang;
+    v.subtype = Subtype::Undecided;
+    v.culprits = Vec::new();
+    v.links = Vec::new();
+    v.evidence = Vec::new();
+    if let [only] = roots.as_slice() {
+        let r = &verdicts[only.verdict];
+        v.pg = r.pg.clone();
+        v.seq = r.seq;
+        v.op = r.op;
+    } else {
+        v.pg = None;
+        v.seq = None;
+        v.op = None;
+    }
+    let place = |l: &Lead| {
+        let lv = &verdicts[l.verdict];
+        match (lv.op, lv.seq) {
+            (Some(op), Some(seq)) => format!("{} at {op} #{seq}", text::pg(&state.pgs[l.pg])),
+            _ => text::pg(&state.pgs[l.pg]),
+        }
+    };
+    if roots.is_empty() {
+        v.evidence.push(format!(
+            "{} streams are stuck and each waits for another (a cycle): none is where the hang begins on its own",
+            leads.len()
+        ));
+    } else {
+        let names: Vec<String> = roots.iter().take(SHOWN).map(|l| place(l)).collect();
+        v.evidence.push(format!(
+            "{} streams are stuck; the hang begins in {} ({}): every member entered the op with nothing earlier pending elsewhere",
+            leads.len(),
+            if roots.len() == 1 { "one" } else { "several" },
+            names.join(", ")
+        ));
+    }
+    let knock_on = leads
+        .iter()
+        .filter(|l| !l.root && !l.waits_earlier.is_empty())
+        .count();
+    if knock_on > 0 {
+        v.evidence.push(format!(
+            "{knock_on} further stuck stream{} wait{} behind: some of their members entered an earlier op elsewhere and never finished it",
+            if knock_on == 1 { "" } else { "s" },
+            if knock_on == 1 { "s" } else { "" }
+        ));
+    }
+    let total = ranked.len();
+    for (i, (r, s, why)) in ranked.iter().take(SHOWN).enumerate() {
+        v.evidence.push(format!(
+            "candidate {} of {total}: rank {r} (weight {s}): {}",
+            i + 1,
+            why.join("; ")
+        ));
+    }
+    if total > SHOWN {
+        v.evidence
+            .push(format!("{} more candidates are not listed", total - SHOWN));
+    }
+    let top = ranked.first().map_or(0, |c| c.1);
+    let best: Vec<Rank> = ranked.iter().filter(|c| c.1 == top).map(|c| c.0).collect();
+    // Fewer than half, or one of a pair (a two-member group's hung GPU against its peer).
+    let few = best.len() * 2 < considered.len() || (best.len() == 1 && considered.len() == 2);
+    if !best.is_empty() && few {
+        v.culprits = sorted(best);
+        v.confidence = if total == v.culprits.len() { 0.4 } else { 0.35 };
+    } else {
+        let members: Vec<Rank> = considered.iter().copied().collect();
+        v.evidence.push(format!(
+            "no member's records stand out from its peers' (no candidate to rank above the others): every one of {} may hold the hang ({} entered the op and none finished; without TORCH_NCCL_ENABLE_TIMING a record does not say whether a member's GPU ever reached it, which is what would tell a hung GPU from its waiting peers)",
+            text::ranks(&members),
+            members.len()
+        ));
+        v.confidence = 0.2;
+    }
+    // Sentences other rules attached to the folded verdicts (what else waits behind them).
+    let mut drop: Vec<usize> = leads.iter().map(|l| l.verdict).collect();
+    for &i in &drop {
+        for e in &verdicts[i].evidence {
+            if e.contains(" is also stuck because ") {
+                v.evidence.push(e.clone());
+            }
+        }
+    }
+    drop.sort_unstable();
+    let at = drop[0];
+    for i in drop.into_iter().rev() {
+        verdicts.remove(i);
+    }
+    verdicts.insert(at.min(verdicts.len()), v);
+}
+
+/// The stream and seq where member `m` of the stuck stream `st` is still inside an op of
+/// another stream that it enqueued before this one (it waits there, not here).
+fn blocked_earlier(state: &State, st: &Stuck, m: usize) -> Option<(usize, u64)> {
+    let pg = &state.pgs[st.pg];
+    let rank = pg.members[m];
+    // Each end of a point-to-point stream numbers its own ops: its pending one is its own.
+    let seq = if pg.p2p {
+        frontier(state, pg, m)?
+    } else {
+        st.seq
+    };
+    let r = pg.rec(m, seq).filter(|r| r.has_enq())?;
+    let rs = state.ranks.get(rank as usize)?;
+    for &(p, pm) in &rs.pgs {
+        let other = &state.pgs[p as usize];
+        if p as usize == st.pg || !other.state[pm as usize].in_flight {
+            continue;
+        }
+        let Some(f) = frontier(state, other, pm as usize) else {
+            continue;
+        };
+        if other
+            .rec(pm as usize, f)
+            .is_some_and(|o| o.has_enq() && o.enq < r.enq)
+        {
+            return Some((p as usize, f));
+        }
+    }
+    None
 }
 
 /// Mismatches at seqs every member completed, in streams the stuck rules do not already
@@ -225,6 +464,57 @@ fn completed_mismatches(state: &State, stuck: &[Stuck]) -> Vec<Verdict> {
                 cm.seq
             ));
             out.push(v);
+        }
+    }
+    out
+}
+
+/// Mismatches at seqs that no member completed while later ops of the stream did, in streams
+/// with no mismatch reported yet (offline: each record holds its op's own final state). An
+/// asynchronous collective (FSDP's reduce_scatter on its own stream) whose members disagree on
+/// its tensors never completes, while the ranks go on and complete later ops: its members'
+/// records of it are evidence the stuck rules, which look at the first unfinished seq in
+/// order, can miss once later ends have been recorded.
+fn overtaken_mismatches(state: &State, stuck: &[Stuck], already: &[Verdict]) -> Vec<Verdict> {
+    let mut out = Vec::new();
+    for (i, pg) in state.pgs.iter().enumerate() {
+        if pg.p2p || pg.completed_mismatch.is_some() {
+            continue;
+        }
+        let reported = |v: &Verdict| {
+            v.class == Class::Mismatch && v.pg.as_ref().is_some_and(|p| p.name == *pg.name)
+        };
+        if already.iter().any(reported) {
+            continue;
+        }
+        let Some(last) = pg.state.iter().filter_map(|m| m.last_end).max() else {
+            continue;
+        };
+        let lo = last.saturating_sub(SEQ_WINDOW as u64 - 1);
+        for seq in lo..last {
+            let recs: Vec<(usize, Sig, bool)> = (0..pg.members.len())
+                .filter_map(|m| pg.rec(m, seq).map(|r| (m, r.sig, r.has_end())))
+                .collect();
+            if recs.len() < pg.members.len() || recs.iter().any(|r| r.2) {
+                continue;
+            }
+            if stuck.iter().any(|st| {
+                st.pg == i && majority(pg, &st.entered_m, st.seq).is_some_and(|m| m.1.len() > 1)
+            }) {
+                continue;
+            }
+            let vs = mismatch_verdicts(state, i, seq, recs.iter().map(|r| (r.0, r.1)));
+            if vs.is_empty() {
+                continue;
+            }
+            for mut v in vs {
+                v.evidence.push(format!(
+                    "no member of {} completed #{seq} while later ops of the stream completed (#{last}): the op never finished",
+                    text::pg(pg)
+                ));
+                out.push(v);
+            }
+            break;
         }
     }
     out
@@ -430,7 +720,11 @@ pub(crate) fn normalized(sig: Sig) -> Sig {
     if s.op.is_p2p() {
         s.op = Op::Send;
     }
-    if matches!(s.op, Op::AllToAll | Op::Scatter | Op::Coalesced | Op::Other) {
+    // A coalesced collective (`reduce_scatter_tensor_coalesced`, `allreduce_coalesced`, ...)
+    // takes the same list of tensors on every member, so its sizes must agree like its
+    // single-tensor form's; the records of a point-to-point batch are keyed by their first
+    // send or recv, never as `coalesced`.
+    if matches!(s.op, Op::AllToAll | Op::Scatter | Op::Other) {
         s.bytes = 0;
     }
     // Outputs must agree where every member receives the same shape: all_gather's whole
@@ -548,7 +842,9 @@ fn mismatch_verdicts(
             .filter(|(_, r)| r.len() == size)
             .map(|(s, _)| *s)
             .collect();
-        if let Some((normal, why)) = usual_camp(pg, seq, &tied) {
+        if let Some((normal, why)) =
+            usual_camp(pg, seq, &tied).or_else(|| sibling_camp(state, pgi, seq, &tied))
+        {
             maj = originals.get(&normal).copied().unwrap_or(normal);
             tie = false;
             settled_by = Some(why);
@@ -583,12 +879,23 @@ fn mismatch_verdicts(
         } else {
             (
                 Subtype::SizeMismatch,
-                format!(
-                    "{} of {} instead of {}",
-                    maj.op,
-                    text::bytes(sig.bytes),
-                    text::bytes(maj.bytes)
-                ),
+                if text::bytes(sig.bytes) == text::bytes(maj.bytes) {
+                    // Close sizes round alike: say them in elements.
+                    let size = sig.dtype.size().max(1);
+                    format!(
+                        "{} of {} elements instead of {}",
+                        maj.op,
+                        sig.bytes / size,
+                        maj.bytes / size
+                    )
+                } else {
+                    format!(
+                        "{} of {} instead of {}",
+                        maj.op,
+                        text::bytes(sig.bytes),
+                        text::bytes(maj.bytes)
+                    )
+                },
             )
         };
         let e = by_subtype.entry(subtype).or_default();
@@ -687,6 +994,51 @@ fn usual_camp(pg: &Pg, seq: u64, tied: &[Sig]) -> Option<(Sig, String)> {
         )
     };
     Some((best, why))
+}
+
+/// Of camps tied in size at `seq`, the one the stream's siblings agree with: the other
+/// collective streams of the same size whose members recorded, at the same seq, exactly one of
+/// the tied ops. Data-parallel replicas of a 3-D job (every DP group of a TP x PP x DP layout,
+/// the outer groups of DiLoCo) run the same program, so at their first gradient all_reduce,
+/// where a two-member stream has no history of its own yet, the rank whose dtype or size
+/// differs from what every sibling group runs is the one that changed. `None` unless one camp
+/// is matched by strictly more sibling streams than any other.
+fn sibling_camp(state: &State, pgi: usize, seq: u64, tied: &[Sig]) -> Option<(Sig, String)> {
+    let me = &state.pgs[pgi];
+    let mut votes: Vec<(Sig, u32)> = tied.iter().map(|&s| (s, 0)).collect();
+    let mut siblings = 0u32;
+    for (i, pg) in state.pgs.iter().enumerate() {
+        if i == pgi || pg.p2p || pg.members.len() != me.members.len() {
+            continue;
+        }
+        let mut seen: Vec<Sig> = (0..pg.members.len())
+            .filter_map(|m| pg.rec(m, seq))
+            .map(|r| normalized(r.sig))
+            .collect();
+        seen.sort();
+        seen.dedup();
+        // a sibling that disagrees within itself says nothing
+        let [one] = seen.as_slice() else { continue };
+        for (sig, n) in &mut votes {
+            if sig == one {
+                *n += 1;
+                siblings += 1;
+            }
+        }
+    }
+    votes.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
+    let (best, n) = *votes.first()?;
+    let runner = votes.get(1).map_or(0, |&(_, n)| n);
+    if n <= runner {
+        return None;
+    }
+    Some((
+        best,
+        format!(
+            "{n} of the {siblings} other groups of this size that ran one of the tied ops at #{seq} ran {} {}, so the other camp changed",
+            best.op, best.dtype
+        ),
+    ))
 }
 
 /// Confidence of a majority vote of `maj` against `min`.

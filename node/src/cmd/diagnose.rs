@@ -30,6 +30,12 @@ pub struct DiagnoseArgs {
     /// Analyze the PyTorch Flight Recorder dumps (pickle or JSON) of every rank in DIR.
     #[arg(long, value_name = "DIR", conflicts_with = "ras")]
     fr_dumps: Option<PathBuf>,
+    /// The dumps were taken on demand (`_dump_nccl_trace`, the debug server), not written by
+    /// the watchdog at a timeout. Without TORCH_NCCL_ENABLE_TIMING a dump never marks an op
+    /// started, so it cannot show when it was taken; such dumps are read as timeout dumps
+    /// (what PyTorch writes by itself) unless this says otherwise.
+    #[arg(long, requires = "fr_dumps")]
+    fr_on_demand: bool,
     /// Analyze an NCCL RAS report (`ncclras` text or `-f json` output).
     #[arg(long, value_name = "FILE")]
     ras: Option<PathBuf>,
@@ -48,7 +54,11 @@ impl DiagnoseArgs {
 /// Offline: import, analyze, print.
 pub fn offline(args: &DiagnoseArgs, out: Out) -> anyhow::Result<ExitCode> {
     let trace = if let Some(dir) = &args.fr_dumps {
-        yard_diagnosis::import::fr::read_dir(dir)?
+        let mut trace = yard_diagnosis::import::fr::read_dir(dir)?;
+        if args.fr_on_demand {
+            trace.stuck = false;
+        }
+        trace
     } else if let Some(file) = &args.ras {
         yard_diagnosis::import::ras::read_ras(file)?
     } else {

@@ -134,6 +134,7 @@ pub fn to_trace(dumps: &[FrDump]) -> Trace {
     for dump in by_rank {
         let own = own_groups(dump);
         let batches = coalesced_batches(dump, &own);
+        let shapes = batch_shapes(dump, &own, &batches);
         let mut batch_done: BTreeSet<SeqKey> = BTreeSet::new();
         for orig in &dump.entries {
             let group_ranks = own.get(orig.process_group.0.as_str()).copied();
@@ -148,7 +149,13 @@ pub fn to_trace(dumps: &[FrDump]) -> Trace {
                 // the batch itself.
                 Some(_) if is_batch_end(orig) => orig,
                 Some(closing) => {
+                    let (input_sizes, output_sizes) = shapes
+                        .get(&key)
+                        .cloned()
+                        .unwrap_or_else(|| (orig.input_sizes.clone(), orig.output_sizes.clone()));
                     merged = FrEntry {
+                        input_sizes,
+                        output_sizes,
                         state: closing.state.clone(),
                         time_discovered_started_ns: closing.time_discovered_started_ns,
                         time_discovered_completed_ns: closing.time_discovered_completed_ns,
@@ -234,6 +241,33 @@ fn coalesced_batches<'a>(
         .filter(|e| is_batch_end(e))
         .map(|e| (seq_key(e, own.get(e.process_group.0.as_str()).copied()), e))
         .collect()
+}
+
+/// Per batch of collectives (not point-to-point), the input and output shapes of all its ops
+/// in order. Every member of a coalesced reduce_scatter or all_gather must pass tensors of the
+/// same shapes (NCCL does not check; a rank whose last tensor differs leaves the others
+/// waiting), so the batch is compared on all of them, not on its first op alone. A
+/// point-to-point batch's sends and receives differ by rank and are left as they are.
+#[allow(clippy::type_complexity)]
+fn batch_shapes<'a>(
+    dump: &'a FrDump,
+    own: &HashMap<&'a str, &'a [Rank]>,
+    batches: &HashMap<SeqKey<'a>, &'a FrEntry>,
+) -> HashMap<SeqKey<'a>, (Vec<Vec<i64>>, Vec<Vec<i64>>)> {
+    let mut out: HashMap<SeqKey<'a>, (Vec<Vec<i64>>, Vec<Vec<i64>>)> = HashMap::new();
+    for e in dump
+        .entries
+        .iter()
+        .filter(|e| !is_batch_end(e) && !is_p2p(e))
+    {
+        let key = seq_key(e, own.get(e.process_group.0.as_str()).copied());
+        if batches.contains_key(&key) {
+            let s = out.entry(key).or_default();
+            s.0.extend(e.input_sizes.iter().cloned());
+            s.1.extend(e.output_sizes.iter().cloned());
+        }
+    }
+    out
 }
 
 /// The entry `endCoalescing` records (`nccl:coalesced`), as opposed to a single op that works
