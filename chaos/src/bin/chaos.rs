@@ -3,7 +3,9 @@
 //! node carrying probe streams between overlay tenants on two compute hosts (never faulted), or,
 //! with `--no-gateway --aggregation`, the XDP aggregators summing an int32 job's rounds for six
 //! workers on worker hosts of their own (never faulted), every round checked exact and completed
-//! once; by default the job is grouped into a tree (ALEPH) and regrouped by the faults.
+//! once; by default the job is grouped into a tree (ALEPH) and regrouped by the faults. With
+//! `--agents K` (no gateway), K agent hosts join after the voters, the KV clients use them too,
+//! and every fault of the schedule also takes a random subset of them.
 //!
 //! Prints the seed, every fault it injected, each fault's gateway verdicts (one data-plane owner
 //! per VIP at every instant; a down owner's VIPs moved within the budget; the probe streams'
