@@ -1207,19 +1207,25 @@ async fn an_agent_behind_a_compacted_watch_log_resumes_from_a_snapshot() {
     assert_eq!(agent.node.feed().read(|d| d.kv.clone()), want);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lost_voter_is_replaced_by_a_caught_up_replica_one_change_at_a_time() {
-    let net = MemNetwork::default();
+/// Three voters, host 4 a replica and host 5 an agent, with a voter grace of 1 s; the leader.
+async fn voters_replica_and_agent(net: &MemNetwork) -> (Vec<TestNode>, NodeId, RaftSection) {
     let raft = RaftSection {
         replicas: 1,
         voter_grace_ms: 1_000,
         ..raft_section(10_000, 1_000)
     };
-    let mut hosts = cluster(&net, 3, &raft).await;
+    let mut hosts = cluster(net, 3, &raft).await;
     for id in 4..=5 {
-        hosts.push(join_host(&net, id, &raft).await.0);
+        hosts.push(join_host(net, id, &raft).await.0);
     }
     let leader = wait_leader(&hosts[..3].iter().collect::<Vec<_>>(), None).await;
+    (hosts, leader, raft)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_voter_is_replaced_by_a_caught_up_replica_one_change_at_a_time() {
+    let net = MemNetwork::default();
+    let (hosts, leader, _) = voters_replica_and_agent(&net).await;
     put(&net, &hosts[4].addr, "before", "1").await.unwrap();
     // Kill a voter that does not lead: its Raft stops and nobody reaches it any more.
     let victim = hosts[..3].iter().find(|h| h.node.id() != leader).unwrap();
@@ -1288,16 +1294,7 @@ async fn a_lost_voter_is_replaced_by_a_caught_up_replica_one_change_at_a_time() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_voter_removed_while_cut_off_follows_as_an_agent_after_the_heal() {
     let net = MemNetwork::default();
-    let raft = RaftSection {
-        replicas: 1,
-        voter_grace_ms: 1_000,
-        ..raft_section(10_000, 1_000)
-    };
-    let mut hosts = cluster(&net, 3, &raft).await;
-    for id in 4..=5 {
-        hosts.push(join_host(&net, id, &raft).await.0);
-    }
-    let leader = wait_leader(&hosts[..3].iter().collect::<Vec<_>>(), None).await;
+    let (hosts, leader, raft) = voters_replica_and_agent(&net).await;
     let victim = hosts[..3].iter().find(|h| h.node.id() != leader).unwrap();
     let victim_id = victim.node.id();
     // The daemon runs the follow loop on every host; it idles while the host is a member.
