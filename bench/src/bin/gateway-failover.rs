@@ -104,6 +104,10 @@ struct Args {
     /// How the owner fails.
     #[arg(long, value_enum, default_value_t = Fault::Link)]
     fault: Fault,
+    /// yard settings: the Raft leader owns VIPs too (`gateway.leader_holds_vips`), so that the
+    /// leader-loss case can be measured against the default, where it holds none.
+    #[arg(long)]
+    leader_holds_vips: bool,
     /// Gateway hosts (each a yard node, or a keepalived host).
     #[arg(long, default_value_t = 3)]
     gateways: usize,
@@ -213,6 +217,7 @@ impl SettingResult {
             "lossless_runs": ok.iter().filter(|r| r.lost == 0).count(),
             "runs_failing_the_raft_leader": ok.iter().filter(|r| r.failed_was_leader == Some(true)).count(),
             "loss_window_ms_owner_not_leader": q(&ok.iter().filter(|r| r.failed_was_leader == Some(false)).filter_map(|r| r.loss_window_ms).collect::<Vec<_>>()),
+            "loss_window_ms_owner_leader": q(&ok.iter().filter(|r| r.failed_was_leader == Some(true)).filter_map(|r| r.loss_window_ms).collect::<Vec<_>>()),
             "loss_window_ms": q(&windows),
             "lost_total": ok.iter().map(|r| r.lost).sum::<u64>(),
             "duplicates_total": ok.iter().map(|r| r.duplicates).sum::<u64>(),
@@ -375,7 +380,12 @@ fn run_setting_inner(
             };
             result.config = t.to_json();
             let bin = yard_bin.context("no yard binary")?;
-            let c = gateway::start_yard(&topo, bin, g, &args.xdp_mode, t)?;
+            let extra = if args.leader_holds_vips {
+                "leader_holds_vips = true\n"
+            } else {
+                ""
+            };
+            let c = gateway::start_yard(&topo, bin, g, &args.xdp_mode, t, extra)?;
             gateway::configure_yard_gateway(&c, host_a, VIP, &[a.clone(), b.clone()])?;
             let owner = gateway::wait_vip_owner(&c, host_a, None, VIP, Duration::from_secs(30))?;
             progress(&format!("VIP {VIP} owned by node {owner}"));

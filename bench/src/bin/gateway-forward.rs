@@ -653,7 +653,7 @@ fn setup_yard<'t>(
     a: &Tenant,
     b: &Tenant,
 ) -> Result<YardCluster<&'t Topology>> {
-    let c = gateway::start_yard(topo, bin, 1, xdp_mode, YardTimings::DEFAULT)?;
+    let c = gateway::start_yard(topo, bin, 1, xdp_mode, YardTimings::DEFAULT, "")?;
     gateway::configure_yard_gateway(&c, HOST_A, YARD_VIP, &[a.clone(), b.clone()])?;
     let owner = gateway::wait_vip_owner(&c, HOST_A, None, YARD_VIP, Duration::from_secs(20))?;
     progress(&format!("VIP {YARD_VIP} owned by node {owner}"));

@@ -110,13 +110,15 @@ pub fn yard_gateway_config(topo: &Topology, xdp_mode: &str, t: YardTimings) -> S
 }
 
 /// Mounts hosts `1..=n`'s bpffs (checking they sit where [`yard_gateway_config`] says) and
-/// starts an `n`-node yard cluster with the gateway on every node.
+/// starts an `n`-node yard cluster with the gateway on every node; `gateway_extra` is appended
+/// to the `[gateway]` section (e.g. `leader_holds_vips = true`).
 pub fn start_yard<'t>(
     topo: &'t Topology,
     bin: &Path,
     n: usize,
     xdp_mode: &str,
     t: YardTimings,
+    gateway_extra: &str,
 ) -> Result<YardCluster<&'t Topology>> {
     for i in 1..=n {
         let fs = topo.bpffs(i)?;
@@ -132,7 +134,11 @@ pub fn start_yard<'t>(
             .with_context(|| format!("cannot create {}/yard", fs.display()))?;
     }
     let opts = ClusterOptions {
-        extra_config: yard_gateway_config(topo, xdp_mode, t),
+        extra_config: yard_gateway_config(topo, xdp_mode, t).replacen(
+            "[liveness]",
+            &format!("{gateway_extra}[liveness]"),
+            1,
+        ),
         ..Default::default()
     };
     YardCluster::start_on(topo, bin, n, &opts).context("the yard gateway cluster did not form")
