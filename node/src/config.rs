@@ -1079,7 +1079,20 @@ fn join_key(prefix: &str, field: &str) -> String {
 impl RaftSection {
     /// The openraft configuration these settings describe.
     pub fn to_openraft(&self, cluster: &str) -> Result<openraft::Config, ConfigError> {
+        self.to_openraft_within(cluster, crate::frame::DEFAULT_MAX_FRAME)
+    }
+
+    /// The openraft configuration for a transport whose frames carry at most `max_frame` body
+    /// bytes: snapshot chunks stay well below it (`crate::limits`; AppendEntries payloads are
+    /// bounded by the log store's reader).
+    pub fn to_openraft_within(
+        &self,
+        cluster: &str,
+        max_frame: u32,
+    ) -> Result<openraft::Config, ConfigError> {
+        let budgets = crate::limits::RaftBudgets::for_frame(max_frame);
         openraft::Config {
+            snapshot_max_chunk_size: budgets.snapshot_chunk_bytes,
             cluster_name: cluster.to_owned(),
             heartbeat_interval: self.heartbeat_ms,
             election_timeout_min: self.election_timeout_min_ms,

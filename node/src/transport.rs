@@ -470,6 +470,8 @@ struct MemState {
     /// Directed links (caller, callee) whose answers arrive this much late.
     late_answers: HashMap<(String, String), Duration>,
     delay: Duration,
+    /// The frame limit both ends apply, as QUIC's do (`None`: the default limit).
+    max_frame: Option<u32>,
 }
 
 impl MemNetwork {
@@ -520,6 +522,14 @@ impl MemNetwork {
         self.lock().delay = delay;
     }
 
+    /// Sets the frame limit (default [`frame::DEFAULT_MAX_FRAME`]), which the network enforces
+    /// as the QUIC transport does: a request above it is answered with the receiver's refusal,
+    /// a reply above it fails the call. Why: without it a message no QUIC peer would accept
+    /// (an oversize Raft entry) passed every in-memory test.
+    pub fn set_max_frame(&self, max: u32) {
+        self.lock().max_frame = Some(max);
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, MemState> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -538,7 +548,7 @@ impl Transport for MemTransport {
         req: Request,
         timeout: Duration,
     ) -> BoxFut<Result<Reply, TransportError>> {
-        let (handler, cut, delay, late) = {
+        let (handler, cut, delay, late, max) = {
             let st = self.net.lock();
             let link = (self.from.clone(), target.addr.clone());
             (
@@ -546,9 +556,11 @@ impl Transport for MemTransport {
                 st.cut.contains(&link),
                 st.delay,
                 st.late_answers.get(&link).copied().unwrap_or_default(),
+                st.max_frame.unwrap_or(frame::DEFAULT_MAX_FRAME),
             )
         };
         let role = self.role;
+        let from = self.from.clone();
         Box::pin(async move {
             let addr = target.addr.clone();
             let unreachable = |reason: &str| TransportError::Unreachable {
@@ -571,6 +583,12 @@ impl Transport for MemTransport {
                 source,
             };
             let bytes = frame::encode(&req).map_err(frame_err)?;
+            if let Err(e) = within(&bytes, max) {
+                // What `serve_stream` answers to a frame above its limit.
+                METRICS.frame_errors.inc();
+                tracing::warn!(remote = %from, error = %e, "bad frame");
+                return Ok(Reply::Error(e.to_string()));
+            }
             let req: Request = frame::decode_body(&bytes[4..]).map_err(frame_err)?;
             let exchange = async {
                 tokio::time::sleep(delay).await;
@@ -585,7 +603,17 @@ impl Transport for MemTransport {
                 }
             })?;
             let bytes = frame::encode(&reply).map_err(frame_err)?;
+            within(&bytes, max).map_err(frame_err)?;
             frame::decode_body(&bytes[4..]).map_err(frame_err)
         })
     }
+}
+
+/// Whether an encoded frame's body is within `max`, as [`frame::read`] checks it.
+fn within(frame: &[u8], max: u32) -> Result<(), FrameError> {
+    let len = u32::try_from(frame.len() - 4).unwrap_or(u32::MAX);
+    if len > max {
+        return Err(FrameError::TooLarge { len, max });
+    }
+    Ok(())
 }
