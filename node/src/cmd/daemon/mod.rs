@@ -180,7 +180,7 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
         net.endpoint.clone(),
         Arc::new(node.clone()),
         cfg.node.cluster.clone(),
-        cfg.transport.max_frame_bytes,
+        transport::ServeLimits::from(&cfg.transport),
     ));
     serve_metrics(&cfg, &node).await?;
     tracing::info!(id = cfg.node.id, listen = %cfg.node.listen, advertise = %cfg.advertise(), "node started");
