@@ -810,3 +810,43 @@ fn within(frame: &[u8], max: u32) -> Result<(), FrameError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_caps_refuse_in_one_sentence_and_free_on_drop() {
+        let limits = ServeLimits {
+            max_connections: 3,
+            max_connections_per_ip: 2,
+            anonymous_max_connections: 1,
+            ..ServeLimits::with_max_frame(frame::DEFAULT_MAX_FRAME)
+        };
+        let counts = Arc::new(Mutex::new(ConnCounts::default()));
+        let (a, b): (std::net::IpAddr, std::net::IpAddr) =
+            ("198.18.0.1".parse().unwrap(), "198.18.0.2".parse().unwrap());
+        let mut first = ConnSlot::take(&counts, a, &limits).unwrap();
+        let second = ConnSlot::take(&counts, a, &limits).unwrap();
+        let err = ConnSlot::take(&counts, a, &limits).err().unwrap();
+        assert_eq!(err, "198.18.0.1 holds its limit of 2 connections");
+        let mut third = ConnSlot::take(&counts, b, &limits).unwrap();
+        let err = ConnSlot::take(&counts, b, &limits).err().unwrap();
+        assert_eq!(err, "the node holds its limit of 3 connections");
+        first.anonymous(&limits).unwrap();
+        let err = third.anonymous(&limits).unwrap_err();
+        assert!(err.contains("1 connections without a certificate"), "{err}");
+        drop(first);
+        third.anonymous(&limits).unwrap();
+        drop((second, third));
+        let c = counts.lock().unwrap();
+        assert_eq!((c.total, c.anonymous, c.per_ip.len()), (0, 0, 0));
+    }
+
+    #[test]
+    fn anonymous_peers_get_the_small_frame_limit() {
+        let limits = ServeLimits::with_max_frame(frame::DEFAULT_MAX_FRAME);
+        assert_eq!(limits.frame_for(PeerRole::Anonymous), 8 * 1024);
+        assert_eq!(limits.frame_for(PeerRole::Admin), frame::DEFAULT_MAX_FRAME);
+    }
+}
