@@ -146,6 +146,20 @@ impl LivenessSection {
 pub struct TransportSection {
     pub max_frame_bytes: u32,
     pub rpc_timeout_ms: u64,
+    /// How long a peer may take to send a request frame once it opened its stream: a stalled
+    /// sender otherwise holds its buffer and task for good.
+    pub read_timeout_ms: u64,
+    /// Connections (handshakes included) the endpoint holds at once; more are refused.
+    pub max_connections: usize,
+    /// Connections (handshakes included) from one source address at once.
+    pub max_connections_per_ip: usize,
+    /// Concurrent request streams a peer with a certificate may open on one connection.
+    pub max_streams_per_connection: u32,
+    /// Connections from peers without a certificate (joiners redeeming a token) at once.
+    pub anonymous_max_connections: usize,
+    /// The largest frame a peer without a certificate may send: a token redemption is a few
+    /// hundred bytes, and nothing larger is ever read from an unknown peer.
+    pub anonymous_max_frame_bytes: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -656,6 +670,12 @@ impl Default for TransportSection {
         Self {
             max_frame_bytes: crate::frame::DEFAULT_MAX_FRAME,
             rpc_timeout_ms: 2_000,
+            read_timeout_ms: 5_000,
+            max_connections: 4_096,
+            max_connections_per_ip: 64,
+            max_streams_per_connection: 1_024,
+            anonymous_max_connections: 64,
+            anonymous_max_frame_bytes: 8 * 1024,
         }
     }
 }
@@ -963,6 +983,25 @@ impl Config {
         if self.transport.max_frame_bytes < 4096 {
             return bad("transport.max_frame_bytes", "must be at least 4096");
         }
+        let t = &self.transport;
+        if t.read_timeout_ms == 0 {
+            return bad("transport.read_timeout_ms", "must be at least 1");
+        }
+        if t.max_connections == 0 {
+            return bad("transport.max_connections", "must be at least 1");
+        }
+        if t.max_connections_per_ip == 0 {
+            return bad("transport.max_connections_per_ip", "must be at least 1");
+        }
+        if t.max_streams_per_connection == 0 {
+            return bad("transport.max_streams_per_connection", "must be at least 1");
+        }
+        if !(1024..=t.max_frame_bytes).contains(&t.anonymous_max_frame_bytes) {
+            return bad(
+                "transport.anonymous_max_frame_bytes",
+                "must be between 1024 and transport.max_frame_bytes",
+            );
+        }
         Ok(())
     }
 
@@ -1079,7 +1118,20 @@ fn join_key(prefix: &str, field: &str) -> String {
 impl RaftSection {
     /// The openraft configuration these settings describe.
     pub fn to_openraft(&self, cluster: &str) -> Result<openraft::Config, ConfigError> {
+        self.to_openraft_within(cluster, crate::frame::DEFAULT_MAX_FRAME)
+    }
+
+    /// The openraft configuration for a transport whose frames carry at most `max_frame` body
+    /// bytes: snapshot chunks stay well below it (`crate::limits`; AppendEntries payloads are
+    /// bounded by the log store's reader).
+    pub fn to_openraft_within(
+        &self,
+        cluster: &str,
+        max_frame: u32,
+    ) -> Result<openraft::Config, ConfigError> {
+        let budgets = crate::limits::RaftBudgets::for_frame(max_frame);
         openraft::Config {
+            snapshot_max_chunk_size: budgets.snapshot_chunk_bytes,
             cluster_name: cluster.to_owned(),
             heartbeat_interval: self.heartbeat_ms,
             election_timeout_min: self.election_timeout_min_ms,

@@ -21,6 +21,7 @@ pub mod gateway_service;
 pub mod gauges;
 pub mod http;
 pub mod latency;
+pub mod limits;
 pub mod metrics;
 pub mod planner_control;
 pub mod planner_report;

@@ -154,7 +154,7 @@ impl Metrics {
             ),
             requests_refused: counter(
                 "yard_requests_refused_total",
-                "requests refused for the peer's role",
+                "requests and connections refused for the peer's role or a transport limit",
             ),
             kv_writes: counter("yard_kv_writes_total", "kv writes accepted by this node"),
             kv_reads: counter("yard_kv_reads_total", "kv reads served by this node"),

@@ -60,6 +60,9 @@ pub struct NodeParts {
     pub roles: yard_control::roles::RolesConfig,
     /// Agents' liveness (`[liveness]` hold_ms, silent_ms, …).
     pub host_liveness: yard_control::host_liveness::LivenessConfig,
+    /// The transport's frame limit (`transport.max_frame_bytes`): proposals stay well below it
+    /// (`crate::limits`).
+    pub max_frame: u32,
 }
 
 /// A running node's request handler. Cheap to clone.
@@ -133,6 +136,7 @@ impl Node {
             parts.raft.clone(),
             PROPOSALS_IN_FLIGHT,
             MAX_WRITES_PER_PROPOSAL,
+            crate::limits::RaftBudgets::for_frame(parts.max_frame).entry_bytes,
         );
         Self {
             inner: Arc::new(parts),
@@ -563,6 +567,12 @@ impl Node {
         req: &AdminRequest,
         cmd: Command,
     ) -> Reply {
+        // Refused here, before it is forwarded or proposed: no entry could carry it.
+        if let Err(BatchError::TooLarge(why)) = self.writes.check(&cmd) {
+            METRICS.requests_refused.inc();
+            tracing::warn!(reason = %why, "refused a write larger than a raft entry");
+            return Reply::Error(why);
+        }
         self.leader_or_forward(forwarded, tag, req, || {
             let cmd = match tag {
                 Some(tag) => Command::Once {
@@ -583,6 +593,7 @@ impl Node {
                         Ok(Attempt::Done(resp))
                     }
                     Err(BatchError::Forward(f)) => Ok(Attempt::Forward(leader_of(f))),
+                    Err(BatchError::TooLarge(why)) => Err(Reply::Error(why)),
                     // Leadership was lost under a tagged write: propose it again wherever the
                     // leader now is; a copy that commits as well is answered from the session.
                     Err(BatchError::Indefinite(e)) if tag.is_some() => {

@@ -349,6 +349,30 @@ fn transport_config() -> Arc<quinn::TransportConfig> {
     Arc::new(t)
 }
 
+/// Request streams a client may open before the server knows its role: what a peer without a
+/// certificate keeps. `transport::serve` raises it for a certificate's holder once the
+/// handshake named it (QUIC can raise a stream limit, never lower it).
+pub const UNAUTHENTICATED_STREAMS: u32 = 4;
+
+/// Bytes a client may have in flight on a connection before the server knows its role
+/// (flow-control credit over all its streams): what a peer without a certificate keeps, so
+/// that quinn buffers no more than this for it however many frames it starts and stalls.
+pub const UNAUTHENTICATED_WINDOW: u32 = 64 * 1024;
+
+/// The server side's QUIC settings: the client's transport, with the credit a client gets
+/// before its role is known kept to what an anonymous peer needs (see [`UNAUTHENTICATED_STREAMS`]).
+fn server_transport_config() -> Arc<quinn::TransportConfig> {
+    let mut t = quinn::TransportConfig::default();
+    t.keep_alive_interval(Some(std::time::Duration::from_millis(500)));
+    t.max_idle_timeout(Some(
+        quinn::IdleTimeout::try_from(std::time::Duration::from_secs(3)).expect("3 s fits"),
+    ));
+    t.max_concurrent_bidi_streams(UNAUTHENTICATED_STREAMS.into());
+    t.max_concurrent_uni_streams(0u32.into());
+    t.receive_window(UNAUTHENTICATED_WINDOW.into());
+    Arc::new(t)
+}
+
 /// This node's QUIC endpoint settings: a stateless-reset key and a connection-id key derived
 /// from the node's private key, the same in every incarnation of the node.
 ///
@@ -399,7 +423,7 @@ pub fn server_config(identity: &Identity) -> Result<quinn::ServerConfig, TlsErro
     let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(cfg)
         .map_err(|e| TlsError::Rustls(rustls::Error::General(e.to_string())))?;
     let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
-    server.transport_config(transport_config());
+    server.transport_config(server_transport_config());
     Ok(server)
 }
 

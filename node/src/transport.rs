@@ -373,18 +373,169 @@ pub fn bind_node_endpoint(
     )
 }
 
-/// Accepts connections on `endpoint` until it closes, answering each stream with `handler`.
+/// What the endpoint lets a peer hold: how large a frame and how long to send it, how many
+/// connections and streams. Every limit is there so that a peer, and above all one without a
+/// certificate, cannot make the node buffer more than a bounded amount (issue 25: an
+/// anonymous client could open 1,024 streams per connection and start a 16 MiB frame on each,
+/// read into memory before its role was checked, with no deadline and no connection cap).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServeLimits {
+    /// The largest frame a peer with a certificate may send.
+    pub max_frame: u32,
+    /// The largest frame a peer without one may send (a token redemption).
+    pub anonymous_max_frame: u32,
+    /// How long a peer has to send a whole request frame.
+    pub read_timeout: Duration,
+    /// Connections, handshakes included.
+    pub max_connections: usize,
+    /// Connections, handshakes included, from one source address.
+    pub max_connections_per_ip: usize,
+    /// Connections from peers without a certificate.
+    pub anonymous_max_connections: usize,
+    /// Concurrent streams a peer with a certificate may open on one connection (one without
+    /// keeps [`tls::UNAUTHENTICATED_STREAMS`]).
+    pub max_streams: u32,
+}
+
+impl ServeLimits {
+    /// The defaults of the `[transport]` section with `max_frame` as the frame limit.
+    pub fn with_max_frame(max_frame: u32) -> Self {
+        let t = crate::config::TransportSection::default();
+        Self {
+            max_frame,
+            anonymous_max_frame: t.anonymous_max_frame_bytes.min(max_frame),
+            ..Self::from(&t)
+        }
+    }
+
+    /// The frame limit for a peer of `role`.
+    fn frame_for(&self, role: PeerRole) -> u32 {
+        match role {
+            PeerRole::Anonymous => self.anonymous_max_frame,
+            _ => self.max_frame,
+        }
+    }
+}
+
+impl From<&crate::config::TransportSection> for ServeLimits {
+    fn from(t: &crate::config::TransportSection) -> Self {
+        Self {
+            max_frame: t.max_frame_bytes,
+            anonymous_max_frame: t.anonymous_max_frame_bytes,
+            read_timeout: Duration::from_millis(t.read_timeout_ms),
+            max_connections: t.max_connections,
+            max_connections_per_ip: t.max_connections_per_ip,
+            anonymous_max_connections: t.anonymous_max_connections,
+            max_streams: t.max_streams_per_connection,
+        }
+    }
+}
+
+/// The connections the endpoint holds, by source address and role.
+#[derive(Default)]
+struct ConnCounts {
+    total: usize,
+    anonymous: usize,
+    per_ip: HashMap<std::net::IpAddr, usize>,
+}
+
+/// One connection's place in [`ConnCounts`], given back when it is dropped.
+struct ConnSlot {
+    counts: Arc<Mutex<ConnCounts>>,
+    ip: std::net::IpAddr,
+    anonymous: bool,
+}
+
+impl ConnSlot {
+    /// Takes a place for a connection from `ip`, or says in one sentence which cap is full.
+    fn take(
+        counts: &Arc<Mutex<ConnCounts>>,
+        ip: std::net::IpAddr,
+        limits: &ServeLimits,
+    ) -> Result<Self, String> {
+        let mut c = counts.lock().unwrap_or_else(|e| e.into_inner());
+        if c.total >= limits.max_connections {
+            return Err(format!(
+                "the node holds its limit of {} connections",
+                limits.max_connections
+            ));
+        }
+        let from_ip = c.per_ip.entry(ip).or_default();
+        if *from_ip >= limits.max_connections_per_ip {
+            return Err(format!(
+                "{ip} holds its limit of {} connections",
+                limits.max_connections_per_ip
+            ));
+        }
+        *from_ip += 1;
+        c.total += 1;
+        Ok(Self {
+            counts: counts.clone(),
+            ip,
+            anonymous: false,
+        })
+    }
+
+    /// Counts this connection as one without a certificate, or says why it may not be.
+    fn anonymous(&mut self, limits: &ServeLimits) -> Result<(), String> {
+        let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        if c.anonymous >= limits.anonymous_max_connections {
+            return Err(format!(
+                "the node holds its limit of {} connections without a certificate",
+                limits.anonymous_max_connections
+            ));
+        }
+        c.anonymous += 1;
+        self.anonymous = true;
+        Ok(())
+    }
+}
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        c.total -= 1;
+        if self.anonymous {
+            c.anonymous -= 1;
+        }
+        if let Some(n) = c.per_ip.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                c.per_ip.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// The application close code of a connection refused for a limit.
+const CLOSE_LIMIT: u32 = 1;
+
+/// Accepts connections on `endpoint` until it closes, answering each stream with `handler`,
+/// within `limits`.
 pub async fn serve(
     endpoint: quinn::Endpoint,
     handler: Arc<dyn Handler>,
     cluster: String,
-    max_frame: u32,
+    limits: ServeLimits,
 ) {
+    let limits = Arc::new(limits);
+    let counts = Arc::new(Mutex::new(ConnCounts::default()));
     while let Some(incoming) = endpoint.accept().await {
+        let remote = incoming.remote_address();
+        // Counted before the handshake: a handshake costs memory and CPU too.
+        let mut slot = match ConnSlot::take(&counts, remote.ip(), &limits) {
+            Ok(slot) => slot,
+            Err(reason) => {
+                METRICS.requests_refused.inc();
+                tracing::warn!(%remote, %reason, "refused connection");
+                incoming.refuse();
+                continue;
+            }
+        };
         let handler = handler.clone();
         let cluster = cluster.clone();
+        let limits = limits.clone();
         tokio::spawn(async move {
-            let remote = incoming.remote_address();
             let conn = match incoming.await {
                 Ok(conn) => conn,
                 Err(e) => {
@@ -402,11 +553,32 @@ pub async fn serve(
                 })
                 .and_then(|chain| chain.first().map(|c| tls::role_of(&cluster, c)))
                 .unwrap_or(PeerRole::Anonymous);
+            if role == PeerRole::Anonymous {
+                if let Err(reason) = slot.anonymous(&limits) {
+                    METRICS.requests_refused.inc();
+                    tracing::warn!(%remote, ?role, %reason, "refused connection");
+                    conn.close(CLOSE_LIMIT.into(), reason.as_bytes());
+                    return;
+                }
+            } else {
+                // A certificate's holder gets the streams and the flow-control credit it was
+                // denied while its role was unknown (`tls::UNAUTHENTICATED_WINDOW`).
+                conn.set_max_concurrent_bi_streams(limits.max_streams.into());
+                conn.set_receive_window(quinn::VarInt::MAX);
+            }
             tracing::debug!(%remote, ?role, "accepted connection");
             while let Ok((send, recv)) = conn.accept_bi().await {
                 let handler = handler.clone();
-                tokio::spawn(serve_stream(send, recv, handler, role, max_frame, remote));
+                tokio::spawn(serve_stream(
+                    send,
+                    recv,
+                    handler,
+                    role,
+                    limits.clone(),
+                    remote,
+                ));
             }
+            drop(slot);
         });
     }
 }
@@ -416,11 +588,29 @@ async fn serve_stream(
     mut recv: quinn::RecvStream,
     handler: Arc<dyn Handler>,
     role: PeerRole,
-    max_frame: u32,
+    limits: Arc<ServeLimits>,
     remote: SocketAddr,
 ) {
     METRICS.rpc_served.inc();
-    let reply = match frame::read::<Request, _>(&mut recv, max_frame).await {
+    let max_frame = limits.frame_for(role);
+    // The whole frame within the deadline: a peer that stalls mid-frame holds its buffer
+    // (up to its frame limit) and this task only that long.
+    let read = tokio::time::timeout(
+        limits.read_timeout,
+        frame::read::<Request, _>(&mut recv, max_frame),
+    )
+    .await;
+    let Ok(read) = read else {
+        let ms = limits.read_timeout.as_millis();
+        METRICS.requests_refused.inc();
+        tracing::warn!(%remote, ?role, timeout_ms = %ms, "refused a request not sent within the read deadline");
+        let _ = recv.stop(0u32.into());
+        let reply = Reply::Error(format!("no whole request arrived within {ms} ms"));
+        let _ = frame::write(&mut send, &reply).await;
+        let _ = send.finish();
+        return;
+    };
+    let reply = match read {
         // A requester that gave up (its timeout reset the stream, or its connection closed)
         // stops the request here too. Why: a write held up on this node (behind a partition,
         // or queued for a proposal) was otherwise carried out after its client had been told
@@ -444,7 +634,10 @@ async fn serve_stream(
         }
         Err(e) => {
             METRICS.frame_errors.inc();
-            tracing::warn!(%remote, error = %e, "bad frame");
+            if matches!(e, FrameError::TooLarge { .. }) {
+                METRICS.requests_refused.inc();
+            }
+            tracing::warn!(%remote, ?role, max_frame, error = %e, "bad frame");
             let _ = recv.stop(0u32.into());
             Reply::Error(e.to_string())
         }
@@ -470,6 +663,8 @@ struct MemState {
     /// Directed links (caller, callee) whose answers arrive this much late.
     late_answers: HashMap<(String, String), Duration>,
     delay: Duration,
+    /// The frame limit both ends apply, as QUIC's do (`None`: the default limit).
+    max_frame: Option<u32>,
 }
 
 impl MemNetwork {
@@ -520,6 +715,14 @@ impl MemNetwork {
         self.lock().delay = delay;
     }
 
+    /// Sets the frame limit (default [`frame::DEFAULT_MAX_FRAME`]), which the network enforces
+    /// as the QUIC transport does: a request above it is answered with the receiver's refusal,
+    /// a reply above it fails the call. Why: without it a message no QUIC peer would accept
+    /// (an oversize Raft entry) passed every in-memory test.
+    pub fn set_max_frame(&self, max: u32) {
+        self.lock().max_frame = Some(max);
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, MemState> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -538,7 +741,7 @@ impl Transport for MemTransport {
         req: Request,
         timeout: Duration,
     ) -> BoxFut<Result<Reply, TransportError>> {
-        let (handler, cut, delay, late) = {
+        let (handler, cut, delay, late, max) = {
             let st = self.net.lock();
             let link = (self.from.clone(), target.addr.clone());
             (
@@ -546,9 +749,11 @@ impl Transport for MemTransport {
                 st.cut.contains(&link),
                 st.delay,
                 st.late_answers.get(&link).copied().unwrap_or_default(),
+                st.max_frame.unwrap_or(frame::DEFAULT_MAX_FRAME),
             )
         };
         let role = self.role;
+        let from = self.from.clone();
         Box::pin(async move {
             let addr = target.addr.clone();
             let unreachable = |reason: &str| TransportError::Unreachable {
@@ -571,6 +776,12 @@ impl Transport for MemTransport {
                 source,
             };
             let bytes = frame::encode(&req).map_err(frame_err)?;
+            if let Err(e) = within(&bytes, max) {
+                // What `serve_stream` answers to a frame above its limit.
+                METRICS.frame_errors.inc();
+                tracing::warn!(remote = %from, error = %e, "bad frame");
+                return Ok(Reply::Error(e.to_string()));
+            }
             let req: Request = frame::decode_body(&bytes[4..]).map_err(frame_err)?;
             let exchange = async {
                 tokio::time::sleep(delay).await;
@@ -585,7 +796,57 @@ impl Transport for MemTransport {
                 }
             })?;
             let bytes = frame::encode(&reply).map_err(frame_err)?;
+            within(&bytes, max).map_err(frame_err)?;
             frame::decode_body(&bytes[4..]).map_err(frame_err)
         })
+    }
+}
+
+/// Whether an encoded frame's body is within `max`, as [`frame::read`] checks it.
+fn within(frame: &[u8], max: u32) -> Result<(), FrameError> {
+    let len = u32::try_from(frame.len() - 4).unwrap_or(u32::MAX);
+    if len > max {
+        return Err(FrameError::TooLarge { len, max });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_caps_refuse_in_one_sentence_and_free_on_drop() {
+        let limits = ServeLimits {
+            max_connections: 3,
+            max_connections_per_ip: 2,
+            anonymous_max_connections: 1,
+            ..ServeLimits::with_max_frame(frame::DEFAULT_MAX_FRAME)
+        };
+        let counts = Arc::new(Mutex::new(ConnCounts::default()));
+        let (a, b): (std::net::IpAddr, std::net::IpAddr) =
+            ("198.18.0.1".parse().unwrap(), "198.18.0.2".parse().unwrap());
+        let mut first = ConnSlot::take(&counts, a, &limits).unwrap();
+        let second = ConnSlot::take(&counts, a, &limits).unwrap();
+        let err = ConnSlot::take(&counts, a, &limits).err().unwrap();
+        assert_eq!(err, "198.18.0.1 holds its limit of 2 connections");
+        let mut third = ConnSlot::take(&counts, b, &limits).unwrap();
+        let err = ConnSlot::take(&counts, b, &limits).err().unwrap();
+        assert_eq!(err, "the node holds its limit of 3 connections");
+        first.anonymous(&limits).unwrap();
+        let err = third.anonymous(&limits).unwrap_err();
+        assert!(err.contains("1 connections without a certificate"), "{err}");
+        drop(first);
+        third.anonymous(&limits).unwrap();
+        drop((second, third));
+        let c = counts.lock().unwrap();
+        assert_eq!((c.total, c.anonymous, c.per_ip.len()), (0, 0, 0));
+    }
+
+    #[test]
+    fn anonymous_peers_get_the_small_frame_limit() {
+        let limits = ServeLimits::with_max_frame(frame::DEFAULT_MAX_FRAME);
+        assert_eq!(limits.frame_for(PeerRole::Anonymous), 8 * 1024);
+        assert_eq!(limits.frame_for(PeerRole::Admin), frame::DEFAULT_MAX_FRAME);
     }
 }

@@ -167,6 +167,7 @@ async fn start(
         })),
         zone: String::new(),
         host_liveness: Default::default(),
+        max_frame: yard::frame::DEFAULT_MAX_FRAME,
         roles,
     });
     net.register(&addr(id), Arc::new(node.clone()));
@@ -1399,4 +1400,123 @@ async fn an_agent_cut_off_is_committed_dead_once_and_alive_again_after_the_heal(
         .all(|h| h.node.host_alive(4) && h.node.host_alive(6)));
     net.heal();
     wait_host_liveness(&hosts, 5, true, Duration::from_secs(3)).await;
+}
+
+/// `n` puts of `size`-byte values under `prefix`, all sent at once to `to`: the burst that
+/// makes the batcher's proposals large.
+async fn burst_of_large_puts(
+    net: &MemNetwork,
+    to: &str,
+    prefix: &str,
+    n: usize,
+    size: usize,
+) -> Vec<Result<u64, String>> {
+    let value = "v".repeat(size);
+    let puts = (0..n).map(|i| {
+        let (net, to, key, value) = (
+            net.clone(),
+            to.to_owned(),
+            format!("{prefix}{i}"),
+            value.clone(),
+        );
+        tokio::spawn(async move { put(&net, &to, &key, &value).await })
+    });
+    let mut results = Vec::new();
+    for p in puts.collect::<Vec<_>>() {
+        results.push(p.await.unwrap());
+    }
+    results
+}
+
+/// Timings with room for debug builds encoding megabyte entries on a shared machine: a term
+/// that climbs here is an entry the followers refused, not a late heartbeat.
+fn large_entry_timings() -> RaftSection {
+    RaftSection {
+        heartbeat_ms: 100,
+        election_timeout_min_ms: 1_000,
+        election_timeout_max_ms: 1_500,
+        ..raft_section(10_000, 1_000)
+    }
+}
+
+/// Waits until every node has applied what the leader has.
+async fn wait_all_applied(nodes: &[TestNode], leader: NodeId, within: Duration) {
+    let start = Instant::now();
+    loop {
+        let applied: Vec<_> = nodes
+            .iter()
+            .map(|n| n.node.raft().metrics().borrow().last_applied)
+            .collect();
+        let lead = &nodes.iter().find(|n| n.node.id() == leader).unwrap().node;
+        let target = lead.raft().metrics().borrow().last_applied;
+        if applied.iter().all(|a| *a == target) {
+            return;
+        }
+        assert!(
+            start.elapsed() < within,
+            "followers never caught up: applied {applied:?}, leader {target:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Issue 25, finding 5: 240 concurrent puts of 90 KB (21 MB in all) used to go out as one
+/// batched entry above the 16 MiB frame, which every follower refused unread; the leader
+/// resent it, the followers heard no heartbeat and the term climbed. Batches are now split
+/// below the frame: every put is acknowledged, in one term, and every follower applies them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_large_puts_never_makes_an_entry_followers_refuse() {
+    let net = MemNetwork::default();
+    let (nodes, leader) = led_cluster(&net, &large_entry_timings()).await;
+    let term = nodes[0].node.raft().metrics().borrow().current_term;
+    wait_all_applied(&nodes, leader, Duration::from_secs(10)).await;
+    let results = burst_of_large_puts(&net, &addr(leader), "big", 240, 90_000).await;
+    let failed: Vec<_> = results.iter().filter(|r| r.is_err()).collect();
+    assert!(
+        failed.is_empty(),
+        "{} puts failed: {:?}",
+        failed.len(),
+        failed.first()
+    );
+    wait_all_applied(&nodes, leader, Duration::from_secs(10)).await;
+    assert_eq!(terms(&nodes), [term; 3], "a new term during the burst");
+    assert_eq!(
+        wait_leader(&nodes.iter().collect::<Vec<_>>(), None).await,
+        leader
+    );
+    for n in &nodes {
+        assert_eq!(n.node.feed().read(|d| d.list("big").count()), 240);
+    }
+}
+
+/// A follower that missed a burst of large puts catches up afterwards: the entries it lacks
+/// (21 MB) go out in AppendEntries bounded below the frame, not in one request it refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_behind_a_burst_of_large_puts_catches_up() {
+    let net = MemNetwork::default();
+    let (nodes, leader) = led_cluster(&net, &large_entry_timings()).await;
+    let lagging = nodes.iter().find(|n| n.node.id() != leader).unwrap();
+    net.partition(&[&addr(leader)], &[&lagging.addr]);
+    let results = burst_of_large_puts(&net, &addr(leader), "lag", 240, 90_000).await;
+    assert!(results.iter().all(Result::is_ok), "a put failed");
+    net.heal();
+    wait_all_applied(&nodes, leader, Duration::from_secs(15)).await;
+    assert_eq!(lagging.node.feed().read(|d| d.list("lag").count()), 240);
+}
+
+/// A write that no entry could carry is refused in one sentence before it is proposed, by a
+/// follower as by the leader, and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_larger_than_an_entry_is_refused_before_it_is_proposed() {
+    let net = MemNetwork::default();
+    let (nodes, leader) = led_cluster(&net, &raft_section(10_000, 1_000)).await;
+    let huge = "v".repeat(5 * 1024 * 1024);
+    for n in &nodes {
+        let err = put(&net, &n.addr, "huge", &huge).await.unwrap_err();
+        assert!(
+            err.contains("exceeds the limit of") && err.contains("per raft entry"),
+            "{err}"
+        );
+    }
+    assert_eq!(get(&net, &addr(leader), "huge").await.unwrap(), None);
 }

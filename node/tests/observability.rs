@@ -93,6 +93,7 @@ async fn one_node() -> OneNode {
         })),
         zone: String::new(),
         host_liveness: Default::default(),
+        max_frame: yard::frame::DEFAULT_MAX_FRAME,
         roles: yard_control::roles::RolesConfig::default(),
     });
     net.register(ADDR, Arc::new(node.clone()));

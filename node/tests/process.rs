@@ -285,6 +285,82 @@ async fn garbage_and_oversize_frames_are_refused_and_the_node_keeps_serving() {
     assert_eq!(line, "yard_transport_frame_errors_total 3");
 }
 
+/// The daemon's resident memory, in bytes.
+fn rss_bytes(d: &Daemon) -> u64 {
+    let pid = d.child.as_ref().unwrap().id();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kib * 1024
+}
+
+/// One stalled frame on a new stream of `conn`: a 16 MiB length, then as much of the body as
+/// the node lets through within `for_ms`, and nothing more. The stream is kept open.
+async fn stall_one_frame(conn: quinn::Connection, for_ms: u64) -> Option<quinn::SendStream> {
+    let open = tokio::time::timeout(Duration::from_millis(for_ms), conn.open_bi());
+    let (mut send, _recv) = open.await.ok()?.ok()?;
+    let mut frame = (16u32 * 1024 * 1024).to_be_bytes().to_vec();
+    frame.extend_from_slice(&[0x5a; 1024 * 1024]);
+    let _ = tokio::time::timeout(Duration::from_millis(for_ms), send.write_all(&frame)).await;
+    Some(send)
+}
+
+/// Issue 25, finding 4: a client without a certificate that opens many connections and, on
+/// each, as many streams as it may with a 16 MiB frame it never finishes, leaves the node's
+/// memory bounded, and the node still answers an operator. The node used to read such frames
+/// for anyone (1,024 streams a connection, 16 MiB each, no deadline, no connection cap).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anonymous_client_stalling_large_frames_leaves_memory_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path());
+    let client = d.client();
+    wait_serving(&client).await;
+    let before = rss_bytes(&d);
+    let ca = tls::load_ca(&d.tls_dir()).unwrap();
+    let cfg = tls::client_config("yard", Trust::Ca(ca), None).unwrap();
+    let ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    let mut conns = Vec::new();
+    for _ in 0..16 {
+        let connecting = ep
+            .connect_with(
+                cfg.clone(),
+                d.endpoint().parse().unwrap(),
+                &tls::expected_server_name("yard", None),
+            )
+            .unwrap();
+        if let Ok(conn) = connecting.await {
+            conns.push(conn);
+        }
+    }
+    assert!(!conns.is_empty(), "no anonymous connection was accepted");
+    let stalls = conns
+        .iter()
+        .flat_map(|c| (0..32).map(move |_| stall_one_frame(c.clone(), 1_500)))
+        .collect::<Vec<_>>();
+    let held: Vec<_> = futures::future::join_all(stalls)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    let grown = rss_bytes(&d).saturating_sub(before);
+    // The node still answers an operator while the frames are held.
+    assert!(matches!(
+        client.admin(AdminRequest::Status).await,
+        Ok(AdminReply::Status(_))
+    ));
+    assert!(
+        grown < 32 * 1024 * 1024,
+        "the node grew by {} MiB for {} stalled anonymous streams",
+        grown / (1024 * 1024),
+        held.len()
+    );
+    drop(held);
+    drop(conns);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_daemon_answers_kubernetes_probes_and_exports_histograms() {
     let dir = tempfile::tempdir().unwrap();

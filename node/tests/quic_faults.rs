@@ -74,7 +74,7 @@ fn start_counting_server(
         endpoint,
         Arc::new(Pong(1, served)),
         CLUSTER.into(),
-        MAX_FRAME,
+        yard::transport::ServeLimits::with_max_frame(MAX_FRAME),
     ));
     rt
 }
@@ -318,7 +318,7 @@ fn a_request_its_caller_gave_up_on_is_dropped_by_the_server() {
             dropped: dropped.clone(),
         }),
         CLUSTER.into(),
-        MAX_FRAME,
+        yard::transport::ServeLimits::with_max_frame(MAX_FRAME),
     ));
 
     let client_rt = tokio::runtime::Runtime::new().unwrap();

@@ -19,12 +19,19 @@ const VOTE: &[u8] = b"vote";
 const COMMITTED: &[u8] = b"committed";
 const LAST_PURGED: &[u8] = b"last_purged";
 
+/// The most encoded entry bytes one AppendEntries carries unless the node sets its own budget
+/// ([`LogStore::with_payload_budget`]): half of the node's default 16 MiB frame.
+pub const DEFAULT_PAYLOAD_BUDGET: usize = 8 * 1024 * 1024;
+
 /// The sled-backed Raft log. Cheap to clone: the trees are shared handles.
 #[derive(Clone)]
 pub struct LogStore {
     db: sled::Db,
     logs: sled::Tree,
     meta: sled::Tree,
+    /// The most encoded entry bytes [`RaftLogReader::limited_get_log_entries`] hands openraft
+    /// for one AppendEntries (always at least one entry).
+    payload_budget: usize,
 }
 
 impl LogStore {
@@ -38,7 +45,19 @@ impl LogStore {
             logs: open("logs")?,
             meta: open("log_meta")?,
             db,
+            payload_budget: DEFAULT_PAYLOAD_BUDGET,
         })
+    }
+
+    /// Bounds each AppendEntries payload to `bytes` of encoded entries (and at least one).
+    ///
+    /// Why: openraft 0.9 bounds a payload only by its count of entries (`max_payload_entries`),
+    /// so 300 large entries made one request far above the transport's frame limit, which the
+    /// follower refuses unread: replication to it stalled for good. Entries are stored in the
+    /// wire's encoding, so their stored length is what they add to the frame.
+    pub fn with_payload_budget(mut self, bytes: usize) -> Self {
+        self.payload_budget = bytes.max(1);
+        self
     }
 
     fn get_meta<T: DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, StorageError<NodeId>> {
@@ -111,6 +130,26 @@ impl RaftLogReader<TypeConfig> for LogStore {
                 decode(&bytes).map_err(|e| storage_io(ErrorSubject::Logs, ErrorVerb::Read, &e))
             })
             .collect()
+    }
+
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
+        let mut entries = Vec::new();
+        let mut bytes = 0usize;
+        for item in self.logs.range(start.to_be_bytes()..end.to_be_bytes()) {
+            let (_, raw) = item.map_err(|e| storage_io(ErrorSubject::Logs, ErrorVerb::Read, &e))?;
+            bytes = bytes.saturating_add(raw.len());
+            if !entries.is_empty() && bytes > self.payload_budget {
+                break;
+            }
+            entries.push(
+                decode(&raw).map_err(|e| storage_io(ErrorSubject::Logs, ErrorVerb::Read, &e))?,
+            );
+        }
+        Ok(entries)
     }
 }
 

@@ -288,6 +288,7 @@ async fn build_member(
         zone: String::new(),
         roles: raft.roles(),
         host_liveness: LivenessSection::default().hosts(),
+        max_frame: yard::frame::DEFAULT_MAX_FRAME,
     }))
 }
 

@@ -146,10 +146,15 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
     let net = open_network(&cfg, &args).await?;
     let (log, sm) = yard_raft_store::open(&cfg.node.data_dir.join("raft"))
         .context("cannot open the raft store")?;
+    let budgets = yard::limits::RaftBudgets::for_frame(cfg.transport.max_frame_bytes);
+    let log = log.with_payload_budget(budgets.append_bytes);
     let feed = sm.feed();
     // An agent applies what its watch brings into the same store Raft would.
     let agent_store = sm.clone();
-    let raft_cfg = Arc::new(cfg.raft.to_openraft(&cfg.node.cluster)?);
+    let raft_cfg = Arc::new(
+        cfg.raft
+            .to_openraft_within(&cfg.node.cluster, cfg.transport.max_frame_bytes)?,
+    );
     let raft_net = yard::raft_network::RaftNet {
         transport: net.transport.clone(),
         id: cfg.node.id,
@@ -175,7 +180,7 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
         net.endpoint.clone(),
         Arc::new(node.clone()),
         cfg.node.cluster.clone(),
-        cfg.transport.max_frame_bytes,
+        transport::ServeLimits::from(&cfg.transport),
     ));
     serve_metrics(&cfg, &node).await?;
     tracing::info!(id = cfg.node.id, listen = %cfg.node.listen, advertise = %cfg.advertise(), "node started");
@@ -331,6 +336,7 @@ fn build_node(
         zone: cfg.node.zone.clone(),
         roles: cfg.raft.roles(),
         host_liveness: cfg.liveness.hosts(),
+        max_frame: cfg.transport.max_frame_bytes,
     });
     node.set_agg_quota(cfg.aggregator.quota());
     Ok((node, gateway_control, diagnosis_control))
