@@ -308,6 +308,7 @@ fn build_node(
             command: cfg.analyzer.alert_command.clone(),
             webhook: webhook_client(cfg)?,
         },
+        total_budget_bytes: cfg.analyzer.total_budget_bytes(),
     }));
     let node = Node::new(NodeParts {
         id: cfg.node.id,
