@@ -128,7 +128,21 @@ pub enum WireError {
         old: String,
         new: String,
     },
+    #[error("more than {max} groups on one connection", max = MAX_SESSION_GROUPS)]
+    TooManyGroups,
+    #[error("more than {max} group ranks on one connection", max = MAX_SESSION_GROUP_RANKS)]
+    TooManyGroupRanks,
 }
+
+/// Most group handles one connection may bind. A rank is in a handful of groups (world, data,
+/// tensor, pipeline parallel, a few subgroups); thousands leave room for any layout while a
+/// client sending a new handle per frame cannot grow its session without bound.
+pub const MAX_SESSION_GROUPS: usize = 4096;
+
+/// Most distinct ranks one connection's groups may list in all: 64 groups of 16,384 ranks
+/// (4 MiB of rank ids, kept twice for deduplication). A group naming ranks outside
+/// its job's world is passed on and refused by the analyzer, which knows the job's world.
+pub const MAX_SESSION_GROUP_RANKS: usize = 1 << 20;
 
 /// A rank's introduction: the first frame of every connection.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -562,6 +576,8 @@ pub struct Session {
     node_addr: String,
     hello: Option<Hello>,
     groups: HashMap<u32, SessionGroup>,
+    /// Ranks listed over all of this connection's groups.
+    group_ranks: usize,
 }
 
 #[derive(Debug)]
@@ -570,6 +586,8 @@ struct SessionGroup {
     name: PgName,
     desc: String,
     ranks: Vec<Rank>,
+    /// The ranks listed so far, so that a repeated frame adds nothing.
+    seen: std::collections::HashSet<Rank>,
 }
 
 impl Session {
@@ -581,6 +599,7 @@ impl Session {
             node_addr: node_addr.to_owned(),
             hello: None,
             groups: HashMap::new(),
+            group_ranks: 0,
         }
     }
 
@@ -604,8 +623,8 @@ impl Session {
         self.hello.as_ref().map_or(&[], |h| h.ports.as_slice())
     }
 
-    /// Takes the connection's next message. Every message yields an event; the `Option` leaves
-    /// room for messages that only update session state.
+    /// Takes the connection's next message. Every message yields an event except a GROUP
+    /// frame that lists no rank its group did not have (a repeat), which changes nothing.
     pub fn accept(&mut self, msg: Message) -> Result<Option<Event>, WireError> {
         let rank = match (&self.hello, &msg) {
             (None, Message::Hello(_)) => 0,
@@ -643,7 +662,10 @@ impl Session {
                 name,
                 desc,
                 ranks,
-            } => Event::Group(self.group(handle, name, desc, ranks)?),
+            } => match self.group(handle, name, desc, ranks)? {
+                Some(g) => Event::Group(g),
+                None => return Ok(None),
+            },
             Message::Coll {
                 handle,
                 seq,
@@ -699,36 +721,54 @@ impl Session {
     }
 
     /// Registers a GROUP frame: a new handle, or the next slice of a large group's ranks.
+    /// Ranks the group already lists are skipped, so the list only grows by new ranks (at
+    /// most [`MAX_SESSION_GROUP_RANKS`] over the connection); a frame that adds none yields
+    /// no event. The event carries the whole list so far, so it is copied once per frame
+    /// that grows it: a group's size ÷ [`MAX_GROUP_RANKS_PER_FRAME`] times.
     fn group(
         &mut self,
         handle: u32,
         name: String,
         desc: String,
         ranks: Vec<Rank>,
-    ) -> Result<Group, WireError> {
-        let g = match self.groups.get_mut(&handle) {
-            Some(g) if *g.name != *name => {
-                return Err(WireError::GroupRenamed {
-                    handle,
-                    old: g.name.to_string(),
-                    new: name,
-                })
+    ) -> Result<Option<Group>, WireError> {
+        if !self.groups.contains_key(&handle) && self.groups.len() >= MAX_SESSION_GROUPS {
+            return Err(WireError::TooManyGroups);
+        }
+        let fresh = !self.groups.contains_key(&handle);
+        let g = self.groups.entry(handle).or_insert_with(|| SessionGroup {
+            name: PgName::from(name.as_str()),
+            desc,
+            ranks: Vec::new(),
+            seen: std::collections::HashSet::new(),
+        });
+        if *g.name != *name {
+            return Err(WireError::GroupRenamed {
+                handle,
+                old: g.name.to_string(),
+                new: name,
+            });
+        }
+        let before = g.ranks.len();
+        for r in ranks {
+            if g.seen.contains(&r) {
+                continue;
             }
-            Some(g) => {
-                g.ranks.extend_from_slice(&ranks);
-                g
+            if self.group_ranks >= MAX_SESSION_GROUP_RANKS {
+                return Err(WireError::TooManyGroupRanks);
             }
-            None => self.groups.entry(handle).or_insert(SessionGroup {
-                name: PgName::from(name),
-                desc,
-                ranks,
-            }),
-        };
-        Ok(Group {
+            g.seen.insert(r);
+            g.ranks.push(r);
+            self.group_ranks += 1;
+        }
+        if !fresh && g.ranks.len() == before {
+            return Ok(None);
+        }
+        Ok(Some(Group {
             name: Arc::clone(&g.name),
             desc: g.desc.clone(),
             ranks: g.ranks.clone(),
-        })
+        }))
     }
 }
 

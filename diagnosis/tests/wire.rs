@@ -506,3 +506,48 @@ fn a_large_group_spans_frames_and_is_reassembled() {
 fn an_empty_group_is_one_frame() {
     assert_eq!(group_frames(0, "x", "", &[]).len(), 1);
 }
+
+/// Issue 25: a GROUP frame repeated on one connection appended its ranks again each time,
+/// and every repeat produced an event carrying the whole, ever longer, list.
+#[test]
+fn a_repeated_group_frame_does_not_grow_the_session() {
+    let mut s = Session::new("node1", "198.18.0.1");
+    s.accept(hello(0, "")).expect("hello");
+    let frame = Message::Group {
+        handle: 1,
+        name: "0".into(),
+        desc: String::new(),
+        ranks: vec![0, 1, 2, 3, 1],
+    };
+    let Ok(Some(Event::Group(g))) = s.accept(frame.clone()) else {
+        panic!("the first frame declares the group");
+    };
+    assert_eq!(g.ranks, [0, 1, 2, 3], "a rank listed twice is one member");
+    for _ in 0..1000 {
+        assert_eq!(
+            s.accept(frame.clone()),
+            Ok(None),
+            "a repeat changes nothing"
+        );
+    }
+}
+
+#[test]
+fn a_connection_binds_a_bounded_number_of_groups() {
+    let mut s = Session::new("node1", "198.18.0.1");
+    s.accept(hello(0, "")).expect("hello");
+    let group = |handle| Message::Group {
+        handle,
+        name: format!("g{handle}"),
+        desc: String::new(),
+        ranks: vec![0],
+    };
+    for h in 0..yard_diagnosis::wire::MAX_SESSION_GROUPS as u32 {
+        s.accept(group(h)).expect("within the bound");
+    }
+    assert_eq!(
+        s.accept(group(u32::MAX)),
+        Err(WireError::TooManyGroups),
+        "one handle past the bound"
+    );
+}

@@ -437,6 +437,12 @@ pub struct AnalyzerSection {
     /// PEM file of CA certificates trusted for the webhook besides the bundled public roots:
     /// for a receiver whose certificate a private CA signed.
     pub alert_webhook_ca: Option<PathBuf>,
+    /// Most memory (MiB) one job's analyzer may hold on the leader; events past it are
+    /// refused. 512 fits a 16,384-rank job with room.
+    pub job_memory_mib: u64,
+    /// Most memory (MiB) all jobs' analyzers may hold together; new jobs and events past it
+    /// are refused. 2048: four such jobs, or many smaller ones.
+    pub memory_mib: u64,
 }
 
 impl Default for AnalyzerSection {
@@ -452,6 +458,8 @@ impl Default for AnalyzerSection {
             alert_command: None,
             alert_webhook: None,
             alert_webhook_ca: None,
+            job_memory_mib: (yard_diagnosis::analyzer::DEFAULT_JOB_BUDGET >> 20) as u64,
+            memory_mib: (crate::diagnosis_control::DEFAULT_TOTAL_BUDGET >> 20) as u64,
         }
     }
 }
@@ -464,9 +472,19 @@ impl AnalyzerSection {
             hang_factor: self.hang_factor,
             heartbeat_timeout_ns: self.heartbeat_timeout_ms * 1_000_000,
             slow_factor: self.slow_factor,
+            job_budget_bytes: mib(self.job_memory_mib),
             ..yard_diagnosis::analyzer::Config::default()
         }
     }
+
+    /// The budget of all jobs' analyzers together, in bytes.
+    pub fn total_budget_bytes(&self) -> usize {
+        mib(self.memory_mib)
+    }
+}
+
+fn mib(n: u64) -> usize {
+    usize::try_from(n.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
 }
 
 /// The service planner on the live gateway: the leader places VIPs by measured traffic and
@@ -953,6 +971,12 @@ impl Config {
             return bad(
                 "analyzer.slow_factor",
                 "hang_factor must be at least 1 and slow_factor above 1",
+            );
+        }
+        if a.job_memory_mib == 0 || a.memory_mib < a.job_memory_mib {
+            return bad(
+                "analyzer.memory_mib",
+                "job_memory_mib must be at least 1 and memory_mib at least job_memory_mib",
             );
         }
         if let Some(url) = &a.alert_webhook {

@@ -20,17 +20,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use openraft::ServerState;
 use yard_actors::probe::core::JobBatch;
-use yard_diagnosis::analyzer::{Config as AnalyzerConfig, JobAnalyzer};
-use yard_diagnosis::event::{Coll, Event, Member};
+use yard_diagnosis::analyzer::{Config as AnalyzerConfig, JobAnalyzer, Rejected};
+use yard_diagnosis::event::{Coll, Member};
 use yard_diagnosis::verdict::Verdict;
 use yard_raft_store::diagnosis::DiagnosisCommand;
 use yard_raft_store::{ChangeFeed, Command, Raft};
 
 use crate::alert::AlertHook;
 use crate::metrics::{Family, METRICS};
-
-/// Members kept per job for naming ranks in pictures (more are counted, not stored).
-const MAX_MEMBERS_KEPT: usize = 65_536;
 
 /// Settings of the leader's analyzer loop.
 #[derive(Debug, Clone)]
@@ -39,11 +36,17 @@ pub struct DiagnosisSettings {
     pub evaluate_every: Duration,
     pub job_idle: Duration,
     pub hook: AlertHook,
+    /// Most heap bytes all jobs' analyzers may hold together (each job also has its own
+    /// budget, in `analyzer`): a new job or an event past it is refused.
+    pub total_budget_bytes: usize,
 }
+
+/// The default total budget: 2 GiB, four 16,384-rank jobs at their full per-job budget or
+/// many more small ones, on the leader only.
+pub const DEFAULT_TOTAL_BUDGET: usize = 2 << 30;
 
 struct Job {
     analyzer: JobAnalyzer,
-    members: BTreeMap<u32, Member>,
     last_event: Instant,
     /// When this leader started watching the job.
     since: Instant,
@@ -81,6 +84,21 @@ struct Analysis {
     jobs: HashMap<String, Job>,
 }
 
+impl Analysis {
+    /// Heap bytes all jobs hold, by their analyzers' estimates plus the map's entries.
+    fn footprint(&self) -> usize {
+        self.jobs
+            .iter()
+            .map(|(name, j)| job_overhead(name) + j.analyzer.footprint())
+            .sum()
+    }
+}
+
+/// What a job costs the leader besides its analyzer's footprint: its entry in the job map.
+fn job_overhead(name: &str) -> usize {
+    std::mem::size_of::<(String, Job)>() + name.len() + 2
+}
+
 /// A changed verdict set of one job, to be committed.
 struct Commit {
     job: String,
@@ -102,6 +120,12 @@ pub struct DiagnosisControl {
     jobs_watched: AtomicU64,
     /// Events refused for naming a rank outside their job's world.
     events_rejected: AtomicU64,
+    /// Events refused because their job, or all jobs together, would exceed a memory budget.
+    events_over_budget: AtomicU64,
+    /// Jobs not started because all jobs together were at their memory budget.
+    jobs_refused: AtomicU64,
+    /// Heap bytes the analyzers held after the last pass (by their estimate).
+    bytes: AtomicU64,
 }
 
 /// A job's refused events are logged at the first and then every this many (one bad client
@@ -120,6 +144,9 @@ impl DiagnosisControl {
             commit_failures: AtomicU64::new(0),
             jobs_watched: AtomicU64::new(0),
             events_rejected: AtomicU64::new(0),
+            events_over_budget: AtomicU64::new(0),
+            jobs_refused: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
         }
     }
 
@@ -175,34 +202,57 @@ impl DiagnosisControl {
             mine
         };
         let cfg = &self.settings.analyzer;
+        let budget = self.settings.total_budget_bytes;
+        let mut total = a.footprint();
         for arrival in arrivals {
             for batch in arrival.batches {
-                let job = a.jobs.entry(batch.job.clone()).or_insert_with(|| {
-                    tracing::info!(job = %batch.job, "analyzer: new job");
-                    Job {
-                        analyzer: JobAnalyzer::new(batch.job.clone(), cfg.clone()),
-                        members: BTreeMap::new(),
-                        last_event: arrival.wall,
-                        since: arrival.wall,
-                        committed: None,
-                        events: 0,
+                if !a.jobs.contains_key(&batch.job) {
+                    let analyzer = JobAnalyzer::new(batch.job.clone(), cfg.clone());
+                    let cost = job_overhead(&batch.job) + analyzer.footprint();
+                    if total.saturating_add(cost) > budget {
+                        let refused = self.jobs_refused.fetch_add(1, Ordering::Relaxed) + 1;
+                        self.events_over_budget
+                            .fetch_add(batch.events.len() as u64, Ordering::Relaxed);
+                        if refused % LOG_REJECTED_EVERY == 1 {
+                            tracing::warn!(job = %batch.job, refused, held = total, budget, "analyzer: new job refused: all jobs together are at the analyzer's memory budget");
+                        }
+                        continue;
                     }
-                });
+                    tracing::info!(job = %batch.job, "analyzer: new job");
+                    total += cost;
+                    a.jobs.insert(
+                        batch.job.clone(),
+                        Job {
+                            analyzer,
+                            last_event: arrival.wall,
+                            since: arrival.wall,
+                            committed: None,
+                            events: 0,
+                        },
+                    );
+                }
+                let Some(job) = a.jobs.get_mut(&batch.job) else {
+                    continue;
+                };
                 job.last_event = arrival.wall;
                 job.events += batch.events.len() as u64;
                 for ev in &batch.events {
-                    if let Event::Member(m) = ev {
-                        if job.members.len() < MAX_MEMBERS_KEPT || job.members.contains_key(&m.rank)
-                        {
-                            job.members.insert(m.rank, m.clone());
-                        }
-                    }
-                    if let Err(e) = job.analyzer.try_ingest(ev, arrival.now_ns) {
-                        self.events_rejected.fetch_add(1, Ordering::Relaxed);
-                        let rejected = job.analyzer.rejected_events();
-                        if rejected % LOG_REJECTED_EVERY == 1 {
-                            tracing::warn!(job = %batch.job, rejected, error = %e, "analyzer: event refused");
-                        }
+                    let before = job.analyzer.footprint();
+                    // This job's share: what it holds plus what all jobs have left.
+                    let limit = before.saturating_add(budget.saturating_sub(total));
+                    let result = job.analyzer.try_ingest_within(ev, arrival.now_ns, limit);
+                    total = (total + job.analyzer.footprint()).saturating_sub(before);
+                    let Err(e) = result else { continue };
+                    let over = matches!(e, Rejected::OverBudget { .. });
+                    let counter = if over {
+                        &self.events_over_budget
+                    } else {
+                        &self.events_rejected
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    let rejected = job.analyzer.rejected_events();
+                    if rejected % LOG_REJECTED_EVERY == 1 {
+                        tracing::warn!(job = %batch.job, rejected, over_budget = over, error = %e, "analyzer: event refused");
                     }
                 }
             }
@@ -272,6 +322,7 @@ impl DiagnosisControl {
                 new,
             });
         }
+        self.bytes.store(a.footprint() as u64, Ordering::Relaxed);
         commits
     }
 
@@ -284,6 +335,7 @@ impl DiagnosisControl {
         }
         a.jobs.clear();
         self.jobs_watched.store(0, Ordering::Relaxed);
+        self.bytes.store(0, Ordering::Relaxed);
     }
 
     /// The collective records and members around a job's top verdict (for `--svg`), if this
@@ -297,7 +349,7 @@ impl DiagnosisControl {
         ranks.dedup();
         let members = ranks
             .iter()
-            .filter_map(|r| j.members.get(r).cloned())
+            .filter_map(|&r| j.analyzer.member(r).cloned())
             .collect();
         Some((colls, members))
     }
@@ -410,6 +462,11 @@ impl DiagnosisControl {
             self.jobs_watched.load(Ordering::Relaxed),
             self.events_rejected.load(Ordering::Relaxed),
         );
+        let (over_budget, jobs_refused, bytes) = (
+            self.events_over_budget.load(Ordering::Relaxed),
+            self.jobs_refused.load(Ordering::Relaxed),
+            self.bytes.load(Ordering::Relaxed),
+        );
         let verdicts = feed.read(|d| {
             let mut counts: BTreeMap<String, f64> = BTreeMap::new();
             for (job, j) in &d.diagnosis.jobs {
@@ -434,11 +491,14 @@ impl DiagnosisControl {
             },
             Family {
                 name: "yard_analyzer_state",
-                help: "the analyzer on this node: events taken, events refused (a rank outside the job's world), verdicts raised, commit failures, jobs watched (non-zero only while leading)",
+                help: "the analyzer on this node: events taken, events refused (a rank outside the job's world), events refused over a memory budget, jobs refused over the total budget, bytes held (estimate), verdicts raised, commit failures, jobs watched (non-zero only while leading)",
                 kind: "gauge",
                 samples: vec![
                     ("what=\"events\"".into(), events as f64),
                     ("what=\"events_rejected\"".into(), rejected as f64),
+                    ("what=\"events_over_budget\"".into(), over_budget as f64),
+                    ("what=\"jobs_refused\"".into(), jobs_refused as f64),
+                    ("what=\"bytes\"".into(), bytes as f64),
                     ("what=\"verdicts_raised\"".into(), raised as f64),
                     ("what=\"commit_failures\"".into(), failures as f64),
                     ("what=\"jobs\"".into(), jobs as f64),
@@ -458,6 +518,7 @@ fn escape_label(v: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use yard_diagnosis::event::Event;
 
     fn control() -> Arc<DiagnosisControl> {
         Arc::new(DiagnosisControl::new(DiagnosisSettings {
@@ -465,6 +526,7 @@ mod tests {
             evaluate_every: Duration::from_millis(100),
             job_idle: Duration::from_secs(600),
             hook: AlertHook::default(),
+            total_budget_bytes: DEFAULT_TOTAL_BUDGET,
         }))
     }
 
@@ -565,6 +627,7 @@ mod tests {
             evaluate_every: Duration::from_millis(100),
             job_idle: Duration::from_secs(600),
             hook: AlertHook::default(),
+            total_budget_bytes: DEFAULT_TOTAL_BUDGET,
         }))
     }
 
@@ -633,6 +696,57 @@ mod tests {
         assert_eq!(c.families_counter("events_rejected"), 1.0);
         let a = c.analysis();
         assert!(a.jobs["j"].analyzer.retained_records() < 100);
+    }
+
+    /// Issue 25: the leader's job map had no cap and each job's rank table was sized to the
+    /// highest rank seen, so job names and one large rank number grew the leader's memory
+    /// without bound.
+    #[test]
+    fn ten_thousand_jobs_and_a_rank_near_2_pow_20_stay_under_the_total_budget() {
+        let budget = 2 << 20;
+        let c = Arc::new(DiagnosisControl::new(DiagnosisSettings {
+            total_budget_bytes: budget,
+            ..control().settings.clone()
+        }));
+        let mut batches = vec![JobBatch {
+            job: "big".into(),
+            events: vec![
+                Event::Member(Member {
+                    world_size: 1 << 20,
+                    ..match member((1 << 20) - 1) {
+                        Event::Member(m) => m,
+                        _ => unreachable!(),
+                    }
+                }),
+                Event::Heartbeat {
+                    rank: (1 << 20) - 1,
+                    t_ns: 1,
+                },
+            ],
+        }];
+        batches.extend((0..10_000).map(|i| JobBatch {
+            job: format!("job-{i}"),
+            events: vec![member(0), Event::Heartbeat { rank: 1, t_ns: 1 }],
+        }));
+        c.ingest(1, batches);
+        c.pass(1, Vec::new(), Duration::ZERO, |_| false);
+        let held = c.analysis().footprint();
+        assert!(
+            held <= budget,
+            "{held} bytes held over a {budget}-byte budget"
+        );
+        assert!(c.analysis().jobs.contains_key("big"));
+        let refused = c.jobs_refused.load(Ordering::Relaxed);
+        assert!(refused > 0 && refused < 10_000, "{refused} jobs refused");
+        assert_eq!(c.families_counter("jobs") as u64 + refused, 10_001);
+        assert!(c.events_over_budget.load(Ordering::Relaxed) >= 2 * refused);
+        // A job already watched still takes its events.
+        c.ingest(1, batch("big", vec![Event::Heartbeat { rank: 0, t_ns: 2 }]));
+        c.pass(1, Vec::new(), Duration::ZERO, |_| false);
+        assert!(c.analysis().jobs["big"]
+            .analyzer
+            .member((1 << 20) - 1)
+            .is_some());
     }
 
     impl DiagnosisControl {

@@ -11,6 +11,7 @@ pub mod alert;
 pub mod batcher;
 pub mod client;
 pub mod config;
+pub mod data_dir;
 pub mod diagnosis_control;
 pub mod diagnosis_service;
 pub mod dispatch;

@@ -130,12 +130,41 @@ fn write(path: &Path, contents: &str, secret: bool) -> Result<(), TlsError> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(err)?;
     }
-    std::fs::write(path, contents).map_err(err)?;
-    if secret {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+    if !secret {
+        return std::fs::write(path, contents).map_err(err);
     }
-    Ok(())
+    // A key is written to a new file that is 0600 from its creation and then renamed over
+    // the old one: writing in place and narrowing afterwards left a window in which another
+    // local user could open the file, and an existing file keeps whatever mode it had.
+    let tmp = path.with_file_name(format!(
+        ".{}.{}.tmp",
+        path.file_name()
+            .map_or("key".into(), |n| n.to_string_lossy()),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&tmp);
+    let result = (|| {
+        use std::io::Write;
+        let mut file = create_secret(&tmp)?;
+        file.write_all(contents.as_bytes())?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.map_err(err)
+}
+
+/// Creates `path` for a secret: a new file (never one that exists, which another user could
+/// have prepared) with mode 0600 given at creation, so it is never readable by others.
+pub fn create_secret(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
 }
 
 fn check_name(name: &str) -> Result<(), TlsError> {
@@ -581,6 +610,42 @@ impl ServerCertVerifier for ClusterNodeVerifier {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 25: keys were written with the umask's mode and narrowed afterwards.
+    #[test]
+    fn a_key_file_is_0600_from_its_creation_and_after_rewrites() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        let fresh = dir.path().join("fresh.key");
+        let _file = create_secret(&fresh).unwrap();
+        assert_eq!(
+            mode(&fresh),
+            0o600,
+            "readable by others right after creation"
+        );
+        assert!(
+            create_secret(&fresh).is_err(),
+            "an existing file was reused"
+        );
+
+        // An existing key file of another mode is replaced, not written into.
+        let key = dir.path().join("n1.key");
+        std::fs::write(&key, "old").unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        write(&key, "new", true).unwrap();
+        assert_eq!(mode(&key), 0o600);
+        assert_eq!(std::fs::read_to_string(&key).unwrap(), "new");
+        let pki = dir.path().join("pki");
+        init_ca_dir(&pki, "yard").unwrap();
+        assert_eq!(mode(&pki.join("ca.key")), 0o600);
+        assert_eq!(mode(&pki.join("admin.key")), 0o600);
+        assert_eq!(
+            std::fs::read_dir(&pki).unwrap().count(),
+            4,
+            "no temporary left"
+        );
+    }
 
     #[test]
     fn node_san_round_trips_and_rejects_other_clusters() {

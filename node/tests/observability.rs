@@ -90,6 +90,7 @@ async fn one_node() -> OneNode {
             evaluate_every: Duration::from_millis(50),
             job_idle: Duration::from_secs(60),
             hook: Default::default(),
+            total_budget_bytes: yard::diagnosis_control::DEFAULT_TOTAL_BUDGET,
         })),
         zone: String::new(),
         host_liveness: Default::default(),

@@ -422,7 +422,7 @@ fn blocked_earlier(state: &State, st: &Stuck, m: usize) -> Option<(usize, u64)> 
         st.seq
     };
     let r = pg.rec(m, seq).filter(|r| r.has_enq())?;
-    let rs = state.ranks.get(rank as usize)?;
+    let rs = state.ranks.get(rank)?;
     for &(p, pm) in &rs.pgs {
         let other = &state.pgs[p as usize];
         if p as usize == st.pg || !other.state[pm as usize].in_flight {
@@ -607,7 +607,7 @@ fn done(state: &State, pg: &Pg, m: usize, seq: u64) -> bool {
     };
     if state
         .ranks
-        .get(pg.members[m] as usize)
+        .get(pg.members[m])
         .is_some_and(|r| r.done_enq > Some(began))
     {
         return true;
@@ -1304,7 +1304,7 @@ fn candidates(state: &State, st: &Stuck) -> Vec<Candidate> {
             }
         }
         // Stuck elsewhere at an op it enqueued before this one.
-        if let (Some(r), Some(rs)) = (rec, state.ranks.get(rank as usize)) {
+        if let (Some(r), Some(rs)) = (rec, state.ranks.get(rank)) {
             if r.has_enq() {
                 for &(p, pm) in &rs.pgs {
                     let other = &state.pgs[p as usize];

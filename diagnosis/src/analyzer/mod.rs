@@ -42,7 +42,17 @@ pub struct Config {
     /// A time must also exceed its baseline by this much to count as slow, so that jitter on a
     /// near-zero baseline (back-to-back collectives) is not read as a large ratio.
     pub slow_min_delta_ns: u64,
+    /// Most heap bytes one job's state may hold (by the analyzer's own estimate, see
+    /// [`JobAnalyzer::footprint`]); an event that would take it further is refused. Sized
+    /// for a 16,384-rank job, with room, by [`DEFAULT_JOB_BUDGET`].
+    pub job_budget_bytes: usize,
 }
+
+/// The default per-job budget: 512 MiB. A 16,384-rank Megatron-shaped job (each rank in
+/// about six collective and point-to-point streams) holds about 16,384 × 6 × 2.6 KB ≈ 260 MB
+/// of per-member windows and baselines; twice that leaves room for pairs, keys and Vec
+/// slack, while a single job can no longer take the leader's memory.
+pub const DEFAULT_JOB_BUDGET: usize = 512 << 20;
 
 impl Default for Config {
     fn default() -> Self {
@@ -53,6 +63,7 @@ impl Default for Config {
             slow_factor: 1.5,
             slow_window: 8,
             slow_min_delta_ns: 1_000_000,
+            job_budget_bytes: DEFAULT_JOB_BUDGET,
         }
     }
 }
@@ -76,6 +87,8 @@ pub struct JobAnalyzer {
     verdicts: Vec<Verdict>,
     /// Events refused for naming a rank outside the job's world.
     rejected: u64,
+    /// [`JobAnalyzer::base_bytes`] as of the last evaluation (it changes only there).
+    base: usize,
 }
 
 impl JobAnalyzer {
@@ -87,7 +100,14 @@ impl JobAnalyzer {
             offline: None,
             verdicts: Vec::new(),
             rejected: 0,
+            base: 0,
         }
+        .with_base()
+    }
+
+    fn with_base(mut self) -> Self {
+        self.base = self.base_bytes();
+        self
     }
 
     pub fn job(&self) -> &str {
@@ -111,8 +131,27 @@ impl JobAnalyzer {
     /// members announced) or, before any member declared one, by [`UNDECLARED_MAX_RANKS`]:
     /// rank state is indexed by rank, so one event with a huge rank number would otherwise
     /// grow the job by as many entries.
+    ///
+    /// An event that would take the job's state past [`Config::job_budget_bytes`] is refused
+    /// too ([`Rejected::OverBudget`]).
     pub fn try_ingest(&mut self, ev: &Event, now_ns: u64) -> Result<(), Rejected> {
-        let r = self.state.ingest(ev, now_ns, &self.cfg);
+        self.try_ingest_within(ev, now_ns, usize::MAX)
+    }
+
+    /// [`JobAnalyzer::try_ingest`] with the job's footprint held to at most `limit` bytes as
+    /// well as its own budget: the caller's share of a budget over many jobs.
+    pub fn try_ingest_within(
+        &mut self,
+        ev: &Event,
+        now_ns: u64,
+        limit: usize,
+    ) -> Result<(), Rejected> {
+        let budget = self
+            .cfg
+            .job_budget_bytes
+            .min(limit)
+            .saturating_sub(self.base);
+        let r = self.state.ingest(ev, now_ns, &self.cfg, budget);
         if r.is_err() {
             self.rejected += 1;
         }
@@ -183,6 +222,7 @@ impl JobAnalyzer {
             v.detected_ns = before.get(&v.key()).copied().unwrap_or(now_ns);
         }
         self.verdicts = verdicts;
+        self.base = self.base_bytes();
         &self.verdicts
     }
 
@@ -201,7 +241,7 @@ impl JobAnalyzer {
         let pgi = match &verdict.pg {
             Some(p) => self.state.find_pg(&p.name, &p.ranks, p2p),
             None => focus.iter().find_map(|&r| {
-                let pgs = &self.state.ranks.get(r as usize)?.pgs;
+                let pgs = &self.state.ranks.get(r)?.pgs;
                 let busy = pgs
                     .iter()
                     .find(|(p, m)| self.state.pgs[*p as usize].state[*m as usize].in_flight);
@@ -282,6 +322,36 @@ impl JobAnalyzer {
         out
     }
 
+    /// Heap bytes the job's analyzer holds, by its own estimate: every rank, stream member,
+    /// declaration, pair, baseline and counter it stores (counted as stored, so this costs
+    /// nothing to ask), plus the analyzer itself and its verdicts.
+    pub fn footprint(&self) -> usize {
+        self.base + self.state.bytes()
+    }
+
+    /// What the analyzer holds besides its state: itself, the job's name, its verdicts.
+    fn base_bytes(&self) -> usize {
+        let verdicts: usize = self
+            .verdicts
+            .iter()
+            .map(|v| {
+                std::mem::size_of::<Verdict>()
+                    + v.culprits.len() * 4
+                    + v.evidence.iter().map(String::len).sum::<usize>()
+                    + v.pg
+                        .as_ref()
+                        .map_or(0, |p| p.name.len() + p.ranks.len() * 4)
+                    + v.links.len() * 64
+            })
+            .sum();
+        std::mem::size_of::<Self>() + self.job.len() + verdicts
+    }
+
+    /// The introduction rank `rank` sent, if any (for naming ranks in pictures).
+    pub fn member(&self, rank: Rank) -> Option<&crate::event::Member> {
+        self.state.ranks.get(rank)?.info.as_deref()
+    }
+
     /// How many records the analyzer retains (per-member slots, pairs, baselines, ranks): a
     /// figure for metrics and for tests that memory stays bounded over long runs.
     pub fn retained_records(&self) -> usize {
@@ -291,7 +361,7 @@ impl JobAnalyzer {
     /// Dead ranks with why: silent past the heartbeat timeout (live) or without a record
     /// (offline); a rank that said goodbye is never dead.
     fn dead(&self, now: u64) -> Vec<(Rank, String)> {
-        let exited = |r: Rank| self.state.ranks.get(r as usize).is_some_and(|s| s.exited);
+        let exited = |r: Rank| self.state.ranks.get(r).is_some_and(|s| s.exited);
         match &self.offline {
             Some(o) => o
                 .missing
@@ -299,27 +369,34 @@ impl JobAnalyzer {
                 .filter(|&&r| !exited(r))
                 .map(|&r| (r, format!("no flight recorder dump from rank {r}")))
                 .collect(),
-            None => self
-                .state
-                .ranks
-                .iter()
-                .enumerate()
-                .filter(|(_, s)| s.known && !s.exited)
-                .filter(|(_, s)| now.saturating_sub(s.last_seen) > self.cfg.heartbeat_timeout_ns)
-                .map(|(r, s)| {
-                    let r = r as Rank;
-                    let silent = now.saturating_sub(s.last_seen) as f64;
-                    (
-                        r,
-                        format!(
-                            "{} silent for {}: no heartbeat or event (timeout {})",
-                            text::rank_at(&self.state, r),
-                            text::dur(silent),
-                            text::dur(self.cfg.heartbeat_timeout_ns as f64)
-                        ),
-                    )
-                })
-                .collect(),
+            None => {
+                let mut dead: Vec<(Rank, &state::RankState)> = self
+                    .state
+                    .ranks
+                    .iter()
+                    .filter(|(_, s)| s.known && !s.exited)
+                    .filter(|(_, s)| {
+                        now.saturating_sub(s.last_seen) > self.cfg.heartbeat_timeout_ns
+                    })
+                    .collect();
+                // Ranks are stored in the order they were first seen; verdicts name them in
+                // rank order.
+                dead.sort_unstable_by_key(|d| d.0);
+                dead.into_iter()
+                    .map(|(r, s)| {
+                        let silent = now.saturating_sub(s.last_seen) as f64;
+                        (
+                            r,
+                            format!(
+                                "{} silent for {}: no heartbeat or event (timeout {})",
+                                text::rank_at(&self.state, r),
+                                text::dur(silent),
+                                text::dur(self.cfg.heartbeat_timeout_ns as f64)
+                            ),
+                        )
+                    })
+                    .collect()
+            }
         }
     }
 
@@ -403,15 +480,10 @@ fn order(v: &Verdict) -> u8 {
 fn by_node(state: &State, verdicts: &mut Vec<Verdict>) {
     use std::collections::BTreeMap;
     let host_of = |v: &Verdict| -> Option<String> {
-        let first = state.ranks.get(*v.culprits.first()? as usize)?.host();
+        let first = state.ranks.get(*v.culprits.first()?)?.host();
         v.culprits
             .iter()
-            .all(|&r| {
-                state
-                    .ranks
-                    .get(r as usize)
-                    .is_some_and(|s| s.host() == first)
-            })
+            .all(|&r| state.ranks.get(r).is_some_and(|s| s.host() == first))
             .then(|| first.to_string())
     };
     let eligible = |v: &Verdict| {
@@ -538,7 +610,13 @@ fn event_time(ev: &Event) -> Option<u64> {
 /// is no receive clock), heartbeat silence is not judged (a dump has no heartbeats; a missing
 /// dump is what marks a dead rank), and with `stuck` anything in flight is stuck.
 pub fn analyze_trace(trace: &Trace, cfg: &Config) -> Vec<Verdict> {
-    let mut a = JobAnalyzer::new(trace.job.clone(), cfg.clone());
+    // A record the user hands in is read whole: the budget guards the leader from its
+    // clients, not a command from its own user's files.
+    let cfg = Config {
+        job_budget_bytes: usize::MAX,
+        ..cfg.clone()
+    };
+    let mut a = JobAnalyzer::new(trace.job.clone(), cfg);
     let mut missing = trace.missing.clone();
     missing.sort_unstable();
     missing.dedup();

@@ -147,7 +147,7 @@ impl Paths {
         let switch = |r: Rank| {
             state
                 .ranks
-                .get(r as usize)
+                .get(r)
                 .and_then(|s| s.info.as_deref())
                 .map_or("", |m| m.switch.as_str())
         };
@@ -177,7 +177,7 @@ impl Paths {
 
 /// The host a rank introduced itself with ("" if unknown).
 pub(crate) fn host(state: &State, r: Rank) -> &str {
-    state.ranks.get(r as usize).map_or("", |s| s.host())
+    state.ranks.get(r).map_or("", |s| s.host())
 }
 
 /// Both ends are on known, different hosts: the path leaves a host through its NIC.

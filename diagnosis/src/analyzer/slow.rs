@@ -307,7 +307,7 @@ fn link(
         } if touches_pg(h) => {
             let nic = state
                 .ranks
-                .get(*rank as usize)
+                .get(*rank)
                 .and_then(|s| s.info.as_deref())
                 .map(|m| m.nic.as_str())
                 .filter(|n| !n.is_empty())
@@ -350,7 +350,7 @@ fn link(
     let addr = |r: Rank| {
         state
             .ranks
-            .get(r as usize)
+            .get(r)
             .and_then(|s| s.info.as_deref())
             .map_or("", |m| m.addr.as_str())
     };

@@ -45,6 +45,8 @@ pub enum Rejected {
     Undeclared { rank: Rank, limit: u32 },
     #[error("rank {rank} is above the largest rank the analyzer takes ({max})", max = MAX_RANK)]
     TooLarge { rank: Rank },
+    #[error("the event would take the job's analyzer state past its budget of {budget} bytes (it holds {held})")]
+    OverBudget { held: usize, budget: usize },
 }
 
 /// How many of a rank's latest `End` times are kept to find the end of its previous op in any
@@ -361,6 +363,19 @@ impl Pg {
     }
 }
 
+/// A group's ranks in their listed order, each once (a repeated GROUP frame can list a rank
+/// twice; it is still one member).
+fn dedup_keep_order(ranks: &[Rank]) -> Vec<Rank> {
+    let mut seen = std::collections::HashSet::with_capacity(ranks.len());
+    ranks.iter().copied().filter(|r| seen.insert(*r)).collect()
+}
+
+/// Bytes of a stream's declaration: its rank list and rank set.
+fn decl_bytes(pg: &Pg) -> usize {
+    let n = pg.declared.as_ref().map_or(0, Vec::len) + pg.scope.as_ref().map_or(0, Vec::len);
+    n * std::mem::size_of::<Rank>()
+}
+
 /// A group's ranks as a set: sorted, without repeats.
 fn rank_set(ranks: &[Rank]) -> Vec<Rank> {
     let mut set = ranks.to_vec();
@@ -416,6 +431,110 @@ impl RankState {
     }
 }
 
+/// The job's ranks, stored sparsely: one entry per rank seen, whatever its number. Indexed
+/// by rank through a hash map, because a Vec indexed by rank let one event with a large rank
+/// number (up to the declared world, 2^20) allocate a million entries.
+#[derive(Debug, Default)]
+pub(crate) struct Ranks {
+    index: HashMap<Rank, u32>,
+    ids: Vec<Rank>,
+    states: Vec<RankState>,
+}
+
+impl Ranks {
+    pub(crate) fn get(&self, rank: Rank) -> Option<&RankState> {
+        self.index.get(&rank).map(|&i| &self.states[i as usize])
+    }
+
+    pub(crate) fn get_mut(&mut self, rank: Rank) -> Option<&mut RankState> {
+        self.index.get(&rank).map(|&i| &mut self.states[i as usize])
+    }
+
+    pub(crate) fn contains(&self, rank: Rank) -> bool {
+        self.index.contains_key(&rank)
+    }
+
+    /// The rank's entry, created if new (the bool says whether it was).
+    fn entry(&mut self, rank: Rank) -> (&mut RankState, bool) {
+        match self.index.get(&rank) {
+            Some(&i) => (&mut self.states[i as usize], false),
+            None => {
+                self.index.insert(rank, self.states.len() as u32);
+                self.ids.push(rank);
+                self.states.push(RankState::default());
+                (self.states.last_mut().expect("just pushed"), true)
+            }
+        }
+    }
+
+    /// Every rank seen, in the order they were first seen.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (Rank, &RankState)> {
+        self.ids.iter().copied().zip(self.states.iter())
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.states.len()
+    }
+}
+
+impl std::ops::Index<Rank> for Ranks {
+    type Output = RankState;
+    fn index(&self, rank: Rank) -> &RankState {
+        self.get(rank).expect("rank is known")
+    }
+}
+
+impl std::ops::IndexMut<Rank> for Ranks {
+    fn index_mut(&mut self, rank: Rank) -> &mut RankState {
+        self.get_mut(rank).expect("rank is known")
+    }
+}
+
+/// What each piece of the state costs in heap bytes: the sizes of what is stored plus the
+/// per-entry overhead of the hash maps, by element count (a Vec's spare capacity, at most
+/// the size of what it holds, is not counted; the budgets leave room for it).
+pub(crate) mod cost {
+    use super::*;
+    use std::mem::size_of;
+
+    /// One hash-map entry beyond its key and value: a control byte, and the table kept at
+    /// most 7/8 full, rounded up.
+    const MAP_SLACK: usize = 2;
+
+    /// A rank: its state, its id and its index entry.
+    pub const RANK: usize =
+        size_of::<RankState>() + size_of::<Rank>() + size_of::<(Rank, u32)>() + MAP_SLACK;
+    /// A member of a stream: its window of records, its position and compute statistics, its
+    /// entry in the rank's list of streams, and room for its gap and its signature in a
+    /// mismatch (both kept per member at most once).
+    pub const MEMBER: usize = SEQ_WINDOW * size_of::<Rec>()
+        + size_of::<MemberState>()
+        + size_of::<ComputeStats>()
+        + size_of::<Rank>()
+        + size_of::<(u32, u32)>()
+        + size_of::<(usize, f32)>()
+        + size_of::<(usize, Sig)>();
+    /// A rank listed in a group's declaration: the list in group order and the sorted set.
+    pub const DECLARED: usize = 2 * size_of::<Rank>();
+    /// A stream, without its members and name.
+    pub const PG: usize =
+        size_of::<Pg>() + SEQ_WINDOW * size_of::<SlotMeta>() + size_of::<u32>() + MAP_SLACK;
+    /// A new group name in the index (its bytes are counted apart).
+    pub const NAME: usize = size_of::<(PgName, Vec<u32>)>() + MAP_SLACK + 16;
+    /// A pair's per-peer progress.
+    pub const PAIR: usize = size_of::<((Rank, Rank), PairState)>() + MAP_SLACK;
+    /// Statistics of one (op, size bucket) of a stream.
+    pub const KEY: usize = size_of::<KeyStats>();
+    /// A host pair's counters, without its two addresses.
+    pub const COUNTER: usize = size_of::<((String, String), CounterState)>() + MAP_SLACK;
+    /// A rank's introduction, without its strings.
+    pub const INFO: usize = size_of::<Member>();
+
+    pub fn member_info(m: &Member) -> usize {
+        INFO + m.host.len() + m.addr.len() + m.nic.len() + m.switch.len()
+    }
+}
+
 /// Cumulative eBPF counters of one host pair, reduced to a tx rate and its baseline.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct CounterState {
@@ -435,7 +554,7 @@ pub(crate) struct State {
     /// a rank's op finds its stream (as FR's analyzer keys groups by name and rank).
     coll_index: HashMap<PgName, Vec<u32>>,
     p2p_index: HashMap<PgName, Vec<u32>>,
-    pub ranks: Vec<RankState>,
+    pub ranks: Ranks,
     /// (host addr, peer addr) → counters.
     pub counters: HashMap<(String, String), CounterState>,
     /// The largest world size a member declared (capped at [`MAX_RANK`] + 1).
@@ -443,19 +562,39 @@ pub(crate) struct State {
     /// The events are a finished record (Flight Recorder dumps), whose entries each carry
     /// their op's final state, rather than a live stream whose reports can be lost.
     pub offline: bool,
+    /// Heap bytes this state holds, by the estimate of [`cost`]: counted where it allocates,
+    /// so that a budget can be checked per event without walking the state.
+    bytes: usize,
 }
 
 impl State {
     /// Takes one event received at `now`, unless it names a rank outside the job's world
     /// (then nothing of it is kept).
-    pub(crate) fn ingest(&mut self, ev: &Event, now: u64, cfg: &Config) -> Result<(), Rejected> {
+    ///
+    /// An event that could take the state past `budget` bytes (by [`cost`]'s estimate) is
+    /// refused whole, before anything of it is stored.
+    pub(crate) fn ingest(
+        &mut self,
+        ev: &Event,
+        now: u64,
+        cfg: &Config,
+        budget: usize,
+    ) -> Result<(), Rejected> {
         self.check(ev)?;
+        if self.bytes.saturating_add(self.growth(ev)) > budget {
+            return Err(Rejected::OverBudget {
+                held: self.bytes,
+                budget,
+            });
+        }
         if let Some(rank) = ev.rank() {
             self.heartbeat(rank, now);
         }
         match ev {
             Event::Member(m) => {
-                let r = &mut self.ranks[m.rank as usize];
+                let info = cost::member_info(m);
+                let r = &mut self.ranks[m.rank];
+                let old = r.info.as_deref().map_or(0, cost::member_info);
                 // A new introduction is a new process, alive again even if an earlier one
                 // said goodbye; but the same process introducing itself again after its
                 // goodbye is a replay of its HELLO (a node re-announcing its ranks to the
@@ -472,18 +611,19 @@ impl State {
                     r.reannounced = false;
                 }
                 r.info = Some(Box::new(m.clone()));
+                self.bytes = self.bytes + info - old;
             }
             Event::Group(g) => self.group(g, now),
             Event::Coll(c) => self.coll(c, now, cfg),
             Event::Peer(p) => self.peer(p, now, cfg),
             Event::Heartbeat { rank, .. } => {
-                let r = &mut self.ranks[*rank as usize];
+                let r = &mut self.ranks[*rank];
                 if std::mem::take(&mut r.reannounced) {
                     r.exited = false;
                 }
             }
             Event::Exit { rank, .. } => {
-                let r = &mut self.ranks[*rank as usize];
+                let r = &mut self.ranks[*rank];
                 r.exited = true;
                 r.reannounced = false;
             }
@@ -539,17 +679,73 @@ impl State {
         }
     }
 
+    /// At most how many bytes `ev` could add to the state: exact for the common events (a
+    /// rank's op in a stream it is in, a heartbeat), an upper bound where it would create a
+    /// stream or declare a group.
+    fn growth(&self, ev: &Event) -> usize {
+        let rank = |r: Rank| {
+            if self.ranks.contains(r) {
+                0
+            } else {
+                cost::RANK
+            }
+        };
+        let stream = |r: Rank, name: &PgName, p2p: bool| {
+            let known = self.ranks.get(r).is_some_and(|s| {
+                s.pgs.iter().any(|&(p, _)| {
+                    let pg = &self.pgs[p as usize];
+                    pg.p2p == p2p && pg.name == *name
+                })
+            });
+            if known {
+                0
+            } else {
+                cost::PG + cost::NAME + name.len() + cost::MEMBER
+            }
+        };
+        let mut bytes = ev.rank().map_or(0, rank);
+        bytes += match ev {
+            Event::Member(m) => cost::member_info(m),
+            Event::Group(g) => {
+                let same = self.coll_index.get(&g.name).is_some_and(|streams| {
+                    streams
+                        .iter()
+                        .any(|&i| self.pgs[i as usize].declared.as_ref() == Some(&g.ranks))
+                });
+                if same {
+                    0
+                } else {
+                    let per: usize = g
+                        .ranks
+                        .iter()
+                        .map(|&r| rank(r) + cost::MEMBER + cost::DECLARED)
+                        .sum();
+                    cost::PG + cost::NAME + g.name.len() + per
+                }
+            }
+            Event::Coll(c) => stream(c.rank, &c.pg, c.op.is_p2p()) + cost::KEY,
+            Event::Peer(p) => stream(p.rank, &p.pg, false) + cost::PAIR,
+            Event::Counters(c) => cost::COUNTER + c.addr.len() + c.peer_addr.len(),
+            Event::Heartbeat { .. } | Event::Exit { .. } => 0,
+        };
+        bytes
+    }
+
+    /// Heap bytes the state holds, by [`cost`]'s estimate.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
     /// How many records are retained in total (for the boundedness tests).
     pub(crate) fn retained(&self) -> usize {
         self.pgs.iter().map(Pg::retained).sum::<usize>() + self.ranks.len() + self.counters.len()
     }
 
     fn rank_mut(&mut self, rank: Rank, now: u64) -> &mut RankState {
-        let i = rank as usize;
-        if i >= self.ranks.len() {
-            self.ranks.resize_with(i + 1, RankState::default);
+        let (r, new) = self.ranks.entry(rank);
+        if new {
+            self.bytes += cost::RANK;
         }
-        let r = &mut self.ranks[i];
         if !r.known {
             r.known = true;
             r.last_seen = now;
@@ -571,7 +767,13 @@ impl State {
         } else {
             &mut self.coll_index
         };
-        let streams = index.entry(name.clone()).or_default();
+        let streams = match index.entry(name.clone()) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                self.bytes += cost::NAME + name.len();
+                e.insert(Vec::new())
+            }
+        };
         if let Some(&i) = streams
             .iter()
             .find(|&&i| self.pgs[i as usize].scope.as_deref() == scope)
@@ -582,14 +784,48 @@ impl State {
         streams.push(i as u32);
         let mut pg = Pg::new(name.clone(), p2p, now);
         pg.scope = scope.map(<[Rank]>::to_vec);
+        self.bytes += cost::PG + decl_bytes(&pg);
         self.pgs.push(pg);
         i
     }
 
     /// A group declaration: the stream of this name with this rank set, or an undeclared one
     /// whose members all belong to it (ops that arrived before the declaration), or a new one.
+    ///
+    /// A declaration that extends an earlier one of the same name (a large group arrives as
+    /// several GROUP frames, announced again with the ranks so far after each) widens that
+    /// group's stream rather than making one stream per partial list, and a repeated
+    /// declaration changes nothing: neither grows the state beyond the group's final size.
     fn group(&mut self, g: &Group, now: u64) {
-        let scope = rank_set(&g.ranks);
+        let listed = dedup_keep_order(&g.ranks);
+        let scope = rank_set(&listed);
+        let widened = self.coll_index.get(&g.name).and_then(|streams| {
+            streams.iter().map(|&i| i as usize).find(|&i| {
+                self.pgs[i]
+                    .declared
+                    .as_ref()
+                    .is_some_and(|d| d.len() < listed.len() && listed.starts_with(d))
+            })
+        });
+        if let Some(i) = widened {
+            let old = self.pgs[i].scope.clone();
+            let twins: Vec<usize> = self.p2p_index.get(&g.name).map_or(Vec::new(), |s| {
+                s.iter()
+                    .map(|&j| j as usize)
+                    .filter(|&j| self.pgs[j].scope == old)
+                    .collect()
+            });
+            for j in twins.into_iter().chain([i]) {
+                let before = decl_bytes(&self.pgs[j]);
+                self.pgs[j].scope = Some(scope.clone());
+                self.bytes = self.bytes + decl_bytes(&self.pgs[j]) - before;
+            }
+        }
+        let g = &Group {
+            name: g.name.clone(),
+            desc: String::new(),
+            ranks: listed,
+        };
         let adopt = |pgs: &[Pg], index: &HashMap<PgName, Vec<u32>>| {
             index.get(&g.name).and_then(|streams| {
                 streams.iter().map(|&i| i as usize).find(|&i| {
@@ -602,25 +838,35 @@ impl State {
                 .any(|&i| self.pgs[i as usize].scope.as_ref() == Some(&scope))
         });
         if !exists {
-            if let Some(i) = adopt(&self.pgs, &self.coll_index) {
-                self.pgs[i].scope = Some(scope.clone());
-            }
-            if let Some(i) = adopt(&self.pgs, &self.p2p_index) {
-                self.pgs[i].scope = Some(scope.clone());
+            for p2p in [false, true] {
+                let index = if p2p {
+                    &self.p2p_index
+                } else {
+                    &self.coll_index
+                };
+                if let Some(i) = adopt(&self.pgs, index) {
+                    let before = decl_bytes(&self.pgs[i]);
+                    self.pgs[i].scope = Some(scope.clone());
+                    self.bytes = self.bytes + decl_bytes(&self.pgs[i]) - before;
+                }
             }
         }
         let pg = self.intern(&g.name, false, Some(&scope), now);
         for &rank in &g.ranks {
             self.member(pg, rank, now);
         }
-        self.pgs[pg].declared = Some(g.ranks.clone());
+        if self.pgs[pg].declared.as_ref() != Some(&g.ranks) {
+            let before = decl_bytes(&self.pgs[pg]);
+            self.pgs[pg].declared = Some(g.ranks.clone());
+            self.bytes = self.bytes + decl_bytes(&self.pgs[pg]) - before;
+        }
     }
 
     /// The stream and member index of `rank`'s op in the group it calls `name`: a stream of
     /// that name it is already in, else the one of the group of that name that lists it, else
     /// the name's undeclared stream.
     fn stream(&mut self, rank: Rank, name: &PgName, p2p: bool, now: u64) -> (usize, usize) {
-        if let Some(r) = self.ranks.get(rank as usize) {
+        if let Some(r) = self.ranks.get(rank) {
             let found = r.pgs.iter().find(|(p, _)| {
                 let pg = &self.pgs[*p as usize];
                 pg.p2p == p2p && pg.name == *name
@@ -648,7 +894,8 @@ impl State {
             return m as usize;
         }
         let m = self.pgs[pg].add_member(rank);
-        self.ranks[rank as usize].pgs.push((pg as u32, m as u32));
+        self.ranks[rank].pgs.push((pg as u32, m as u32));
+        self.bytes += cost::MEMBER;
         m
     }
 
@@ -741,7 +988,7 @@ impl State {
         } else {
             None
         };
-        let rs = &mut self.ranks[c.rank as usize];
+        let rs = &mut self.ranks[c.rank];
         rs.push_end(c.t_ns);
         rs.done_enq = rs.done_enq.max(began);
         let pg = &mut self.pgs[pgi];
@@ -763,7 +1010,9 @@ impl State {
             sm.done = true;
         }
         if complete {
+            let keys = self.pgs[pgi].keys.len();
             complete_seq(&mut self.pgs[pgi], &self.ranks, c.seq, cfg);
+            self.bytes += (self.pgs[pgi].keys.len() - keys) * cost::KEY;
         }
     }
 
@@ -776,6 +1025,9 @@ impl State {
             Dir::Send => (p.rank, p.peer),
             Dir::Recv => (p.peer, p.rank),
         };
+        if !pg.pairs.contains_key(&key) {
+            self.bytes += cost::PAIR;
+        }
         let pair = pg.pairs.entry(key).or_default();
         let any = pair.send.seen || pair.recv.seen;
         if !any || p.seq > pair.cur_seq {
@@ -803,6 +1055,9 @@ impl State {
 
     fn counters(&mut self, c: &LinkCounters, cfg: &Config) {
         let key = (c.addr.clone(), c.peer_addr.clone());
+        if !self.counters.contains_key(&key) {
+            self.bytes += cost::COUNTER + c.addr.len() + c.peer_addr.len();
+        }
         let s = self.counters.entry(key).or_default();
         if s.last_t != 0 && c.t_ns > s.last_t && c.tx_bytes >= s.last_tx {
             let rate = (c.tx_bytes - s.last_tx) as f32 / (c.t_ns - s.last_t) as f32;
@@ -854,7 +1109,7 @@ fn finish_pair(pair: &mut PairState, cfg: &Config) {
 }
 
 /// A sequence number ended on every member: update transfer time and compute gaps.
-fn complete_seq(pg: &mut Pg, ranks: &[RankState], seq: u64, cfg: &Config) {
+fn complete_seq(pg: &mut Pg, ranks: &Ranks, seq: u64, cfg: &Config) {
     let mut transfer: Option<u64> = None;
     let mut sig = None;
     let mut agree = true;
@@ -902,14 +1157,14 @@ pub(crate) const PEER_MIN_MEMBERS: usize = 4;
 /// against its peers' at the same seq without any history: not a group of the whole job
 /// (its members span pipeline stages, whose compute differs by design). Data- and
 /// tensor-parallel groups of a Megatron layout hold ranks of one stage.
-fn peer_comparable(pg: &Pg, ranks: &[RankState]) -> bool {
-    let known = ranks.iter().filter(|r| r.known).count();
+fn peer_comparable(pg: &Pg, ranks: &Ranks) -> bool {
+    let known = ranks.iter().filter(|(_, r)| r.known).count();
     !pg.p2p && pg.members.len() < known
 }
 
 /// The compute gaps of a completed seq: each member's gap against the group's median gap at
 /// this seq, and against the member's own usual ratio to it.
-fn judge_gaps(pg: &mut Pg, ranks: &[RankState], seq: u64, cfg: &Config) {
+fn judge_gaps(pg: &mut Pg, ranks: &Ranks, seq: u64, cfg: &Config) {
     let mut gaps = std::mem::take(&mut pg.gaps);
     gaps.clear();
     for m in 0..pg.members.len() {
@@ -926,9 +1181,7 @@ fn judge_gaps(pg: &mut Pg, ranks: &[RankState], seq: u64, cfg: &Config) {
             .and_then(|p| pg.rec(m, p))
             .filter(|r| r.has_end() && r.end <= rec.enq)
             .map(|r| r.end);
-        let prev_any = ranks
-            .get(pg.members[m] as usize)
-            .and_then(|r| r.end_before(rec.enq));
+        let prev_any = ranks.get(pg.members[m]).and_then(|r| r.end_before(rec.enq));
         if let Some(prev) = prev_here.max(prev_any) {
             gaps.push((m, (rec.enq - prev) as f32));
         }

@@ -68,7 +68,7 @@ pub(crate) fn pg(pg: &Pg) -> String {
 
 /// "rank 1 (h2)" when the rank introduced itself with a host.
 pub(crate) fn rank_at(state: &State, rank: Rank) -> String {
-    let host = state.ranks.get(rank as usize).map_or("", |r| r.host());
+    let host = state.ranks.get(rank).map_or("", |r| r.host());
     if host.is_empty() {
         format!("rank {rank}")
     } else {

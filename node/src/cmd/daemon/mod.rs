@@ -137,12 +137,15 @@ async fn ensure_certificates(cfg: &Config, args: &StartArgs, tls_dir: &Path) -> 
 }
 
 async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&cfg.node.data_dir).with_context(|| {
+    let prepared = yard::data_dir::prepare(&cfg.node.data_dir).with_context(|| {
         format!(
             "cannot create node.data_dir {}",
             cfg.node.data_dir.display()
         )
     })?;
+    if let yard::data_dir::Prepared::Narrowed { was } = prepared {
+        tracing::warn!(dir = %cfg.node.data_dir.display(), was = format_args!("{was:o}"), "data directory was open to other users; narrowed it to 0700");
+    }
     let net = open_network(&cfg, &args).await?;
     let (log, sm) = yard_raft_store::open(&cfg.node.data_dir.join("raft"))
         .context("cannot open the raft store")?;
@@ -313,6 +316,7 @@ fn build_node(
             command: cfg.analyzer.alert_command.clone(),
             webhook: webhook_client(cfg)?,
         },
+        total_budget_bytes: cfg.analyzer.total_budget_bytes(),
     }));
     let node = Node::new(NodeParts {
         id: cfg.node.id,
