@@ -1047,8 +1047,10 @@ async fn a_silent_rank_is_diagnosed_through_raft_and_served_by_a_follower() {
     let follower = nodes.iter().find(|n| n.node.id() != leader).unwrap();
     let leader_node = nodes.iter().find(|n| n.node.id() == leader).unwrap();
     let world = 4u32;
+    // Probe reports come from a host of the cluster (the role model refuses others').
+    let reporter = follower.node.id();
     let report = |events: Vec<Event>, to: &TestNode| {
-        let t = net.transport(&addr(99), PeerRole::Node(99));
+        let t = net.transport(&addr(reporter), PeerRole::Node(reporter));
         let target = Target::node(to.node.id(), to.addr.clone());
         async move {
             t.call(
