@@ -276,10 +276,23 @@ fn a_minority_makes_no_progress_and_the_partition_heals_to_the_majority() {
 #[test]
 fn a_node_without_a_certificate_joins_with_a_token_and_a_member_is_removed() {
     require_root();
-    let mut c = YardCluster::start(&yard_bin(), 3, 4, &ClusterOptions::default()).unwrap();
+    let mut c = YardCluster::start(&yard_bin(), 3, 5, &ClusterOptions::default()).unwrap();
     // A wrong token is refused in one clear sentence and the node does not start.
     let created = ok(c
-        .cli(1, &["token", "create", "--ttl", "10m", "--json"])
+        .cli(
+            1,
+            &[
+                "token",
+                "create",
+                "--ttl",
+                "10m",
+                "--node-id",
+                "4",
+                "--name",
+                "n4",
+                "--json",
+            ],
+        )
         .unwrap());
     let token: serde_json::Value = serde_json::from_str(&created).unwrap();
     let token = token["token"].as_str().unwrap().to_owned();
@@ -310,6 +323,16 @@ fn a_node_without_a_certificate_joins_with_a_token_and_a_member_is_removed() {
     }
     assert_members(&c, 4);
     assert!(c.topo.dir().join("n4/tls/n4.crt").exists());
+    // The token was used: it yields no second certificate.
+    let again = c.join_with_token(5, &token).unwrap();
+    assert!(!again.wait_exit(Duration::from_secs(15)).unwrap().success());
+    assert!(
+        again
+            .log()
+            .contains("join token refused: join token was already redeemed"),
+        "{}",
+        again.log()
+    );
     // Removing a member shrinks the membership everywhere; the rest keeps serving.
     ok(c.cli(1, &["members", "remove", "4"]).unwrap());
     c.kill9(4).unwrap();

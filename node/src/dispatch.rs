@@ -1,4 +1,5 @@
-//! What a node does with each request: authorise it by the peer's role, then hand it to the
+//! What a node does with each request: authorise it by the peer's role (the role model in
+//! `crate::admission`, asked first for every request), then hand it to the
 //! part of the node that serves it (Raft, the tables, a host's join, an agent's watch, the
 //! gateway, aggregation and diagnosis services). Operators' requests arrive here through the
 //! admin actor (`serve_admin`); nodes' requests through the transport's [`Handler`].
@@ -6,8 +7,9 @@
 use std::time::Duration;
 
 use openraft::ServerState;
-use yard_raft_store::{Command, SessionTag};
+use yard_raft_store::{Command, NodeId, SessionTag};
 
+use crate::admission;
 use crate::metrics::METRICS;
 use crate::rpc::{AdminReply, AdminRequest, Reply, Request};
 use crate::service::{entry, Attempt, Node, ServeAdmin};
@@ -91,8 +93,17 @@ impl Node {
                 })
                 .await
             }
-            AdminRequest::TokenCreate { ttl_secs } => {
-                self.create_token(forwarded, &req, *ttl_secs).await
+            AdminRequest::TokenCreate { .. } => Reply::Error(
+                "a join token must be bound to one node: use `yard token create --node-id N --name NAME`"
+                    .into(),
+            ),
+            AdminRequest::TokenCreateBound {
+                ttl_secs,
+                node_id,
+                name,
+            } => {
+                self.create_token(forwarded, &req, *ttl_secs, *node_id, name)
+                    .await
             }
             AdminRequest::Gateway(g) => self.handle_gateway(forwarded, &req, g).await,
             AdminRequest::Diagnose { job, timeline } => {
@@ -111,10 +122,41 @@ impl Node {
     }
 }
 
+/// The role model's view of the cluster from this node ([`admission::ClusterView`]).
+struct NodeView<'a>(&'a Node);
+
+impl admission::ClusterView for NodeView<'_> {
+    fn is_member(&self, id: NodeId) -> bool {
+        self.0.member(id).is_some()
+    }
+
+    fn knows_membership(&self) -> bool {
+        self.0.with_membership(|m| m.nodes().next().is_some())
+    }
+
+    fn is_host(&self, id: NodeId) -> bool {
+        self.0.is_host(id)
+    }
+
+    fn leader(&self) -> Option<NodeId> {
+        self.0.inner.raft.metrics().borrow().current_leader
+    }
+
+    fn term(&self) -> u64 {
+        self.0.inner.raft.metrics().borrow().current_term
+    }
+}
+
 impl Handler for Node {
     fn handle(&self, role: PeerRole, req: Request) -> BoxFut<Reply> {
         let this = self.clone();
         Box::pin(async move {
+            // Every request passes the role model first, whatever serves it.
+            if let Err(refusal) = admission::admitted(&role, &req, &NodeView(&this)) {
+                METRICS.requests_refused.inc();
+                tracing::warn!(?role, %refusal, "refused a request for the peer's role");
+                return Reply::Error(refusal.to_string());
+            }
             match (role, req) {
                 (PeerRole::Node(_), Request::Raft(r)) => this.handle_raft(r).await,
                 (PeerRole::Node(_), Request::Probe) => Reply::Pong { id: this.inner.id },
@@ -136,8 +178,6 @@ impl Handler for Node {
                 (PeerRole::Node(id), Request::HostReports { reports }) => {
                     if this.inner.raft.metrics().borrow().state != ServerState::Leader {
                         Reply::Error(format!("node {} is not the leader", this.inner.id))
-                    } else if !this.member_ids().contains(&id) {
-                        Reply::Error(format!("node {id} is not a raft member"))
                     } else {
                         this.host_liveness.accept(id, reports);
                         Reply::ReportsAccepted
@@ -216,41 +256,25 @@ impl Handler for Node {
                 (PeerRole::Admin, Request::AdminOnce { tag, req }) if req.is_kv() => {
                     this.handle_admin(false, Some(tag), req).await
                 }
-                (PeerRole::Node(_), Request::AdminOnce { tag, req }) if req.is_kv() => {
+                (PeerRole::Node(_), Request::AdminOnce { tag, req }) => {
                     this.handle_admin(true, Some(tag), req).await
-                }
-                (PeerRole::Admin | PeerRole::Node(_), Request::AdminOnce { .. }) => {
-                    Reply::Error("only key-value writes carry a client session".into())
                 }
                 (role, Request::Join(r)) => this.handle_join(role, r).await,
                 (role, Request::RedeemToken(r)) => this.handle_redeem(role, r).await,
+                (PeerRole::Node(_), Request::ConsumeToken(r)) => {
+                    match this.consume_token(true, &r).await {
+                        Ok(()) => Reply::TokenConsumed,
+                        Err(why) => Reply::Error(why),
+                    }
+                }
+                // The role model admitted nothing else.
                 (role, req) => {
-                    METRICS.requests_refused.inc();
-                    let what = match req {
-                        Request::Raft(_) | Request::PreVote => "raft traffic",
-                        Request::Admin(_) | Request::AdminOnce { .. } => "admin requests",
-                        Request::Probe => "liveness probes",
-                        Request::GatewayRenew { .. }
-                        | Request::GatewayGrace { .. }
-                        | Request::GatewayRevoke { .. }
-                        | Request::GatewayUnrevoke { .. } => "gateway lease renewals",
-                        Request::ProbeReport { .. } => "probe reports",
-                        Request::GatewayRates { .. } => "gateway rate reports",
-                        Request::Watch { .. }
-                        | Request::HostReports { .. }
-                        | Request::Watchers
-                        | Request::ReadIndex => "watches",
-                        Request::Join(_) | Request::RedeemToken(_) => "joins",
-                    };
-                    tracing::warn!(?role, what, "refused request for the peer's role");
-                    Reply::Error(format!(
-                        "{what} need a {} certificate",
-                        if what == "admin requests" {
-                            "admin"
-                        } else {
-                            "node"
-                        }
-                    ))
+                    tracing::error!(
+                        ?role,
+                        ?req,
+                        "a request the role model admitted has no handler"
+                    );
+                    Reply::Error("this request is not served for the peer's role".into())
                 }
             }
         })

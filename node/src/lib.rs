@@ -3,6 +3,7 @@
 //! handler and the admin client.
 
 pub mod admin_actor;
+pub mod admission;
 pub mod agg_agent;
 pub mod agg_bandwidth;
 pub mod agg_control;

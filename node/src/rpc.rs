@@ -79,6 +79,9 @@ pub enum Request {
     /// An agent asks the leader for the index its local tables must reach before a
     /// linearizable read: `ReadIndex`.
     ReadIndex,
+    /// A node about to sign a certificate for a token redemption asks the leader to mark the
+    /// token used through Raft first: `TokenConsumed`, or why the redemption is refused.
+    ConsumeToken(RedeemRequest),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -135,6 +138,13 @@ pub enum AdminRequest {
     Agg(AggRequest),
     /// `yard plan show`: the leader's service planner.
     PlanShow,
+    /// `yard token create --node-id N --name NAME`: a join token redeemable once, for that
+    /// node id and name only (`TokenCreate`, unbound, is refused).
+    TokenCreateBound {
+        ttl_secs: u64,
+        node_id: NodeId,
+        name: String,
+    },
 }
 
 /// Operator and worker requests about aggregation jobs.
@@ -406,6 +416,8 @@ pub enum Reply {
     },
     /// The leader took a gateway node's rates.
     RatesAccepted,
+    /// The leader marked a join token used for the redemption asked.
+    TokenConsumed,
 }
 
 /// A Raft RPC failed on the receiver (serialised openraft error text).

@@ -14,7 +14,7 @@ use rand::Rng;
 use yard_actors::health::HealthRegistry;
 use yard_actors::liveness::Reachability;
 use yard_raft_store::{
-    ChangeFeed, Command, JoinToken, NodeId, NodeInfo, Raft, Response, SessionTag,
+    BoundToken, ChangeFeed, Command, NodeId, NodeInfo, Raft, Response, SessionTag,
 };
 
 use crate::batcher::{BatchError, WriteBatcher};
@@ -69,7 +69,7 @@ pub struct NodeParts {
 #[derive(Clone)]
 pub struct Node {
     pub(crate) inner: Arc<NodeParts>,
-    writes: WriteBatcher,
+    pub(crate) writes: WriteBatcher,
     /// The admin actor, once the actor system runs; operators' requests go through it.
     pub(crate) admin: Arc<std::sync::OnceLock<actix::Recipient<ServeAdmin>>>,
     /// This node's gateway data plane, when the gateway is enabled here.
@@ -306,7 +306,7 @@ impl Node {
 
     /// Reads the membership in force: Raft's own view, or the one in the tables when they
     /// are newer (on an agent, whose Raft never hears from the leader, they always are).
-    fn with_membership<T>(
+    pub(crate) fn with_membership<T>(
         &self,
         f: impl FnOnce(&openraft::Membership<NodeId, NodeInfo>) -> T,
     ) -> T {
@@ -838,23 +838,39 @@ impl Node {
         reply
     }
 
+    /// Creates a join token bound to node `node_id` named `name`: the redemption that uses it
+    /// gets a certificate for exactly that identity, once.
     pub(crate) async fn create_token(
         &self,
         forwarded: bool,
         req: &AdminRequest,
         ttl_secs: u64,
+        node_id: NodeId,
+        name: &str,
     ) -> Reply {
         if ttl_secs == 0 || ttl_secs > 7 * 24 * 3600 {
             return Reply::Error("token ttl must be between 1 second and 7 days".into());
         }
+        if name.is_empty() {
+            return Reply::Error("a join token needs the name of the node it is for".into());
+        }
+        // The redemption refuses it as well; this answers the operator at once.
+        if self.is_host(node_id) {
+            return Reply::Error(format!(
+                "node id {node_id} already belongs to a host of this cluster; remove it first"
+            ));
+        }
         let (id, secret) = (random_token_part(6), random_token_part(16));
         let now = now_unix_ms();
         let expires_unix_ms = now + ttl_secs * 1000;
-        let cmd = Command::CreateToken {
-            token: JoinToken {
+        let cmd = Command::CreateBoundToken {
+            token: BoundToken {
                 id: id.clone(),
                 secret_sha256: sha256(secret.as_bytes()),
                 expires_unix_ms,
+                node_id,
+                name: name.to_owned(),
+                used: false,
             },
             now_unix_ms: now,
         };
@@ -862,10 +878,13 @@ impl Node {
             // Forwarded: the leader made and stored its own token, so that is the one to hand out.
             reply @ Reply::Admin(AdminReply::Token { .. }) => reply,
             // Stored here, as this node leads.
-            Reply::Admin(AdminReply::Written { .. }) => Reply::Admin(AdminReply::Token {
-                token: format!("{id}.{secret}.{}", self.inner.ca_hash),
-                expires_unix_ms,
-            }),
+            Reply::Admin(AdminReply::Written { .. }) => {
+                tracing::info!(token = %id, node_id, name, expires_unix_ms, "created a join token");
+                Reply::Admin(AdminReply::Token {
+                    token: format!("{id}.{secret}.{}", self.inner.ca_hash),
+                    expires_unix_ms,
+                })
+            }
             Reply::Admin(other) => {
                 Reply::Error(format!("unexpected reply to storing a token: {other:?}"))
             }

@@ -599,45 +599,67 @@ async fn start_node_and_join(net: &MemNetwork, id: NodeId, raft: &RaftSection) -
     t
 }
 
+/// A join token for node `node_id` named `name`, created through `to`.
+async fn token_for(
+    net: &MemNetwork,
+    to: &str,
+    ttl_secs: u64,
+    node_id: NodeId,
+    name: &str,
+) -> String {
+    let req = AdminRequest::TokenCreateBound {
+        ttl_secs,
+        node_id,
+        name: name.into(),
+    };
+    match admin(net, to, req).await {
+        Ok(AdminReply::Token { token, .. }) => token,
+        other => panic!("no token: {other:?}"),
+    }
+}
+
+/// Redeems `token` at `at` as a host without a certificate would, for node `id` named `name`.
+async fn redeem(net: &MemNetwork, at: &str, token: &str, id: NodeId, name: &str) -> Reply {
+    let anon = net.transport("198.18.9.9:1", PeerRole::Anonymous);
+    let req = Request::RedeemToken(RedeemRequest {
+        token: token.into(),
+        id,
+        name: name.into(),
+        ips: vec![],
+    });
+    anon.call(Target::any(at), req, Duration::from_secs(5))
+        .await
+        .unwrap()
+}
+
+fn refused(reply: Reply, why: &str) {
+    assert!(
+        matches!(&reply, Reply::Error(e) if e.contains(why)),
+        "expected a refusal with {why:?}, got {reply:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn join_tokens_are_checked() {
     let net = MemNetwork::default();
     let ca = Arc::new(CertAuthority::generate("test").unwrap());
     let n1 = start(&net, 1, &raft_section(10_000, 1_000), Some(ca)).await;
     n1.node.bootstrap().await.unwrap();
-    let AdminReply::Token { token, .. } =
-        admin(&net, &n1.addr, AdminRequest::TokenCreate { ttl_secs: 1 })
-            .await
-            .unwrap()
-    else {
-        panic!()
-    };
-    let anon = net.transport("198.18.9.9:1", PeerRole::Anonymous);
-    let redeem = |token: String| {
-        let anon = anon.clone();
-        async move {
-            let req = Request::RedeemToken(RedeemRequest {
-                token,
-                id: 2,
-                name: "n2".into(),
-                ips: vec![],
-            });
-            anon.call(Target::any(addr(1)), req, Duration::from_secs(5))
-                .await
-                .unwrap()
-        }
-    };
-    assert!(matches!(
-        redeem(token.clone()).await,
-        Reply::Certificate { .. }
-    ));
+    let token = token_for(&net, &n1.addr, 1, 2, "n2").await;
     let (id, rest) = token.split_once('.').unwrap();
     let (_, hash) = rest.split_once('.').unwrap();
     let forged = format!("{id}.wrongsecret.{hash}");
-    assert!(matches!(redeem(forged).await, Reply::Error(e) if e.contains("not valid")));
+    refused(redeem(&net, &addr(1), &forged, 2, "n2").await, "not valid");
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    assert!(matches!(redeem(token).await, Reply::Error(e) if e.contains("expired")));
+    refused(redeem(&net, &addr(1), &token, 2, "n2").await, "expired");
+    // An unbound token is not made any more.
+    let r = admin(&net, &n1.addr, AdminRequest::TokenCreate { ttl_secs: 60 }).await;
+    assert!(
+        matches!(&r, Err(e) if e.contains("--node-id N --name NAME")),
+        "{r:?}"
+    );
     // An anonymous peer gets nothing else.
+    let anon = net.transport("198.18.9.9:1", PeerRole::Anonymous);
     let r = anon
         .call(
             Target::any(addr(1)),
@@ -646,7 +668,150 @@ async fn join_tokens_are_checked() {
         )
         .await
         .unwrap();
-    assert!(matches!(r, Reply::Error(e) if e.contains("admin certificate")));
+    refused(r, "admin certificate");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_token_is_redeemed_once_and_only_for_the_node_it_was_made_for() {
+    let net = MemNetwork::default();
+    let raft = raft_section(10_000, 1_000);
+    let ca = Arc::new(CertAuthority::generate("test").unwrap());
+    let n1 = start(&net, 1, &raft, Some(ca)).await;
+    n1.node.bootstrap().await.unwrap();
+    let token = token_for(&net, &n1.addr, 60, 3, "n3").await;
+    // Another id, another name, or a member's id: refused, and the token stays good.
+    refused(redeem(&net, &addr(1), &token, 4, "n3").await, "not node 4");
+    refused(redeem(&net, &addr(1), &token, 3, "n4").await, "named n4");
+    refused(redeem(&net, &addr(1), &token, 1, "n1").await, "not node 1");
+    let r = redeem(&net, &addr(1), &token, 3, "n3").await;
+    assert!(matches!(r, Reply::Certificate { .. }), "{r:?}");
+    // Used: a second redemption, even for the same node, gets nothing.
+    refused(
+        redeem(&net, &addr(1), &token, 3, "n3").await,
+        "already redeemed",
+    );
+    // A token for a member's id is not made, and one made before the host joined is dead.
+    let r = admin(
+        &net,
+        &n1.addr,
+        AdminRequest::TokenCreateBound {
+            ttl_secs: 60,
+            node_id: 1,
+            name: "n1".into(),
+        },
+    )
+    .await;
+    assert!(
+        matches!(&r, Err(e) if e.contains("already belongs")),
+        "{r:?}"
+    );
+    let early = token_for(&net, &n1.addr, 60, 2, "n2").await;
+    let _n2 = start_node_and_join(&net, 2, &raft).await;
+    refused(
+        redeem(&net, &addr(1), &early, 2, "n2").await,
+        "already belongs",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_created_through_a_follower_is_the_one_stored() {
+    let net = MemNetwork::default();
+    let raft = raft_section(10_000, 1_000);
+    let ca = Arc::new(CertAuthority::generate("test").unwrap());
+    let n1 = start(&net, 1, &raft, Some(ca.clone())).await;
+    n1.node.bootstrap().await.unwrap();
+    // n2 holds the CA key too but follows: it has the leader mark the token used.
+    let n2 = start(&net, 2, &raft, Some(ca)).await;
+    n2.node
+        .join(&addr(1), Duration::from_secs(10))
+        .await
+        .unwrap();
+    let token = token_for(&net, &n2.addr, 60, 3, "n3").await;
+    let reply = redeem(&net, &addr(2), &token, 3, "n3").await;
+    assert!(matches!(reply, Reply::Certificate { .. }), "{reply:?}");
+    // The use is replicated: the leader refuses it again.
+    refused(
+        redeem(&net, &addr(1), &token, 3, "n3").await,
+        "already redeemed",
+    );
+}
+
+/// Sends `req` to `to` as node `id`'s certificate would.
+async fn as_node(net: &MemNetwork, id: NodeId, to: &str, req: Request) -> Reply {
+    net.transport(&addr(id), PeerRole::Node(id))
+        .call(Target::any(to), req, Duration::from_secs(5))
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_certificate_does_no_admin_work_beyond_its_own() {
+    let net = MemNetwork::default();
+    let nodes = cluster(&net, 2, &raft_section(10_000, 1_000)).await;
+    let leader = &nodes[0].addr;
+    let put = || {
+        Request::Admin(AdminRequest::KvPut {
+            key: "k".into(),
+            value: "v".into(),
+        })
+    };
+    // A certificate for a node that is no host (redeemed and never joined, or removed).
+    refused(as_node(&net, 9, leader, put()).await, "not a host");
+    let token = Request::Admin(AdminRequest::TokenCreateBound {
+        ttl_secs: 60,
+        node_id: 9,
+        name: "n9".into(),
+    });
+    refused(as_node(&net, 9, leader, token).await, "not a host");
+    // A member registers only itself as an aggregator and never forwards stats.
+    let host = |node| {
+        Request::Admin(AdminRequest::Agg(yard::rpc::AggRequest::Host {
+            node,
+            ip: "198.18.0.2".parse().unwrap(),
+            slots: 1,
+            cpu_millis: 1000,
+        }))
+    };
+    refused(
+        as_node(&net, 2, leader, host(1)).await,
+        "may not register an aggregator for node 1",
+    );
+    refused(
+        as_node(
+            &net,
+            2,
+            leader,
+            Request::Admin(AdminRequest::Gateway(GatewayRequest::Stats)),
+        )
+        .await,
+        "never forwarded",
+    );
+    // Raft traffic claiming another node's vote or leadership is refused.
+    let vote = Request::Raft(yard::rpc::RaftRequest::Vote(openraft::raft::VoteRequest {
+        vote: openraft::Vote::new(99, 1),
+        last_log_id: None,
+    }));
+    refused(
+        as_node(&net, 2, leader, vote).await,
+        "sent a vote for candidate 1",
+    );
+    let revoke = Request::GatewayRevoke {
+        node: 1,
+        stamp: yard_actors::gateway::lease::Stamp {
+            term: u64::MAX,
+            seq: u64::MAX,
+        },
+    };
+    refused(
+        as_node(&net, 2, leader, revoke).await,
+        "come only from the leader",
+    );
+    // The member's forwarding of an operator's write still works.
+    let r = as_node(&net, 2, leader, put()).await;
+    assert!(
+        matches!(r, Reply::Admin(AdminReply::Written { .. })),
+        "{r:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -692,35 +857,6 @@ async fn concurrent_compare_and_swap_increments_lose_no_update() {
             .as_deref(),
         Some("72")
     );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_token_created_through_a_follower_is_the_one_stored() {
-    let net = MemNetwork::default();
-    let raft = raft_section(10_000, 1_000);
-    let ca = Arc::new(CertAuthority::generate("test").unwrap());
-    let n1 = start(&net, 1, &raft, Some(ca)).await;
-    n1.node.bootstrap().await.unwrap();
-    let n2 = start_node_and_join(&net, 2, &raft).await;
-    let AdminReply::Token { token, .. } =
-        admin(&net, &n2.addr, AdminRequest::TokenCreate { ttl_secs: 60 })
-            .await
-            .unwrap()
-    else {
-        panic!()
-    };
-    let anon = net.transport("198.18.9.9:1", PeerRole::Anonymous);
-    let req = Request::RedeemToken(RedeemRequest {
-        token,
-        id: 3,
-        name: "n3".into(),
-        ips: vec![],
-    });
-    let reply = anon
-        .call(Target::any(addr(1)), req, Duration::from_secs(5))
-        .await
-        .unwrap();
-    assert!(matches!(reply, Reply::Certificate { .. }), "{reply:?}");
 }
 
 /// Renews node `id`'s gateway lease with whoever leads, every 40 ms, while `on` is set,
@@ -913,8 +1049,10 @@ async fn a_silent_rank_is_diagnosed_through_raft_and_served_by_a_follower() {
     let follower = nodes.iter().find(|n| n.node.id() != leader).unwrap();
     let leader_node = nodes.iter().find(|n| n.node.id() == leader).unwrap();
     let world = 4u32;
+    // Probe reports come from a host of the cluster (the role model refuses others').
+    let reporter = follower.node.id();
     let report = |events: Vec<Event>, to: &TestNode| {
-        let t = net.transport(&addr(99), PeerRole::Node(99));
+        let t = net.transport(&addr(reporter), PeerRole::Node(reporter));
         let target = Target::node(to.node.id(), to.addr.clone());
         async move {
             t.call(

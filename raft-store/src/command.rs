@@ -38,6 +38,24 @@ pub struct JoinToken {
     pub expires_unix_ms: u64,
 }
 
+/// A join token bound to the one host it was made for: redeemable once, and only for that
+/// node id and name, so that a leaked token cannot mint a certificate for any other identity
+/// (in particular an existing member's) and cannot be used twice. Only the secret's hash is
+/// replicated.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BoundToken {
+    pub id: String,
+    pub secret_sha256: [u8; 32],
+    pub expires_unix_ms: u64,
+    /// The node id the certificate may name.
+    pub node_id: u64,
+    /// The node name the certificate may name.
+    pub name: String,
+    /// Set by the one redemption that succeeded; a used token is kept until it expires so
+    /// that a second redemption is refused as used rather than as unknown.
+    pub used: bool,
+}
+
 /// A value with the revision that last wrote it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Versioned {
@@ -89,6 +107,22 @@ pub enum Command {
     /// The leader's one decision that a host which holds no vote is dead (`alive: false`) or
     /// back: every node's actors react to this entry, never to a detector of their own.
     HostLiveness { id: u64, alive: bool },
+    /// Store a join token bound to one node id and name, and drop every bound or unbound
+    /// token that expired before `now_unix_ms` (the proposer's clock, as in `CreateToken`).
+    CreateBoundToken { token: BoundToken, now_unix_ms: u64 },
+    /// Mark a bound token used for the certificate about to be signed. Applying it checks
+    /// everything a redemption must satisfy, so two concurrent redemptions of one token cannot
+    /// both succeed: the token exists, `secret_sha256` matches, it had not expired at
+    /// `now_unix_ms` (the proposer's clock), it is unused, `node_id` and `name` are its
+    /// binding, and `node_id` is no member or host of the cluster. Otherwise the response is
+    /// `Rejected` with the reason.
+    RedeemToken {
+        token_id: String,
+        secret_sha256: [u8; 32],
+        node_id: u64,
+        name: String,
+        now_unix_ms: u64,
+    },
 }
 
 /// What applying a command produced.

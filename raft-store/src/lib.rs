@@ -22,7 +22,7 @@ pub mod state;
 pub mod state_machine;
 pub mod watch;
 
-pub use command::{Command, JoinToken, NodeInfo, NodeMeta, Response, Versioned};
+pub use command::{BoundToken, Command, JoinToken, NodeInfo, NodeMeta, Response, Versioned};
 pub use gateway::{GatewayChange, GatewayCommand, GatewayTables};
 pub use log_store::LogStore;
 pub use session::SessionTag;

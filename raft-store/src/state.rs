@@ -9,7 +9,7 @@ use openraft::{EntryPayload, LogId, StoredMembership};
 use serde::{Deserialize, Serialize};
 
 use crate::aggregation::AggTables;
-use crate::command::{Command, JoinToken, NodeInfo, NodeMeta, Response, Versioned};
+use crate::command::{BoundToken, Command, JoinToken, NodeInfo, NodeMeta, Response, Versioned};
 use crate::diagnosis::DiagnosisTables;
 use crate::gateway::{GatewayChange, GatewayTables};
 use crate::session::{Admission, Sessions};
@@ -71,6 +71,11 @@ pub struct StateMachineData {
     /// Hosts the leader decided are dead (`Command::HostLiveness`). Appended last.
     #[serde(default)]
     pub hosts_down: std::collections::BTreeSet<u64>,
+    /// Join tokens bound to one node id and name (`Command::CreateBoundToken`), used or not.
+    /// Appended last. The unbound `tokens` above are only replayed from old logs: no
+    /// redemption accepts them.
+    #[serde(default)]
+    pub bound_tokens: BTreeMap<String, BoundToken>,
 }
 
 impl StateMachineData {
@@ -213,6 +218,30 @@ impl StateMachineData {
                 self.tokens.insert(token.id.clone(), token.clone());
                 (Response::Written { revision }, Vec::new())
             }
+            Command::CreateBoundToken { token, now_unix_ms } => {
+                let revision = self.bump();
+                self.drop_expired_tokens(*now_unix_ms);
+                self.bound_tokens.insert(token.id.clone(), token.clone());
+                (Response::Written { revision }, Vec::new())
+            }
+            Command::RedeemToken {
+                token_id,
+                secret_sha256,
+                node_id,
+                name,
+                now_unix_ms,
+            } => {
+                if let Err(why) =
+                    self.check_redemption(token_id, secret_sha256, *node_id, name, *now_unix_ms)
+                {
+                    return (Response::Rejected(why), Vec::new());
+                }
+                let revision = self.bump();
+                if let Some(t) = self.bound_tokens.get_mut(token_id) {
+                    t.used = true;
+                }
+                (Response::Written { revision }, Vec::new())
+            }
             Command::Gateway(cmd) => {
                 let revision = self.revision + 1;
                 let changes = self.gateway.apply(cmd, revision);
@@ -349,6 +378,65 @@ impl StateMachineData {
     }
 }
 
+impl StateMachineData {
+    /// Whether a redemption of join token `token_id` with a secret hashing to `secret_sha256`
+    /// may sign a certificate for node `node_id` named `name` at `now_unix_ms`; otherwise why
+    /// not, in one sentence. The leader's apply of `Command::RedeemToken` decides with this,
+    /// and a signing node asks it first for an early answer.
+    pub fn check_redemption(
+        &self,
+        token_id: &str,
+        secret_sha256: &[u8; 32],
+        node_id: u64,
+        name: &str,
+        now_unix_ms: u64,
+    ) -> Result<(), String> {
+        let Some(token) = self.bound_tokens.get(token_id) else {
+            return Err(if self.tokens.contains_key(token_id) {
+                "join token is bound to no node; create one with `yard token create --node-id N --name NAME`".to_owned()
+            } else {
+                "join token is not valid for this cluster".to_owned()
+            });
+        };
+        if &token.secret_sha256 != secret_sha256 {
+            return Err("join token is not valid for this cluster".to_owned());
+        }
+        if token.expires_unix_ms <= now_unix_ms {
+            return Err("join token expired; create a new one with `yard token create`".to_owned());
+        }
+        if token.used {
+            return Err(
+                "join token was already redeemed; create a new one with `yard token create`"
+                    .to_owned(),
+            );
+        }
+        if token.node_id != node_id || token.name != name {
+            return Err(format!(
+                "join token is for node {} named {}, not node {node_id} named {name}",
+                token.node_id, token.name
+            ));
+        }
+        if self.is_known_host(node_id) {
+            return Err(format!(
+                "node id {node_id} already belongs to a host of this cluster"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether `id` is a Raft member (as of the last applied membership) or a recorded host.
+    pub fn is_known_host(&self, id: u64) -> bool {
+        self.nodes.contains_key(&id) || self.last_membership.membership().get_node(&id).is_some()
+    }
+
+    /// Drops every join token, bound or not, that expired before `now_unix_ms`.
+    fn drop_expired_tokens(&mut self, now_unix_ms: u64) {
+        self.tokens.retain(|_, t| t.expires_unix_ms > now_unix_ms);
+        self.bound_tokens
+            .retain(|_, t| t.expires_unix_ms > now_unix_ms);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -452,6 +540,90 @@ mod tests {
             now_unix_ms: 2_000,
         });
         assert_eq!(sm.tokens.keys().collect::<Vec<_>>(), ["live", "new"]);
+    }
+
+    fn bound(id: &str, node_id: u64, name: &str, expires_unix_ms: u64) -> Command {
+        Command::CreateBoundToken {
+            token: BoundToken {
+                id: id.into(),
+                secret_sha256: [7; 32],
+                expires_unix_ms,
+                node_id,
+                name: name.into(),
+                used: false,
+            },
+            now_unix_ms: 0,
+        }
+    }
+
+    fn redeem(id: &str, secret: u8, node_id: u64, name: &str, now_unix_ms: u64) -> Command {
+        Command::RedeemToken {
+            token_id: id.into(),
+            secret_sha256: [secret; 32],
+            node_id,
+            name: name.into(),
+            now_unix_ms,
+        }
+    }
+
+    fn rejected(sm: &mut StateMachineData, cmd: Command) -> String {
+        match sm.apply_command(&cmd).0 {
+            Response::Rejected(why) => why,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_bound_token_is_redeemed_once_and_only_for_its_binding() {
+        let mut sm = StateMachineData::default();
+        sm.apply_command(&bound("t", 4, "n4", 10_000));
+        assert!(rejected(&mut sm, redeem("t", 7, 5, "n4", 100)).contains("not node 5"));
+        assert!(rejected(&mut sm, redeem("t", 7, 4, "n5", 100)).contains("named n5"));
+        assert!(rejected(&mut sm, redeem("t", 8, 4, "n4", 100)).contains("not valid"));
+        assert!(rejected(&mut sm, redeem("t", 7, 4, "n4", 10_000)).contains("expired"));
+        let revision = sm.revision;
+        assert!(matches!(
+            sm.apply_command(&redeem("t", 7, 4, "n4", 100)).0,
+            Response::Written { .. }
+        ));
+        assert!(sm.bound_tokens["t"].used);
+        assert!(sm.revision > revision);
+        assert!(rejected(&mut sm, redeem("t", 7, 4, "n4", 200)).contains("already redeemed"));
+    }
+
+    #[test]
+    fn a_token_for_an_existing_host_or_without_a_binding_is_refused() {
+        let mut sm = StateMachineData::default();
+        sm.apply_command(&Command::SetNode(NodeMeta {
+            id: 2,
+            name: "n2".into(),
+            ..Default::default()
+        }));
+        sm.apply_command(&bound("t", 2, "n2", 10_000));
+        assert!(rejected(&mut sm, redeem("t", 7, 2, "n2", 100)).contains("already belongs"));
+        sm.apply_command(&Command::CreateToken {
+            token: JoinToken {
+                id: "old".into(),
+                secret_sha256: [7; 32],
+                expires_unix_ms: 10_000,
+            },
+            now_unix_ms: 0,
+        });
+        assert!(rejected(&mut sm, redeem("old", 7, 3, "n3", 100)).contains("bound to no node"));
+        // Creating a token drops the expired bound ones too.
+        sm.apply_command(&Command::CreateBoundToken {
+            token: BoundToken {
+                id: "new".into(),
+                secret_sha256: [7; 32],
+                expires_unix_ms: 30_000,
+                node_id: 9,
+                name: "n9".into(),
+                used: false,
+            },
+            now_unix_ms: 20_000,
+        });
+        assert_eq!(sm.bound_tokens.keys().collect::<Vec<_>>(), ["new"]);
+        assert!(sm.tokens.is_empty());
     }
 
     #[test]

@@ -157,10 +157,17 @@ enum CaCmd {
 
 #[derive(Debug, Subcommand)]
 enum TokenCmd {
-    /// Create a join token (secret, TTL, CA hash).
+    /// Create a join token (secret, TTL, CA hash) for one node: it is redeemed once, and only
+    /// by a node starting with that id and name.
     Create {
         #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
         ttl: Duration,
+        /// The id (`node.id`) of the node the token is for; no host may have it yet.
+        #[arg(long, value_name = "N")]
+        node_id: u64,
+        /// The name (`node.name`) of the node the token is for.
+        #[arg(long, value_name = "NAME")]
+        name: String,
     },
 }
 
@@ -330,9 +337,11 @@ async fn client_command(args: &Args, out: Out) -> anyhow::Result<ExitCode> {
     let req = match &args.command {
         Command::Status => AdminRequest::Status,
         Command::Token {
-            cmd: TokenCmd::Create { ttl },
-        } => AdminRequest::TokenCreate {
+            cmd: TokenCmd::Create { ttl, node_id, name },
+        } => AdminRequest::TokenCreateBound {
             ttl_secs: ttl.as_secs(),
+            node_id: *node_id,
+            name: name.clone(),
         },
         Command::Kv { cmd } => match cmd {
             KvCmd::Put { key, value } => AdminRequest::KvPut {

@@ -9,14 +9,15 @@ use std::time::{Duration, Instant};
 
 use openraft::{ChangeMembers, ServerState};
 use yard_control::roles::Role;
-use yard_raft_store::{Command, NodeInfo, NodeMeta};
+use yard_raft_store::{Command, NodeInfo, NodeMeta, Response};
 
 use super::{host_meta, role_named};
+use crate::batcher::BatchError;
 use crate::metrics::METRICS;
 use crate::rpc::{JoinRequest, RedeemRequest, Reply, Request};
-use crate::service::{now_unix_ms, sha256, Node};
+use crate::service::{leader_of, now_unix_ms, sha256, Node};
 use crate::tls::PeerRole;
-use crate::transport::Target;
+use crate::transport::{Target, TransportError};
 
 impl Node {
     /// Initialises a one-node cluster of this node unless the store already belongs to one.
@@ -93,22 +94,13 @@ impl Node {
     /// asks the roles core for its role and executes it.
     pub(crate) async fn handle_join(&self, role: PeerRole, req: JoinRequest) -> Reply {
         let p = &self.inner;
-        let members = self.member_ids();
-        match role {
-            PeerRole::Node(id) if id == req.id || members.contains(&id) || self.is_host(id) => {}
-            PeerRole::Node(id) => {
-                return Reply::Error(format!(
-                    "certificate names node {id} but the join is for node {}",
-                    req.id
-                ));
-            }
-            _ => {
-                return Reply::Error(
-                    "joining needs a node certificate; redeem a join token first".into(),
-                )
-            }
-        }
-        let forwarded = role != PeerRole::Node(req.id);
+        // The role model admitted only a host's own join or one a host passes on.
+        let PeerRole::Node(sender) = role else {
+            return Reply::Error(
+                "joining needs a node certificate; redeem a join token first".into(),
+            );
+        };
+        let forwarded = sender != req.id;
         let start = Instant::now();
         loop {
             let m = p.raft.metrics().borrow().clone();
@@ -210,7 +202,9 @@ impl Node {
         yard_control::roles::role_for_join(&self.inner.roles, &view, req.id, zone)
     }
 
-    /// Signs a node certificate for the holder of a valid join token.
+    /// Signs a node certificate for the holder of a valid join token, after the leader has
+    /// marked the token used through Raft: a token yields one certificate, for the node id and
+    /// name it was created for, and never for a host the cluster already has.
     pub(crate) async fn handle_redeem(&self, role: PeerRole, req: RedeemRequest) -> Reply {
         let p = &self.inner;
         if role == PeerRole::Admin {
@@ -221,75 +215,140 @@ impl Node {
             if let (Some((leader, node)), PeerRole::Anonymous) =
                 (self.known_leader().filter(|(l, _)| *l != p.id), role)
             {
+                return match p
+                    .transport
+                    .call(
+                        Target::node(leader, node.addr.clone()),
+                        Request::RedeemToken(req),
+                        p.rpc_timeout,
+                    )
+                    .await
                 {
-                    return match p
-                        .transport
-                        .call(
-                            Target::node(leader, node.addr.clone()),
-                            Request::RedeemToken(req),
-                            p.rpc_timeout,
-                        )
-                        .await
-                    {
-                        Ok(reply) => reply,
-                        Err(e) => Reply::Error(format!(
-                            "cannot reach the leader to sign a certificate: {e}"
-                        )),
-                    };
-                }
+                    Ok(reply) => reply,
+                    Err(e) => Reply::Error(format!(
+                        "cannot reach the leader to sign a certificate: {e}"
+                    )),
+                };
             }
             return Reply::Error(
                 "no node reachable from here holds the CA key to sign certificates".into(),
             );
         };
-        let mut parts = req.token.splitn(3, '.');
-        let (Some(id), Some(secret), Some(hash)) = (parts.next(), parts.next(), parts.next())
-        else {
-            return Reply::Error(
-                "join token is malformed; expected <id>.<secret>.<ca-hash>".into(),
-            );
+        let (token_id, secret) = match self.parse_token(&req.token) {
+            Ok(parts) => parts,
+            Err(why) => return Reply::Error(why),
         };
-        if hash != p.ca_hash {
-            return Reply::Error("join token belongs to another cluster's CA".into());
-        }
-        // Tokens only ever appear and expire, so a local read can wrongly refuse a token that
-        // is not replicated here yet, never wrongly accept one: wait briefly for replication.
+        // Tokens only ever appear before they are used, so a local read can wrongly refuse a
+        // token that is not replicated here yet, never wrongly accept one (the leader's apply
+        // decides): wait briefly for replication, then answer early from the same rule.
         let deadline = Instant::now() + Duration::from_secs(2);
-        let stored = loop {
-            match p.feed.read(|d| d.tokens.get(id).cloned()) {
-                Some(t) => break t,
-                None if Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(50)).await
-                }
-                None => return Reply::Error("join token is not valid for this cluster".into()),
-            }
-        };
-        if stored.secret_sha256 != sha256(secret.as_bytes()) {
-            return Reply::Error("join token is not valid for this cluster".into());
+        while !p
+            .feed
+            .read(|d| d.bound_tokens.contains_key(token_id) || d.tokens.contains_key(token_id))
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        if stored.expires_unix_ms <= now_unix_ms() {
-            return Reply::Error(
-                "join token expired; create a new one with `yard token create`".into(),
-            );
+        let secret_sha256 = sha256(secret.as_bytes());
+        if let Err(why) = p.feed.read(|d| {
+            d.check_redemption(token_id, &secret_sha256, req.id, &req.name, now_unix_ms())
+        }) {
+            tracing::warn!(token = token_id, id = req.id, name = %req.name, %why, "refused a token redemption");
+            return Reply::Error(why);
         }
-        let known = self.member(req.id);
-        if let Some(existing) = known {
-            if existing.name != req.name {
-                return Reply::Error(format!(
-                    "node id {} already belongs to {}",
-                    req.id, existing.name
-                ));
-            }
+        if let Err(why) = self.consume_token(false, &req).await {
+            tracing::warn!(token = token_id, id = req.id, name = %req.name, %why, "refused a token redemption");
+            return Reply::Error(why);
         }
         match ca.sign_node(&p.cluster, &req.name, req.id, &req.ips) {
             Ok(cert) => {
-                tracing::info!(id = req.id, name = %req.name, "signed a node certificate for a token join");
+                tracing::info!(token = token_id, id = req.id, name = %req.name, "signed a node certificate for a token join");
                 Reply::Certificate {
                     ca: ca.cert_pem.clone(),
                     cert,
                 }
             }
             Err(e) => Reply::Error(format!("cannot sign a certificate: {e}")),
+        }
+    }
+
+    /// Splits a join token `<id>.<secret>.<ca-hash>` made for this cluster's CA.
+    fn parse_token<'t>(&self, token: &'t str) -> Result<(&'t str, &'t str), String> {
+        let mut parts = token.splitn(3, '.');
+        let (Some(id), Some(secret), Some(hash)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return Err("join token is malformed; expected <id>.<secret>.<ca-hash>".into());
+        };
+        if hash != self.inner.ca_hash {
+            return Err("join token belongs to another cluster's CA".into());
+        }
+        Ok((id, secret))
+    }
+
+    /// Marks the token of redemption `req` used through Raft, on the leader (asking it with
+    /// `ConsumeToken` from a follower). The leader's apply checks the secret, expiry, binding
+    /// and that the token is unused, so of two concurrent redemptions at most one succeeds.
+    /// `forwarded`: this is the leader's side of a follower's request, never passed on again.
+    pub(crate) async fn consume_token(
+        &self,
+        forwarded: bool,
+        req: &RedeemRequest,
+    ) -> Result<(), String> {
+        let p = &self.inner;
+        let (token_id, secret) = self.parse_token(&req.token)?;
+        let start = Instant::now();
+        loop {
+            let cmd = Command::RedeemToken {
+                token_id: token_id.to_owned(),
+                secret_sha256: sha256(secret.as_bytes()),
+                node_id: req.id,
+                name: req.name.clone(),
+                now_unix_ms: now_unix_ms(),
+            };
+            match self.writes.write(cmd).await {
+                Ok(Response::Rejected(why) | Response::Refused(why)) => return Err(why),
+                Ok(_) => return Ok(()),
+                Err(BatchError::Indefinite(e)) => {
+                    return Err(format!(
+                        "whether the join token was marked used is unknown ({e}); create a new one"
+                    ))
+                }
+                Err(BatchError::Forward(f)) => {
+                    if forwarded {
+                        return Err(format!("node {} is not the leader", p.id));
+                    }
+                    if let Some((leader, node)) = leader_of(f).filter(|(l, _)| *l != p.id) {
+                        let ask = Request::ConsumeToken(req.clone());
+                        match p
+                            .transport
+                            .call(Target::node(leader, node.addr), ask, p.rpc_timeout)
+                            .await
+                        {
+                            Ok(Reply::TokenConsumed) => return Ok(()),
+                            Ok(Reply::Error(why)) => return Err(why),
+                            Ok(other) => {
+                                return Err(format!("unexpected reply to a token's use: {other:?}"))
+                            }
+                            // Never sent: asking again cannot use the token twice.
+                            Err(e @ TransportError::Unreachable { .. }) => {
+                                tracing::debug!(leader, error = %e, "leader unreachable")
+                            }
+                            Err(e) => {
+                                return Err(format!(
+                                    "the leader did not answer whether the join token was marked used ({e}); create a new one"
+                                ))
+                            }
+                        }
+                    }
+                }
+            }
+            if start.elapsed() > p.leader_wait {
+                return Err(
+                    "no leader to mark the join token used; is a majority of the cluster up?"
+                        .into(),
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 }
