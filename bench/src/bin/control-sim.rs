@@ -284,6 +284,7 @@ async fn build_member(
             evaluate_every: Duration::from_millis(500),
             job_idle: Duration::from_secs(60),
             hook: Default::default(),
+            total_budget_bytes: yard::diagnosis_control::DEFAULT_TOTAL_BUDGET,
         })),
         zone: String::new(),
         roles: raft.roles(),

@@ -308,6 +308,7 @@ impl Node {
             match self.writes.write(cmd).await {
                 Ok(Response::Rejected(why) | Response::Refused(why)) => return Err(why),
                 Ok(_) => return Ok(()),
+                Err(BatchError::TooLarge(why)) => return Err(why),
                 Err(BatchError::Indefinite(e)) => {
                     return Err(format!(
                         "whether the join token was marked used is unknown ({e}); create a new one"
