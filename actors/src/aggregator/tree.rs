@@ -12,7 +12,8 @@
 //!   only once every worker's node has measured every candidate; until then it is placed as a
 //!   flat job (by CPU load), and regrouped when the figures arrive.
 //! - A host's capacity: the smaller of its link (the fastest stream measured into it: one
-//!   stream of a faster sender fills it) and its CPU budget at [`SUM_BYTES_PER_CORE`].
+//!   stream of a faster sender fills it) and its CPU budget at
+//!   [`SUM_BYTES_PER_CORE`](super::eligible::SUM_BYTES_PER_CORE).
 //! - `ps` takes the best single host; `auto` the best tree.
 //! - Hysteresis: a running job whose arrangement is still usable is regrouped only when the
 //!   planner's round time beats its current one by [`MIN_GAIN`] (`yard_planner::grouping::regroup`),
@@ -29,12 +30,6 @@ use yard_raft_store::NodeId;
 
 use super::eligible::{cpu_bytes_per_s, figure, may_aggregate};
 use super::placement::{first_fit, ClusterView};
-
-/// Bytes/s one core of an aggregating host sums, as the grouping counts a host's CPU budget.
-/// Measured: the program's add path takes 452 ns for a 360-value (1440-byte) chunk under
-/// BPF_PROG_TEST_RUN (`agg-paths`, median of 5), about 3.2 GB/s; the receive path around it
-/// costs about as much again, so a core is given half of that.
-pub const SUM_BYTES_PER_CORE: f64 = 1.5e9;
 
 /// The least drop of the round time worth a regrouping (a fraction of the current one).
 pub const MIN_GAIN: f64 = 0.15;
