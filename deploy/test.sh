@@ -3,7 +3,8 @@
 # in-memory clusters, real processes on loopback, real clusters in network namespaces, then the
 # seeded chaos schedules (bounded: CHAOS_SECONDS, default 240, at most 600, with the gateway;
 # CHAOS_AGG_SECONDS, default 90, with the aggregator, which shares no interface with the
-# gateway). Needs root for the
+# gateway, and 2 agent hosts; CHAOS_AUTOPILOT_SECONDS, default 120, the KV workload through 3
+# voters and 3 agents with the autopilot free to replace faulted voters). Needs root for the
 # namespace tests: they fail, never skip, without it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,3 +23,5 @@ CHAOS_SECONDS=${CHAOS_SECONDS:-240}
 cargo run --release -p yard-chaos --bin chaos -- --yard-bin target/release/yard --seconds "$CHAOS_SECONDS" ${CHAOS_SEED:+--seed "$CHAOS_SEED"}
 CHAOS_AGG_SECONDS=${CHAOS_AGG_SECONDS:-90}
 cargo run --release -p yard-chaos --bin chaos -- --yard-bin target/release/yard --seconds "$CHAOS_AGG_SECONDS" --no-gateway --aggregation --agents "${CHAOS_AGENTS:-2}" ${CHAOS_SEED:+--seed "$CHAOS_SEED"}
+CHAOS_AUTOPILOT_SECONDS=${CHAOS_AUTOPILOT_SECONDS:-120}
+cargo run --release -p yard-chaos --bin chaos -- --yard-bin target/release/yard --seconds "$CHAOS_AUTOPILOT_SECONDS" --no-gateway --agents 3 ${CHAOS_SEED:+--seed "$CHAOS_SEED"}
