@@ -696,6 +696,12 @@ impl MemNetwork {
         }
     }
 
+    /// Cuts the link from `from` to `to` only: `from`'s calls to `to` fail, while `to`'s calls
+    /// to `from` and their answers still go through (a one-way control fault).
+    pub fn cut_one_way(&self, from: &str, to: &str) {
+        self.lock().cut.insert((from.to_owned(), to.to_owned()));
+    }
+
     /// Answers that `callee` sends to calls from `caller` arrive `by` late, after `callee`
     /// acted on the call: a congested link out of `callee`, which still hears everything.
     pub fn delay_answers(&self, caller: &str, callee: &str, by: Duration) {

@@ -1541,6 +1541,46 @@ async fn an_agent_cut_off_is_committed_dead_once_and_alive_again_after_the_heal(
     wait_host_liveness(&hosts, 5, true, Duration::from_secs(3)).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_of_a_member_the_leader_held_lost_are_alive_again_after_it_is_back() {
+    let net = MemNetwork::default();
+    let raft = RaftSection {
+        replicas: 0,
+        ..raft_section(10_000, 1_000)
+    };
+    let mut hosts = cluster(&net, 3, &raft).await;
+    for id in 4..=6 {
+        hosts.push(join_host(&net, id, &raft).await.0);
+    }
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let leader = wait_leader(&hosts[..3].iter().collect::<Vec<_>>(), None).await;
+    let l = hosts.iter().find(|h| h.node.id() == leader).unwrap();
+    // A member other than the leader that serves agents.
+    let m = hosts[..3]
+        .iter()
+        .find(|h| h.node.id() != leader && !h.node.host_liveness().watched().is_empty())
+        .expect("agents follow members other than the leader");
+    let served: Vec<NodeId> = m
+        .node
+        .host_liveness()
+        .watched()
+        .iter()
+        .map(|w| w.host)
+        .collect();
+    // The leader cannot reach the member, which still reaches the leader: the leader holds it
+    // lost and withdraws its vouches, while the member's reports keep being delivered (and
+    // ignored) and its agents keep polling it.
+    net.cut_one_way(&l.addr, &m.addr);
+    for id in &served {
+        wait_host_liveness(std::slice::from_ref(l), *id, false, Duration::from_secs(10)).await;
+    }
+    net.heal();
+    // Nothing changed for the member, so only its periodic resync tells the leader again.
+    for id in &served {
+        wait_host_liveness(&hosts[..3], *id, true, Duration::from_secs(10)).await;
+    }
+}
+
 /// `n` puts of `size`-byte values under `prefix`, all sent at once to `to`: the burst that
 /// makes the batcher's proposals large.
 async fn burst_of_large_puts(
