@@ -164,7 +164,17 @@ fn a_slowed_torch_rank_is_named_a_compute_straggler() {
     // The analyzer learns the job's own pace first.
     let warm = job.wait_done(40, Duration::from_secs(60)).unwrap();
     if let Some(verdicts) = ring::diagnose(&c, 1, job.job()).unwrap() {
-        assert!(verdicts.is_empty(), "healthy: {}", pretty(&verdicts));
+        // A healthy job names nobody. The whole job slowing with the machine (other namespace
+        // tests run beside it on two cores) may come out as an undecided slowdown that names no
+        // rank and no link (seen once in CI's run: 2.8x its warm-up baseline): no false culprit.
+        let named = |v: &serde_json::Value, k: &str| v[k].as_array().is_some_and(|a| !a.is_empty());
+        assert!(
+            !verdicts
+                .iter()
+                .any(|v| named(v, "culprits") || named(v, "links")),
+            "healthy: {}",
+            pretty(&verdicts)
+        );
     }
     job.rank(SLOW).usr1().unwrap();
     let (verdicts, took) = ring::wait_verdicts(&c, 1, job.job(), Duration::from_secs(30), |v| {
