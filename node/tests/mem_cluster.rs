@@ -1501,17 +1501,23 @@ async fn wait_host_liveness(hosts: &[TestNode], id: NodeId, alive: bool, within:
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_agent_cut_off_is_committed_dead_once_and_alive_again_after_the_heal() {
-    let net = MemNetwork::default();
+/// Three voters (no replicas) and agents 4 to 6, joined.
+async fn three_voters_and_three_agents(net: &MemNetwork) -> Vec<TestNode> {
     let raft = RaftSection {
         replicas: 0,
         ..raft_section(10_000, 1_000)
     };
-    let mut hosts = cluster(&net, 3, &raft).await;
+    let mut hosts = cluster(net, 3, &raft).await;
     for id in 4..=6 {
-        hosts.push(join_host(&net, id, &raft).await.0);
+        hosts.push(join_host(net, id, &raft).await.0);
     }
+    hosts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_cut_off_is_committed_dead_once_and_alive_again_after_the_heal() {
+    let net = MemNetwork::default();
+    let hosts = three_voters_and_three_agents(&net).await;
     // Settled: every agent attached and alive everywhere.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     for id in 4..=6 {
@@ -1544,14 +1550,7 @@ async fn an_agent_cut_off_is_committed_dead_once_and_alive_again_after_the_heal(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_of_a_member_the_leader_held_lost_are_alive_again_after_it_is_back() {
     let net = MemNetwork::default();
-    let raft = RaftSection {
-        replicas: 0,
-        ..raft_section(10_000, 1_000)
-    };
-    let mut hosts = cluster(&net, 3, &raft).await;
-    for id in 4..=6 {
-        hosts.push(join_host(&net, id, &raft).await.0);
-    }
+    let hosts = three_voters_and_three_agents(&net).await;
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let leader = wait_leader(&hosts[..3].iter().collect::<Vec<_>>(), None).await;
     let l = hosts.iter().find(|h| h.node.id() == leader).unwrap();
