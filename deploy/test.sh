@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, cheapest first: unit and property tests, openraft's storage suite,
 # in-memory clusters, real processes on loopback, real clusters in network namespaces, then the
-# seeded chaos schedules (bounded: CHAOS_SECONDS, default 240, at most 600, with the gateway;
-# CHAOS_AGG_SECONDS, default 90, with the aggregator, which shares no interface with the
+# seeded chaos schedules (bounded: CHAOS_SECONDS, default 240, at most 600, with the gateway on
+# 3 voters and CHAOS_AGENTS (default 2) agent hosts that own VIPs too; CHAOS_AGG_SECONDS, default 90, with the aggregator, which shares no interface with the
 # gateway, and 2 agent hosts; CHAOS_AUTOPILOT_SECONDS, default 120, the KV workload through 3
 # voters and 3 agents with the autopilot free to replace faulted voters). Needs root for the
 # namespace tests: they fail, never skip, without it.
@@ -20,7 +20,7 @@ export YARD_BIN=${YARD_BIN:-$PWD/target/release/yard}
 # One test binary at a time keeps real clusters from competing for the two cores.
 cargo test --workspace -- --test-threads=2
 CHAOS_SECONDS=${CHAOS_SECONDS:-240}
-cargo run --release -p yard-chaos --bin chaos -- --yard-bin target/release/yard --seconds "$CHAOS_SECONDS" ${CHAOS_SEED:+--seed "$CHAOS_SEED"}
+cargo run --release -p yard-chaos --bin chaos -- --yard-bin target/release/yard --seconds "$CHAOS_SECONDS" --agents "${CHAOS_AGENTS:-2}" ${CHAOS_SEED:+--seed "$CHAOS_SEED"}
 CHAOS_AGG_SECONDS=${CHAOS_AGG_SECONDS:-90}
 cargo run --release -p yard-chaos --bin chaos -- --yard-bin target/release/yard --seconds "$CHAOS_AGG_SECONDS" --no-gateway --aggregation --agents "${CHAOS_AGENTS:-2}" ${CHAOS_SEED:+--seed "$CHAOS_SEED"}
 CHAOS_AUTOPILOT_SECONDS=${CHAOS_AUTOPILOT_SECONDS:-120}

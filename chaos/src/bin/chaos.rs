@@ -4,8 +4,10 @@
 //! with `--no-gateway --aggregation`, the XDP aggregators summing an int32 job's rounds for six
 //! workers on worker hosts of their own (never faulted), every round checked exact and completed
 //! once; by default the job is grouped into a tree (ALEPH) and regrouped by the faults. With
-//! `--agents K` (no gateway), K agent hosts join after the voters, the KV clients use them too,
-//! and every fault of the schedule also takes a random subset of them.
+//! `--agents K`, K agent hosts join after the voters, the KV clients use them too, and every
+//! fault of the schedule also takes a random subset of them; with the gateway they are gateway
+//! nodes that own VIPs, and the voters stay fixed (no autopilot) so that every step still faults
+//! a strict minority of them.
 //!
 //! Prints the seed, every fault it injected, each fault's gateway verdicts (one data-plane owner
 //! per VIP at every instant; a down owner's VIPs moved within the budget; the probe streams'
@@ -61,8 +63,8 @@ struct Args {
     hosts: usize,
     /// Agent hosts beside the voters (their nodes join after them and hold no vote; the KV
     /// clients use them as well as the voters). Each fault of the schedule also takes a
-    /// random subset of them. Needs --no-gateway: an agent would be a gateway node, which the
-    /// VIP checks do not follow yet.
+    /// random subset of them. With the gateway, every agent is a gateway node too: its lease is
+    /// granted by the voters, it owns VIPs, and the VIP checks follow it as they follow voters.
     #[arg(long, default_value_t = 0)]
     agents: usize,
     /// Concurrent workload clients.
@@ -248,9 +250,6 @@ fn run(args: Args) -> anyhow::Result<bool> {
     let total = Duration::from_secs(args.seconds);
     let kinds = args.kinds.clone().unwrap_or_else(FaultKind::every);
     // Only the yard nodes are scheduled: the client and compute hosts are never faulted.
-    if !args.no_gateway && args.agents > 0 {
-        bail!("--agents needs --no-gateway: the VIP checks follow the voters' gateways only");
-    }
     let mut config = ScheduleConfig::new(seed, args.hosts, total, kinds);
     config.agents = args.agents;
     config.min_fault = Duration::from_secs(3);
@@ -295,7 +294,14 @@ fn run(args: Args) -> anyhow::Result<bool> {
         client_host
     })?;
     let extra_config = if gateway {
-        gateway_config(&topo, n, args.holddown_max_ms)?
+        let mut config = gateway_config(&topo, n + agents, args.holddown_max_ms)?;
+        if agents > 0 {
+            // The agents are gateway nodes only: were one promoted in a faulted voter's place,
+            // a later step's "strict minority of hosts 1..=n" could take a majority of the
+            // voters and every lease with it (the autopilot under faults is the KV run's).
+            config.push_str(FIXED_VOTERS_CONFIG);
+        }
+        config
     } else if args.aggregation {
         aggregator_config()
     } else if agents > 0 {
@@ -309,7 +315,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
     // of the voters' rate-limited links) and never replace a voter, as the worker hosts.
     let host_config = if args.aggregation {
         (n + 1..=n + agents)
-            .map(|h| (h, AGENT_AGG_CONFIG.to_owned()))
+            .map(|h| (h, FIXED_VOTERS_CONFIG.to_owned()))
             .collect()
     } else {
         BTreeMap::new()
@@ -332,9 +338,11 @@ fn run(args: Args) -> anyhow::Result<bool> {
             cluster.topology().rate_limit_toward(h, AGG_MBIT)?;
         }
     }
-    let nodes: Vec<NodeId> = (1..=n as NodeId).collect();
+    // Every daemon the schedule faults: the voters and the agents (with the gateway, each one
+    // a gateway node).
+    let nodes: Vec<NodeId> = (1..=(n + agents) as NodeId).collect();
     let budget = args.budget_ms as Ms;
-    let health = Health::new(n);
+    let health = Health::new(nodes.len());
     let gw = if gateway {
         Some(setup_gateway(&cluster, &args, total, &nodes)?)
     } else {
@@ -346,7 +354,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
         Some((vips, pairs, streams)) => {
             let monitor = Monitor::start(
                 &cluster,
-                n,
+                nodes.len(),
                 client_host,
                 health.clone(),
                 clock,
@@ -679,8 +687,9 @@ fn run(args: Args) -> anyhow::Result<bool> {
 /// workers it would serve no faster than one aggregator (the job would stay flat).
 const AGG_WORKERS: usize = 6;
 const AGG_WORKER_HOSTS: usize = 3;
-/// The config of an agent host in the aggregation run: no aggregator, no voter replaced.
-const AGENT_AGG_CONFIG: &str = "[raft]\nreplicas = 0\nvoter_grace_ms = 3600000\n";
+/// The voters stay hosts `1..=n`: no replica is kept and no voter is replaced, so a schedule
+/// step's strict minority of those hosts stays a strict minority of the voters.
+const FIXED_VOTERS_CONFIG: &str = "[raft]\nreplicas = 0\nvoter_grace_ms = 3600000\n";
 /// Egress limit of the aggregation run's hosts, Mbit/s.
 const AGG_MBIT: u32 = 200;
 /// How long an `auto` job may take to be grouped into a tree before the schedule, s.
@@ -799,7 +808,8 @@ fn setup_gateway(
     total: Duration,
     nodes: &[NodeId],
 ) -> anyhow::Result<(Vec<Ipv4Addr>, Vec<ProbePair>, Vec<ProbeStream>)> {
-    let n = args.hosts;
+    // The client host follows the nodes, the two compute hosts follow it.
+    let n = nodes.len();
     let vips = pool(args.vips);
     let mut add = vec!["gateway".to_owned(), "vip".into(), "add".into()];
     add.extend(vips.iter().map(ToString::to_string));
