@@ -30,6 +30,7 @@ pub async fn run(node: Node, every: Duration, worker_gone: Duration) {
             // A new term starts the stretches over: only this leader's own probes count.
             sustained = Sustained::new(gone_ms);
             settled = None;
+            crate::raft_wait::wait_leading(node.raft(), crate::raft_wait::IDLE_RECHECK).await;
             continue;
         }
         let unreachable: BTreeSet<u64> = node

@@ -376,6 +376,7 @@ impl DiagnosisControl {
                     let this = self.clone();
                     let _ = tokio::task::spawn_blocking(move || this.stop_leading()).await;
                 }
+                crate::raft_wait::wait_leading(&raft, crate::raft_wait::IDLE_RECHECK).await;
                 continue;
             }
             leading = true;

@@ -16,6 +16,7 @@ use yard_raft_store::{Command, Raft};
 use crate::gateway_control::{GatewayControl, Input};
 use crate::metrics::{FailoverPhase, METRICS};
 use crate::planner_control::{PlannerLoop, HEALTH_KEY};
+use crate::raft_wait::{wait_leading, IDLE_RECHECK};
 use crate::rpc::{NodeHealthView, Reply, Request};
 use crate::service::Node;
 
@@ -32,11 +33,21 @@ impl GatewayControl {
         let mut core = LeaderCore::new(self.cfg, node.id());
         let mut pl = self.planner.clone().map(PlannerLoop::new);
         let mut next_tick = self.now_ms();
+        // Whether this node led at the last pass: a follower's loop sleeps until it leads (or
+        // an input arrives), not at the leader's interval.
+        let mut leading = false;
         loop {
-            let wait = next_tick.saturating_sub(self.now_ms());
+            let wait = Duration::from_millis(next_tick.saturating_sub(self.now_ms()));
+            let until_next = async {
+                if leading {
+                    tokio::time::sleep(wait).await;
+                } else {
+                    wait_leading(&raft, wait).await;
+                }
+            };
             let mut urgent = false;
             tokio::select! {
-                _ = tokio::time::sleep(Duration::from_millis(wait)) => {}
+                _ = until_next => {}
                 input = rx.recv() => match input {
                     Some(input) => urgent |= self.input(&mut core, &mut pl, input),
                     None => return,
@@ -54,9 +65,11 @@ impl GatewayControl {
                     self.plans().forget();
                     self.health().clear();
                 }
-                next_tick = self.now_ms() + self.interval.as_millis() as u64;
+                leading = false;
+                next_tick = self.now_ms() + IDLE_RECHECK.as_millis() as u64;
                 continue;
             }
+            leading = true;
             if core.term() != Some(m.current_term) {
                 // Committed restart graces must be read from tables that include everything the
                 // predecessors committed: wait until this term's first entry is applied.

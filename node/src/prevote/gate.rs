@@ -8,6 +8,7 @@ use tokio::sync::mpsc;
 use yard_control::prevote::{Effect, Gate, LocalView};
 use yard_raft_store::NodeId;
 
+use crate::raft_wait::{is_voter, wait_voting, IDLE_RECHECK};
 use crate::rpc::{Reply, Request};
 use crate::service::Node;
 
@@ -45,10 +46,17 @@ pub async fn run(node: Node) {
     loop {
         let effects = tokio::select! {
             _ = ticker.tick() => {
-                let now = watch.tick(&cfg);
-                match local_view(&node).await {
-                    Some(view) => gate.tick(now, &view),
-                    None => return,
+                if is_voter(&node.raft().metrics().borrow(), me) {
+                    let now = watch.tick(&cfg);
+                    match local_view(&node).await {
+                        Some(view) => gate.tick(now, &view),
+                        None => return,
+                    }
+                } else {
+                    // Nothing to gate on a replica or an agent; the watch restarts itself after
+                    // the gap once this node votes (`Watch::tick`).
+                    wait_voting(node.raft(), me, IDLE_RECHECK).await;
+                    Vec::new()
                 }
             }
             Some((round, from, granted)) = rx.recv() => gate.answer(round, from, granted, watch.now_ms()),

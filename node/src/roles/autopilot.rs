@@ -154,6 +154,7 @@ pub async fn run(node: Node) {
         tokio::time::sleep(TICK).await;
         if node.raft().metrics().borrow().state != ServerState::Leader {
             clock = HostClock::default();
+            crate::raft_wait::wait_leading(node.raft(), crate::raft_wait::IDLE_RECHECK).await;
             continue;
         }
         let now_ms = started.elapsed().as_millis() as u64;

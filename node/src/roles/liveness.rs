@@ -13,6 +13,7 @@ use tokio::sync::broadcast::error::TryRecvError;
 use yard_control::host_liveness::{HostLivenessCore, LivenessConfig, Report, Verdict};
 use yard_raft_store::{Change, Command, NodeId};
 
+use crate::raft_wait::{wait_leading, wait_raft, IDLE_RECHECK};
 use crate::rpc::{Reply, Request};
 use crate::service::Node;
 
@@ -41,6 +42,11 @@ pub async fn report(node: Node) {
     loop {
         tokio::time::sleep(TICK).await;
         if !node.is_member() {
+            let me = node.id();
+            wait_raft(node.raft(), IDLE_RECHECK, |m| {
+                m.membership_config.membership().get_node(&me).is_some()
+            })
+            .await;
             continue;
         }
         let (fresh, resync) = {
@@ -112,6 +118,7 @@ pub async fn judge(node: Node) {
         if node.raft().metrics().borrow().state != ServerState::Leader {
             led = None;
             while reports.try_recv().is_ok() {}
+            wait_leading(node.raft(), IDLE_RECHECK).await;
             continue;
         }
         let now = hl.now_ms();

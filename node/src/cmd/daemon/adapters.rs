@@ -268,4 +268,17 @@ impl Prober for RaftProber {
         });
         Box::pin(async move { task.await.unwrap_or(false) })
     }
+
+    fn until_leading(
+        &self,
+        max: Duration,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        let node = self.node.clone();
+        let task = self
+            .rt
+            .spawn(async move { yard::raft_wait::wait_leading(node.raft(), max).await });
+        Box::pin(async move {
+            let _ = task.await;
+        })
+    }
 }
