@@ -175,13 +175,15 @@ fn current_grouping(
 ) -> Option<Planned> {
     let seats = job.seats();
     let root = index_of(seats.first()?.placement.node)?;
+    // By rank, not a scan per rank: a job of thousands of workers would make this quadratic.
+    let position: BTreeMap<u16, usize> = ranks.iter().enumerate().map(|(i, r)| (*r, i)).collect();
     let mut clusters = Vec::new();
     for s in &seats {
         let host = index_of(s.placement.node)?;
         let members = s
             .ranks
             .iter()
-            .map(|r| ranks.iter().position(|x| x == r))
+            .map(|r| position.get(r).copied())
             .collect::<Option<Vec<usize>>>()?;
         clusters.push(PlannedCluster { host, members });
     }
