@@ -16,7 +16,7 @@ use yard_raft_store::aggregation::AggTables;
 use yard_raft_store::{Change, ChangeFeed, NodeId};
 
 use super::bandwidth::Reading;
-use super::core::{desired, diff, parent_macs, retry_after, Effect};
+use super::core::{desired, diff, parent_macs, retry_after, stale_counters, Effect};
 use crate::health::HealthRegistry;
 
 /// How often the shell looks for a parent MAC it lacks.
@@ -40,6 +40,14 @@ pub trait AggDataPlane: Send {
     ) -> Result<Vec<(usize, MemberTiming)>, String> {
         Ok(Vec::new())
     }
+    /// The jobs with per-job counters in the kernel (none by default).
+    fn counted_jobs(&self) -> Result<BTreeSet<u32>, String> {
+        Ok(BTreeSet::new())
+    }
+    /// Deletes one job's per-job counters.
+    fn forget_counters(&mut self, _id: u32) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 impl AggDataPlane for Aggregator {
@@ -60,6 +68,12 @@ impl AggDataPlane for Aggregator {
     }
     fn member_timing(&self, id: u32, workers: usize) -> Result<Vec<(usize, MemberTiming)>, String> {
         Aggregator::member_timing(self, id, workers).map_err(|e| error_chain(&e))
+    }
+    fn counted_jobs(&self) -> Result<BTreeSet<u32>, String> {
+        Aggregator::counted_jobs(self).map_err(|e| error_chain(&e))
+    }
+    fn forget_counters(&mut self, id: u32) -> Result<(), String> {
+        Aggregator::forget_job_counters(self, id).map_err(|e| error_chain(&e))
     }
 }
 
@@ -270,6 +284,15 @@ impl AggregatorActor {
     }
 
     fn report(&mut self) {
+        // `remove_job` deletes a job's counters; a frame that was being counted as the job
+        // went can still add one back, so what no served job owns is swept here too.
+        if let Ok(counted) = self.dp.counted_jobs() {
+            for id in stale_counters(&counted, &self.served) {
+                if let Err(e) = self.dp.forget_counters(id) {
+                    tracing::warn!(job = id, error = %e, "cannot delete a gone job's counters");
+                }
+            }
+        }
         let rows = |v: Vec<(AggCounter, CounterValue)>| {
             v.into_iter()
                 .map(|(c, v)| (c.name().to_string(), v.packets, v.bytes))

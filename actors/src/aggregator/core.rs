@@ -197,6 +197,20 @@ pub fn parent_macs(
         .collect()
 }
 
+/// The jobs whose per-job counters the kernel holds (`counted`) that this host no longer
+/// serves: their counters are to be deleted, or the table fills over a host's life and new
+/// jobs' counters are silently missing.
+pub fn stale_counters(
+    counted: &std::collections::BTreeSet<u32>,
+    served: &BTreeMap<u32, AggJobEntry>,
+) -> Vec<u32> {
+    counted
+        .iter()
+        .filter(|id| !served.contains_key(id))
+        .copied()
+        .collect()
+}
+
 /// Effects from `current` to `wanted`: removals first (they free slot ranges a new job may
 /// have been given), then the jobs that are new or changed.
 pub fn diff(
@@ -334,6 +348,17 @@ mod tests {
             worker_view(&t, "a", 1),
             WorkerView::Failed("job a failed: worker rank 0 died (it exited)".into())
         );
+    }
+
+    #[test]
+    fn counters_of_jobs_no_longer_served_are_stale() {
+        let mut t = tables();
+        place(&mut t, "a", 1, 0);
+        let served = desired(&t, 1);
+        let a = t.jobs["a"].id;
+        let counted = [a, 77, 78].into_iter().collect();
+        assert_eq!(stale_counters(&counted, &served), [77, 78]);
+        assert!(stale_counters(&[a].into_iter().collect(), &served).is_empty());
     }
 
     #[test]
