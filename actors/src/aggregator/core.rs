@@ -173,9 +173,10 @@ pub fn membership(job: &AggJob, ips: &BTreeMap<NodeId, Ipv4Addr>, rank: u16) -> 
     })
 }
 
-/// How long the shell waits before writing the tables again after `failures` syncs in a row
-/// had a failed write: 100 ms, doubling, at most 5 s. A failed write is retried on its own,
-/// not only when the tables next change (which may be never for a running job).
+/// How long to wait before trying again after `failures` failed attempts in a row: 100 ms,
+/// doubling, at most 5 s. The shell's table writes use it (a failed write is retried on its
+/// own, not only when the tables next change, which may be never for a running job), and so
+/// does the node agent's report of a worker gone.
 pub fn retry_after(failures: u32) -> std::time::Duration {
     let ms = 100u64.saturating_mul(1 << failures.saturating_sub(1).min(6));
     std::time::Duration::from_millis(ms.min(5_000))
