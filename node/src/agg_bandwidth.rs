@@ -248,9 +248,14 @@ pub async fn run(node: Node, s: Settings) {
                     "a worker's rate moved in the counters: measuring again"
                 );
                 let req = AdminRequest::Agg(AggRequest::Remeasure { from, to: s.me });
-                if let Reply::Error(why) | Reply::Indefinite(why) = node.serve_admin(req).await {
-                    tracing::warn!(from, %why, "measuring again not recorded");
-                }
+                let committed = match node.serve_admin(req).await {
+                    Reply::Error(why) | Reply::Indefinite(why) => {
+                        tracing::warn!(from, %why, "measuring again not recorded; marking again at the next reading");
+                        false
+                    }
+                    _ => true,
+                };
+                drift.settle(from, committed);
             }
         }
         let now_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
