@@ -283,16 +283,25 @@ impl AggregatorActor {
         self.report();
     }
 
-    fn report(&mut self) {
-        // `remove_job` deletes a job's counters; a frame that was being counted as the job
-        // went can still add one back, so what no served job owns is swept here too.
-        if let Ok(counted) = self.dp.counted_jobs() {
-            for id in stale_counters(&counted, &self.served) {
-                if let Err(e) = self.dp.forget_counters(id) {
-                    tracing::warn!(job = id, error = %e, "cannot delete a gone job's counters");
-                }
+    /// Deletes the per-job counters no served job owns: `remove_job` deletes a job's, but a
+    /// frame that was being counted as the job went can add one back. On the stats tick only,
+    /// since listing the table is a syscall per entry.
+    fn sweep_counters(&mut self) {
+        let counted = match self.dp.counted_jobs() {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list the per-job counters");
+                return;
+            }
+        };
+        for id in stale_counters(&counted, &self.served) {
+            if let Err(e) = self.dp.forget_counters(id) {
+                tracing::warn!(job = id, error = %e, "cannot delete a gone job's counters");
             }
         }
+    }
+
+    fn report(&mut self) {
         let rows = |v: Vec<(AggCounter, CounterValue)>| {
             v.into_iter()
                 .map(|(c, v)| (c.name().to_string(), v.packets, v.bytes))
@@ -357,6 +366,7 @@ impl Actor for AggregatorActor {
         // A cluster aggregator also looks its parent's MAC up again each time (a replaced
         // parent host or NIC is followed), through a sync: a changed MAC rewrites the entry.
         ctx.run_interval(self.stats_every, |act, ctx| {
+            act.sweep_counters();
             if act.served.values().any(|e| e.parent.is_some()) {
                 act.sync(ctx);
             } else {
@@ -410,10 +420,12 @@ mod tests {
 
     const ME: NodeId = 1;
 
-    /// A data plane whose first `fail` job writes fail; what it holds, by job id.
+    /// A data plane whose first `fail` job writes fail; what it holds, by job id, and the
+    /// jobs it has per-job counters for.
     struct Flaky {
         fail: u32,
         jobs: Arc<Mutex<BTreeMap<u32, AggJobEntry>>>,
+        counted: Arc<Mutex<BTreeSet<u32>>>,
     }
 
     impl AggDataPlane for Flaky {
@@ -437,6 +449,13 @@ mod tests {
         }
         fn slot_count(&self) -> u32 {
             100
+        }
+        fn counted_jobs(&self) -> Result<BTreeSet<u32>, String> {
+            Ok(self.counted.lock().unwrap().clone())
+        }
+        fn forget_counters(&mut self, id: u32) -> Result<(), String> {
+            self.counted.lock().unwrap().remove(&id);
+            Ok(())
         }
     }
 
@@ -529,6 +548,7 @@ mod tests {
             Box::new(Flaky {
                 fail: 2,
                 jobs: Arc::clone(&jobs),
+                counted: Arc::default(),
             }),
             feed,
             view.clone(),
@@ -549,5 +569,39 @@ mod tests {
         let snap = view.snapshot();
         assert_eq!(snap.errors, 2, "two failed writes before the third took");
         assert_eq!(snap.jobs.len(), 1, "{snap:?}");
+    }
+
+    /// Counters the kernel holds for a job this host does not serve (a frame counted as the
+    /// job was removed) are deleted on the stats tick; the served job's are kept.
+    #[actix_rt::test]
+    async fn counters_of_a_job_not_served_are_swept() {
+        let dir = tempfile::tempdir().unwrap();
+        let sm = store_running_a_job(dir.path()).await;
+        let feed = sm.feed();
+        let served = feed.read(|d| d.aggregation.jobs["a"].id);
+        let counted = Arc::new(Mutex::new(BTreeSet::from([served, 99])));
+        let _actor = AggregatorActor::new(
+            ME,
+            Box::new(Flaky {
+                fail: 0,
+                jobs: Arc::default(),
+                counted: Arc::clone(&counted),
+            }),
+            feed,
+            AggView::default(),
+            HealthRegistry::default(),
+            Duration::from_millis(20),
+            "lo".into(),
+        )
+        .start();
+        let start = Instant::now();
+        while counted.lock().unwrap().contains(&99) {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "a gone job's counters were not swept"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(*counted.lock().unwrap(), BTreeSet::from([served]));
     }
 }
