@@ -435,7 +435,10 @@ impl Aggregator {
         Ok(())
     }
 
-    /// Stops serving job `id`: its frames count as an unknown job from now on.
+    /// Stops serving job `id`: its frames count as an unknown job from now on, and its
+    /// per-job counters are deleted (the table holds `AGG_JOBS_MAX` jobs' worth: a counter
+    /// kept for every job that ever ran would fill it, and a full table makes new jobs'
+    /// counts vanish without an error).
     pub fn remove_job(&mut self, id: u32) -> Result<(), EbpfError> {
         match self.jobs.remove(&id) {
             Err(e) if !is_enoent(&e) => return Err(map_err("delete from", MAP_JOBS)(e)),
@@ -448,7 +451,33 @@ impl Aggregator {
         for worker in 0..members.len() {
             self.remove_peer(id, worker)?;
         }
+        self.forget_job_counters(id)
+    }
+
+    /// Deletes job `id`'s per-job counters (every reason; absent ones are fine).
+    pub fn forget_job_counters(&mut self, id: u32) -> Result<(), EbpfError> {
+        for c in AggCounter::ALL {
+            let key = AggJobCounterKey {
+                job: id,
+                reason: c.index(),
+            };
+            match self.job_counters.remove(&key) {
+                Err(e) if !is_enoent(&e) => {
+                    return Err(map_err("delete from", MAP_JOB_COUNTERS)(e))
+                }
+                _ => {}
+            }
+        }
         Ok(())
+    }
+
+    /// The jobs that have per-job counters in the kernel's table.
+    pub fn counted_jobs(&self) -> Result<std::collections::BTreeSet<u32>, EbpfError> {
+        self.job_counters
+            .keys()
+            .map(|k| k.map(|k| k.job))
+            .collect::<Result<_, _>>()
+            .map_err(map_err("iterate", MAP_JOB_COUNTERS))
     }
 
     /// The jobs served, by id.

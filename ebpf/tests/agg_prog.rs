@@ -450,9 +450,15 @@ fn a_member_left_out_of_a_new_epoch_is_a_stranger_and_a_removed_job_keeps_none()
         &data(&next, 1, 0, 0, 0, &[2; 10]),
     );
     assert_eq!(done, XdpAction::Pass);
-    // once removed, nothing of the job answers
+    // once removed, nothing of the job answers, and its per-job counters are gone from the
+    // kernel's table (kept, they would fill it over the jobs a host serves in its life)
+    assert!(agg.counted_jobs().unwrap().contains(&5));
     agg.remove_job(5).unwrap();
     model.remove_job(5);
+    assert!(
+        !agg.counted_jobs().unwrap().contains(&5),
+        "the removed job's counters are deleted"
+    );
     both(
         &agg,
         &mut model,

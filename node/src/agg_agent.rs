@@ -11,7 +11,8 @@
 //!   refused join (and closes);
 //! - worker: `{"leave": true}` when it is done: the node answers `{"left": true}` and closes.
 //!
-//! A session that ends without a leave is a worker that died: the node reports the rank gone,
+//! A session that ends without a leave (or whose worker stops reading it for
+//! [`SEND_DEADLINE`]) is a worker that died: the node reports the rank gone, until written,
 //! and the tables fail the job naming it or, if it is elastic, go on without it at a new
 //! epoch. This is the one place a worker's death is decided; the leader only commits it.
 //!
@@ -58,6 +59,11 @@ pub const MAX_SESSIONS: usize = 1024;
 
 /// How long a connected peer has to send its join line before the session is dropped.
 pub const JOIN_DEADLINE: Duration = Duration::from_secs(10);
+
+/// How long one line to a worker may wait for the worker to read: the socket's buffer holds
+/// many lines, so a write blocks this long only for a peer that stopped reading. Without it
+/// such a peer held its session task, its rank and a session slot for ever.
+pub const SEND_DEADLINE: Duration = Duration::from_secs(10);
 
 /// What the agent needs of the cluster: the node's id, a way to make requests (admitted like
 /// an admin peer's), and the aggregation tables with their changes. The node is the one
@@ -329,9 +335,76 @@ pub async fn serve<C: Cluster>(listener: UnixListener, cluster: C, policy: Agent
 }
 
 async fn send(w: &mut tokio::net::unix::OwnedWriteHalf, v: &Value) -> std::io::Result<()> {
+    send_within(w, v, SEND_DEADLINE).await
+}
+
+/// Writes `v` as one line, failing if the worker does not take it within `deadline`.
+async fn send_within(
+    w: &mut tokio::net::unix::OwnedWriteHalf,
+    v: &Value,
+    deadline: Duration,
+) -> std::io::Result<()> {
     let mut line = v.to_string();
     line.push('\n');
-    w.write_all(line.as_bytes()).await
+    tokio::time::timeout(deadline, w.write_all(line.as_bytes()))
+        .await
+        .map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the worker did not read its session for {deadline:?}"),
+            )
+        })?
+}
+
+/// Whether the tables need no report that `rank` of `job` (the worker at `addr`) is gone: the
+/// job is deleted or failed, or the rank is no longer that worker's (already reported gone,
+/// or joined again from another address, whom a late report must not fail).
+pub fn gone_settled(tables: &AggTables, job: &str, rank: u16, addr: SocketAddrV4) -> bool {
+    tables
+        .jobs
+        .get(job)
+        .is_none_or(|j| j.failed.is_some() || j.members.get(&rank) != Some(&addr))
+}
+
+/// Reports `rank` of `job` gone until the cluster writes it or the tables show it needs no
+/// report ([`gone_settled`]), trying again after a growing pause: a report lost with a leader
+/// change, or answered "unknown", would otherwise leave a dead worker in its job, and the
+/// other workers waiting on it, for good. `WorkerGone` is idempotent in the tables.
+async fn report_gone<C: Cluster>(
+    cluster: &C,
+    job: &str,
+    rank: u16,
+    addr: SocketAddrV4,
+    reason: String,
+) {
+    let gone = AdminRequest::Agg(AggRequest::WorkerGone {
+        name: job.to_owned(),
+        rank,
+        reason,
+    });
+    let mut failures = 0u32;
+    loop {
+        let why = match cluster.request(gone.clone()).await {
+            Reply::Admin(_) => return,
+            Reply::Error(why) | Reply::Indefinite(why) => why,
+            other => format!("unexpected reply {other:?}"),
+        };
+        let (tables, _) = cluster.subscribe();
+        if gone_settled(&tables, job, rank, addr) {
+            return;
+        }
+        failures = failures.saturating_add(1);
+        let after = yard_actors::aggregator::core::retry_after(failures);
+        tracing::warn!(
+            job = %job,
+            rank,
+            error = %why,
+            failures,
+            retry_in_ms = after.as_millis() as u64,
+            "could not report the worker gone; retrying"
+        );
+        tokio::time::sleep(after).await;
+    }
 }
 
 /// Reads one line of at most MAX_LINE bytes: `None` at the end of the stream.
@@ -472,15 +545,8 @@ async fn session<C: Cluster>(
         "its session with node {} ended without a goodbye: the worker exited or crashed",
         cluster.node_id()
     );
-    tracing::warn!(job = %job, rank, pid = peer.pid, "worker gone: {reason}");
-    let gone = AdminRequest::Agg(AggRequest::WorkerGone {
-        name: job.clone(),
-        rank,
-        reason,
-    });
-    if let Reply::Error(why) = cluster.request(gone).await {
-        tracing::warn!(job = %job, rank, error = %why, "could not report the worker gone");
-    }
+    tracing::warn!(job = %job, rank, pid = peer.pid, %reason, "worker gone");
+    report_gone(&cluster, &job, rank, addr, reason).await;
 }
 
 #[cfg(test)]
@@ -496,6 +562,8 @@ mod tests {
         tables: Arc<Mutex<AggTables>>,
         changes: broadcast::Sender<Change>,
         requests: Arc<Mutex<Vec<AdminRequest>>>,
+        /// WorkerGone reports answered "unknown outcome" before one is written.
+        gone_unknown: Arc<Mutex<u32>>,
     }
 
     impl Fake {
@@ -527,6 +595,7 @@ mod tests {
                 tables: Arc::new(Mutex::new(t)),
                 changes: broadcast::channel(16).0,
                 requests: Arc::default(),
+                gone_unknown: Arc::default(),
             }
         }
 
@@ -554,6 +623,15 @@ mod tests {
                             Reply::Admin(AdminReply::Written { revision: 3 })
                         }
                         Err(why) => Reply::Error(why),
+                    }
+                }
+                AdminRequest::Agg(AggRequest::WorkerGone { .. }) => {
+                    let mut unknown = self.gone_unknown.lock().unwrap();
+                    if *unknown > 0 {
+                        *unknown -= 1;
+                        Reply::Indefinite("the leader changed under the write".into())
+                    } else {
+                        Reply::Admin(AdminReply::Written { revision: 4 })
                     }
                 }
                 _ => Reply::Admin(AdminReply::Written { revision: 3 }),
@@ -738,6 +816,80 @@ mod tests {
         );
         assert_eq!(got, json!({"error": want}));
         assert!(fake.requests().is_empty());
+    }
+
+    fn gone_reports(fake: &Fake) -> usize {
+        fake.requests()
+            .iter()
+            .filter(|r| matches!(r, AdminRequest::Agg(AggRequest::WorkerGone { .. })))
+            .count()
+    }
+
+    /// A worker that hangs up without a goodbye is reported gone; a report answered "unknown
+    /// outcome" (a leader change under it) is sent again until one is written, then no more.
+    #[tokio::test]
+    async fn a_worker_gone_report_that_is_not_written_is_sent_again() {
+        let fake = Fake::new(other_host());
+        *fake.gone_unknown.lock().unwrap() = 2;
+        let (_dir, path) = agent(&fake, me());
+        let (_s, addr) = worker_socket();
+        let (mut lines, w) = open(&path, &join(0, addr)).await;
+        assert!(next(&mut lines).await.get("error").is_none());
+        drop((lines, w));
+        let start = std::time::Instant::now();
+        while gone_reports(&fake) < 3 {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "{} reports in 5 s: a report that was not written was not sent again",
+                gone_reports(&fake)
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(gone_reports(&fake), 3, "none after the written one");
+    }
+
+    /// A line to a worker that never reads its session fails after its deadline (the session
+    /// then ends) instead of holding the session task for ever.
+    #[tokio::test]
+    async fn a_send_to_a_worker_that_never_reads_times_out() {
+        let (_never_read, stream) = UnixStream::pair().unwrap();
+        let (_r, mut w) = stream.into_split();
+        let line = json!({"waiting": "x".repeat(60_000)});
+        let filled = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let Err(e) = send_within(&mut w, &line, Duration::from_millis(200)).await {
+                    return e;
+                }
+            }
+        })
+        .await
+        .expect("a send to a peer that never reads must fail, not wait for ever");
+        assert_eq!(filled.kind(), std::io::ErrorKind::TimedOut, "{filled}");
+    }
+
+    #[test]
+    fn a_gone_report_is_settled_once_the_rank_is_not_that_worker_s() {
+        let fake = Fake::new(other_host());
+        let mut t = fake.tables.lock().unwrap().clone();
+        let at = other_host();
+        assert!(
+            !gone_settled(&t, "train", 1, at),
+            "rank 1 is still the worker"
+        );
+        let elsewhere = SocketAddrV4::new(Ipv4Addr::new(198, 18, 255, 8), 40000);
+        assert!(
+            gone_settled(&t, "train", 1, elsewhere),
+            "another worker's now"
+        );
+        assert!(gone_settled(&t, "nope", 1, at), "no such job");
+        let gone = AggCommand::WorkerGone {
+            name: "train".into(),
+            rank: 1,
+            reason: "it exited".into(),
+        };
+        t.apply(&gone, 3).unwrap();
+        assert!(gone_settled(&t, "train", 1, at), "the job failed");
     }
 
     #[test]

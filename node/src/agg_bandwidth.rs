@@ -17,6 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
@@ -53,26 +54,69 @@ pub enum ProbeError {
     },
 }
 
+/// What the sink serves at most: probes at once, and how long one may take from its accept
+/// to its answer.
+#[derive(Debug, Clone, Copy)]
+pub struct SinkLimits {
+    pub connections: usize,
+    pub deadline: Duration,
+}
+
+impl Default for SinkLimits {
+    /// 32 probes at once: each node probes one host at a time, and nodes start from different
+    /// hosts, so a host sees a few at once. 10 s: twice the prober's own limit, and the
+    /// largest probe (`MAX_PROBE_BYTES`) at 50 Mbit/s.
+    fn default() -> Self {
+        SinkLimits {
+            connections: 32,
+            deadline: Duration::from_secs(10),
+        }
+    }
+}
+
 /// Serves the sink until the process ends: each connection's stream is read, timed and
-/// answered; a bad one is dropped (and logged), never the listener.
-pub async fn serve_sink(listener: TcpListener) {
+/// answered; a bad one is dropped (and logged), never the listener. A connection past
+/// `limits.connections` is closed at once, and one that has not finished within
+/// `limits.deadline` as a whole is dropped (a per-read timeout let a sender that trickles a
+/// byte at a time hold a connection for as long as it liked). An accept error (out of
+/// descriptors, say) is logged and retried after a pause, never a busy loop.
+///
+/// The sink is not authenticated: bind it to the node's own address only. Anyone who reaches
+/// that address and port can still hold up to `limits.connections` probes for a deadline
+/// each, which delays real probes (they fail and are retried); it learns nothing and changes
+/// no figure (the prober, not the sink, proposes the figure).
+pub async fn serve_sink(listener: TcpListener, limits: SinkLimits) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.connections));
     loop {
-        let Ok((stream, peer)) = listener.accept().await else {
+        let (stream, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "bandwidth sink accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+            tracing::debug!(%peer, limit = limits.connections, "bandwidth sink full: probe refused");
             continue;
         };
         tokio::spawn(async move {
-            if let Err(e) = sink(stream).await {
-                tracing::debug!(%peer, error = %e, "bandwidth probe dropped");
+            let _permit = permit;
+            match tokio::time::timeout(limits.deadline, sink(stream)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "bandwidth probe dropped"),
+                Err(_) => tracing::debug!(
+                    %peer,
+                    deadline_ms = limits.deadline.as_millis() as u64,
+                    "bandwidth probe dropped: not finished within the deadline"
+                ),
             }
         });
     }
 }
 
 async fn sink(mut stream: TcpStream) -> std::io::Result<()> {
-    let limit = Duration::from_secs(10);
-    let count = tokio::time::timeout(limit, stream.read_u64_le())
-        .await
-        .map_err(|_| std::io::ErrorKind::TimedOut)??;
+    let count = stream.read_u64_le().await?;
     if count == 0 || count > MAX_PROBE_BYTES {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
@@ -83,9 +127,7 @@ async fn sink(mut stream: TcpStream) -> std::io::Result<()> {
     let (mut got, mut first, mut last) = (0u64, None, Instant::now());
     while got < count {
         let want = usize::try_from((count - got).min(buf.len() as u64)).unwrap_or(buf.len());
-        let n = tokio::time::timeout(limit, stream.read(&mut buf[..want]))
-            .await
-            .map_err(|_| std::io::ErrorKind::TimedOut)??;
+        let n = stream.read(&mut buf[..want]).await?;
         if n == 0 {
             break;
         }
@@ -206,9 +248,14 @@ pub async fn run(node: Node, s: Settings) {
                     "a worker's rate moved in the counters: measuring again"
                 );
                 let req = AdminRequest::Agg(AggRequest::Remeasure { from, to: s.me });
-                if let Reply::Error(why) | Reply::Indefinite(why) = node.serve_admin(req).await {
-                    tracing::warn!(from, %why, "measuring again not recorded");
-                }
+                let committed = match node.serve_admin(req).await {
+                    Reply::Error(why) | Reply::Indefinite(why) => {
+                        tracing::warn!(from, %why, "measuring again not recorded; marking again at the next reading");
+                        false
+                    }
+                    _ => true,
+                };
+                drift.settle(from, committed);
             }
         }
         let now_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
@@ -245,7 +292,7 @@ mod tests {
     async fn a_probe_over_loopback_arrives_whole_and_gives_a_rate() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        tokio::spawn(serve_sink(listener));
+        tokio::spawn(serve_sink(listener, SinkLimits::default()));
         let bps = probe(addr, 4 << 20, Duration::from_secs(5)).await.unwrap();
         // Loopback moves gigabytes a second; anything under 10 MB/s would be a broken clock.
         assert!(bps > 10 << 20, "{bps} bytes/s");
@@ -253,6 +300,90 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(err, ProbeError::Io { .. }), "{err}");
+    }
+
+    /// Reads from `s` until the sink closes it; how long that took (at most `within`).
+    async fn closed_after(s: &mut TcpStream, within: Duration) -> Option<Duration> {
+        let start = Instant::now();
+        let mut buf = [0u8; 64];
+        tokio::time::timeout(within, async {
+            loop {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => return start.elapsed(),
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await
+        .ok()
+    }
+
+    /// A sender that trickles a byte every 50 ms (each read well within any per-read
+    /// timeout) is dropped at the whole transfer's deadline.
+    #[tokio::test]
+    async fn a_slow_sender_is_dropped_at_the_whole_transfer_s_deadline() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = SinkLimits {
+            connections: 4,
+            deadline: Duration::from_millis(500),
+        };
+        tokio::spawn(serve_sink(listener, limits));
+        let s = TcpStream::connect(addr).await.unwrap();
+        let (mut r, mut w) = s.into_split();
+        w.write_u64_le(1 << 20).await.unwrap();
+        let trickle = tokio::spawn(async move {
+            while w.write_all(&[0]).await.is_ok() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        let start = Instant::now();
+        let mut buf = [0u8; 16];
+        let closed = tokio::time::timeout(Duration::from_secs(5), r.read(&mut buf)).await;
+        trickle.abort();
+        assert!(
+            matches!(closed, Ok(Ok(0) | Err(_))),
+            "the trickling probe was still open after 5 s: {closed:?}"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+
+    /// Past the cap, a connection is closed at once; those within it are served.
+    #[tokio::test]
+    async fn connections_past_the_cap_are_closed_at_once() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = SinkLimits {
+            connections: 2,
+            deadline: Duration::from_secs(30),
+        };
+        tokio::spawn(serve_sink(listener, limits));
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            held.push(TcpStream::connect(addr).await.unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut third = TcpStream::connect(addr).await.unwrap();
+        let took = closed_after(&mut third, Duration::from_secs(3)).await;
+        assert!(
+            took.is_some(),
+            "a third connection was held past a cap of 2"
+        );
+        for s in &mut held {
+            assert_eq!(
+                closed_after(s, Duration::from_millis(200)).await,
+                None,
+                "the two within the cap stay open"
+            );
+        }
+        drop(held);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let bps = probe(addr, 1 << 20, Duration::from_secs(5)).await.unwrap();
+        assert!(bps > 0, "a probe is served once the others are gone");
     }
 
     #[test]

@@ -55,7 +55,20 @@ pub async fn run(node: Node, every: Duration, worker_gone: Duration) {
         if settled.as_ref() == Some(&key) {
             continue;
         }
-        let decision = decide(&tables, &view);
+        // The grouping's search can take a while on a large job: on a blocking thread, on
+        // the copies, so the runtime's other tasks (Raft, QUIC) are not held up by it.
+        let decided = tokio::task::spawn_blocking({
+            let view = view.clone();
+            move || decide(&tables, &view)
+        })
+        .await;
+        let decision = match decided {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::error!(error = %e, "the aggregation decision failed; deciding again next tick");
+                continue;
+            }
+        };
         if decision.commands.is_empty() {
             settled = Some(key);
         }

@@ -26,11 +26,17 @@ pub fn node_ips(d: &StateMachineData) -> BTreeMap<NodeId, Ipv4Addr> {
         .collect()
 }
 
+/// What the rows of `yard agg job list` are made from, copied under the state machine's lock:
+/// the tables and each member's host address.
+fn rows_input(d: &StateMachineData) -> (AggTables, BTreeMap<NodeId, Ipv4Addr>) {
+    (d.aggregation.clone(), node_ips(d))
+}
+
 /// The rows of `yard agg job list`: every job with its aggregator's address, and why a complete
-/// job waits for one (the placement core's answer on the tables alone).
-fn rows(d: &StateMachineData, only: Option<&str>) -> Vec<AggJobRow> {
-    let t: &AggTables = &d.aggregation;
-    let ips = node_ips(d);
+/// job waits for one (the placement core's answer on the tables alone: its search is why this
+/// runs on a copy, off the lock and the runtime, see [`Node::read_off_lock`]).
+fn rows((t, ips): (AggTables, BTreeMap<NodeId, Ipv4Addr>), only: Option<&str>) -> Vec<AggJobRow> {
+    let t = &t;
     let view = ClusterView {
         node_ips: ips.clone(),
         ..ClusterView::default()
@@ -58,10 +64,11 @@ fn member_bandwidth(
     j: &yard_raft_store::aggregation::AggJob,
     ips: &BTreeMap<NodeId, Ipv4Addr>,
 ) -> BTreeMap<u16, u64> {
+    let seats = j.seat_index();
     j.members
         .iter()
         .filter_map(|(rank, addr)| {
-            let (seat, _) = j.seat_of(*rank)?;
+            let (seat, _) = seats.get(rank)?;
             let from = ips.iter().find(|(_, ip)| **ip == *addr.ip())?.0;
             Some((*rank, *t.bandwidth.get(from)?.get(&seat.node)?))
         })
@@ -190,14 +197,17 @@ impl Node {
             }
             AggRequest::List => {
                 return self
-                    .read(forwarded, req, |d| AdminReply::AggJobs(rows(d, None)))
+                    .read_off_lock(forwarded, req, rows_input, |input| {
+                        AdminReply::AggJobs(rows(input, None))
+                    })
                     .await
             }
             AggRequest::Show { name } => {
                 let name = name.clone();
+                let only = name.clone();
                 return match self
-                    .read(forwarded, req, |d| {
-                        AdminReply::AggJobs(rows(d, Some(&name)))
+                    .read_off_lock(forwarded, req, rows_input, move |input| {
+                        AdminReply::AggJobs(rows(input, Some(&only)))
                     })
                     .await
                 {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use openraft::ServerState;
 use yard_actors::gateway::leader::{Effect, LeaderCore, TickInput};
-use yard_actors::gateway::replan::{replan, stay, ReplanInput};
+use yard_actors::gateway::replan::{replan, stay, Replan, ReplanInput};
 use yard_raft_store::gateway::GatewayCommand;
 use yard_raft_store::{Command, Raft};
 
@@ -19,6 +19,28 @@ use crate::planner_control::{PlannerLoop, HEALTH_KEY};
 use crate::raft_wait::{wait_leading, IDLE_RECHECK};
 use crate::rpc::{NodeHealthView, Reply, Request};
 use crate::service::Node;
+
+/// Runs `plan` on a blocking thread and answers with its `Input::Replanned`, also when it
+/// panicked (as an error). The planner loop's `busy` flag is cleared only by that input: a
+/// re-plan that never answered stopped re-planning on this node for good.
+pub(crate) async fn replan_off_runtime(
+    term: u64,
+    measured_vips: usize,
+    plan: impl FnOnce() -> Result<Replan, String> + Send + 'static,
+) -> Input {
+    let result = match tokio::task::spawn_blocking(plan).await {
+        Ok(result) => result,
+        Err(e) => {
+            tracing::error!(term, error = %e, "planner: the re-plan failed");
+            Err(format!("the re-plan failed: {e}"))
+        }
+    };
+    Input::Replanned {
+        term,
+        result,
+        measured_vips,
+    }
+}
 
 impl GatewayControl {
     /// The loop; returns when the task is aborted.
@@ -180,23 +202,22 @@ impl GatewayControl {
             pl.settings.replan,
             self.tx.clone(),
         );
-        tokio::task::spawn_blocking(move || {
-            let measured_vips = rates.len();
-            let result = replan(
-                &ReplanInput {
-                    vips: &vips,
-                    rates: &rates,
-                    tenants: &tenants,
-                    nodes: &nodes,
-                },
-                &cfg,
-            )
-            .map_err(|e| e.to_string());
-            let _ = tx.blocking_send(Input::Replanned {
-                term,
-                result,
-                measured_vips,
-            });
+        let measured_vips = rates.len();
+        tokio::spawn(async move {
+            let answer = replan_off_runtime(term, measured_vips, move || {
+                replan(
+                    &ReplanInput {
+                        vips: &vips,
+                        rates: &rates,
+                        tenants: &tenants,
+                        nodes: &nodes,
+                    },
+                    &cfg,
+                )
+                .map_err(|e| e.to_string())
+            })
+            .await;
+            let _ = tx.send(answer).await;
         });
     }
 
@@ -336,5 +357,57 @@ impl GatewayControl {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A re-plan that panics still answers, as an error, so the loop's `busy` flag is cleared
+    /// and the next re-plan runs; one that finishes answers with its result.
+    #[tokio::test]
+    async fn a_replan_that_panics_still_answers() {
+        let Input::Replanned {
+            term,
+            result,
+            measured_vips,
+        } = replan_off_runtime(7, 3, || panic!("the planner hit a bug")).await
+        else {
+            panic!("not a re-plan's answer");
+        };
+        assert_eq!((term, measured_vips), (7, 3));
+        let Err(why) = result else {
+            panic!("a panicked re-plan answered Ok");
+        };
+        assert!(why.starts_with("the re-plan failed: "), "{why}");
+        let Input::Replanned { result, .. } =
+            replan_off_runtime(8, 0, || Err("no nodes".to_string())).await
+        else {
+            panic!("not a re-plan's answer");
+        };
+        assert_eq!(result.err().as_deref(), Some("no nodes"));
+    }
+
+    /// The panicking re-plan's answer, fed to the loop, frees the planner for the next one.
+    #[tokio::test]
+    async fn a_panicked_replan_leaves_the_planner_free_to_plan_again() {
+        use crate::planner_control::PlannerSettings;
+        use yard_actors::gateway::lease::LeaseConfig;
+        let lease = LeaseConfig {
+            lease_ms: 90,
+            margin_ms: 10,
+        };
+        let ctl = GatewayControl::new(lease, Duration::from_millis(20), false);
+        let mut core = LeaderCore::new(ctl.cfg, 1);
+        let settings = PlannerSettings::from_config(&crate::config::PlannerSection::default());
+        let mut pl = Some(PlannerLoop::new(settings));
+        let nodes = [1u64].into_iter().collect();
+        pl.as_mut().unwrap().start(0, &nodes, &nodes, &nodes);
+        assert!(pl.as_ref().unwrap().busy);
+        let answer = replan_off_runtime(1, 0, || panic!("the planner hit a bug")).await;
+        ctl.input(&mut core, &mut pl, answer);
+        assert!(!pl.as_ref().unwrap().busy, "the planner is free again");
+        assert!(pl.as_ref().unwrap().due(1_000_000, &nodes));
     }
 }

@@ -614,11 +614,57 @@ impl Node {
         req: &AdminRequest,
         f: impl Fn(&yard_raft_store::StateMachineData) -> T,
     ) -> Reply {
+        self.read_then(forwarded, req, f, |t| std::future::ready(Ok(t)))
+            .await
+    }
+
+    /// As [`Node::read`], for an answer that takes real work (the placement core's search):
+    /// `copy` runs under the state machine's read lock and only copies what `compute` needs;
+    /// `compute` runs on a blocking thread with no lock held, so neither the appliers nor the
+    /// runtime wait for it.
+    pub(crate) async fn read_off_lock<C, T>(
+        &self,
+        forwarded: bool,
+        req: &AdminRequest,
+        copy: impl Fn(&yard_raft_store::StateMachineData) -> C,
+        compute: impl Fn(C) -> T + Clone + Send + 'static,
+    ) -> Reply
+    where
+        C: Send + 'static,
+        T: Into<AdminReply> + Send + 'static,
+    {
+        self.read_then(forwarded, req, copy, |c| {
+            let compute = compute.clone();
+            async move {
+                tokio::task::spawn_blocking(move || compute(c))
+                    .await
+                    .map_err(|e| Reply::Error(format!("the read's computation failed: {e}")))
+            }
+        })
+        .await
+    }
+
+    /// A linearizable read: `copy` under the lock, then `finish` on what it copied.
+    async fn read_then<C, T, Fin, FinFut>(
+        &self,
+        forwarded: bool,
+        req: &AdminRequest,
+        copy: impl Fn(&yard_raft_store::StateMachineData) -> C,
+        finish: Fin,
+    ) -> Reply
+    where
+        T: Into<AdminReply>,
+        Fin: Fn(C) -> FinFut,
+        FinFut: std::future::Future<Output = Result<T, Reply>>,
+    {
         if !forwarded && !self.is_member() {
             match self.read_index().await {
                 Ok(()) => {
                     METRICS.kv_reads.inc();
-                    return Reply::Admin(self.inner.feed.read(&f).into());
+                    return match finish(self.inner.feed.read(&copy)).await {
+                        Ok(t) => Reply::Admin(t.into()),
+                        Err(reply) => reply,
+                    };
                 }
                 // Forwarding the whole read is as correct, only dearer.
                 Err(e) => tracing::debug!(error = %e, "read index failed; forwarding the read"),
@@ -628,7 +674,8 @@ impl Node {
             match self.inner.raft.ensure_linearizable().await {
                 Ok(_) => {
                     METRICS.kv_reads.inc();
-                    Ok(Attempt::Done(self.inner.feed.read(&f)))
+                    let copied = self.inner.feed.read(&copy);
+                    Ok(Attempt::Done(finish(copied).await?))
                 }
                 Err(RaftError::APIError(openraft::error::CheckIsLeaderError::ForwardToLeader(
                     f,

@@ -173,7 +173,13 @@ impl AggJob {
         let Some(root) = self.placement else {
             return Vec::new();
         };
-        let in_cluster: Vec<u16> = self.clusters.iter().flat_map(|c| c.ranks.clone()).collect();
+        // A set, not a list: a job of thousands of workers in clusters made the old
+        // `Vec::contains` scan quadratic, and this runs on every table change.
+        let in_cluster: BTreeSet<u16> = self
+            .clusters
+            .iter()
+            .flat_map(|c| c.ranks.iter().copied())
+            .collect();
         let direct: Vec<u16> = self
             .members
             .keys()
@@ -198,12 +204,27 @@ impl AggJob {
         seats
     }
 
-    /// The aggregator rank `rank` sends to and its worker index there.
+    /// The aggregator rank `rank` sends to and its worker index there. For every rank at
+    /// once, [`AggJob::seat_index`] (this is linear in the members per call).
     pub fn seat_of(&self, rank: u16) -> Option<(Placement, u16)> {
         self.seats().into_iter().find_map(|s| {
             let i = s.ranks.iter().position(|r| *r == rank)?;
             Some((s.placement, u16::try_from(i).ok()?))
         })
+    }
+
+    /// [`AggJob::seat_of`] of every member, by rank, in one pass over the seats.
+    pub fn seat_index(&self) -> BTreeMap<u16, (Placement, u16)> {
+        self.seats()
+            .into_iter()
+            .flat_map(|s| {
+                let placement = s.placement;
+                s.ranks
+                    .into_iter()
+                    .enumerate()
+                    .filter_map(move |(i, r)| Some((r, (placement, u16::try_from(i).ok()?))))
+            })
+            .collect()
     }
 }
 
@@ -983,6 +1004,72 @@ mod tests {
         assert_eq!(
             t.apply(&place, 2),
             Err("job r is all-reduced by its workers in a ring: it has no aggregator".into())
+        );
+    }
+}
+
+#[cfg(test)]
+mod seat_tests {
+    use super::*;
+
+    /// A job of every rank (65,535 workers), half of them in 255 clusters of 128: its seats
+    /// hold each rank once, in ascending order within each seat, and a rank's worker index is
+    /// its position in its seat. Computing them is linear in the members (a sorted set), so
+    /// this takes milliseconds; the quadratic scan it replaced took 8.7 s here in
+    /// a debug build, which the bound below catches without being a benchmark.
+    #[test]
+    fn the_seats_of_a_very_large_job_are_right_and_computed_without_a_quadratic_scan() {
+        let at = |r: u16| SocketAddrV4::new(Ipv4Addr::new(198, 18, (r >> 8) as u8, r as u8), 1);
+        let members: BTreeMap<u16, SocketAddrV4> = (0..u16::MAX).map(|r| (r, at(r))).collect();
+        let clusters: Vec<Cluster> = (0..255u16)
+            .map(|k| Cluster {
+                placement: Placement {
+                    node: u64::from(k) + 2,
+                    base: 0,
+                },
+                ranks: (0..128u16).map(|i| 2 * (k * 128 + i) + 1).collect(),
+            })
+            .collect();
+        let job = AggJob {
+            id: 1,
+            name: "huge".into(),
+            workers: u16::MAX,
+            values: 1000,
+            dtype: 1,
+            elastic: false,
+            chunk_values: 360,
+            colocate: false,
+            epoch: 1,
+            members,
+            gone: Vec::new(),
+            placement: Some(Placement { node: 1, base: 0 }),
+            failed: None,
+            grouping: Grouping::Auto,
+            clusters,
+        };
+        let started = std::time::Instant::now();
+        let seats = job.seats();
+        let index = job.seat_index();
+        let took = started.elapsed();
+        assert_eq!(seats.len(), 256);
+        let direct = &seats[0];
+        assert_eq!(direct.ranks.len(), usize::from(u16::MAX) - 255 * 128);
+        assert_eq!(direct.children.len(), 255);
+        assert!(direct.ranks.windows(2).all(|w| w[0] < w[1]));
+        let mut seen: Vec<u16> = seats.iter().flat_map(|s| s.ranks.clone()).collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..u16::MAX).collect::<Vec<_>>(), "each rank once");
+        assert_eq!(index.len(), usize::from(u16::MAX));
+        assert_eq!(index[&3], (Placement { node: 2, base: 0 }, 1));
+        assert_eq!(job.seat_of(3), Some(index[&3]));
+        assert_eq!(index[&0], (Placement { node: 1, base: 0 }, 0));
+        assert_eq!(
+            seats[255].up_index,
+            u16::try_from(direct.ranks.len() + 254).ok()
+        );
+        assert!(
+            took < std::time::Duration::from_secs(2),
+            "seats of 65,535 workers took {took:?}"
         );
     }
 }

@@ -66,10 +66,24 @@ struct Baseline {
     figure: u64,
     epoch: u32,
     rate: u64,
+    /// The node of the member, whose pair a mark asks to measure again.
+    node: NodeId,
+    mark: Mark,
+}
+
+/// Where a pair's mark for measuring again stands ([`Drift::settle`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mark {
+    None,
+    /// Returned by [`Drift::observe`]; the shell has not said whether it was committed.
+    Proposed,
+    /// Committed: the baseline is kept until the pair's measurement clears the mark.
+    Committed,
 }
 
 /// An aggregating host's watch over the pairs it serves (kept by the shell between readings;
-/// every decision is [`Drift::observe`]'s).
+/// every decision is [`Drift::observe`]'s, and the shell reports each mark's fate with
+/// [`Drift::settle`]).
 #[derive(Debug, Clone, Default)]
 pub struct Drift {
     before: Vec<Reading>,
@@ -137,24 +151,57 @@ impl Drift {
                 figure,
                 epoch: job.epoch,
                 rate,
+                node,
+                mark: Mark::None,
             };
             let base = *self.baselines.entry(key).or_insert(fresh);
             if base.figure != figure || base.epoch != job.epoch || base.rate == 0 {
                 self.baselines.insert(key, fresh);
                 continue;
             }
+            match base.mark {
+                Mark::Proposed => continue,
+                // The measurement cleared the mark with the same figure: the rate it keeps now
+                // is the new baseline (a pair is not marked again at every reading).
+                Mark::Committed if !tables.remeasure.contains(&(node, me)) => {
+                    self.baselines.insert(key, fresh);
+                    continue;
+                }
+                Mark::Committed => continue,
+                Mark::None => {}
+            }
             let ratio = rate as f64 / base.rate as f64;
             let moved = !(1.0 / (1.0 + DRIFT)..=1.0 + DRIFT).contains(&ratio);
             if moved && !tables.remeasure.contains(&(node, me)) {
-                // The next baseline comes after this mark: a measurement that happens to
-                // return the same figure must not leave the pair marked every reading.
-                self.baselines.remove(&key);
+                // The baseline stays until the mark is committed: a mark that is lost is made
+                // again at the next reading, against the rate before the change.
+                if let Some(b) = self.baselines.get_mut(&key) {
+                    b.mark = Mark::Proposed;
+                }
                 out.insert(node);
             }
         }
         self.baselines.retain(|k, _| live.contains(k));
         self.before = now;
         out
+    }
+
+    /// The shell's answer for a node [`Drift::observe`] returned: whether its `Remeasure` was
+    /// committed. Committed, the pair's baseline waits for the measurement; not (an error, an
+    /// unknown outcome), the mark is dropped and the next reading compares with the same
+    /// baseline again, so the change is not forgotten.
+    pub fn settle(&mut self, node: NodeId, committed: bool) {
+        for b in self
+            .baselines
+            .values_mut()
+            .filter(|b| b.node == node && b.mark == Mark::Proposed)
+        {
+            b.mark = if committed {
+                Mark::Committed
+            } else {
+                Mark::None
+            };
+        }
     }
 }
 
@@ -351,7 +398,13 @@ mod tests {
             &[50_000_000, 49_000_000, 20_000_000, 20_000_000, 21_000_000],
         )
         .into_iter()
-        .filter(|r| !d.observe(&t, 2, &ips, vec![*r]).is_empty())
+        .filter(|r| {
+            let marked = d.observe(&t, 2, &ips, vec![*r]);
+            for n in &marked {
+                d.settle(*n, true);
+            }
+            !marked.is_empty()
+        })
         .count();
         assert_eq!(marks, 1);
         // And when it speeds up.
@@ -397,6 +450,34 @@ mod tests {
             .apply(&AggCommand::Remeasure { from: 5, to: 2 }, 3)
             .unwrap();
         assert!(d.observe(&marked, 2, &ips, vec![r[2]]).is_empty());
+    }
+
+    /// A mark whose `Remeasure` was not committed keeps its baseline: the next reading, still
+    /// slow, marks the pair again. A committed one is not marked again while the tables hold
+    /// the mark.
+    #[test]
+    fn a_mark_that_was_not_committed_is_made_again_at_the_next_reading() {
+        let (t, ips, at) = watched();
+        let r = readings(&at, 0, &[50_000_000, 20_000_000, 20_000_000, 20_000_000]);
+        let mut d = Drift::default();
+        d.observe(&t, 2, &ips, vec![r[0]]);
+        d.observe(&t, 2, &ips, vec![r[1]]);
+        assert_eq!(d.observe(&t, 2, &ips, vec![r[2]]), BTreeSet::from([5]));
+        d.settle(5, false);
+        assert_eq!(
+            d.observe(&t, 2, &ips, vec![r[3]]),
+            BTreeSet::from([5]),
+            "the lost mark is made again"
+        );
+        d.settle(5, true);
+        let mut marked = t.clone();
+        marked
+            .apply(&AggCommand::Remeasure { from: 5, to: 2 }, 3)
+            .unwrap();
+        assert!(
+            d.observe(&marked, 2, &ips, vec![r[4]]).is_empty(),
+            "committed and pending: not again"
+        );
     }
 
     #[test]

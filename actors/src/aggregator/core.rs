@@ -173,6 +173,45 @@ pub fn membership(job: &AggJob, ips: &BTreeMap<NodeId, Ipv4Addr>, rank: u16) -> 
     })
 }
 
+/// How long to wait before trying again after `failures` failed attempts in a row: 100 ms,
+/// doubling, at most 5 s. The shell's table writes use it (a failed write is retried on its
+/// own, not only when the tables next change, which may be never for a running job), and so
+/// does the node agent's report of a worker gone.
+pub fn retry_after(failures: u32) -> std::time::Duration {
+    let ms = 100u64.saturating_mul(1 << failures.saturating_sub(1).min(6));
+    std::time::Duration::from_millis(ms.min(5_000))
+}
+
+/// The parents' MACs to use: for each parent in `parents`, the kernel's entry if it has a
+/// complete one (so a parent whose MAC changed, a replaced host or NIC, is followed), else the
+/// one last resolved (the partial sums bypass the neighbour table, so the kernel's entry
+/// comes and goes while the MAC stays right). Addresses no longer a parent are forgotten: if
+/// one becomes a parent again it is resolved afresh.
+pub fn parent_macs(
+    cached: &BTreeMap<Ipv4Addr, [u8; 6]>,
+    parents: &std::collections::BTreeSet<Ipv4Addr>,
+    kernel: &BTreeMap<Ipv4Addr, [u8; 6]>,
+) -> BTreeMap<Ipv4Addr, [u8; 6]> {
+    parents
+        .iter()
+        .filter_map(|ip| Some((*ip, *kernel.get(ip).or_else(|| cached.get(ip))?)))
+        .collect()
+}
+
+/// The jobs whose per-job counters the kernel holds (`counted`) that this host no longer
+/// serves: their counters are to be deleted, or the table fills over a host's life and new
+/// jobs' counters are silently missing.
+pub fn stale_counters(
+    counted: &std::collections::BTreeSet<u32>,
+    served: &BTreeMap<u32, AggJobEntry>,
+) -> Vec<u32> {
+    counted
+        .iter()
+        .filter(|id| !served.contains_key(id))
+        .copied()
+        .collect()
+}
+
 /// Effects from `current` to `wanted`: removals first (they free slot ranges a new job may
 /// have been given), then the jobs that are new or changed.
 pub fn diff(
@@ -309,6 +348,50 @@ mod tests {
         assert_eq!(
             worker_view(&t, "a", 1),
             WorkerView::Failed("job a failed: worker rank 0 died (it exited)".into())
+        );
+    }
+
+    #[test]
+    fn counters_of_jobs_no_longer_served_are_stale() {
+        let mut t = tables();
+        place(&mut t, "a", 1, 0);
+        let served = desired(&t, 1);
+        let a = t.jobs["a"].id;
+        let counted = [a, 77, 78].into_iter().collect();
+        assert_eq!(stale_counters(&counted, &served), [77, 78]);
+        assert!(stale_counters(&[a].into_iter().collect(), &served).is_empty());
+    }
+
+    #[test]
+    fn a_failed_write_is_retried_soon_then_less_often() {
+        let ms = |n| retry_after(n).as_millis();
+        assert_eq!([ms(0), ms(1), ms(2), ms(3)], [100, 100, 200, 400]);
+        assert_eq!(ms(7), 5_000);
+        assert_eq!(ms(u32::MAX), 5_000, "capped, never overflows");
+    }
+
+    #[test]
+    fn a_parent_mac_follows_the_kernel_is_kept_while_it_has_none_and_is_forgotten_unused() {
+        let (a, b, c) = (
+            Ipv4Addr::new(198, 18, 0, 1),
+            Ipv4Addr::new(198, 18, 0, 2),
+            Ipv4Addr::new(198, 18, 0, 3),
+        );
+        let cached = BTreeMap::from([(a, [2, 0, 0, 0, 0, 1]), (b, [2, 0, 0, 0, 0, 2])]);
+        let kernel = BTreeMap::from([(a, [2, 0, 0, 0, 0, 9]), (c, [2, 0, 0, 0, 0, 3])]);
+        let parents = [a, b].into_iter().collect();
+        assert_eq!(
+            parent_macs(&cached, &parents, &kernel),
+            BTreeMap::from([
+                (a, [2, 0, 0, 0, 0, 9]), // the kernel's new MAC replaces the cached one
+                (b, [2, 0, 0, 0, 0, 2]), // no kernel entry: the cached MAC stays
+            ])
+        );
+        let only_c = [c].into_iter().collect();
+        assert_eq!(
+            parent_macs(&cached, &only_c, &BTreeMap::new()),
+            BTreeMap::new(),
+            "a and b are no longer parents: forgotten; c is not resolved yet"
         );
     }
 

@@ -84,9 +84,10 @@ pub fn decide(tables: &AggTables, view: &ClusterView) -> Decision {
         // one lost takes the job back to one aggregator, in one command.
         let seats = job.seats();
         if !seats.is_empty()
-            && seats
-                .iter()
-                .all(|s| host_usable(tables, view, job, s.placement.node))
+            && seats.iter().all(|s| {
+                host_usable(tables, view, job, s.placement.node)
+                    && seat_fits(tables, &used, job, s.placement)
+            })
         {
             for seat in &seats {
                 let p = seat.placement;
@@ -142,8 +143,11 @@ pub fn decide(tables: &AggTables, view: &ClusterView) -> Decision {
                 // As a flat job: kept where it is while that is usable, else placed by CPU. A
                 // job larger than one aggregator sums has no flat arrangement: it waits for its
                 // tree (its figures, or hosts enough to hold it).
-                let usable =
-                    !own.is_empty() && own.iter().all(|(n, _)| host_usable(tables, view, job, *n));
+                let usable = !own.is_empty()
+                    && job.seats().iter().all(|s| {
+                        host_usable(tables, view, job, s.placement.node)
+                            && seat_fits(tables, &others, job, s.placement)
+                    });
                 if job.members.len() > usize::from(MAX_WORKERS) {
                     out.waiting.push((
                         job.name.clone(),
@@ -195,6 +199,28 @@ fn seat_load(job: &AggJob, seat: &Seat) -> u64 {
 /// reaches it.
 fn host_usable(tables: &AggTables, view: &ClusterView, job: &AggJob, node: NodeId) -> bool {
     eligible::may_aggregate(tables, job, node) && !view.unreachable.contains(&node)
+}
+
+/// Whether `job`'s range at `p` still fits its host: within the host's slots as registered
+/// now (a host that came back with a smaller slot map no longer holds a range it was given)
+/// and clear of the ranges `used` already keeps there. A kept range that does not fit would
+/// make the host's table write fail, or two jobs sum into the same slots.
+pub(super) fn seat_fits(
+    tables: &AggTables,
+    used: &BTreeMap<NodeId, Vec<(u32, u32)>>,
+    job: &AggJob,
+    p: Placement,
+) -> bool {
+    let Some(host) = tables.hosts.get(&p.node) else {
+        return false;
+    };
+    let Some(end) = p.base.checked_add(job.slots()) else {
+        return false;
+    };
+    end <= host.slots
+        && used
+            .get(&p.node)
+            .is_none_or(|taken| taken.iter().all(|(s, e)| end <= *s || *e <= p.base))
 }
 
 /// The first member that lives on an unreachable node, as a command.
@@ -545,6 +571,63 @@ mod tests {
                 "no node aggregates (none has aggregator.enabled)".to_string()
             )]
         );
+    }
+
+    /// A host that registers again with a smaller slot map (a restart with a smaller
+    /// `aggregator.slots`) no longer holds the range it gave a job: the job moves, in one
+    /// command, to where it fits, instead of being kept on a range the host's table write
+    /// would refuse.
+    #[test]
+    fn a_placement_that_no_longer_fits_its_host_s_slots_is_moved() {
+        let mut t = world(50, &[("a", 1000, false)]);
+        let d = decide(&t, &view());
+        apply_all(&mut t, &d);
+        let p = t.jobs["a"].placement.unwrap();
+        assert!(decide(&t, &view()).commands.is_empty(), "it fits: kept");
+        let host = t.hosts[&p.node];
+        let shrink = AggCommand::Host {
+            node: p.node,
+            ip: host.ip,
+            slots: p.base + t.jobs["a"].slots() - 1,
+            cpu_millis: host.cpu_millis,
+        };
+        t.apply(&shrink, 3).unwrap();
+        let d = decide(&t, &view());
+        let [AggCommand::Place { placement, .. }] = &d.commands[..] else {
+            panic!("not moved: {d:?}");
+        };
+        assert_ne!(placement.node, p.node, "{d:?}");
+        apply_all(&mut t, &d);
+        assert!(decide(&t, &view()).commands.is_empty(), "and it stays");
+    }
+
+    /// The same for a tree: a cluster's range that runs past its host's slot map (a host
+    /// that came back smaller, though still able to hold the job at another base) makes the
+    /// leader place the tree again, though its grouping is still the best.
+    #[test]
+    fn a_tree_whose_seat_no_longer_fits_is_placed_again() {
+        let (mut t, view) = grouped_tree();
+        assert!(decide(&t, &view).commands.is_empty(), "the tree stays");
+        let job = t.jobs.get_mut("t").unwrap();
+        let slots = job.slots();
+        let cluster = &mut job.clusters[0].placement;
+        let host = t.hosts.get_mut(&cluster.node).unwrap();
+        // The range [base, base + slots) now ends past the host's slots; [0, slots) is free.
+        cluster.base = slots;
+        host.slots = 2 * slots - 1;
+        let d = decide(&t, &view);
+        assert!(
+            matches!(d.commands[..], [AggCommand::PlaceTree { .. }]),
+            "{d:?}"
+        );
+        apply_all(&mut t, &d);
+        let job = &t.jobs["t"];
+        for s in job.seats() {
+            assert!(
+                s.placement.base + job.slots() <= t.hosts[&s.placement.node].slots,
+                "{s:?} fits"
+            );
+        }
     }
 
     #[test]

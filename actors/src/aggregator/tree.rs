@@ -29,7 +29,7 @@ use yard_raft_store::aggregation::{AggJob, AggTables, Cluster, Grouping, Placeme
 use yard_raft_store::NodeId;
 
 use super::eligible::{cpu_bytes_per_s, figure, may_aggregate};
-use super::placement::{first_fit, ClusterView};
+use super::placement::{first_fit, seat_fits, ClusterView};
 
 /// The least drop of the round time worth a regrouping (a fraction of the current one).
 pub const MIN_GAIN: f64 = 0.15;
@@ -139,7 +139,13 @@ pub fn decide_tree(
     };
     // The current arrangement in the planner's terms, if every host of it is a candidate.
     let index_of = |n: NodeId| hosts.iter().position(|(h, _)| *h == n);
-    let current = current_grouping(job, &ranks, index_of);
+    // Kept only while each of its ranges still fits its host (`seat_fits`): otherwise the
+    // job is placed again even if its grouping is still the best.
+    let fits = job
+        .seats()
+        .iter()
+        .all(|s| seat_fits(tables, taken, job, s.placement));
+    let current = current_grouping(job, &ranks, index_of).filter(|_| fits);
     if let Some(cur) = &current {
         let policy = planner::RegroupPolicy { min_gain: MIN_GAIN };
         if planner::regroup(&input, cur, &policy).is_none() {
@@ -175,13 +181,15 @@ fn current_grouping(
 ) -> Option<Planned> {
     let seats = job.seats();
     let root = index_of(seats.first()?.placement.node)?;
+    // By rank, not a scan per rank: a job of thousands of workers would make this quadratic.
+    let position: BTreeMap<u16, usize> = ranks.iter().enumerate().map(|(i, r)| (*r, i)).collect();
     let mut clusters = Vec::new();
     for s in &seats {
         let host = index_of(s.placement.node)?;
         let members = s
             .ranks
             .iter()
-            .map(|r| ranks.iter().position(|x| x == r))
+            .map(|r| position.get(r).copied())
             .collect::<Option<Vec<usize>>>()?;
         clusters.push(PlannedCluster { host, members });
     }

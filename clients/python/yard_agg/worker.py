@@ -11,7 +11,7 @@ then gives the worker the session's newest membership (:meth:`Worker.set_members
 sums the round again, or stops with the session's reason if the job failed.
 """
 
-import socket
+import select
 import time
 from array import array
 from collections import namedtuple
@@ -130,6 +130,11 @@ class Worker:
     registered for it), as ``membership`` (a :class:`yard_agg.session.Membership`) says."""
 
     def __init__(self, sock, membership, tuning=None):
+        # Sends block, as the Rust client's do: behind a rate-limited link the queue holds
+        # the send buffer and ``sendto`` waits for it to drain. A socket timeout would bound
+        # sends too and fail them with a bare TimeoutError, which is not AggTimeout, so the
+        # documented recovery would not run; waiting for results uses select instead.
+        sock.settimeout(None)
         self.sock = sock
         self.membership = membership
         self.tuning = tuning or Tuning()
@@ -305,11 +310,11 @@ class Worker:
             if waited > t.give_up:
                 self.stats = RoundStats(sent, resent, results, ignored, conflicting)
                 raise AggTimeout(m.job, m.aggregator, self.round, left, waited)
-            self.sock.settimeout(max(wait, 0.0001))
+            readable, _, _ = select.select([self.sock], [], [], max(wait, 0.0001))
+            if not readable:
+                continue
             try:
                 data = self.sock.recv(65536)
-            except socket.timeout:
-                continue
             except BlockingIOError:
                 continue
             try:

@@ -74,11 +74,22 @@ pub async fn start_aggregation_services(cfg: &Config, node: &Node) -> anyhow::Re
         tokio::spawn(yard::agg_bandwidth::run(node.clone(), settings));
     }
     if cfg.aggregator.enabled {
-        let at = std::net::SocketAddr::from(([0, 0, 0, 0], cfg.aggregator.probe_port));
+        // On the node's own address only (the one it registers as an aggregating host, where
+        // the probes come): the sink is unauthenticated, so it listens on no other interface.
+        let ip: std::net::IpAddr = cfg.advertise_ip().parse().with_context(|| {
+            format!(
+                "the bandwidth sink needs node.advertise to be an IP address, not {}",
+                cfg.advertise()
+            )
+        })?;
+        let at = std::net::SocketAddr::new(ip, cfg.aggregator.probe_port);
         let sink = tokio::net::TcpListener::bind(at)
             .await
             .with_context(|| format!("cannot listen on aggregator.probe_port {at}"))?;
-        tokio::spawn(yard::agg_bandwidth::serve_sink(sink));
+        tokio::spawn(yard::agg_bandwidth::serve_sink(
+            sink,
+            yard::agg_bandwidth::SinkLimits::default(),
+        ));
     }
     Ok(())
 }
