@@ -344,6 +344,29 @@ fn a_node_without_a_certificate_joins_with_a_token_and_a_member_is_removed() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("node 9 is not a member"));
     ok(c.cli(2, &["kv", "put", "after", "removal"]).unwrap());
+    // The removed id is revoked: no new token is made for it.
+    let out = c
+        .cli(
+            2,
+            &[
+                "token",
+                "create",
+                "--ttl",
+                "10m",
+                "--node-id",
+                "4",
+                "--name",
+                "n4",
+            ],
+        )
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("node id 4 was removed from this cluster and is revoked; use a new id"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The upgrade path of a cluster where every host votes (as every cluster did before agents):

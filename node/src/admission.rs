@@ -66,6 +66,8 @@ pub trait ClusterView {
     fn leader(&self) -> Option<NodeId>;
     /// This node's current Raft term.
     fn term(&self) -> u64;
+    /// Whether node `id` was removed from the cluster, its certificate revoked with it.
+    fn is_revoked(&self, id: NodeId) -> bool;
 }
 
 /// Why a request was refused before it was served; each renders as one sentence.
@@ -77,6 +79,9 @@ pub enum Refusal {
         what: &'static str,
         needs: &'static str,
     },
+    /// The sender was removed from the cluster: its certificate is refused for everything.
+    #[error("node {sender} was removed from this cluster and its certificate is revoked")]
+    Revoked { sender: NodeId },
     /// The sender is not (or no longer) a Raft member here.
     #[error("node {sender} is not a raft member of this cluster")]
     NotMember { sender: NodeId },
@@ -156,6 +161,9 @@ pub fn admitted(role: &PeerRole, req: &Request, view: &impl ClusterView) -> Resu
 }
 
 fn node_admitted(sender: NodeId, req: &Request, view: &impl ClusterView) -> Result<(), Refusal> {
+    if view.is_revoked(sender) {
+        return Err(Refusal::Revoked { sender });
+    }
     let member = || {
         if view.is_member(sender) {
             Ok(())
@@ -309,6 +317,7 @@ mod tests {
         agents: BTreeSet<NodeId>,
         leader: Option<NodeId>,
         term: u64,
+        revoked: BTreeSet<NodeId>,
     }
 
     impl View {
@@ -318,6 +327,7 @@ mod tests {
                 agents: [4].into(),
                 leader: Some(2),
                 term: 5,
+                revoked: BTreeSet::new(),
             }
         }
 
@@ -327,6 +337,7 @@ mod tests {
                 agents: BTreeSet::new(),
                 leader: None,
                 term: 0,
+                revoked: BTreeSet::new(),
             }
         }
     }
@@ -346,6 +357,9 @@ mod tests {
         }
         fn term(&self) -> u64 {
             self.term
+        }
+        fn is_revoked(&self, id: NodeId) -> bool {
+            self.revoked.contains(&id)
         }
     }
 
@@ -487,6 +501,45 @@ mod tests {
         };
         assert!(admitted(&PeerRole::Node(2), &revoke(5), &leaderless).is_err());
         assert!(!ok(PeerRole::Admin, &revoke(5)));
+    }
+
+    /// A removed host's certificate does nothing any more: not its Raft traffic, not its own
+    /// reports, not a forwarded write, not even a watch. Others are unaffected.
+    #[test]
+    fn a_revoked_node_certificate_is_refused_for_everything() {
+        let mut view = View::three();
+        view.revoked.insert(4);
+        view.revoked.insert(3);
+        let requests = [
+            Request::Admin(kv_put()),
+            Request::Watch {
+                from: 0,
+                hold_ms: 0,
+            },
+            Request::Probe,
+            Request::GatewayRenew {
+                applied: 0,
+                lease_left_ms: 0,
+            },
+            append(3),
+            join(4),
+        ];
+        for (sender, req) in [(4, &requests[..]), (3, &requests[..])]
+            .into_iter()
+            .flat_map(|(s, rs)| rs.iter().map(move |r| (s, r)))
+        {
+            assert_eq!(
+                admitted(&PeerRole::Node(sender), req, &view),
+                Err(Refusal::Revoked { sender }),
+                "{req:?}"
+            );
+        }
+        assert_eq!(
+            Refusal::Revoked { sender: 4 }.to_string(),
+            "node 4 was removed from this cluster and its certificate is revoked"
+        );
+        assert!(admitted(&PeerRole::Node(1), &Request::Admin(kv_put()), &view).is_ok());
+        assert!(admitted(&PeerRole::Node(2), &append(2), &view).is_ok());
     }
 
     #[test]

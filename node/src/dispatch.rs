@@ -145,6 +145,10 @@ impl admission::ClusterView for NodeView<'_> {
     fn term(&self) -> u64 {
         self.0.inner.raft.metrics().borrow().current_term
     }
+
+    fn is_revoked(&self, id: NodeId) -> bool {
+        self.0.inner.feed.read(|d| d.revoked.contains(&id))
+    }
 }
 
 impl Handler for Node {

@@ -123,6 +123,10 @@ pub(crate) fn entry(key: &str, v: &yard_raft_store::Versioned) -> KvEntry {
 /// with eight the CPU went to fsyncs (1.14x etcd against 1.45x with two, an earlier run).
 const PROPOSALS_IN_FLIGHT: usize = 1;
 
+/// How long a node whose forwarded request was refused waits to see the leader change before
+/// it takes the refusal as the leader's answer: a few election timeouts.
+const LEADER_MOVE_WAIT: Duration = Duration::from_millis(250);
+
 /// The most client writes one proposal carries.
 const MAX_WRITES_PER_PROPOSAL: usize = 512;
 
@@ -298,6 +302,20 @@ impl Node {
 
     pub fn raft(&self) -> &Raft {
         &self.inner.raft
+    }
+
+    /// Whether the leader this node knows of stops being `id` within `within`.
+    async fn leader_moves_from(&self, id: NodeId, within: Duration) -> bool {
+        let until = Instant::now() + within;
+        loop {
+            if self.known_leader().map(|(l, _)| l) != Some(id) {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     pub fn feed(&self) -> &ChangeFeed {
@@ -521,9 +539,16 @@ impl Node {
                         tracing::debug!(leader = id, error = %e, "forwarded write's outcome unknown; retrying it")
                     }
                     Ok(reply @ Reply::Indefinite(_)) => return reply,
-                    // A refusal (e.g. "not the leader"): nothing happened, so trying again is safe.
+                    // A refusal: nothing happened. From a node that stopped leading ("not the
+                    // leader") it is worth trying again on the next leader; from the leader
+                    // this node still follows it is that leader's answer (a token for a revoked
+                    // id, a job that does not fit), and retrying it until the deadline turned
+                    // it into "no leader answered".
                     Ok(Reply::Error(e)) => {
-                        tracing::debug!(leader = id, error = %e, "forwarded request refused")
+                        if !self.leader_moves_from(id, LEADER_MOVE_WAIT).await {
+                            return Reply::Error(e);
+                        }
+                        tracing::debug!(leader = id, error = %e, "forwarded request refused by a former leader; retrying")
                     }
                     Ok(other) => {
                         return Reply::Error(format!("unexpected reply from the leader: {other:?}"))
@@ -875,12 +900,19 @@ impl Node {
         if matches!(reply, Reply::Admin(_))
             && self.inner.raft.metrics().borrow().state == ServerState::Leader
         {
-            // Best effort: the membership change is what matters; metadata follows.
-            let _ = self
+            // The host's record goes and its certificate is revoked. If that write fails the
+            // host is out of the membership but still a host: the operator runs the removal
+            // again, which then takes the agent path above.
+            if let Err(e) = self
                 .inner
                 .raft
                 .client_write(Command::RemoveNode { id })
-                .await;
+                .await
+            {
+                return Reply::Error(format!(
+                    "node {id} left the membership but its certificate is not revoked yet ({e}); run `yard members remove {id}` again"
+                ));
+            }
         }
         reply
     }

@@ -76,6 +76,16 @@ pub struct StateMachineData {
     /// redemption accepts them.
     #[serde(default)]
     pub bound_tokens: BTreeMap<String, BoundToken>,
+    /// Node ids removed from the cluster (`Command::RemoveNode`): their certificates are
+    /// refused by every node, and the ids are never given out again (as etcd never reuses a
+    /// member id), so a certificate issued to a removed host stays worthless. Appended last.
+    #[serde(default)]
+    pub revoked: std::collections::BTreeSet<u64>,
+}
+
+/// Why a removed node's id cannot be used again.
+fn revoked_id(id: u64) -> String {
+    format!("node id {id} was removed from this cluster and is revoked; use a new id")
 }
 
 impl StateMachineData {
@@ -160,6 +170,9 @@ impl StateMachineData {
                 )
             }
             Command::SetNode(meta) => {
+                if self.revoked.contains(&meta.id) {
+                    return (Response::Rejected(revoked_id(meta.id)), Vec::new());
+                }
                 let revision = self.bump();
                 self.nodes.insert(meta.id, meta.clone());
                 (
@@ -198,6 +211,7 @@ impl StateMachineData {
             Command::RemoveNode { id } => {
                 let revision = self.bump();
                 let existed = self.nodes.remove(id).is_some();
+                self.revoked.insert(*id);
                 let mut changes = vec![Change::Node {
                     revision,
                     id: *id,
@@ -219,6 +233,9 @@ impl StateMachineData {
                 (Response::Written { revision }, Vec::new())
             }
             Command::CreateBoundToken { token, now_unix_ms } => {
+                if self.revoked.contains(&token.node_id) {
+                    return (Response::Rejected(revoked_id(token.node_id)), Vec::new());
+                }
                 let revision = self.bump();
                 self.drop_expired_tokens(*now_unix_ms);
                 self.bound_tokens.insert(token.id.clone(), token.clone());
@@ -421,6 +438,9 @@ impl StateMachineData {
                 "node id {node_id} already belongs to a host of this cluster"
             ));
         }
+        if self.revoked.contains(&node_id) {
+            return Err(revoked_id(node_id));
+        }
         Ok(())
     }
 
@@ -571,6 +591,33 @@ mod tests {
             Response::Rejected(why) => why,
             other => panic!("expected a refusal, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_removed_node_id_is_revoked_and_never_given_out_again() {
+        let mut sm = StateMachineData::default();
+        let meta = |id: u64| NodeMeta {
+            id,
+            name: format!("n{id}"),
+            addr: format!("198.18.0.{id}:7480"),
+            ..NodeMeta::default()
+        };
+        sm.apply_command(&Command::SetNode(meta(4)));
+        sm.apply_command(&bound("early", 4, "n4", 10_000));
+        sm.apply_command(&Command::RemoveNode { id: 4 });
+        assert!(sm.revoked.contains(&4));
+        let why = "node id 4 was removed from this cluster and is revoked; use a new id";
+        // Its daemon registering again, a token made for the id, and one made before the
+        // removal are all refused; the tables keep no trace of the host.
+        assert_eq!(rejected(&mut sm, Command::SetNode(meta(4))), why);
+        assert_eq!(rejected(&mut sm, bound("late", 4, "n4", 10_000)), why);
+        assert_eq!(rejected(&mut sm, redeem("early", 7, 4, "n4", 100)), why);
+        assert!(!sm.nodes.contains_key(&4));
+        // Another id is unaffected.
+        assert!(matches!(
+            sm.apply_command(&Command::SetNode(meta(5))).0,
+            Response::Written { .. }
+        ));
     }
 
     #[test]
