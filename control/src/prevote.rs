@@ -80,6 +80,12 @@ impl Watch {
 pub enum Effect {
     /// Enable or disable openraft's election timer.
     Elect(bool),
+    /// Stand for election now (after a short random stagger the shell adds, so that two
+    /// nodes that won their pre-votes together rarely split the vote): a won pre-vote round
+    /// has shown a majority would vote, which is what an election timeout waits to find out.
+    /// Waiting for openraft's own timer after the pre-vote cost 50-80 ms more per failover
+    /// than etcd, whose pre-vote is followed by its vote at once.
+    Campaign,
     /// Ask these voters for their pre-vote in round `round`; feed answers to [`Gate::answer`].
     Ask { round: u64, to: Vec<NodeId> },
 }
@@ -171,6 +177,7 @@ impl Gate {
                 self.round = None;
                 self.allowed_until = now_ms.saturating_add(self.cfg.window_ms);
                 self.set(true, &mut out);
+                out.push(Effect::Campaign);
                 return out;
             }
             let to = round
@@ -202,6 +209,7 @@ impl Gate {
             self.round = None;
             self.allowed_until = now_ms.saturating_add(self.cfg.window_ms);
             self.set(true, &mut out);
+            out.push(Effect::Campaign);
         }
         out
     }
@@ -283,7 +291,11 @@ mod tests {
         let fx = g.tick(1_000, &view(Some(60), &[1, 2, 3]));
         let (round, _) = asked(&fx).unwrap();
         assert!(!g.electing());
-        assert_eq!(g.answer(round, 3, true, 1_005), vec![Effect::Elect(true)]);
+        // Won: elections open and this node stands at once, not after openraft's timeout.
+        assert_eq!(
+            g.answer(round, 3, true, 1_005),
+            vec![Effect::Elect(true), Effect::Campaign]
+        );
         // A stale round's answer changes nothing.
         assert!(g.answer(round, 1, true, 1_006).is_empty());
         assert!(g.tick(1_300, &view(Some(360), &[1, 2, 3])).is_empty());
@@ -336,7 +348,10 @@ mod tests {
     #[test]
     fn a_sole_voter_elects_without_asking() {
         let mut g = Gate::new(CFG, 1);
-        assert_eq!(g.tick(0, &view(None, &[1])), vec![Effect::Elect(true)]);
+        assert_eq!(
+            g.tick(0, &view(None, &[1])),
+            vec![Effect::Elect(true), Effect::Campaign]
+        );
     }
 
     #[test]

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use openraft::ServerState;
+use rand::Rng;
 use tokio::sync::mpsc;
 use yard_control::prevote::{Effect, Gate, LocalView};
 use yard_raft_store::NodeId;
@@ -73,6 +74,27 @@ pub async fn run(node: Node) {
                         tracing::debug!(node = me, "pre-vote: elections disabled");
                     }
                     node.raft().runtime_config().elect(on);
+                }
+                Effect::Campaign => {
+                    // A random stagger within openraft's own election-timeout spread, so two
+                    // nodes that won their pre-votes in the same round rarely split the vote.
+                    let spread = node.raft().config().election_timeout_max
+                        - node.raft().config().election_timeout_min;
+                    let stagger = Duration::from_millis(rand::thread_rng().gen_range(0..=spread));
+                    let node = node.clone();
+                    let term = node.raft().metrics().borrow().current_term;
+                    tokio::spawn(async move {
+                        tokio::time::sleep(stagger).await;
+                        let m = node.raft().metrics().borrow().clone();
+                        // Another node stood meanwhile (this one voted in a newer term or
+                        // follows its winner), or this node leads already: nothing to stand for.
+                        if m.state == ServerState::Leader || m.current_term != term {
+                            return;
+                        }
+                        if let Err(e) = node.raft().trigger().elect().await {
+                            tracing::warn!(error = %e, "pre-vote: cannot stand for election");
+                        }
+                    });
                 }
                 Effect::Ask { round, to } => {
                     for voter in to {
