@@ -13,7 +13,8 @@
 //! ```
 //!
 //! with `SWEEP_SIZES=64,256,1024` (the default), `SWEEP_SEEDS=tuned|held|all` (default all) and
-//! `SWEEP_FACTORS=6,20` (the slowdowns drawn from, default 6-20x).
+//! `SWEEP_FACTORS=6,20` (the slowdowns drawn from, default 6-20x); `SWEEP_NOISE=skew|dropped`
+//! adds measurement noise.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -60,12 +61,19 @@ fn layouts(world: u32) -> Vec<(u32, u32)> {
     }
 }
 
-/// A custom job as `yard sim ccl --nodes` builds it.
+/// A custom job as `yard sim ccl --nodes` builds it, with `SWEEP_NOISE=skew` (hosts' clocks
+/// off by up to ±20 ms, `--clock-skew-ms 20`) or `SWEEP_NOISE=dropped` (1 % of probe reports
+/// lost, `--drop 0.01`) if set.
 fn job(world: u32, tp: u32, pp: u32, seed: u64) -> SimSpec {
     let nodes = world / 8;
     let mut spec = SimSpec::new(nodes, 8, tp, pp);
     spec.steps = STEPS;
     spec.seed = seed;
+    match std::env::var("SWEEP_NOISE").as_deref() {
+        Ok("skew") => spec.clock_skew_ns = 20_000_000,
+        Ok("dropped") => spec.noise.dropped_events = 0.01,
+        _ => {}
+    }
     spec.job = format!("sim-{nodes}x8");
     spec
 }
@@ -344,7 +352,8 @@ fn full_sweep() {
         let runs = sweep(&worlds, true, seeds, &KINDS, &ONSETS_NS);
         let (lo, hi) = factors();
         println!(
-            "\n### {name} {seeds:?}, sizes {worlds:?}, slowdowns {lo}-{hi}x, {} runs, {:.0} s\n",
+            "\n### {name} {seeds:?}, sizes {worlds:?}, slowdowns {lo}-{hi}x, noise {}, {} runs, {:.0} s\n",
+            std::env::var("SWEEP_NOISE").unwrap_or_else(|_| "none".into()),
             runs.len(),
             t.elapsed().as_secs_f64()
         );
