@@ -340,16 +340,32 @@ fn full_sweep() {
         .map(|w| w.trim().parse().expect("SWEEP_SIZES lists world sizes"))
         .collect();
     let which = std::env::var("SWEEP_SEEDS").unwrap_or_else(|_| "all".into());
-    let mut sets: Vec<(&str, &[u64])> = Vec::new();
-    if which != "held" {
-        sets.push(("tuned seeds", &TUNED_SEEDS));
+    let mut sets: Vec<(&str, Vec<u64>)> = Vec::new();
+    match which.as_str() {
+        "tuned" => sets.push(("tuned seeds", TUNED_SEEDS.to_vec())),
+        "held" => sets.push(("held-out seeds", HELD_OUT_SEEDS.to_vec())),
+        "all" => {
+            sets.push(("tuned seeds", TUNED_SEEDS.to_vec()));
+            sets.push(("held-out seeds", HELD_OUT_SEEDS.to_vec()));
+        }
+        list => sets.push((
+            "seeds",
+            list.split(',')
+                .map(|s| s.trim().parse().expect("SWEEP_SEEDS lists seeds"))
+                .collect(),
+        )),
     }
-    if which != "tuned" {
-        sets.push(("held-out seeds", &HELD_OUT_SEEDS));
-    }
+    // `SWEEP_ONSETS=2` (seconds, comma-separated) and `SWEEP_LAYOUTS=first` shrink a run at
+    // sizes where the whole grid takes too long.
+    let onsets: Vec<u64> = std::env::var("SWEEP_ONSETS").map_or(ONSETS_NS.to_vec(), |v| {
+        v.split(',')
+            .map(|s| (s.trim().parse::<f64>().expect("SWEEP_ONSETS in seconds") * 1e9) as u64)
+            .collect()
+    });
+    let all_layouts = std::env::var("SWEEP_LAYOUTS").map_or(true, |v| v != "first");
     for (name, seeds) in sets {
         let t = Instant::now();
-        let runs = sweep(&worlds, true, seeds, &KINDS, &ONSETS_NS);
+        let runs = sweep(&worlds, all_layouts, &seeds, &KINDS, &onsets);
         let (lo, hi) = factors();
         println!(
             "\n### {name} {seeds:?}, sizes {worlds:?}, slowdowns {lo}-{hi}x, noise {}, {} runs, {:.0} s\n",
