@@ -4,8 +4,9 @@
 //! - [`state`] keeps a bounded picture of the job, updated per event;
 //! - [`hang`] finds stuck group streams and says why (mismatch, dead process, missing or extra
 //!   participant, data-plane stall);
-//! - [`slow`] compares ops with the job's own baselines (compute straggler, slow link,
-//!   congestion);
+//! - [`slow`] compares ops with the job's own baselines and with their peers in the same step
+//!   (compute straggler, slow link, congestion), so a fault present from the first step is
+//!   seen too;
 //! - this module adds dead processes, orders verdicts root cause first and keeps a verdict's
 //!   first detection time while it holds.
 //!
@@ -206,7 +207,7 @@ impl JobAnalyzer {
             }
         }
         verdicts.extend(hang.verdicts);
-        verdicts.extend(slow::evaluate(&self.state, &self.cfg, &hang.stuck));
+        verdicts.extend(slow::evaluate(&self.state, &self.cfg, &hang.stuck, now_ns));
         verdicts.extend(unexplained);
         by_node(&self.state, &mut verdicts);
         verdicts.sort_by_key(|v| (v.confidence < hang::WEAK, order(v)));

@@ -1,13 +1,23 @@
-//! Slow rules, for streams that are not stuck. All of them compare the job with its own
-//! history (baselines learned from its first completed ops), so an imbalance present from the
-//! start raises nothing, and all need the condition in most of the last W ops, so one slow step
-//! raises nothing either.
+//! Slow rules, for streams that are not stuck. Two comparisons:
+//!
+//! - against the job's own history (baselines learned from its first completed ops), which
+//!   needs the condition in most of the last W ops, so one slow step raises nothing and an
+//!   imbalance present from the start is learned as normal;
+//! - against peers in the same step, as CCL-D does, which needs no history, so a rank or a NIC
+//!   slow from the job's first step, or turning slow seconds in, is named within a step or two.
+//!
+//! The rules:
 //!
 //! - transfer time normal, a few ranks' compute gaps grown against their group's at the same
-//!   seq → compute straggler;
+//!   seq (against their own usual share, or live against their peers' median alone) → compute
+//!   straggler;
+//! - live, a member still computing long after its peers entered the group's next op →
+//!   compute straggler, before that op ends ([`late`]);
 //! - transfer time grown, some pairs' throughput fallen → slow link (with the NIC when one
 //!   host's traffic explains it) or congestion (several hosts under one switch), decided over
 //!   every group's paths ([`paths`](super::paths));
+//! - no path named that way, some inter-host paths' throughput below their peers' of the same
+//!   size → the same slow link, NIC or congestion verdict ([`peer_links`]);
 //! - transfer time grown, no pair stands out → undecided.
 
 use super::hang::pair_link;
@@ -19,7 +29,7 @@ use crate::verdict::{Class, Link, LinkKind, Subtype, Verdict};
 
 /// Slow verdicts of every stream not marked stuck. The same cause seen in several groups (a
 /// straggler is in a TP, a DP and a PP group; a NIC carries several DP rings) is reported once.
-pub(crate) fn evaluate(state: &State, cfg: &Config, stuck: &[bool]) -> Vec<Verdict> {
+pub(crate) fn evaluate(state: &State, cfg: &Config, stuck: &[bool], now: u64) -> Vec<Verdict> {
     let mut out: Vec<Verdict> = Vec::new();
     let mut paths: Option<(Paths, Component)> = None;
     for (i, pg) in state.pgs.iter().enumerate() {
@@ -40,7 +50,8 @@ pub(crate) fn evaluate(state: &State, cfg: &Config, stuck: &[bool]) -> Vec<Verdi
                 });
                 Some(link(state, pg, ks, cfg, paths, component))
             }
-            None if pg.stragglers > 0 => straggler(pg, cfg),
+            None if pg.stragglers > 0 => straggler(pg, cfg).or_else(|| late(state, pg, cfg, now)),
+            None if !state.offline => late(state, pg, cfg, now),
             // Only point-to-point traffic: no collective of its own ever completed. Where
             // collectives run, their transfer time decides (with the paths and counters
             // evidence of `link`), however early some pair looks slow.
@@ -51,7 +62,228 @@ pub(crate) fn evaluate(state: &State, cfg: &Config, stuck: &[bool]) -> Vec<Verdi
             merge(&mut out, v, pg);
         }
     }
+    // Against the job's own history nothing (yet) names a path: compare each path with its
+    // peers now. Stuck streams' pairs are left out, their stall is the hang rules' finding.
+    let named = out.iter().any(|v| {
+        matches!(v.subtype, Subtype::SlowLink | Subtype::Congestion) && !v.links.is_empty()
+    });
+    if !named {
+        if let Some(v) = peer_links(state, cfg, stuck) {
+            // The paths named explain the grown transfer times the history rules could not.
+            out.retain(|o| o.subtype != Subtype::Undecided);
+            out.push(v);
+        }
+    }
     out
+}
+
+/// Fewest paths of one kind and size for the peer comparison of paths: with fewer, the median
+/// may be one of the slow paths.
+pub(crate) const PEER_MIN_PATHS: usize = 4;
+
+/// One inter-host path's latest transfer, for the comparison with its peers.
+struct PathObs {
+    key: (Rank, Rank),
+    /// When it was reported (the analyzer's clock).
+    at: u64,
+    bytes: u64,
+    busy: u64,
+    thr: f32,
+    /// Throughput of the transfer before it, if any.
+    prev: Option<f32>,
+}
+
+/// Slow paths against their peers in the same step, CCL-D's comparison: no history is needed,
+/// so a bad NIC or link present from the job's first step (a restart onto a bad node) or
+/// striking a few seconds in is named as soon as two transfers over it completed.
+///
+/// The peers of a path are the job's other inter-host paths whose latest transfer had the same
+/// size bucket (a DP ring's chunks with each other, pipeline activations with each other), so
+/// latency-bound small transfers are never compared with bandwidth-bound large ones. Within a
+/// set of at least [`PEER_MIN_PATHS`], the pace is the upper quartile of their throughputs
+/// (faults only slow paths down), and a path is slow when its throughput is below the pace by
+/// the slow factor, it was busy at least `slow_min_delta_ns` longer than the pace would take,
+/// it lies [`PEER_MAD_K`](super::state::PEER_MAD_K) robust standard deviations (1.4826 × the
+/// median absolute deviation of the upper half from the pace) below it, and the transfer
+/// before it was slow by the factor too (or this one [`PEER_STRONG`](super::state::PEER_STRONG)
+/// times slower). The slow paths then
+/// point at a NIC, a switch or themselves exactly as the history rules' do
+/// ([`paths`](super::paths)).
+fn peer_links(state: &State, cfg: &Config, stuck: &[bool]) -> Option<Verdict> {
+    use super::state::{bucket, PEER_MAD_K, PEER_STRONG};
+    use std::collections::BTreeMap;
+    let mut sets: BTreeMap<u8, Vec<PathObs>> = BTreeMap::new();
+    for (i, pg) in state.pgs.iter().enumerate() {
+        if stuck.get(i).copied().unwrap_or(false) {
+            continue;
+        }
+        for (&key, p) in &pg.pairs {
+            let (a, b) = (host(state, key.0), host(state, key.1));
+            if a.is_empty() || b.is_empty() || a == b {
+                continue;
+            }
+            let bytes = p.send.bytes.max(p.recv.bytes);
+            let busy = p.send.busy.max(p.recv.busy);
+            if bytes == 0 || busy == 0 {
+                continue;
+            }
+            let b = bucket(bytes);
+            sets.entry(b).or_default().push(PathObs {
+                key,
+                at: p.seen_ns,
+                bytes,
+                busy,
+                thr: bytes as f32 / busy as f32,
+                prev: (p.last_thr > 0.0).then_some(p.last_thr),
+            });
+        }
+    }
+    let factor = cfg.slow_factor as f32;
+    let mut paths = Paths::default();
+    let mut slow: Vec<(PathObs, f32)> = Vec::new();
+    let mut normal: Vec<((Rank, Rank), u64)> = Vec::new();
+    let mut strict = false;
+    for (_, obs) in sets {
+        if obs.len() < PEER_MIN_PATHS {
+            continue;
+        }
+        let mut thr: Vec<f32> = obs.iter().map(|o| o.thr).collect();
+        thr.sort_unstable_by(f32::total_cmp);
+        // The pace: no fault makes a path faster than it runs healthy, so the faster paths set
+        // it. The upper quartile rather than the median keeps it right when up to three
+        // quarters of the paths are slow (a congested switch above half of a small job's
+        // hosts), and the spread is taken over the upper half alone for the same reason.
+        let pace = thr[(thr.len() - 1) * 3 / 4];
+        let mid = thr[thr.len() / 2];
+        let mut dev: Vec<f32> = thr
+            .iter()
+            .filter(|&&t| t >= mid)
+            .map(|t| (t - pace).abs())
+            .collect();
+        let mad = super::baseline::median(&mut dev);
+        if pace <= 0.0 {
+            continue;
+        }
+        let median = pace;
+        for o in obs {
+            let below = o.thr * factor <= median;
+            let late = o.busy as f32 - o.bytes as f32 / median >= cfg.slow_min_delta_ns as f32;
+            let outside = median - o.thr > PEER_MAD_K * 1.4826 * mad;
+            let confirmed =
+                o.prev.is_some_and(|p| p * factor <= median) || o.thr * PEER_STRONG <= median;
+            if below && outside && confirmed {
+                // Slow by the ratio alone (a small transfer a few times slower loses less
+                // than the absolute margin) raises nothing, but says which paths share the
+                // slowdown, as the history rules' relatively slow pairs do.
+                paths.slow.insert(o.key);
+                strict |= late;
+                slow.push((o, median));
+            } else if !below {
+                normal.push((o.key, o.at));
+            }
+        }
+    }
+    if !strict {
+        return None;
+    }
+    let first_slow = slow.iter().map(|(o, _)| o.at).min()?;
+    // A path is evidence of a healthy NIC or switch only if it moved data at the pace of its
+    // peers since the slow paths were slow: the start-up barrier's paths, normal before the
+    // onset, say nothing about a NIC that failed later.
+    paths.normal = normal
+        .into_iter()
+        .filter(|&(k, at)| at >= first_slow && !paths.slow.contains(&k))
+        .map(|(k, _)| k)
+        .collect();
+    let component = paths.component(state);
+    slow.sort_unstable_by_key(|(o, _)| o.key);
+    slow.dedup_by_key(|(o, _)| o.key);
+    let mut v = Verdict {
+        class: Class::Slow,
+        subtype: Subtype::SlowLink,
+        culprits: Vec::new(),
+        links: Vec::new(),
+        pg: None,
+        seq: None,
+        op: None,
+        evidence: Vec::new(),
+        confidence: 0.0,
+        detected_ns: 0,
+    };
+    const SHOWN: usize = 8;
+    for (o, median) in slow.iter().take(SHOWN) {
+        v.evidence.push(format!(
+            "{} throughput {} is {:.1}x below the pace {} of the job's inter-host paths of its size in the same step (their upper quartile){}",
+            pair_link(state, o.key.0, o.key.1).name,
+            text::rate(f64::from(o.thr)),
+            median / o.thr,
+            text::rate(f64::from(*median)),
+            if o.prev.is_some_and(|p| p * factor <= *median) {
+                ", and so was its transfer before"
+            } else {
+                ""
+            }
+        ));
+    }
+    if slow.len() > SHOWN {
+        v.evidence
+            .push(format!("{} more paths are as slow", slow.len() - SHOWN));
+    }
+    v.evidence.push(format!(
+        "{} inter-host paths move at their peers' pace (compared with peers, not with the job's own history)",
+        paths.normal.len()
+    ));
+    v.confidence = 0.75;
+    match &component {
+        Component::Nic {
+            host: h,
+            rank,
+            touch,
+        } => {
+            let nic = state
+                .ranks
+                .get(*rank)
+                .and_then(|s| s.info.as_deref())
+                .map(|m| m.nic.as_str())
+                .filter(|n| !n.is_empty())
+                .unwrap_or("nic");
+            v.links.push(Link {
+                kind: LinkKind::Nic,
+                name: format!("{h}/{nic}"),
+                from: Some(*rank),
+                to: None,
+            });
+            v.evidence.insert(
+                0,
+                format!(
+                    "every slow path {} {h} ({} paths) and no path of {h} to another host is normal",
+                    touch.verb(),
+                    paths.slow.len()
+                ),
+            );
+        }
+        Component::Switch { name, hosts } => {
+            v.subtype = Subtype::Congestion;
+            v.links.push(Link {
+                kind: LinkKind::Switch,
+                name: name.clone(),
+                from: None,
+                to: None,
+            });
+            v.evidence.insert(
+                0,
+                format!(
+                    "{} slow paths on {hosts} hosts share no host but all pass through switch {name}",
+                    paths.slow.len()
+                ),
+            );
+        }
+        Component::Paths => {
+            v.links
+                .extend(slow.iter().map(|(o, _)| pair_link(state, o.key.0, o.key.1)));
+        }
+    }
+    Some(v)
 }
 
 /// Adds a verdict, or folds it into an earlier one naming the same ranks or component.
@@ -102,20 +334,17 @@ fn median(mut v: Vec<f32>) -> f32 {
 fn straggler(pg: &Pg, cfg: &Config) -> Option<Verdict> {
     let n = pg.members.len();
     let fired: Vec<usize> = (0..n)
-        .filter(|&m| {
-            pg.compute
-                .get(m)
-                .is_some_and(|c| c.hits.active() || c.peer.active())
-        })
+        .filter(|&m| pg.compute.get(m).is_some_and(|c| c.slow()))
         .collect();
     // Everyone slower is not a straggler (a global slowdown, e.g. the input pipeline).
     if fired.is_empty() || fired.len() * 2 > n {
         return None;
     }
-    // Against peers alone (no history) a few ranks slower than the rest are a straggler; a
-    // quarter or more slower together is a pattern of the job (an uneven split), not a fault.
+    // Against peers alone (no history) a few ranks slower than the rest are a straggler (one
+    // in a group of fewer than eight); more than a quarter slower together is a pattern of
+    // the job (an uneven split), not a fault.
     let by_history = fired.iter().any(|&m| pg.compute[m].hits.active());
-    if !by_history && fired.len() * 4 > n {
+    if !by_history && fired.len() > (n / 4).max(1) {
         return None;
     }
     let seq = pg.gap_seq;
@@ -128,14 +357,19 @@ fn straggler(pg: &Pg, cfg: &Config) -> Option<Verdict> {
     for &m in &fired {
         let c = &pg.compute[m];
         if !c.hits.active() {
-            min_hits = min_hits.min(c.peer.count());
+            // Its peers alone say so, over a short window: as sure as half a full window.
+            min_hits = min_hits.min(w / 2);
             v.evidence.push(format!(
-                "rank {} compute gap {} is {:.1}x the median of its {} peers at the same seq in {} of the last {w} ops of {} (compared with its peers, not its own history)",
+                "rank {} compute gap {} is {:.1}x the median of its {} peers at the same seq{} in {} (compared with its peers, not its own history)",
                 pg.members[m],
                 text::dur(f64::from(c.last_gap)),
                 c.last_ratio,
                 n - 1,
-                c.peer.count(),
+                if c.peer.active() {
+                    format!(" in {} of its last ops", c.peer.count())
+                } else {
+                    format!(" (at least {}x is enough alone)", super::state::PEER_STRONG)
+                },
                 text::pg(pg)
             ));
             continue;
@@ -179,6 +413,79 @@ fn straggler(pg: &Pg, cfg: &Config) -> Option<Verdict> {
     v.culprits = fired.iter().map(|&m| pg.members[m]).collect();
     v.culprits.sort_unstable();
     v.confidence = 0.6 + 0.35 * f64::from(min_hits) / f64::from(w.max(1));
+    Some(v)
+}
+
+/// The shortest time a member must have been computing, by the analyzer's receive clock, to be
+/// late by [`late`]: its reports and its peers' arrive in batches (every 100 ms from the
+/// simulator's and the clients' probes), so a few hundred milliseconds of apparent lateness
+/// can be delivery alone. Half a second stays well inside the 3 s target.
+pub(crate) const LATE_FLOOR_NS: u64 = 500_000_000;
+
+/// A member still computing long after its peers entered the group's next op, CCL-D's
+/// arrival comparison made while the op is in flight: at a 6-20x slowdown one compute phase
+/// lasts seconds, and waiting for it to end before comparing gaps would name the straggler
+/// only after the 3 s target.
+///
+/// The group's members run the same compute (see [`PEER_MIN_MEMBERS`](super::state::PEER_MIN_MEMBERS));
+/// at least half of them entered its newest op; a member that did not has no op in flight in
+/// any group (it is computing, not waiting on someone else) and has been at it for at least
+/// [`PEER_STRONG`](super::state::PEER_STRONG) times the group's median gap (and by
+/// `slow_min_delta_ns`, and at least [`LATE_FLOOR_NS`]) since its last op ended: it is a
+/// straggler now. Live only: an offline
+/// record has no receive clock to measure "still computing" with.
+fn late(state: &State, pg: &Pg, cfg: &Config, now: u64) -> Option<Verdict> {
+    use super::state::{PEER_MIN_MEMBERS, PEER_STRONG};
+    let n = pg.members.len();
+    if pg.p2p || n < PEER_MIN_MEMBERS || pg.gap_median <= 0.0 || !state.peer_comparable(pg) {
+        return None;
+    }
+    let newest = pg.state.iter().filter_map(|m| m.last_enq).max()?;
+    let entered = pg
+        .state
+        .iter()
+        .filter(|m| m.last_enq == Some(newest))
+        .count();
+    if entered * 2 < n || entered == n {
+        return None;
+    }
+    let threshold = (pg.gap_median * PEER_STRONG)
+        .max(pg.gap_median + cfg.slow_min_delta_ns as f32)
+        .max(LATE_FLOOR_NS as f32);
+    let computing = |rank: Rank| -> Option<u64> {
+        let rs = state.ranks.get(rank)?;
+        let busy = rs
+            .pgs
+            .iter()
+            .any(|&(p, m)| state.pgs[p as usize].state[m as usize].in_flight);
+        (!busy && rs.end_recv_ns > 0).then(|| now.saturating_sub(rs.end_recv_ns))
+    };
+    let late: Vec<(usize, u64)> = (0..n)
+        .filter(|&m| pg.state[m].last_enq < Some(newest))
+        .filter_map(|m| computing(pg.members[m]).map(|t| (m, t)))
+        .filter(|&(_, t)| t as f32 >= threshold)
+        .collect();
+    if late.is_empty() || late.len() > (n / 4).max(1) {
+        return None;
+    }
+    let op = (0..n)
+        .find_map(|m| pg.rec(m, newest))
+        .map_or(Op::Other, |r| r.sig.op);
+    let mut v = base_verdict(pg, newest, op, Subtype::ComputeStraggler);
+    for &(m, t) in &late {
+        v.evidence.push(format!(
+            "rank {} has been computing for {} since its last op ended, {:.1}x the group's median gap of {}, while {entered} of its {} peers entered {op} #{newest} of {} and wait for it",
+            pg.members[m],
+            text::dur(t as f64),
+            t as f32 / pg.gap_median,
+            text::dur(f64::from(pg.gap_median)),
+            n - 1,
+            text::pg(pg)
+        ));
+    }
+    v.culprits = late.iter().map(|&(m, _)| pg.members[m]).collect();
+    v.culprits.sort_unstable();
+    v.confidence = 0.7;
     Some(v)
 }
 

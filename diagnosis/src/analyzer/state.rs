@@ -151,10 +151,27 @@ pub(crate) struct ComputeStats {
     /// The gap against its peers' at the same seq alone (no history): CCL-D's comparison,
     /// which also sees a rank slow from the job's first steps, whose own baseline learned the
     /// slowness as normal. Judged only where every member runs the same compute (see
-    /// [`judge_gaps`]).
+    /// [`judge_gaps`]), live over a window of [`PEER_WINDOW`] ops.
     pub peer: Hits,
+    /// The last gap was a strong outlier against its peers' (at least [`PEER_STRONG`] times
+    /// their median): enough on its own, because at a 6-20x slowdown the next op that could
+    /// confirm it is seconds away.
+    pub peer_strong: bool,
     pub last_gap: f32,
     pub last_ratio: f32,
+}
+
+impl ComputeStats {
+    /// Slow against its peers at the same seqs: the last [`PEER_WINDOW`] gaps were, or the
+    /// last one by far.
+    pub(crate) fn slow_by_peers(&self) -> bool {
+        self.peer.active() || self.peer_strong
+    }
+
+    /// Slow against its own usual share of the group's pace, or against its peers.
+    pub(crate) fn slow(&self) -> bool {
+        self.hits.active() || self.slow_by_peers()
+    }
 }
 
 /// Statistics of one (group, op, size bucket).
@@ -195,6 +212,9 @@ pub(crate) struct PairState {
     /// slowdown, e.g. the small pipeline sends through the same NIC.
     pub rel_hits: Hits,
     pub last_thr: f32,
+    /// When the pair last reported (the analyzer's clock): the peer comparison of paths
+    /// counts a path as normal only if it carried data since the slow ones did.
+    pub seen_ns: u64,
 }
 
 impl PairState {
@@ -407,23 +427,41 @@ pub(crate) struct RankState {
     pub info: Option<Box<Member>>,
     ends: [u64; END_RING],
     ends_n: u8,
+    /// The ring of ends has been filled once: all its entries hold ends (the count wraps).
+    ends_full: bool,
     /// The latest enqueue time (own clock) of any of its ops that ended: every op it enqueued
     /// before that has finished too, since a rank waits for its ops in program order.
     pub done_enq: Option<u64>,
     /// (group stream, member index) of every stream the rank is in.
     pub pgs: Vec<(u32, u32)>,
+    /// When the end of its latest op reached the analyzer (the analyzer's clock): with no op
+    /// in flight since, it has been computing for about `now` minus this.
+    pub end_recv_ns: u64,
 }
 
 impl RankState {
     fn push_end(&mut self, t: u64) {
         self.ends[usize::from(self.ends_n) % END_RING] = t;
+        self.ends_full |= usize::from(self.ends_n) + 1 >= END_RING;
         self.ends_n = self.ends_n.wrapping_add(1);
     }
 
     /// The latest end of any of this rank's ops at or before `t` (its own clock).
     fn end_before(&self, t: u64) -> Option<u64> {
-        let n = usize::from(self.ends_n).min(END_RING);
+        // Past 255 ends the count wraps; the ring is still whole.
+        let n = if self.ends_full {
+            END_RING
+        } else {
+            usize::from(self.ends_n)
+        };
         self.ends[..n].iter().copied().filter(|&e| e <= t).max()
+    }
+
+    /// Whether the end of its last op before `t` is still known: it is in the ring, or the
+    /// ring never dropped an end (so there was none). A rank that ran ahead of a slow group
+    /// pushes the end before that group's op out of the ring before the op is judged.
+    fn end_known_before(&self, t: u64) -> bool {
+        !self.ends_full || self.end_before(t).is_some()
     }
 
     pub(crate) fn host(&self) -> &str {
@@ -568,6 +606,11 @@ pub(crate) struct State {
 }
 
 impl State {
+    /// Whether a stream's members run the same compute (see [`peer_comparable`]).
+    pub(crate) fn peer_comparable(&self, pg: &Pg) -> bool {
+        peer_comparable(pg, &self.ranks)
+    }
+
     /// Takes one event received at `now`, unless it names a rank outside the job's world
     /// (then nothing of it is kept).
     ///
@@ -990,6 +1033,7 @@ impl State {
         };
         let rs = &mut self.ranks[c.rank];
         rs.push_end(c.t_ns);
+        rs.end_recv_ns = rs.end_recv_ns.max(now);
         rs.done_enq = rs.done_enq.max(began);
         let pg = &mut self.pgs[pgi];
         let sm = &mut pg.slots[slot(c.seq)];
@@ -1011,7 +1055,7 @@ impl State {
         }
         if complete {
             let keys = self.pgs[pgi].keys.len();
-            complete_seq(&mut self.pgs[pgi], &self.ranks, c.seq, cfg);
+            complete_seq(&mut self.pgs[pgi], &self.ranks, c.seq, cfg, !self.offline);
             self.bytes += (self.pgs[pgi].keys.len() - keys) * cost::KEY;
         }
     }
@@ -1046,6 +1090,7 @@ impl State {
         };
         let grew = p.bytes > side.bytes || !side.seen;
         side.seen = true;
+        pair.seen_ns = pair.seen_ns.max(now);
         side.bytes = side.bytes.max(p.bytes);
         side.busy = side.busy.max(p.busy_ns);
         if grew && p.bytes > 0 {
@@ -1109,7 +1154,7 @@ fn finish_pair(pair: &mut PairState, cfg: &Config) {
 }
 
 /// A sequence number ended on every member: update transfer time and compute gaps.
-fn complete_seq(pg: &mut Pg, ranks: &Ranks, seq: u64, cfg: &Config) {
+fn complete_seq(pg: &mut Pg, ranks: &Ranks, seq: u64, cfg: &Config, live: bool) {
     let mut transfer: Option<u64> = None;
     let mut sig = None;
     let mut agree = true;
@@ -1146,25 +1191,75 @@ fn complete_seq(pg: &mut Pg, ranks: &Ranks, seq: u64, cfg: &Config) {
         ks.completed += 1;
         ks.last_seq = seq;
     }
-    judge_gaps(pg, ranks, seq, cfg);
+    judge_gaps(pg, ranks, seq, cfg, live);
 }
 
-/// Fewest members with a gap for the peer comparison: the median of fewer is one of the two
-/// ranks being compared.
-pub(crate) const PEER_MIN_MEMBERS: usize = 4;
+/// Fewest members with a gap for the peer comparison. Two are enough because the pace is the
+/// lower median (see [`judge_gaps`]): of two members it is the faster one's gap, which no fault
+/// shortens, so a member slower than it by the factor is slower than its peer could go. A
+/// tensor-parallel group of two is the commonest group a straggler sits in.
+pub(crate) const PEER_MIN_MEMBERS: usize = 2;
+
+/// Live, a member's gap longer than its peers' by Δ is slow only if its peers waited for it,
+/// in the op that followed, at least this share of Δ longer than it did (each wait is one
+/// rank's own end minus its own enqueue, so clock skew plays no part). A gap that only looks
+/// long, because the end of the member's previous op was lost on the way (its gap is then
+/// measured from an op before), made nobody wait.
+pub(crate) const PEER_WAITED: f32 = 0.5;
+
+/// How much longer than member `m` the other members spent in `seq` (the median of theirs
+/// minus its own), if their durations are known.
+fn peers_waited(pg: &Pg, m: usize, seq: u64) -> Option<f32> {
+    let own = pg.rec(m, seq)?.duration()? as f32;
+    let mut others: Vec<f32> = (0..pg.members.len())
+        .filter(|&o| o != m)
+        .filter_map(|o| pg.rec(o, seq)?.duration())
+        .map(|d| d as f32)
+        .collect();
+    if others.is_empty() {
+        return None;
+    }
+    Some(super::baseline::median(&mut others) - own)
+}
+
+/// Fewest members for the peer comparison of an offline record (see [`judge_gaps`]): with
+/// fewer, the median is one of the two ranks being compared.
+pub(crate) const PEER_MIN_MEMBERS_OFFLINE: usize = 4;
+
+/// Window of the live peer comparison: both of the last two gaps slower than the peers' median by
+/// the factor. Two rather than most of eight, because the comparison needs no history and a
+/// fault is to be named within seconds of its onset (a step is about a second); one odd step
+/// (a garbage-collection pause) still raises nothing.
+pub(crate) const PEER_WINDOW: u32 = 2;
+
+/// A gap this many times its peers' median raises the peer condition on its own: no healthy
+/// imbalance between ranks running the same compute comes near it.
+pub(crate) const PEER_STRONG: f32 = 4.0;
+
+/// In groups of at least four the gap must also lie this many robust standard deviations
+/// (1.4826 × the median absolute deviation) above the median, so that a group whose members'
+/// gaps are spread by design (uneven token routing) flags only a rank outside the spread.
+pub(crate) const PEER_MAD_K: f32 = 3.5;
 
 /// Whether a group's members run the same compute, so that one member's gap can be judged
 /// against its peers' at the same seq without any history: not a group of the whole job
 /// (its members span pipeline stages, whose compute differs by design). Data- and
 /// tensor-parallel groups of a Megatron layout hold ranks of one stage.
-fn peer_comparable(pg: &Pg, ranks: &Ranks) -> bool {
+pub(crate) fn peer_comparable(pg: &Pg, ranks: &Ranks) -> bool {
     let known = ranks.iter().filter(|(_, r)| r.known).count();
     !pg.p2p && pg.members.len() < known
 }
 
 /// The compute gaps of a completed seq: each member's gap against the group's median gap at
 /// this seq, and against the member's own usual ratio to it.
-fn judge_gaps(pg: &mut Pg, ranks: &Ranks, seq: u64, cfg: &Config) {
+///
+/// Live, the peer comparison is the quick one ([`PEER_MIN_MEMBERS`], [`PEER_WINDOW`],
+/// [`PEER_STRONG`]): a fault is to be named seconds after its onset. Offline it keeps the
+/// slow window and groups of at least [`PEER_MIN_MEMBERS_OFFLINE`]: a Flight Recorder record's
+/// times are when the watchdog noticed an op (polled, late by up to its interval), which
+/// spreads two partners' gaps by more than the factor now and then, and a record is judged
+/// once, with no hurry.
+fn judge_gaps(pg: &mut Pg, ranks: &Ranks, seq: u64, cfg: &Config, live: bool) {
     let mut gaps = std::mem::take(&mut pg.gaps);
     gaps.clear();
     for m in 0..pg.members.len() {
@@ -1200,8 +1295,37 @@ fn judge_gaps(pg: &mut Pg, ranks: &Ranks, seq: u64, cfg: &Config) {
     if median >= cfg.slow_min_delta_ns as f32 {
         pg.gap_seq = seq;
         pg.gap_median = median;
-        let peers = peer_comparable(pg, ranks) && gaps.len() >= PEER_MIN_MEMBERS;
+        let (min_members, window) = if live {
+            (PEER_MIN_MEMBERS, PEER_WINDOW)
+        } else {
+            (PEER_MIN_MEMBERS_OFFLINE, cfg.slow_window)
+        };
+        let peers = peer_comparable(pg, ranks) && gaps.len() >= min_members;
+        // The robust spread of the gaps: 1.4826 × MAD estimates σ of a normal spread.
+        let spread = if gaps.len() >= 4 {
+            let mut dev: Vec<f32> = gaps.iter().map(|g| (g.1 - median).abs()).collect();
+            let mid = (dev.len() - 1) / 2;
+            let (_, d, _) = dev.select_nth_unstable_by(mid, f32::total_cmp);
+            1.4826 * *d
+        } else {
+            0.0
+        };
         for &(m, gap) in &gaps {
+            // Live, a gap slower than the peers' counts only if the peers waited for it
+            // (below), which only needs asking of the few slow gaps.
+            let candidate = live && peers && slow_time(gap, median, cfg);
+            let waited = candidate
+                .then(|| peers_waited(pg, m, seq))
+                .flatten()
+                .unwrap_or(0.0);
+            // A gap measured from an older op than the last (the last one's end is no longer
+            // known) is too long by that op: not evidence against the member.
+            let exact = !candidate
+                || pg.rec(m, seq).is_some_and(|r| {
+                    ranks
+                        .get(pg.members[m])
+                        .is_none_or(|rs| rs.end_known_before(r.enq))
+                });
             let cs = &mut pg.compute[m];
             let ratio = gap / median;
             let base = cs.base.value();
@@ -1209,14 +1333,19 @@ fn judge_gaps(pg: &mut Pg, ranks: &Ranks, seq: u64, cfg: &Config) {
             cs.base.observe(ratio, !hit);
             cs.last_gap = gap;
             cs.last_ratio = ratio;
-            let was = cs.hits.active() || cs.peer.active();
+            let was = cs.slow();
             if base.is_some() {
                 cs.hits.push(hit, cfg.slow_window);
             }
             if peers {
-                cs.peer.push(slow_time(gap, median, cfg), cfg.slow_window);
+                let corroborated = !live || (exact && waited >= PEER_WAITED * (gap - median));
+                let outlier = slow_time(gap, median, cfg)
+                    && gap - median > PEER_MAD_K * spread
+                    && corroborated;
+                cs.peer.push(outlier, window);
+                cs.peer_strong = live && outlier && ratio >= PEER_STRONG;
             }
-            match (was, cs.hits.active() || cs.peer.active()) {
+            match (was, cs.slow()) {
                 (false, true) => pg.stragglers += 1,
                 (true, false) => pg.stragglers = pg.stragglers.saturating_sub(1),
                 _ => {}
