@@ -278,9 +278,10 @@ fn a_node_without_a_certificate_joins_with_a_token_and_a_member_is_removed() {
     require_root();
     let mut c = YardCluster::start(&yard_bin(), 3, 5, &ClusterOptions::default()).unwrap();
     // A wrong token is refused in one clear sentence and the node does not start.
-    let created = ok(c
-        .cli(
-            1,
+    // `yard token create` for node 4 through host `via`.
+    let token_for_4 = |c: &YardCluster, via: usize| {
+        c.cli(
+            via,
             &[
                 "token",
                 "create",
@@ -293,7 +294,9 @@ fn a_node_without_a_certificate_joins_with_a_token_and_a_member_is_removed() {
                 "--json",
             ],
         )
-        .unwrap());
+        .unwrap()
+    };
+    let created = ok(token_for_4(&c, 1));
     let token: serde_json::Value = serde_json::from_str(&created).unwrap();
     let token = token["token"].as_str().unwrap().to_owned();
     let (id, rest) = token.split_once('.').unwrap();
@@ -345,21 +348,7 @@ fn a_node_without_a_certificate_joins_with_a_token_and_a_member_is_removed() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("node 9 is not a member"));
     ok(c.cli(2, &["kv", "put", "after", "removal"]).unwrap());
     // The removed id is revoked: no new token is made for it.
-    let out = c
-        .cli(
-            2,
-            &[
-                "token",
-                "create",
-                "--ttl",
-                "10m",
-                "--node-id",
-                "4",
-                "--name",
-                "n4",
-            ],
-        )
-        .unwrap();
+    let out = token_for_4(&c, 2);
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr)

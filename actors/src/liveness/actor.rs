@@ -186,7 +186,10 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(300)).await;
         // At the 10 ms interval a follower looked 30 times; waiting, it looked once.
         let looked = node.targets.load(Ordering::SeqCst);
-        assert!(looked <= 2, "a follower looked at its role {looked} times in 300 ms");
+        assert!(
+            looked <= 2,
+            "a follower looked at its role {looked} times in 300 ms"
+        );
         assert_eq!(node.probes.load(Ordering::SeqCst), 0);
 
         node.leader.store(true, Ordering::SeqCst);

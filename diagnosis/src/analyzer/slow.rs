@@ -240,13 +240,7 @@ fn peer_links(state: &State, cfg: &Config, stuck: &[bool]) -> Option<Verdict> {
             rank,
             touch,
         } => {
-            let nic = state
-                .ranks
-                .get(*rank)
-                .and_then(|s| s.info.as_deref())
-                .map(|m| m.nic.as_str())
-                .filter(|n| !n.is_empty())
-                .unwrap_or("nic");
+            let nic = nic_name(state, *rank);
             v.links.push(Link {
                 kind: LinkKind::Nic,
                 name: format!("{h}/{nic}"),
@@ -287,6 +281,17 @@ fn peer_links(state: &State, cfg: &Config, stuck: &[bool]) -> Option<Verdict> {
 }
 
 /// Adds a verdict, or folds it into an earlier one naming the same ranks or component.
+/// The NIC name rank `rank` reported, or "nic" when it reported none.
+fn nic_name(state: &State, rank: Rank) -> &str {
+    state
+        .ranks
+        .get(rank)
+        .and_then(|s| s.info.as_deref())
+        .map(|m| m.nic.as_str())
+        .filter(|n| !n.is_empty())
+        .unwrap_or("nic")
+}
+
 fn merge(out: &mut Vec<Verdict>, v: Verdict, pg: &Pg) {
     let component = |v: &Verdict| {
         v.links
@@ -612,13 +617,7 @@ fn link(
             rank,
             touch,
         } if touches_pg(h) => {
-            let nic = state
-                .ranks
-                .get(*rank)
-                .and_then(|s| s.info.as_deref())
-                .map(|m| m.nic.as_str())
-                .filter(|n| !n.is_empty())
-                .unwrap_or("nic");
+            let nic = nic_name(state, *rank);
             links.push(Link {
                 kind: LinkKind::Nic,
                 name: format!("{h}/{nic}"),
