@@ -172,6 +172,14 @@ impl Job {
 }
 
 /// Ingests `events`, evaluating every 100 ms; returns each evaluation's verdicts.
+/// When rank `rank`'s op `seq` ends, if it does.
+fn end_of(events: &[(u64, Event)], rank: u32, seq: u64) -> Option<u64> {
+    events.iter().find_map(|(t, e)| match e {
+        Event::Coll(c) if c.rank == rank && c.seq == seq && c.phase == Phase::End => Some(*t),
+        _ => None,
+    })
+}
+
 fn run(events: Vec<(u64, Event)>) -> Vec<(u64, Vec<Verdict>)> {
     {
         let mut a = JobAnalyzer::new("peers", Config::default());
@@ -229,14 +237,7 @@ fn a_rank_slow_from_the_first_step_is_named_against_its_partner() {
     }
     // A rank's first op has no compute gap (nothing ended before it): the second is the
     // first that can be compared, and names it.
-    let second_op_end = job
-        .events()
-        .iter()
-        .find_map(|(t, e)| match e {
-            Event::Coll(c) if c.rank == 3 && c.seq == 2 && c.phase == Phase::End => Some(*t),
-            _ => None,
-        })
-        .expect("the second op ends");
+    let second_op_end = end_of(&job.events(), 3, 2).expect("the second op ends");
     let h = job.run();
     let at = first(&h, |v| straggler(v, 3)).expect("rank 3 named");
     assert!(
@@ -303,14 +304,7 @@ fn a_rank_still_computing_while_its_partner_waits_is_named_before_its_op_ends() 
     for step in &mut job.gap[3..] {
         step[6] = 2_000 * MS;
     }
-    let events = job.events();
-    let end_of_slow_op = events
-        .iter()
-        .find_map(|(t, e)| match e {
-            Event::Coll(c) if c.rank == 6 && c.seq == 4 && c.phase == Phase::End => Some(*t),
-            _ => None,
-        })
-        .expect("the slowed op ends");
+    let end_of_slow_op = end_of(&job.events(), 6, 4).expect("the slowed op ends");
     let h = job.run();
     let at = first(&h, |v| straggler(v, 6)).expect("rank 6 named");
     assert!(
