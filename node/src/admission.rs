@@ -22,6 +22,7 @@
 //!   - A join for its own id, or a host passing another host's join on to the leader.
 //!   - Marking a token used (`ConsumeToken`) only from a host: the signing node asks the
 //!     leader, presenting the token's secret.
+//!   - A certificate renewal only from a host, for itself: the certificate names the caller.
 //!   - Operators' requests forwarded to the leader (see below).
 //!
 //! # Forwarded operators' requests
@@ -225,6 +226,9 @@ fn node_admitted(sender: NodeId, req: &Request, view: &impl ClusterView) -> Resu
         Request::Join(j) if j.id == sender => Ok(()),
         Request::Join(_) => host(),
         Request::RedeemToken(_) | Request::ConsumeToken(_) => host(),
+        // For the caller's own certificate by construction (the signer names the certificate's
+        // node), and only while it is a host: a removed host's is revoked above.
+        Request::RenewCertificate { .. } => host(),
         Request::Admin(r) => {
             host()?;
             forwardable(sender, r)
@@ -288,6 +292,7 @@ fn kind(req: &Request) -> &'static str {
         | Request::ReadIndex => "watches",
         Request::Join(_) => "joins",
         Request::RedeemToken(_) | Request::ConsumeToken(_) => "token redemptions",
+        Request::RenewCertificate { .. } => "certificate renewals",
     }
 }
 
@@ -697,5 +702,33 @@ mod tests {
         ] {
             assert!(ok(PeerRole::Node(4), &req), "{req:?}");
         }
+    }
+
+    #[test]
+    fn only_a_host_renews_and_only_its_own_certificate() {
+        let renew = Request::RenewCertificate { csr: vec![1, 2] };
+        assert!(ok(PeerRole::Node(4), &renew), "an agent renews");
+        assert!(ok(PeerRole::Node(2), &renew), "a member renews");
+        let refused = |role: PeerRole, view: &View| admitted(&role, &renew, view).unwrap_err();
+        let three = View::three();
+        assert_eq!(
+            refused(PeerRole::Node(9), &three).to_string(),
+            "node 9 is not a host of this cluster"
+        );
+        assert_eq!(
+            refused(PeerRole::Anonymous, &three).to_string(),
+            "certificate renewals need a node certificate"
+        );
+        assert_eq!(
+            refused(PeerRole::Admin, &three).to_string(),
+            "certificate renewals need a node certificate"
+        );
+        let mut removed = View::three();
+        removed.revoked.insert(4);
+        removed.agents.remove(&4);
+        assert_eq!(
+            refused(PeerRole::Node(4), &removed).to_string(),
+            "node 4 was removed from this cluster and its certificate is revoked"
+        );
     }
 }

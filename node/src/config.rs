@@ -57,12 +57,32 @@ pub struct NodeSection {
     pub zone: String,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TlsSection {
     /// Holds ca.crt plus `<node.name>.crt`/`.key`; defaults to `<data_dir>/tls`, where a
     /// node with no configuration generates its own CA.
     pub dir: Option<PathBuf>,
+    /// How long the node certificates this node signs are valid, in seconds (on a node that
+    /// holds the CA key: token joins, renewals, its own certificate at start). Every node renews
+    /// its own when a third of its validity is left.
+    pub cert_validity_s: u64,
+}
+
+impl Default for TlsSection {
+    fn default() -> Self {
+        Self {
+            dir: None,
+            cert_validity_s: crate::tls::NODE_VALIDITY.as_secs(),
+        }
+    }
+}
+
+impl TlsSection {
+    /// The validity of the node certificates this node signs.
+    pub fn cert_validity(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.cert_validity_s)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -766,6 +786,9 @@ impl Config {
         let bad = |key: &str, why: &str| Err(ConfigError::Invalid(format!("{key}: {why}")));
         if self.node.id == 0 {
             return bad("node.id", "must be at least 1");
+        }
+        if self.tls.cert_validity() < crate::tls::MIN_VALIDITY {
+            return bad("tls.cert_validity_s", "must be at least 10");
         }
         if self.node.name.is_empty()
             || !self

@@ -271,6 +271,9 @@ impl Handler for Node {
                         Err(why) => Reply::Error(why),
                     }
                 }
+                (PeerRole::Node(id), Request::RenewCertificate { csr }) => {
+                    this.handle_renewal(id, &csr)
+                }
                 // The role model admitted nothing else.
                 (role, req) => {
                     tracing::error!(

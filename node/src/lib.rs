@@ -30,6 +30,7 @@ pub mod planner_report;
 pub mod prevote;
 pub mod raft_network;
 pub mod raft_wait;
+pub mod renewal;
 pub mod roles;
 pub mod rpc;
 pub mod service;

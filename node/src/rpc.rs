@@ -82,6 +82,10 @@ pub enum Request {
     /// A node about to sign a certificate for a token redemption asks the leader to mark the
     /// token used through Raft first: `TokenConsumed`, or why the redemption is refused.
     ConsumeToken(RedeemRequest),
+    /// A node asks a node holding the CA key for a renewed certificate: `Renewed`. `csr` is a
+    /// certificate signing request (DER) over the node's key; the certificate names the node of
+    /// the caller's certificate, with the name and address the cluster has for it.
+    RenewCertificate { csr: Vec<u8> },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -418,6 +422,11 @@ pub enum Reply {
     RatesAccepted,
     /// The leader marked a join token used for the redemption asked.
     TokenConsumed,
+    /// A renewed node certificate (PEM) for the key of the request, and the CA (PEM).
+    Renewed {
+        ca: String,
+        cert: String,
+    },
 }
 
 /// A Raft RPC failed on the receiver (serialised openraft error text).

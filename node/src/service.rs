@@ -44,6 +44,8 @@ pub struct NodeParts {
     pub transport: Arc<dyn Transport>,
     /// Present on nodes that hold `ca.key`: only they can sign certificates for token joins.
     pub ca: Option<Arc<CertAuthority>>,
+    /// How long the node certificates it signs are valid (`tls.cert_validity_s`).
+    pub cert_validity: Duration,
     pub ca_hash: String,
     pub rpc_timeout: Duration,
     /// How long a request waits for a leader to appear before giving up.

@@ -9,6 +9,7 @@
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -43,6 +44,68 @@ pub enum TlsError {
     Exists(PathBuf),
     #[error("invalid certificate name {0:?}: use letters, digits and '-'")]
     BadName(String),
+    #[error("the certificate signing request is malformed or its signature does not verify")]
+    BadRequest,
+    #[error("a certificate validity of {0:?} is too short; use at least 10s")]
+    ShortValidity(std::time::Duration),
+}
+
+/// How long a node certificate is valid by default (`tls.cert_validity_s`). The node renews
+/// its own when a third of that is left ([`yard_control::cert_renewal`]), so a certificate that
+/// leaves the cluster with a host that is never removed stops working within this period.
+pub const NODE_VALIDITY: Duration = Duration::from_secs(90 * 24 * 3600);
+
+/// How long an admin certificate is valid by default: a year, as kubeadm's are. Nothing renews
+/// it; the operator issues a new one with `yard ca admin`.
+pub const ADMIN_VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// How long a cluster CA is valid: ten years, as kubeadm's. Rolling a CA over is an operation
+/// of its own (a bundle with both CAs), not a renewal.
+pub const CA_VALIDITY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
+/// The shortest validity anything is signed with: a shorter one could expire between signing
+/// and use on a loaded host, and is a mistake rather than a policy.
+pub const MIN_VALIDITY: Duration = Duration::from_secs(10);
+
+/// Gives `params` the window [now - skew, now + validity], where skew (a tenth of the validity,
+/// at most five minutes) lets a peer whose clock is a little behind accept the certificate.
+fn valid_for(params: &mut CertificateParams, validity: Duration) -> Result<(), TlsError> {
+    if validity < MIN_VALIDITY {
+        return Err(TlsError::ShortValidity(validity));
+    }
+    let skew = (validity / 10).min(Duration::from_secs(300));
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - skew;
+    params.not_after = now + validity;
+    Ok(())
+}
+
+/// When a certificate stops being valid, from its DER.
+pub fn not_after(cert: &CertificateDer<'_>) -> Option<SystemTime> {
+    validity(cert).map(|(_, after)| after)
+}
+
+/// A certificate's validity window [not before, not after], from its DER.
+pub fn validity(cert: &CertificateDer<'_>) -> Option<(SystemTime, SystemTime)> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    let at = |secs: i64| {
+        u64::try_from(secs)
+            .ok()
+            .map(|s| UNIX_EPOCH + Duration::from_secs(s))
+    };
+    let v = parsed.validity();
+    Some((at(v.not_before.timestamp())?, at(v.not_after.timestamp())?))
+}
+
+/// A request for a renewed certificate: a CSR over the node's existing key. The key is kept,
+/// not rotated: the node's QUIC stateless-reset and connection-id keys are derived from it
+/// ([`endpoint_config`]), and a new key would make a restarted node unable to reset its
+/// previous process's connections. The signer takes only the public key from the request; the
+/// names come from what the cluster knows of the node.
+pub fn renewal_request(key_pem: &str) -> Result<Vec<u8>, TlsError> {
+    let key = KeyPair::from_pem(key_pem).map_err(|_| TlsError::BadRequest)?;
+    let csr = CertificateParams::new(Vec::<String>::new())?.serialize_request(&key)?;
+    Ok(csr.der().to_vec())
 }
 
 /// The SAN a node's certificate carries.
@@ -130,12 +193,10 @@ fn write(path: &Path, contents: &str, secret: bool) -> Result<(), TlsError> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(err)?;
     }
-    if !secret {
-        return std::fs::write(path, contents).map_err(err);
-    }
-    // A key is written to a new file that is 0600 from its creation and then renamed over
-    // the old one: writing in place and narrowing afterwards left a window in which another
-    // local user could open the file, and an existing file keeps whatever mode it had.
+    // Every file is written to a new file and then renamed over the old one. A key's new file
+    // is 0600 from its creation: writing in place and narrowing afterwards left a window in
+    // which another local user could open it. A certificate is replaced whole because a
+    // running node renews its own: a crash mid-write must leave the old one, not half of each.
     let tmp = path.with_file_name(format!(
         ".{}.{}.tmp",
         path.file_name()
@@ -145,7 +206,14 @@ fn write(path: &Path, contents: &str, secret: bool) -> Result<(), TlsError> {
     let _ = std::fs::remove_file(&tmp);
     let result = (|| {
         use std::io::Write;
-        let mut file = create_secret(&tmp)?;
+        let mut file = if secret {
+            create_secret(&tmp)?
+        } else {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&tmp)?
+        };
         file.write_all(contents.as_bytes())?;
         file.sync_all()?;
         std::fs::rename(&tmp, path)
@@ -197,6 +265,7 @@ impl CertAuthority {
             .distinguished_name
             .push(DnType::CommonName, format!("yard cluster CA {cluster}"));
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        valid_for(&mut params, CA_VALIDITY)?;
         params.key_usages = vec![
             KeyUsagePurpose::KeyCertSign,
             KeyUsagePurpose::CrlSign,
@@ -224,14 +293,13 @@ impl CertAuthority {
         Ok(Self { issuer, cert_pem })
     }
 
-    /// Signs a certificate with the given DNS and IP SANs.
-    fn sign(
-        &self,
+    /// The parameters of a leaf certificate: its names, both TLS uses and its validity.
+    fn leaf(
         common_name: &str,
         dns: Vec<String>,
         ips: &[IpAddr],
-    ) -> Result<CertPem, TlsError> {
-        let key = KeyPair::generate()?;
+        validity: Duration,
+    ) -> Result<CertificateParams, TlsError> {
         let mut params = CertificateParams::new(dns)?;
         params
             .distinguished_name
@@ -243,42 +311,83 @@ impl CertAuthority {
             rcgen::ExtendedKeyUsagePurpose::ServerAuth,
             rcgen::ExtendedKeyUsagePurpose::ClientAuth,
         ];
-        let cert = params.signed_by(&key, &self.issuer)?;
+        valid_for(&mut params, validity)?;
+        Ok(params)
+    }
+
+    /// Signs a certificate with the given DNS and IP SANs for a new key.
+    fn sign(
+        &self,
+        common_name: &str,
+        dns: Vec<String>,
+        ips: &[IpAddr],
+        validity: Duration,
+    ) -> Result<CertPem, TlsError> {
+        let key = KeyPair::generate()?;
+        let cert = Self::leaf(common_name, dns, ips, validity)?.signed_by(&key, &self.issuer)?;
         Ok(CertPem {
             cert: cert.pem(),
             key: key.serialize_pem(),
         })
     }
 
-    /// Signs a node certificate: SAN `node-<id>.<cluster>` plus `ips`.
+    /// Signs a node certificate for a new key: SAN `node-<id>.<cluster>` plus `ips`.
     pub fn sign_node(
         &self,
         cluster: &str,
         name: &str,
         id: u64,
         ips: &[IpAddr],
+        validity: Duration,
     ) -> Result<CertPem, TlsError> {
         check_name(name)?;
-        self.sign(name, vec![node_san(cluster, id)], ips)
+        self.sign(name, vec![node_san(cluster, id)], ips, validity)
+    }
+
+    /// Renews node `id`'s certificate for the key its renewal request `csr` proves: the
+    /// request's signature must verify, and only its public key is used. The names are the
+    /// caller's (what the cluster knows of the node), never the request's. Returns the PEM.
+    pub fn renew_node(
+        &self,
+        cluster: &str,
+        name: &str,
+        id: u64,
+        ips: &[IpAddr],
+        validity: Duration,
+        csr: &[u8],
+    ) -> Result<String, TlsError> {
+        check_name(name)?;
+        let der = rustls::pki_types::CertificateSigningRequestDer::from(csr);
+        let request = rcgen::CertificateSigningRequestParams::from_der(&der)
+            .map_err(|_| TlsError::BadRequest)?;
+        let params = Self::leaf(name, vec![node_san(cluster, id)], ips, validity)?;
+        Ok(params.signed_by(&request.public_key, &self.issuer)?.pem())
     }
 
     /// Signs an admin certificate: SAN `admin.<cluster>`.
-    pub fn sign_admin(&self, cluster: &str) -> Result<CertPem, TlsError> {
-        self.sign("yard admin", vec![admin_san(cluster)], &[])
+    pub fn sign_admin(&self, cluster: &str, validity: Duration) -> Result<CertPem, TlsError> {
+        self.sign("yard admin", vec![admin_san(cluster)], &[], validity)
     }
 }
 
-/// `yard ca init`: writes ca.crt/ca.key and admin.crt/admin.key into `dir`.
-pub fn init_ca_dir(dir: &Path, cluster: &str) -> Result<(), TlsError> {
+/// `yard ca init`: writes ca.crt/ca.key and admin.crt/admin.key into `dir`; the admin
+/// certificate is valid for `admin_validity`.
+pub fn init_ca_dir(dir: &Path, cluster: &str, admin_validity: Duration) -> Result<(), TlsError> {
     if dir.join("ca.key").exists() {
         return Err(TlsError::Exists(dir.join("ca.key")));
     }
     let ca = CertAuthority::generate(cluster)?;
     write(&dir.join("ca.crt"), &ca.cert_pem, false)?;
     write(&dir.join("ca.key"), &ca.issuer.key().serialize_pem(), true)?;
-    let admin = ca.sign_admin(cluster)?;
-    write(&dir.join("admin.crt"), &admin.cert, false)?;
-    write(&dir.join("admin.key"), &admin.key, true)
+    let admin = ca.sign_admin(cluster, admin_validity)?;
+    write_cert(dir, "admin", &admin)
+}
+
+/// `yard ca admin`: writes a new admin.crt/admin.key signed by the CA in `dir`.
+pub fn issue_admin_cert(dir: &Path, cluster: &str, validity: Duration) -> Result<(), TlsError> {
+    let ca = CertAuthority::load(dir)?;
+    let pem = ca.sign_admin(cluster, validity)?;
+    write_cert(dir, "admin", &pem)
 }
 
 /// `yard ca issue`: writes `<name>.crt`/`<name>.key` signed by the CA in `dir`.
@@ -288,10 +397,16 @@ pub fn issue_node_cert(
     name: &str,
     id: u64,
     ips: &[IpAddr],
+    validity: Duration,
 ) -> Result<(), TlsError> {
     let ca = CertAuthority::load(dir)?;
-    let pem = ca.sign_node(cluster, name, id, ips)?;
+    let pem = ca.sign_node(cluster, name, id, ips, validity)?;
     write_cert(dir, name, &pem)
+}
+
+/// Writes a renewed `<name>.crt` into `dir` (the key stays: see [`renewal_request`]).
+pub fn write_renewed_cert(dir: &Path, name: &str, cert_pem: &str) -> Result<(), TlsError> {
+    write(&dir.join(format!("{name}.crt")), cert_pem, false)
 }
 
 /// Writes `<name>.crt` and `<name>.key` into `dir`.
@@ -454,6 +569,22 @@ pub fn server_config(identity: &Identity) -> Result<quinn::ServerConfig, TlsErro
     let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     server.transport_config(server_transport_config());
     Ok(server)
+}
+
+/// Whether `cert` is valid now as a client certificate signed by `ca` (what every node checks
+/// when the holder connects).
+pub fn verify_client_cert(ca: &CertificateDer<'static>, cert: &CertificateDer<'_>) -> bool {
+    let Ok(roots) = roots(ca) else {
+        return false;
+    };
+    let Ok(verifier) =
+        rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider()).build()
+    else {
+        return false;
+    };
+    verifier
+        .verify_client_cert(cert, &[], UnixTime::now())
+        .is_ok()
 }
 
 /// How a client decides whom it trusts.
@@ -637,7 +768,7 @@ mod tests {
         assert_eq!(mode(&key), 0o600);
         assert_eq!(std::fs::read_to_string(&key).unwrap(), "new");
         let pki = dir.path().join("pki");
-        init_ca_dir(&pki, "yard").unwrap();
+        init_ca_dir(&pki, "yard", ADMIN_VALIDITY).unwrap();
         assert_eq!(mode(&pki.join("ca.key")), 0o600);
         assert_eq!(mode(&pki.join("admin.key")), 0o600);
         assert_eq!(
@@ -658,8 +789,8 @@ mod tests {
     #[test]
     fn roles_come_from_the_certificate() {
         let ca = CertAuthority::generate("yard").unwrap();
-        let node = ca.sign_node("yard", "n1", 7, &[]).unwrap();
-        let admin = ca.sign_admin("yard").unwrap();
+        let node = ca.sign_node("yard", "n1", 7, &[], NODE_VALIDITY).unwrap();
+        let admin = ca.sign_admin("yard", ADMIN_VALIDITY).unwrap();
         let der = |pem: &str| CertificateDer::from_pem_slice(pem.as_bytes()).unwrap();
         assert_eq!(role_of("yard", &der(&node.cert)), PeerRole::Node(7));
         assert_eq!(role_of("yard", &der(&admin.cert)), PeerRole::Admin);
@@ -670,8 +801,73 @@ mod tests {
     fn bad_names_are_refused() {
         let ca = CertAuthority::generate("yard").unwrap();
         assert!(matches!(
-            ca.sign_node("yard", "../x", 1, &[]),
+            ca.sign_node("yard", "../x", 1, &[], NODE_VALIDITY),
             Err(TlsError::BadName(_))
         ));
+    }
+
+    fn der(pem: &str) -> CertificateDer<'static> {
+        CertificateDer::from_pem_slice(pem.as_bytes()).unwrap()
+    }
+
+    /// Issue 25: `yard ca` issued every certificate valid until 4096.
+    #[test]
+    fn certificates_are_valid_for_what_they_were_signed_for() {
+        let ca = CertAuthority::generate("yard").unwrap();
+        let now = SystemTime::now();
+        let node = ca.sign_node("yard", "n1", 7, &[], NODE_VALIDITY).unwrap();
+        let (before, after) = validity(&der(&node.cert)).unwrap();
+        let day = Duration::from_secs(24 * 3600);
+        assert!(after > now + NODE_VALIDITY - day && after <= now + NODE_VALIDITY + day);
+        assert!(before <= now && before + Duration::from_secs(301) >= now);
+        let ca_after = not_after(&der(&ca.cert_pem)).unwrap();
+        assert!(ca_after > now + CA_VALIDITY - day && ca_after < now + CA_VALIDITY + day);
+        assert!(matches!(
+            ca.sign_admin("yard", Duration::from_secs(9)),
+            Err(TlsError::ShortValidity(_))
+        ));
+        assert!(verify_client_cert(&der(&ca.cert_pem), &der(&node.cert)));
+    }
+
+    /// A renewal keeps the node's key and takes the names the signer gives, not the request's.
+    #[test]
+    fn a_renewal_is_for_the_requests_key_and_the_signers_names() {
+        let ca = CertAuthority::generate("yard").unwrap();
+        let old = ca.sign_node("yard", "n1", 7, &[], NODE_VALIDITY).unwrap();
+        // A request that asks for another node's name gets the one the signer gives.
+        let key = KeyPair::from_pem(&old.key).unwrap();
+        let mut params = CertificateParams::new(vec![node_san("yard", 1)]).unwrap();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "n-other");
+        let csr = params.serialize_request(&key).unwrap().der().to_vec();
+        let ip: IpAddr = "198.18.0.7".parse().unwrap();
+        let renewed = ca
+            .renew_node("yard", "n1", 7, &[ip], NODE_VALIDITY, &csr)
+            .unwrap();
+        let (old_der, new_der) = (der(&old.cert), der(&renewed));
+        assert_eq!(role_of("yard", &new_der), PeerRole::Node(7));
+        assert!(verify_client_cert(&der(&ca.cert_pem), &new_der));
+        let spki = |c: &CertificateDer<'_>| {
+            let (_, p) = x509_parser::parse_x509_certificate(c.as_ref()).unwrap();
+            p.public_key().raw.to_vec()
+        };
+        assert_eq!(spki(&old_der), spki(&new_der), "the key changed");
+        // The request made by the node itself works the same way.
+        let own = renewal_request(&old.key).unwrap();
+        assert!(ca
+            .renew_node("yard", "n1", 7, &[], NODE_VALIDITY, &own)
+            .is_ok());
+        // A request whose signature does not verify is refused.
+        let mut forged = own.clone();
+        let last = forged.len() - 1;
+        forged[last] ^= 0xff;
+        assert!(matches!(
+            ca.renew_node("yard", "n1", 7, &[], NODE_VALIDITY, &forged),
+            Err(TlsError::BadRequest)
+        ));
+        // A certificate from another CA is not valid here.
+        let other = CertAuthority::generate("yard").unwrap();
+        assert!(!verify_client_cert(&der(&other.cert_pem), &new_der));
     }
 }

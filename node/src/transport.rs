@@ -7,7 +7,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use yard_raft_store::NodeId;
 
@@ -70,15 +70,46 @@ pub trait Handler: Send + Sync + 'static {
 /// one bidirectional stream per request.
 pub struct QuicTransport {
     endpoint: quinn::Endpoint,
-    client: quinn::ClientConfig,
+    /// Replaced when the node's certificate is renewed or reloaded ([`Self::reload`]).
+    client: Mutex<quinn::ClientConfig>,
     cluster: String,
     max_frame: u32,
-    conns: Mutex<HashMap<Target, quinn::Connection>>,
+    conns: Mutex<HashMap<Target, Cached>>,
     /// Handshakes in flight, one per target, each run to its end by a task of its own: callers
     /// wait for it with their own timeouts, and one that gives up leaves it running, so the
     /// connection is there for the next call. (Aborting handshakes at a short RPC timeout made
     /// a loaded host start a new handshake per call, none of which finished in time.)
     dialing: Mutex<HashMap<Target, Dial>>,
+}
+
+/// A connection kept for reuse, until its server's certificate expires: past that instant a
+/// new handshake must show a valid one (a cached connection would otherwise outlive the
+/// certificate that opened it by as long as it stays busy).
+struct Cached {
+    conn: quinn::Connection,
+    expires: Option<SystemTime>,
+}
+
+impl Cached {
+    fn new(conn: quinn::Connection) -> Self {
+        let expires = peer_certificate(&conn).and_then(|c| tls::not_after(&c));
+        Self { conn, expires }
+    }
+
+    fn usable(&self, now: SystemTime) -> bool {
+        self.conn.close_reason().is_none() && self.expires.is_none_or(|at| now < at)
+    }
+}
+
+/// The certificate the other end of `conn` showed in its handshake, if any.
+fn peer_certificate(
+    conn: &quinn::Connection,
+) -> Option<rustls::pki_types::CertificateDer<'static>> {
+    conn.peer_identity()?
+        .downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
+        .ok()?
+        .into_iter()
+        .next()
 }
 
 /// A handshake's outcome, once known.
@@ -96,7 +127,7 @@ impl QuicTransport {
     ) -> Arc<Self> {
         Arc::new(Self {
             endpoint,
-            client,
+            client: Mutex::new(client),
             cluster,
             max_frame,
             conns: Mutex::new(HashMap::new()),
@@ -108,8 +139,25 @@ impl QuicTransport {
         let conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
         conns
             .get(target)
-            .filter(|c| c.close_reason().is_none())
-            .cloned()
+            .filter(|c| c.usable(SystemTime::now()))
+            .map(|c| c.conn.clone())
+    }
+
+    /// Presents `identity` from now on: in new handshakes as a client, and as the server of
+    /// the endpoint. Cached connections are dropped from the cache so that the next call dials
+    /// with the new certificate; calls in flight keep theirs until they finish, and QUIC closes
+    /// a connection once its last user is gone.
+    pub fn reload(&self, identity: &tls::Identity) -> Result<(), tls::TlsError> {
+        let client = tls::client_config(
+            &self.cluster,
+            tls::Trust::Ca(identity.ca.clone()),
+            Some(identity),
+        )?;
+        let server = tls::server_config(identity)?;
+        self.endpoint.set_server_config(Some(server));
+        *self.client.lock().unwrap_or_else(|e| e.into_inner()) = client;
+        self.conns.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        Ok(())
     }
 
     fn evict(&self, target: &Target) {
@@ -147,7 +195,7 @@ impl QuicTransport {
                             this.conns
                                 .lock()
                                 .unwrap_or_else(|e| e.into_inner())
-                                .insert(target.clone(), conn.clone());
+                                .insert(target.clone(), Cached::new(conn.clone()));
                         }
                         this.dialing
                             .lock()
@@ -175,8 +223,13 @@ impl QuicTransport {
     async fn dial(&self, target: &Target) -> Result<quinn::Connection, String> {
         let addr = resolve(&target.addr).await?;
         let name = tls::expected_server_name(&self.cluster, target.id);
+        let client = self
+            .client
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         self.endpoint
-            .connect_with(self.client.clone(), addr, &name)
+            .connect_with(client, addr, &name)
             .map_err(|e| e.to_string())?
             .await
             .map_err(|e| e.to_string())
@@ -510,6 +563,9 @@ impl Drop for ConnSlot {
 /// The application close code of a connection refused for a limit.
 const CLOSE_LIMIT: u32 = 1;
 
+/// The application close code of a connection whose client certificate expired.
+const CLOSE_EXPIRED: u32 = 2;
+
 /// Accepts connections on `endpoint` until it closes, answering each stream with `handler`,
 /// within `limits`.
 pub async fn serve(
@@ -545,14 +601,10 @@ pub async fn serve(
                     return;
                 }
             };
-            let role = conn
-                .peer_identity()
-                .and_then(|id| {
-                    id.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
-                        .ok()
-                })
-                .and_then(|chain| chain.first().map(|c| tls::role_of(&cluster, c)))
-                .unwrap_or(PeerRole::Anonymous);
+            let cert = peer_certificate(&conn);
+            let role = cert
+                .as_ref()
+                .map_or(PeerRole::Anonymous, |c| tls::role_of(&cluster, c));
             if role == PeerRole::Anonymous {
                 if let Err(reason) = slot.anonymous(&limits) {
                     METRICS.requests_refused.inc();
@@ -567,7 +619,30 @@ pub async fn serve(
                 conn.set_receive_window(quinn::VarInt::MAX);
             }
             tracing::debug!(%remote, ?role, "accepted connection");
-            while let Ok((send, recv)) = conn.accept_bi().await {
+            // The handshake checked the certificate's validity once; the connection ends when
+            // it runs out, so a certificate that expires (is not renewed) stops being served
+            // then, not when the peer happens to reconnect.
+            let expiry = cert.as_ref().and_then(|c| tls::not_after(c));
+            let expired = async {
+                match expiry.and_then(|at| at.duration_since(SystemTime::now()).ok()) {
+                    Some(left) => tokio::time::sleep(left).await,
+                    None if expiry.is_some() => {}
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::pin!(expired);
+            loop {
+                let (send, recv) = tokio::select! {
+                    next = conn.accept_bi() => match next {
+                        Ok(streams) => streams,
+                        Err(_) => break,
+                    },
+                    () = &mut expired => {
+                        tracing::info!(%remote, ?role, "closed a connection whose client certificate expired");
+                        conn.close(CLOSE_EXPIRED.into(), b"your certificate expired");
+                        break;
+                    }
+                };
                 let handler = handler.clone();
                 tokio::spawn(serve_stream(
                     send,

@@ -142,6 +142,7 @@ async fn start(
         feed,
         transport,
         ca,
+        cert_validity: yard::tls::NODE_VALIDITY,
         ca_hash: "cafe".into(),
         rpc_timeout: Duration::from_millis(500),
         leader_wait: Duration::from_secs(3),

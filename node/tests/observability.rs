@@ -72,6 +72,7 @@ async fn one_node() -> OneNode {
         feed,
         transport,
         ca: None,
+        cert_validity: yard::tls::NODE_VALIDITY,
         ca_hash: "cafe".into(),
         rpc_timeout: Duration::from_millis(500),
         leader_wait: Duration::from_secs(3),

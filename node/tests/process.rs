@@ -192,7 +192,7 @@ async fn foreign_ca_is_refused_and_the_node_keeps_serving() {
     let client = d.client();
     wait_serving(&client).await;
     let foreign = tempfile::tempdir().unwrap();
-    tls::init_ca_dir(foreign.path(), "yard").unwrap();
+    tls::init_ca_dir(foreign.path(), "yard", tls::ADMIN_VALIDITY).unwrap();
     let stranger = AdminClient::new(
         &[d.endpoint()],
         foreign.path(),

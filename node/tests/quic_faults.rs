@@ -44,7 +44,13 @@ impl Handler for Pong {
 fn identity(ca: &CertAuthority, dir: &Path, name: &str, id: u64) -> Identity {
     tls::write_ca_cert(dir, &ca.cert_pem).unwrap();
     let pem = ca
-        .sign_node(CLUSTER, name, id, &["127.0.0.1".parse().unwrap()])
+        .sign_node(
+            CLUSTER,
+            name,
+            id,
+            &["127.0.0.1".parse().unwrap()],
+            tls::NODE_VALIDITY,
+        )
         .unwrap();
     tls::write_cert(dir, name, &pem).unwrap();
     Identity::load(dir, name).unwrap()

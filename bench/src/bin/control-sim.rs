@@ -266,6 +266,7 @@ async fn build_member(
         feed,
         transport,
         ca: None,
+        cert_validity: yard::tls::NODE_VALIDITY,
         ca_hash: "sim".into(),
         rpc_timeout,
         leader_wait: rpc_timeout + Duration::from_millis(raft.election_timeout_max_ms * 8),

@@ -137,12 +137,16 @@ enum NodeCmd {
 
 #[derive(Debug, Subcommand)]
 enum CaCmd {
-    /// Create ca.crt/ca.key and admin.crt/admin.key in DIR.
+    /// Create ca.crt/ca.key (valid ten years) and admin.crt/admin.key in DIR.
     Init {
         #[arg(long)]
         dir: PathBuf,
+        /// How long the admin certificate is valid.
+        #[arg(long, default_value = "365d", value_parser = humantime::parse_duration)]
+        admin_validity: Duration,
     },
-    /// Issue a node certificate NAME.crt/NAME.key signed by DIR's CA.
+    /// Issue a node certificate NAME.crt/NAME.key signed by DIR's CA. The node renews it
+    /// itself when a third of its validity is left.
     Issue {
         #[arg(long)]
         dir: PathBuf,
@@ -152,6 +156,18 @@ enum CaCmd {
         id: u64,
         #[arg(long = "ip")]
         ips: Vec<IpAddr>,
+        /// How long the certificate is valid.
+        #[arg(long, default_value = "90d", value_parser = humantime::parse_duration)]
+        validity: Duration,
+    },
+    /// Issue a new admin certificate admin.crt/admin.key signed by DIR's CA (before the old
+    /// one expires: nothing renews it).
+    Admin {
+        #[arg(long)]
+        dir: PathBuf,
+        /// How long the certificate is valid.
+        #[arg(long, default_value = "365d", value_parser = humantime::parse_duration)]
+        validity: Duration,
     },
 }
 
@@ -275,9 +291,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Ca {
-            cmd: CaCmd::Init { dir },
+            cmd: CaCmd::Init {
+                dir,
+                admin_validity,
+            },
         } => {
-            yard::tls::init_ca_dir(dir, &args.cluster)?;
+            yard::tls::init_ca_dir(dir, &args.cluster, *admin_validity)?;
             out.line(
                 json!({"dir": dir, "ca": dir.join("ca.crt"), "admin": dir.join("admin.crt")}),
                 || format!("created a CA and an admin certificate in {}", dir.display()),
@@ -285,15 +304,31 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Ca {
-            cmd: CaCmd::Issue { dir, name, id, ips },
+            cmd:
+                CaCmd::Issue {
+                    dir,
+                    name,
+                    id,
+                    ips,
+                    validity,
+                },
         } => {
             if *id == 0 {
                 bail!("node id must be at least 1");
             }
-            yard::tls::issue_node_cert(dir, &args.cluster, name, *id, ips)?;
+            yard::tls::issue_node_cert(dir, &args.cluster, name, *id, ips, *validity)?;
             let san = yard::tls::node_san(&args.cluster, *id);
             out.line(json!({"name": name, "id": id, "san": san}), || {
                 format!("issued {}/{name}.crt for {san}", dir.display())
+            });
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Ca {
+            cmd: CaCmd::Admin { dir, validity },
+        } => {
+            yard::tls::issue_admin_cert(dir, &args.cluster, *validity)?;
+            out.line(json!({"admin": dir.join("admin.crt")}), || {
+                format!("issued {}/admin.crt", dir.display())
             });
             Ok(ExitCode::SUCCESS)
         }

@@ -260,7 +260,7 @@ impl Node {
             tracing::warn!(token = token_id, id = req.id, name = %req.name, %why, "refused a token redemption");
             return Reply::Error(why);
         }
-        match ca.sign_node(&p.cluster, &req.name, req.id, &req.ips) {
+        match ca.sign_node(&p.cluster, &req.name, req.id, &req.ips, p.cert_validity) {
             Ok(cert) => {
                 tracing::info!(token = token_id, id = req.id, name = %req.name, "signed a node certificate for a token join");
                 Reply::Certificate {

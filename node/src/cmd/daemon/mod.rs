@@ -117,7 +117,7 @@ async fn ensure_certificates(cfg: &Config, args: &StartArgs, tls_dir: &Path) -> 
     if cfg.tls.dir.is_none() && args.join.is_none() {
         // The embedded default: a self-contained cluster with its own CA in the data dir.
         if !tls_dir.join("ca.key").exists() {
-            tls::init_ca_dir(tls_dir, &cfg.node.cluster)?;
+            tls::init_ca_dir(tls_dir, &cfg.node.cluster, tls::ADMIN_VALIDITY)?;
             tracing::info!(dir = %tls_dir.display(), "generated a cluster CA");
         }
         tls::issue_node_cert(
@@ -126,6 +126,7 @@ async fn ensure_certificates(cfg: &Config, args: &StartArgs, tls_dir: &Path) -> 
             &cfg.node.name,
             cfg.node.id,
             &[ip],
+            cfg.tls.cert_validity(),
         )?;
         return Ok(());
     }
@@ -173,7 +174,16 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
     };
     let (node, gateway_control, diagnosis_control) =
         build_node(&cfg, &net, raft.clone(), feed, &shared)?;
-    let loops = ControlLoops::spawn(&node, gateway_control, diagnosis_control);
+    let mut loops = ControlLoops::spawn(&node, gateway_control, diagnosis_control);
+    loops.0.push(tokio::spawn(
+        yard::renewal::Renewer {
+            node: node.clone(),
+            quic: net.quic.clone(),
+            tls_dir: cfg.tls_dir(),
+            name: cfg.node.name.clone(),
+        }
+        .run(),
+    ));
 
     planes::start_aggregation_services(&cfg, &node).await?;
     let aggregator = planes::open_aggregator(&cfg, &node)?;
@@ -247,6 +257,8 @@ struct Shared {
 struct Network {
     endpoint: quinn::Endpoint,
     transport: Arc<dyn Transport>,
+    /// The same transport, for presenting a renewed certificate.
+    quic: Arc<QuicTransport>,
     identity: Identity,
     ca: Option<Arc<CertAuthority>>,
 }
@@ -256,7 +268,21 @@ async fn open_network(cfg: &Config, args: &StartArgs) -> anyhow::Result<Network>
     let tls_dir = cfg.tls_dir();
     ensure_certificates(cfg, args, &tls_dir).await?;
     let identity = Identity::load(&tls_dir, &cfg.node.name)?;
-    let ca = if tls_dir.join("ca.key").exists() {
+    let holds_ca = tls_dir.join("ca.key").exists();
+    if let Some(expired) = identity
+        .chain
+        .first()
+        .and_then(tls::not_after)
+        .filter(|at| *at <= std::time::SystemTime::now() && !holds_ca)
+    {
+        bail!(
+            "the certificate {}/{}.crt expired at {}; remove it and join again with a new token, or issue one with `yard ca issue`",
+            tls_dir.display(),
+            cfg.node.name,
+            humantime::format_rfc3339_seconds(expired)
+        );
+    }
+    let ca = if holds_ca {
         Some(Arc::new(CertAuthority::load(&tls_dir)?))
     } else {
         None
@@ -266,15 +292,17 @@ async fn open_network(cfg: &Config, args: &StartArgs) -> anyhow::Result<Network>
     let client_cfg = tls::client_config(&cluster, Trust::Ca(identity.ca.clone()), Some(&identity))?;
     let endpoint = yard::transport::bind_node_endpoint(cfg.node.listen, &identity, server_cfg)
         .with_context(|| format!("cannot listen on node.listen {}", cfg.node.listen))?;
-    let transport: Arc<dyn Transport> = Arc::new(Quic(QuicTransport::new(
+    let quic = QuicTransport::new(
         endpoint.clone(),
         client_cfg,
         cluster,
         cfg.transport.max_frame_bytes,
-    )));
+    );
+    let transport: Arc<dyn Transport> = Arc::new(Quic(quic.clone()));
     Ok(Network {
         endpoint,
         transport,
+        quic,
         identity,
         ca,
     })
@@ -327,6 +355,7 @@ fn build_node(
         feed,
         transport: net.transport.clone(),
         ca: net.ca.clone(),
+        cert_validity: cfg.tls.cert_validity(),
         ca_hash: tls::ca_hash(&net.identity.ca),
         rpc_timeout: shared.rpc_timeout,
         // Long enough for one forward to time out on a dead leader and one more attempt after

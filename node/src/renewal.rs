@@ -1,0 +1,281 @@
+//! Certificates that renew themselves: every node asks for a new certificate for its key
+//! before its own runs out ([`yard_control::cert_renewal`] decides when), and a node holding
+//! the CA key signs such requests ([`Node::handle_renewal`]). The new certificate is written
+//! over the old file and presented at once, without a restart ([`QuicTransport::reload`]);
+//! `SIGHUP` makes the node re-read its certificate files the same way (an operator who
+//! replaced them by hand).
+//!
+//! Why: certificates used to be valid until 4096, so one that left the cluster with a host
+//! that was never removed worked for ever. Now it stops working within `tls.cert_validity_s`
+//! (90 days by default), while every host that stays renews without an operator.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use yard_control::cert_renewal::{self, Step};
+use yard_raft_store::NodeId;
+
+use crate::rpc::{Reply, Request};
+use crate::service::Node;
+use crate::tls::{self, Identity, PeerRole, TlsError};
+use crate::transport::{QuicTransport, Target};
+
+/// How long the loop sleeps at most before looking at its certificate again, so that files
+/// replaced under it and clock changes are noticed within this.
+const RECHECK: Duration = Duration::from_secs(3600);
+
+/// Why a renewal attempt failed, in one sentence.
+#[derive(Debug, thiserror::Error)]
+pub enum RenewalError {
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error("cannot read the node's key file {path}: {source}")]
+    Key {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("no node holding the CA key signed a renewal: {0}")]
+    NoSigner(String),
+    #[error("the renewed certificate from node {signer} is not for this node or this CA")]
+    Foreign { signer: NodeId },
+}
+
+impl Node {
+    /// Signs a renewed certificate for node `id` (the caller's certificate names it) over the
+    /// key its request proves, with the name and address the cluster has for it.
+    pub(crate) fn handle_renewal(&self, id: NodeId, csr: &[u8]) -> Reply {
+        let p = &self.inner;
+        let Some(ca) = p.ca.as_ref() else {
+            return Reply::Error(format!(
+                "node {} holds no CA key and cannot sign certificates",
+                p.id
+            ));
+        };
+        let known = p.feed.read(|d| {
+            d.nodes.get(&id).map(|n| yard_raft_store::NodeInfo {
+                name: n.name.clone(),
+                addr: n.addr.clone(),
+            })
+        });
+        let Some(info) = known.or_else(|| self.member(id)) else {
+            return Reply::Error(format!("node {id} is not a host of this cluster"));
+        };
+        match ca.renew_node(
+            &p.cluster,
+            &info.name,
+            id,
+            &ips_of(&info.addr),
+            p.cert_validity,
+            csr,
+        ) {
+            Ok(cert) => {
+                tracing::info!(node = id, name = %info.name, "signed a renewed node certificate");
+                Reply::Renewed {
+                    ca: ca.cert_pem.clone(),
+                    cert,
+                }
+            }
+            Err(e) => Reply::Error(format!("cannot renew node {id}'s certificate: {e}")),
+        }
+    }
+}
+
+/// The IP of a `host:port` address, for the certificate's IP SAN (a name gives none).
+fn ips_of(addr: &str) -> Vec<IpAddr> {
+    addr.parse::<std::net::SocketAddr>()
+        .map(|a| vec![a.ip()])
+        .unwrap_or_default()
+}
+
+/// This node's renewal loop: its certificate files, the transport that presents them, and the
+/// node it asks signers through.
+pub struct Renewer {
+    pub node: Node,
+    pub quic: Arc<QuicTransport>,
+    pub tls_dir: PathBuf,
+    pub name: String,
+}
+
+impl Renewer {
+    /// Renews this node's certificate whenever [`cert_renewal::step`] says so, and reloads it
+    /// on `SIGHUP`. Runs until the node stops.
+    pub async fn run(self) {
+        let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(error = %e, "no SIGHUP handler; certificate files are re-read only when renewed");
+                None
+            }
+        };
+        loop {
+            let wait = self.tick().await;
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                Some(()) = async { hangup.as_mut()?.recv().await } => {
+                    match self.reload().await {
+                        Ok(until) => tracing::info!(valid_until = %humantime::format_rfc3339_seconds(until), "SIGHUP: reloaded the node certificate"),
+                        Err(e) => tracing::error!(error = %e, "SIGHUP: kept the certificate in use"),
+                    }
+                }
+            }
+        }
+    }
+
+    /// One look at the certificate: renews it if due, and says how long to sleep.
+    async fn tick(&self) -> Duration {
+        let identity = match self.load().await {
+            Ok(identity) => identity,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read this node's certificate");
+                return Duration::from_secs(60);
+            }
+        };
+        let Some((before, after)) = identity.chain.first().and_then(tls::validity) else {
+            tracing::error!("this node's certificate has no readable validity");
+            return RECHECK;
+        };
+        let (before, after, now) = (unix_ms(before), unix_ms(after), unix_ms(SystemTime::now()));
+        let retry = Duration::from_millis(cert_renewal::retry_after_ms(before, after));
+        match cert_renewal::step(before, after, now) {
+            Step::Wait { at_ms } => Duration::from_millis(at_ms - now).min(RECHECK),
+            Step::Expired if self.node.inner.ca.is_none() => {
+                tracing::error!(
+                    expired_ms_ago = now - after,
+                    "this node's certificate expired and peers refuse it; join again with a new token or issue one with `yard ca issue`"
+                );
+                retry
+            }
+            Step::Renew | Step::Expired => match self.renew().await {
+                Ok(until) => {
+                    tracing::info!(valid_until = %humantime::format_rfc3339_seconds(until), "renewed this node's certificate");
+                    Duration::ZERO
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_ms = retry.as_millis() as u64, "certificate renewal failed; retrying");
+                    retry
+                }
+            },
+        }
+    }
+
+    /// Gets a renewed certificate (signed here when this node holds the CA key, which also
+    /// revives an expired one), writes it over the old one and presents it.
+    async fn renew(&self) -> Result<SystemTime, RenewalError> {
+        let key_path = self.tls_dir.join(format!("{}.key", self.name));
+        let key_pem = tokio::fs::read_to_string(&key_path)
+            .await
+            .map_err(|source| RenewalError::Key {
+                path: key_path,
+                source,
+            })?;
+        let csr = tls::renewal_request(&key_pem)?;
+        let p = &self.node.inner;
+        let cert = match &p.ca {
+            Some(ca) => ca.renew_node(
+                &p.cluster,
+                &self.name,
+                p.id,
+                &ips_of(&p.addr),
+                p.cert_validity,
+                &csr,
+            )?,
+            None => self.ask_signers(csr).await?,
+        };
+        tls::write_renewed_cert(&self.tls_dir, &self.name, &cert)?;
+        self.reload().await
+    }
+
+    /// Asks the leader, then every other voter, to sign `csr`; the first certificate for this
+    /// node under this node's CA wins.
+    async fn ask_signers(&self, csr: Vec<u8>) -> Result<String, RenewalError> {
+        let p = &self.node.inner;
+        let mut signers: Vec<(NodeId, String)> = Vec::new();
+        if let Some((id, info)) = self.node.known_leader() {
+            signers.push((id, info.addr));
+        }
+        for id in self.node.voter_ids() {
+            if let Some(info) = self.node.member(id) {
+                if !signers.iter().any(|(s, _)| *s == id) {
+                    signers.push((id, info.addr));
+                }
+            }
+        }
+        signers.retain(|(id, _)| *id != p.id);
+        let mut why = Vec::new();
+        for (signer, addr) in signers {
+            let ask = Request::RenewCertificate { csr: csr.clone() };
+            match p
+                .transport
+                .call(Target::node(signer, addr), ask, p.rpc_timeout)
+                .await
+            {
+                Ok(Reply::Renewed { ca, cert }) => {
+                    let ours = self.load().await?;
+                    if !issued_for(&cert, &ca, &ours, &p.cluster, p.id) {
+                        return Err(RenewalError::Foreign { signer });
+                    }
+                    return Ok(cert);
+                }
+                Ok(Reply::Error(e)) => why.push(format!("node {signer}: {e}")),
+                Ok(other) => why.push(format!("node {signer}: unexpected {other:?}")),
+                Err(e) => why.push(format!("node {signer}: {e}")),
+            }
+        }
+        if why.is_empty() {
+            why.push("no voter is known".into());
+        }
+        Err(RenewalError::NoSigner(why.join("; ")))
+    }
+
+    /// Reads the certificate files and presents them from now on; returns the new expiry.
+    async fn reload(&self) -> Result<SystemTime, RenewalError> {
+        let identity = self.load().await?;
+        self.quic.reload(&identity)?;
+        Ok(identity
+            .chain
+            .first()
+            .and_then(tls::not_after)
+            .unwrap_or(UNIX_EPOCH))
+    }
+
+    async fn load(&self) -> Result<Identity, TlsError> {
+        let (dir, name) = (self.tls_dir.clone(), self.name.clone());
+        tokio::task::spawn_blocking(move || Identity::load(&dir, &name))
+            .await
+            .unwrap_or_else(|e| Err(TlsError::Rustls(rustls::Error::General(e.to_string()))))
+    }
+}
+
+/// Whether PEM certificate `cert` names node `id` of `cluster`, is valid now under the CA
+/// `ours` trusts (`ca` is that CA) and is for `ours`'s key: a signer could otherwise hand a node a
+/// certificate it cannot use, and the node would replace a working one with it.
+fn issued_for(cert: &str, ca: &str, ours: &Identity, cluster: &str, id: NodeId) -> bool {
+    use rustls::pki_types::pem::PemObject;
+    let (Ok(cert), Ok(ca)) = (
+        rustls::pki_types::CertificateDer::from_pem_slice(cert.as_bytes()),
+        rustls::pki_types::CertificateDer::from_pem_slice(ca.as_bytes()),
+    ) else {
+        return false;
+    };
+    let spki = |c: &rustls::pki_types::CertificateDer<'_>| {
+        x509_parser::parse_x509_certificate(c.as_ref())
+            .ok()
+            .map(|(_, p)| p.public_key().raw.to_vec())
+    };
+    let key_matches = matches!(
+        (spki(&cert), ours.chain.first().and_then(spki)),
+        (Some(a), Some(b)) if a == b
+    );
+    ca == ours.ca
+        && key_matches
+        && tls::role_of(cluster, &cert) == PeerRole::Node(id)
+        && tls::verify_client_cert(&ours.ca, &cert)
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
