@@ -53,6 +53,9 @@ pub struct ClusterOptions {
     /// Hosts whose config takes these lines instead of `extra_config` (e.g. agents that run no
     /// aggregator), with the same placeholder.
     pub host_config: std::collections::BTreeMap<usize, String>,
+    /// Lines for every node's `[tls]` table, which the cluster writes itself (e.g.
+    /// `"cert_validity_s = 20"`).
+    pub tls_config: String,
 }
 
 impl ClusterOptions {
@@ -72,6 +75,8 @@ pub struct YardCluster<T = Topology> {
     pub topo: T,
     bin: PathBuf,
     tls: PathBuf,
+    /// [`ClusterOptions::tls_config`].
+    tls_config: String,
     nodes: Vec<Option<Process>>,
 }
 
@@ -106,6 +111,7 @@ impl<T: Borrow<Topology>> YardCluster<T> {
         let mut cluster = Self {
             bin: bin.to_owned(),
             tls,
+            tls_config: opts.tls_config.clone(),
             nodes: vec![None; n],
             topo,
         };
@@ -156,9 +162,10 @@ impl<T: Borrow<Topology>> YardCluster<T> {
         let dir = self.node_dir(i);
         std::fs::create_dir_all(&dir).map_err(io(format!("create {}", dir.display())))?;
         let config = format!(
-            "[node]\nid = {i}\nname = \"n{i}\"\nlisten = \"{ip}:{PORT}\"\ndata_dir = \"{}\"\n[tls]\ndir = \"{}\"\n[metrics]\nlisten = \"{ip}:{METRICS_PORT}\"\n{extra}\n",
+            "[node]\nid = {i}\nname = \"n{i}\"\nlisten = \"{ip}:{PORT}\"\ndata_dir = \"{}\"\n[tls]\ndir = \"{}\"\n{}\n[metrics]\nlisten = \"{ip}:{METRICS_PORT}\"\n{extra}\n",
             dir.join("data").display(),
             tls.display(),
+            self.tls_config,
             extra = extra.replace(HOST_PLACEHOLDER, &i.to_string()),
         );
         let path = self.config_path(i);

@@ -358,6 +358,102 @@ fn a_node_without_a_certificate_joins_with_a_token_and_a_member_is_removed() {
     );
 }
 
+/// The validity window of the PEM certificate at `path`, in unix seconds.
+fn validity(path: &std::path::Path) -> (i64, i64) {
+    let pem = std::fs::read(path).unwrap();
+    let (_, pem) = x509_parser::pem::parse_x509_pem(&pem).unwrap();
+    let cert = pem.parse_x509().unwrap();
+    let v = cert.validity();
+    (v.not_before.timestamp(), v.not_after.timestamp())
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+/// Issue 25: certificates never expired. With 20 s certificates, a host that joined with a
+/// token (it holds no CA key) renews its own through the nodes that do before each expires,
+/// presents the new one without a restart, and keeps serving: writes through it every half
+/// second for 50 s (more than two validities) all succeed and all reach the leader's side.
+#[test]
+fn a_token_joined_host_renews_its_short_certificate_and_keeps_serving() {
+    require_root();
+    let opts = ClusterOptions {
+        tls_config: "cert_validity_s = 20".into(),
+        ..Default::default()
+    };
+    let mut c = YardCluster::start(&yard_bin(), 3, 4, &opts).unwrap();
+    let created = ok(c
+        .cli(
+            1,
+            &[
+                "token",
+                "create",
+                "--node-id",
+                "4",
+                "--name",
+                "n4",
+                "--json",
+            ],
+        )
+        .unwrap());
+    let token: serde_json::Value = serde_json::from_str(&created).unwrap();
+    let p = c
+        .join_with_token(4, token["token"].as_str().unwrap())
+        .unwrap();
+    let start = Instant::now();
+    while c.status(4).is_err() {
+        assert!(p.is_running(), "token join failed:\n{}", p.log());
+        assert!(start.elapsed() < Duration::from_secs(30), "{}", p.log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let cert = c.topo.dir().join("n4/tls/n4.crt");
+    let mut seen = vec![validity(&cert)];
+    let (before, after) = seen[0];
+    assert!(
+        (20..=23).contains(&(after - before)),
+        "signed for {} s",
+        after - before
+    );
+    let start = Instant::now();
+    let mut writes = 0;
+    while start.elapsed() < Duration::from_secs(50) {
+        let key = format!("renewal-{writes}");
+        let out = c.cli(4, &["kv", "put", &key, "v"]).unwrap();
+        assert!(
+            out.status.success(),
+            "a write through node 4 failed at {:?}: {}\n{}",
+            start.elapsed(),
+            String::from_utf8_lossy(&out.stderr),
+            p.log()
+        );
+        writes += 1;
+        let now = validity(&cert);
+        if now != *seen.last().unwrap() {
+            seen.push(now);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    println!("{writes} writes through node 4; its certificates: {seen:?}");
+    assert!(seen.len() >= 3, "renewed {} times", seen.len() - 1);
+    for pair in seen.windows(2) {
+        assert!(
+            pair[1].0 < pair[0].1,
+            "a renewal came after the expiry: {seen:?}"
+        );
+    }
+    assert!(
+        unix_now() > seen[0].1,
+        "the first certificate is still valid"
+    );
+    assert!(p.log().contains("renewed this node's certificate"));
+    let last = format!("renewal-{}", writes - 1);
+    assert_eq!(ok(c.cli(1, &["kv", "get", &last]).unwrap()), "v");
+}
+
 /// The upgrade path of a cluster where every host votes (as every cluster did before agents):
 /// five voters restarted one at a time, the leader last, with `raft.voters = 3` and no standby
 /// replicas. Once a restarted node leads, the autopilot demotes two voters and drops them to

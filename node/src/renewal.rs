@@ -22,9 +22,10 @@ use crate::service::Node;
 use crate::tls::{self, Identity, PeerRole, TlsError};
 use crate::transport::{QuicTransport, Target};
 
-/// How long the loop sleeps at most before looking at its certificate again, so that files
-/// replaced under it and clock changes are noticed within this.
-const RECHECK: Duration = Duration::from_secs(3600);
+/// How long the loop sleeps at most before looking at its certificate files again: a
+/// certificate replaced there (a Kubernetes Secret rotated by its operator, `yard ca issue` run
+/// by hand) is presented within this, and clock changes are noticed.
+const RECHECK: Duration = Duration::from_secs(60);
 
 /// Why a renewal attempt failed, in one sentence.
 #[derive(Debug, thiserror::Error)]
@@ -96,12 +97,14 @@ pub struct Renewer {
     pub quic: Arc<QuicTransport>,
     pub tls_dir: PathBuf,
     pub name: String,
+    /// The certificate the transport presents (None: the one it started with).
+    pub presented: Option<rustls::pki_types::CertificateDer<'static>>,
 }
 
 impl Renewer {
     /// Renews this node's certificate whenever [`cert_renewal::step`] says so, and reloads it
     /// on `SIGHUP`. Runs until the node stops.
-    pub async fn run(self) {
+    pub async fn run(mut self) {
         let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         {
             Ok(s) => Some(s),
@@ -115,7 +118,7 @@ impl Renewer {
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
                 Some(()) = async { hangup.as_mut()?.recv().await } => {
-                    match self.reload().await {
+                    match self.reload(None).await {
                         Ok(until) => tracing::info!(valid_until = %humantime::format_rfc3339_seconds(until), "SIGHUP: reloaded the node certificate"),
                         Err(e) => tracing::error!(error = %e, "SIGHUP: kept the certificate in use"),
                     }
@@ -124,15 +127,28 @@ impl Renewer {
         }
     }
 
-    /// One look at the certificate: renews it if due, and says how long to sleep.
-    async fn tick(&self) -> Duration {
+    /// One look at the certificate files: presents a certificate replaced there, renews it
+    /// if due, and says how long to sleep.
+    async fn tick(&mut self) -> Duration {
         let identity = match self.load().await {
             Ok(identity) => identity,
             Err(e) => {
                 tracing::error!(error = %e, "cannot read this node's certificate");
-                return Duration::from_secs(60);
+                return RECHECK;
             }
         };
+        let leaf = identity.chain.first().cloned();
+        if self.presented.is_some() && self.presented != leaf {
+            match self.reload(Some(identity.clone())).await {
+                Ok(until) => {
+                    tracing::info!(valid_until = %humantime::format_rfc3339_seconds(until), "the certificate file changed: presenting the new certificate")
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "the certificate file changed but cannot be presented")
+                }
+            }
+        }
+        self.presented = leaf;
         let Some((before, after)) = identity.chain.first().and_then(tls::validity) else {
             tracing::error!("this node's certificate has no readable validity");
             return RECHECK;
@@ -163,7 +179,7 @@ impl Renewer {
 
     /// Gets a renewed certificate (signed here when this node holds the CA key, which also
     /// revives an expired one), writes it over the old one and presents it.
-    async fn renew(&self) -> Result<SystemTime, RenewalError> {
+    async fn renew(&mut self) -> Result<SystemTime, RenewalError> {
         let key_path = self.tls_dir.join(format!("{}.key", self.name));
         let key_pem = tokio::fs::read_to_string(&key_path)
             .await
@@ -185,7 +201,7 @@ impl Renewer {
             None => self.ask_signers(csr).await?,
         };
         tls::write_renewed_cert(&self.tls_dir, &self.name, &cert)?;
-        self.reload().await
+        self.reload(None).await
     }
 
     /// Asks the leader, then every other voter, to sign `csr`; the first certificate for this
@@ -230,10 +246,15 @@ impl Renewer {
         Err(RenewalError::NoSigner(why.join("; ")))
     }
 
-    /// Reads the certificate files and presents them from now on; returns the new expiry.
-    async fn reload(&self) -> Result<SystemTime, RenewalError> {
-        let identity = self.load().await?;
+    /// Presents `identity` (or what the certificate files hold) from now on; returns the new
+    /// expiry.
+    async fn reload(&mut self, identity: Option<Identity>) -> Result<SystemTime, RenewalError> {
+        let identity = match identity {
+            Some(identity) => identity,
+            None => self.load().await?,
+        };
         self.quic.reload(&identity)?;
+        self.presented = identity.chain.first().cloned();
         Ok(identity
             .chain
             .first()

@@ -327,6 +327,7 @@ fn run(args: Args) -> anyhow::Result<bool> {
         &ClusterOptions {
             extra_config,
             host_config,
+            ..Default::default()
         },
     )?;
     if args.aggregation {

@@ -181,6 +181,7 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
             quic: net.quic.clone(),
             tls_dir: cfg.tls_dir(),
             name: cfg.node.name.clone(),
+            presented: net.identity.chain.first().cloned(),
         }
         .run(),
     ));
