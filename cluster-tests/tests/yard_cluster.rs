@@ -454,6 +454,140 @@ fn a_token_joined_host_renews_its_short_certificate_and_keeps_serving() {
     assert_eq!(ok(c.cli(1, &["kv", "get", &last]).unwrap()), "v");
 }
 
+/// Issue 28: backup and restore. Writes acknowledged by a 3-node cluster are saved through a
+/// follower with `yard snapshot save`; `status` checks the file and refuses a corrupted and a
+/// truncated copy in one sentence; `restore` makes a new one-node cluster on another host
+/// from it, which serves every saved key and takes new writes.
+#[test]
+fn a_saved_snapshot_restores_into_a_new_cluster_with_every_acknowledged_write() {
+    require_root();
+    let c = YardCluster::start(&yard_bin(), 3, 4, &ClusterOptions::default()).unwrap();
+    for i in 0..40 {
+        ok(c.cli(
+            1 + i % 3,
+            &["kv", "put", &format!("k{i}"), &format!("v{i}")],
+        )
+        .unwrap());
+    }
+    ok(c.cli(1, &["gateway", "vip", "add", "198.18.200.1"])
+        .unwrap());
+    let leader = c.wait_leader(1).unwrap();
+    let follower = (1..=3).find(|i| *i != leader).unwrap();
+    let dir = c.topo.dir().to_owned();
+    let file = dir.join("backup.snap");
+    let file_s = file.to_str().unwrap();
+    let saved: serde_json::Value = serde_json::from_str(&ok(c
+        .cli(follower, &["snapshot", "save", file_s, "--json"])
+        .unwrap()))
+    .unwrap();
+    assert_eq!(saved["keys"], 40, "{saved}");
+    assert_eq!(saved["vips"], 1, "{saved}");
+    assert!(saved["revision"].as_u64().unwrap() >= 41, "{saved}");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let yard = |args: &[&str]| {
+        std::process::Command::new(yard_bin())
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let status: serde_json::Value =
+        serde_json::from_str(&ok(yard(&["snapshot", "status", file_s, "--json"]))).unwrap();
+    assert_eq!(status["sha256"], saved["sha256"]);
+    // A corrupted and a truncated copy are refused with one sentence each.
+    let bytes = std::fs::read(&file).unwrap();
+    let (bad, short) = (dir.join("bad.snap"), dir.join("short.snap"));
+    let mut flipped = bytes.clone();
+    flipped[bytes.len() / 2] ^= 1;
+    std::fs::write(&bad, flipped).unwrap();
+    std::fs::write(&short, &bytes[..bytes.len() - 100]).unwrap();
+    for (path, says) in [(&bad, "corrupted"), (&short, "truncated")] {
+        let out = yard(&["snapshot", "status", path.to_str().unwrap()]);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says) && err.lines().count() == 1, "{err}");
+    }
+
+    // A new cluster on host 4 from the file: node 1 of its own, named r1.
+    let tls = c.tls_dir().to_str().unwrap().to_owned();
+    let addr = c.topology().addr(4);
+    ok(yard(&[
+        "ca",
+        "issue",
+        "--dir",
+        &tls,
+        "--name",
+        "r1",
+        "--id",
+        "1",
+        "--ip",
+        &addr.to_string(),
+    ]));
+    let config = dir.join("r1.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[node]\nid = 1\nname = \"r1\"\nlisten = \"{addr}:7480\"\ndata_dir = \"{}\"\n[tls]\ndir = \"{tls}\"\n",
+            dir.join("r1").display()
+        ),
+    )
+    .unwrap();
+    let config_s = config.to_str().unwrap();
+    let out = yard(&[
+        "snapshot",
+        "restore",
+        &bad.display().to_string(),
+        "--config",
+        config_s,
+    ]);
+    assert!(!out.status.success(), "a corrupted file was restored");
+    ok(yard(&["snapshot", "restore", file_s, "--config", config_s]));
+    let out = yard(&["snapshot", "restore", file_s, "--config", config_s]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("already holds data"),
+        "restored twice into one directory"
+    );
+    let p = c
+        .topology()
+        .spawn(
+            4,
+            yard_bin(),
+            &["node", "start", "--config", config_s, "--bootstrap"],
+            &[],
+            "r1.log",
+        )
+        .unwrap();
+    let endpoint = format!("{addr}:7480");
+    let start = Instant::now();
+    let listed = loop {
+        let out = c.cli_to(4, &endpoint, &["kv", "list", "--json"]).unwrap();
+        if out.status.success() {
+            break String::from_utf8_lossy(&out.stdout).into_owned();
+        }
+        assert!(p.is_running(), "{}", p.log());
+        assert!(start.elapsed() < Duration::from_secs(30), "{}", p.log());
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    let listed = listed.as_array().unwrap();
+    assert_eq!(listed.len(), 40);
+    for i in 0..40 {
+        let key = format!("k{i}");
+        let e = listed.iter().find(|e| e["key"] == key.as_str()).unwrap();
+        assert_eq!(e["value"], format!("v{i}"));
+    }
+    ok(c.cli_to(4, &endpoint, &["kv", "put", "after", "restore"])
+        .unwrap());
+    let vips = ok(c.cli_to(4, &endpoint, &["gateway", "vip", "list"]).unwrap());
+    assert!(vips.contains("198.18.200.1"), "{vips}");
+    let s: serde_json::Value =
+        serde_json::from_str(&ok(c.cli_to(4, &endpoint, &["status", "--json"]).unwrap())).unwrap();
+    assert_eq!(s["members"].as_array().unwrap().len(), 1, "{s}");
+}
+
 /// The upgrade path of a cluster where every host votes (as every cluster did before agents):
 /// five voters restarted one at a time, the leader last, with `raft.voters = 3` and no standby
 /// replicas. Once a restarted node leads, the autopilot demotes two voters and drops them to

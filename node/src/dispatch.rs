@@ -81,6 +81,7 @@ impl Node {
                 .await
             }
             AdminRequest::Status => self.status(forwarded, &req).await,
+            AdminRequest::SnapshotSave => self.snapshot_save(forwarded, &req).await,
             AdminRequest::MembersRemove { id } => self.remove_member(forwarded, &req, *id).await,
             AdminRequest::Members => {
                 self.leader_or_forward(forwarded, None, &req, || async {

@@ -34,5 +34,6 @@ pub mod renewal;
 pub mod roles;
 pub mod rpc;
 pub mod service;
+pub mod snapshot_service;
 pub mod tls;
 pub mod transport;

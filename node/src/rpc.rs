@@ -149,6 +149,9 @@ pub enum AdminRequest {
         node_id: NodeId,
         name: String,
     },
+    /// `yard snapshot save`: the tables at one revision, as a snapshot file
+    /// (`yard_raft_store::backup`), read linearizably from the leader or a caught-up agent.
+    SnapshotSave,
 }
 
 /// Operator and worker requests about aggregation jobs.
@@ -329,6 +332,7 @@ impl AdminRequest {
                 | AdminRequest::KvList { .. }
                 | AdminRequest::Diagnose { .. }
                 | AdminRequest::PlanShow
+                | AdminRequest::SnapshotSave
         ) || matches!(self, AdminRequest::Gateway(g) if g.is_read_only())
             || matches!(self, AdminRequest::Agg(a) if a.is_read_only())
     }
@@ -498,6 +502,8 @@ pub enum AdminReply {
     AggStats(AggStats),
     Plan(Box<PlanView>),
     Members(MembersView),
+    /// A snapshot file's bytes.
+    Snapshot(Vec<u8>),
 }
 
 /// One host in `yard members`.

@@ -672,7 +672,7 @@ impl Node {
     }
 
     /// A linearizable read: `copy` under the lock, then `finish` on what it copied.
-    async fn read_then<C, T, Fin, FinFut>(
+    pub(crate) async fn read_then<C, T, Fin, FinFut>(
         &self,
         forwarded: bool,
         req: &AdminRequest,

@@ -60,6 +60,12 @@ impl LogStore {
         self
     }
 
+    /// Marks the (empty) log as purged up to `log_id`: the log of a cluster seeded from a
+    /// backup whose tables stand at that index ([`crate::backup::restore`]).
+    pub async fn seed_purged(&self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
+        self.put_meta(LAST_PURGED, &log_id).await
+    }
+
     fn get_meta<T: DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, StorageError<NodeId>> {
         let Some(bytes) = self
             .meta

@@ -276,6 +276,23 @@ impl StateMachineStore {
         self.inner.write()
     }
 
+    /// Stores `data` as the current snapshot and serves it: the first state of a cluster
+    /// seeded from a backup ([`crate::backup::restore`]).
+    pub async fn seed(&self, data: StateMachineData) -> Result<(), StorageError<NodeId>> {
+        let bytes = encode(&data)
+            .map_err(|e| storage_io(ErrorSubject::Snapshot(None), ErrorVerb::Write, &e))?;
+        let meta = SnapshotMeta {
+            last_log_id: data.last_applied,
+            last_membership: data.last_membership.clone(),
+            snapshot_id: format!("restored-{}", index_of(&data)),
+        };
+        self.save_snapshot(&StoredSnapshot { meta, data: bytes })
+            .await?;
+        let mut tables = self.write();
+        self.inner.replace(&mut tables, data);
+        Ok(())
+    }
+
     fn load_snapshot(&self) -> Result<Option<StoredSnapshot>, StorageError<NodeId>> {
         let Some(bytes) = self
             .inner

@@ -112,6 +112,11 @@ enum Command {
         #[command(subcommand)]
         cmd: super::plan::PlanCmd,
     },
+    /// Back up the cluster's state to a file, check a file, restore one into a new cluster.
+    Snapshot {
+        #[command(subcommand)]
+        cmd: super::snapshot::SnapshotCmd,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -336,6 +341,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Command::Sim { cmd } => super::sim::run(cmd, out),
         Command::Offload { cmd } => super::offload::run(cmd, out),
         Command::Plan { cmd } if cmd.is_offline() => super::plan::run(cmd, out),
+        Command::Snapshot { cmd } if cmd.is_offline() => super::snapshot::run(cmd, out),
         _ => runtime()?.block_on(client_command(&args, out)),
     }
 }
@@ -368,6 +374,12 @@ async fn client_command(args: &Args, out: Out) -> anyhow::Result<ExitCode> {
     }
     if let Command::Plan { .. } = &args.command {
         return super::plan::show(&client, out).await;
+    }
+    if let Command::Snapshot {
+        cmd: super::snapshot::SnapshotCmd::Save { file },
+    } = &args.command
+    {
+        return super::snapshot::save(&client, file, out).await;
     }
     let req = match &args.command {
         Command::Status => AdminRequest::Status,
@@ -410,7 +422,8 @@ async fn client_command(args: &Args, out: Out) -> anyhow::Result<ExitCode> {
         | Command::Diagnose(_)
         | Command::Sim { .. }
         | Command::Offload { .. }
-        | Command::Plan { .. } => {
+        | Command::Plan { .. }
+        | Command::Snapshot { .. } => {
             unreachable!("handled above")
         }
     };
@@ -428,6 +441,7 @@ fn render(req: &AdminRequest, reply: AdminReply, out: Out) -> ExitCode {
     match (req, reply) {
         (_, AdminReply::Status(s)) => print_status(&s, out),
         (_, AdminReply::Members(m)) => print_members(&m, out),
+        (_, AdminReply::Snapshot(_)) => unreachable!("a snapshot is saved by `yard snapshot save`"),
         (AdminRequest::KvGet { key }, AdminReply::Value(None)) => {
             eprintln!("key not found: {key}");
             return ExitCode::FAILURE;

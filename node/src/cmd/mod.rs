@@ -11,6 +11,7 @@ mod offload;
 mod output;
 mod plan;
 mod sim;
+mod snapshot;
 
 use std::process::ExitCode;
 

@@ -24,6 +24,15 @@ impl Node {
     pub async fn bootstrap(&self) -> Result<(), String> {
         let p = &self.inner;
         if p.raft.is_initialized().await.map_err(|e| e.to_string())? {
+            // A store seeded from a backup (`yard snapshot restore`) has this node as its only
+            // voter but no host entry for it yet (the backup's hosts were the old cluster's).
+            let sole_voter = self.voter_ids() == std::collections::BTreeSet::from([p.id]);
+            if sole_voter && !p.feed.read(|d| d.nodes.contains_key(&p.id)) {
+                self.write_until_leader(Command::SetNode(self.meta()))
+                    .await?;
+                tracing::info!(id = p.id, "started a cluster restored from a snapshot");
+                return Ok(());
+            }
             tracing::info!("store already initialised; not bootstrapping again");
             return Ok(());
         }
