@@ -16,6 +16,7 @@ pub mod backup;
 pub mod codec;
 pub mod command;
 pub mod diagnosis;
+pub mod earlier_tables;
 pub mod gateway;
 pub mod log_store;
 pub mod session;

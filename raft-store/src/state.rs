@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use openraft::{EntryPayload, LogId, StoredMembership};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::aggregation::AggTables;
 use crate::command::{BoundToken, Command, JoinToken, NodeInfo, NodeMeta, Response, Versioned};
@@ -48,8 +48,9 @@ pub enum Change {
     },
 }
 
-/// Every replicated table plus the bookkeeping openraft needs.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// Every replicated table plus the bookkeeping openraft needs. Decoded by
+/// [`crate::earlier_tables`], which also reads what earlier releases wrote.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct StateMachineData {
     pub last_applied: Option<LogId<NodeId>>,
     pub last_membership: StoredMembership<NodeId, NodeInfo>,
@@ -59,27 +60,21 @@ pub struct StateMachineData {
     pub nodes: BTreeMap<u64, NodeMeta>,
     pub tokens: BTreeMap<String, JoinToken>,
     pub gateway: GatewayTables,
-    /// Appended last so older snapshots decode (bincode is positional).
-    #[serde(default)]
+    /// Appended by a later release (see [`crate::earlier_tables`]), like every field below.
     pub diagnosis: DiagnosisTables,
     /// Client sessions (exactly-once writes). Appended last, like `diagnosis`.
-    #[serde(default)]
     pub sessions: Sessions,
     /// Aggregation jobs and hosts. Appended last, like `diagnosis`.
-    #[serde(default)]
     pub aggregation: AggTables,
     /// Hosts the leader decided are dead (`Command::HostLiveness`). Appended last.
-    #[serde(default)]
     pub hosts_down: std::collections::BTreeSet<u64>,
     /// Join tokens bound to one node id and name (`Command::CreateBoundToken`), used or not.
     /// Appended last. The unbound `tokens` above are only replayed from old logs: no
     /// redemption accepts them.
-    #[serde(default)]
     pub bound_tokens: BTreeMap<String, BoundToken>,
     /// Node ids removed from the cluster (`Command::RemoveNode`): their certificates are
     /// refused by every node, and the ids are never given out again (as etcd never reuses a
     /// member id), so a certificate issued to a removed host stays worthless. Appended last.
-    #[serde(default)]
     pub revoked: std::collections::BTreeSet<u64>,
 }
 
