@@ -1,6 +1,7 @@
-//! Decoding the tables ([`StateMachineData`]) as any release wrote them, so that a node
-//! upgraded in place reads the snapshot its previous release stored, and an agent takes a
-//! watch snapshot from a replica still on the previous release.
+//! Encoding the tables ([`StateMachineData`]) so that the previous release reads them, and
+//! decoding them as any release wrote them: a node upgraded in place reads the snapshot its
+//! previous release stored, an agent takes a watch snapshot from a replica on either release,
+//! and a member downgraded during a rolling upgrade reads what the new release stored.
 //!
 //! Why by hand: the encoding (bincode) is positional, so the fields later releases appended
 //! to the tables are simply absent from an earlier release's bytes, and `#[serde(default)]`
@@ -10,11 +11,18 @@
 //! ever appended, never reordered or removed; a new one goes at the end of the struct and of
 //! [`APPENDED`].
 //!
+//! The encoder writes every field the oldest release it must stay readable by knows
+//! ([`DOWNGRADE_TO`]), and each later field only when it, or one after it, holds data: the
+//! previous release then reads the new release's tables for as long as the cluster uses
+//! nothing that release lacks (as etcd's cluster version holds new features back during an
+//! upgrade, the data a new feature writes is what ends the window).
+//!
 //! An input that ends inside an appended field (a truncated store value) would read as if the
 //! field were absent; sled checks its values' integrity and the watch travels over TLS, so that
 //! is not a case this needs to catch.
 
 use serde::de::{self, Deserialize, Deserializer, SeqAccess, Visitor};
+use serde::ser::{Serialize, SerializeStruct, Serializer};
 
 use crate::StateMachineData;
 
@@ -54,6 +62,46 @@ const FIELDS: [&str; 13] = [
     APPENDED[4],
     APPENDED[5],
 ];
+
+/// How many of [`APPENDED`] the oldest release that must read these tables knows: release
+/// 63c7ee8 knows all but `revoked`.
+const DOWNGRADE_TO: usize = 5;
+
+impl Serialize for StateMachineData {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        // The appended fields written: those the oldest reader knows, then up to the last
+        // that holds data.
+        let holds = [
+            self.diagnosis != Default::default(),
+            self.sessions != Default::default(),
+            self.aggregation != Default::default(),
+            !self.hosts_down.is_empty(),
+            !self.bound_tokens.is_empty(),
+            !self.revoked.is_empty(),
+        ];
+        let appended = holds
+            .iter()
+            .rposition(|h| *h)
+            .map_or(DOWNGRADE_TO, |last| (last + 1).max(DOWNGRADE_TO));
+        let mut st = s.serialize_struct("StateMachineData", FIRST.len() + appended)?;
+        st.serialize_field(FIRST[0], &self.last_applied)?;
+        st.serialize_field(FIRST[1], &self.last_membership)?;
+        st.serialize_field(FIRST[2], &self.revision)?;
+        st.serialize_field(FIRST[3], &self.kv)?;
+        st.serialize_field(FIRST[4], &self.nodes)?;
+        st.serialize_field(FIRST[5], &self.tokens)?;
+        st.serialize_field(FIRST[6], &self.gateway)?;
+        macro_rules! appended {
+            ($($i:literal: $field:ident),*) => {$(
+                if $i < appended {
+                    st.serialize_field(APPENDED[$i], &self.$field)?;
+                }
+            )*};
+        }
+        appended!(0: diagnosis, 1: sessions, 2: aggregation, 3: hosts_down, 4: bound_tokens, 5: revoked);
+        st.end()
+    }
+}
 
 impl<'de> Deserialize<'de> for StateMachineData {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -134,6 +182,40 @@ mod tests {
         assert_eq!(d.gateway.vips.len(), 1);
         assert_eq!(d.revision, 6);
         assert!(d.revoked.is_empty());
+    }
+
+    /// What 63c7ee8 decodes: exactly its fields (its derived decoder needs all of them and
+    /// refuses bytes after the last).
+    #[derive(serde::Deserialize)]
+    #[allow(dead_code)]
+    struct Release63c7ee8 {
+        last_applied: Option<openraft::LogId<crate::NodeId>>,
+        last_membership: openraft::StoredMembership<crate::NodeId, crate::NodeInfo>,
+        revision: u64,
+        kv: std::collections::BTreeMap<String, crate::Versioned>,
+        nodes: std::collections::BTreeMap<u64, crate::NodeMeta>,
+        tokens: std::collections::BTreeMap<String, crate::JoinToken>,
+        gateway: crate::GatewayTables,
+        diagnosis: crate::diagnosis::DiagnosisTables,
+        sessions: crate::session::Sessions,
+        aggregation: crate::aggregation::AggTables,
+        hosts_down: std::collections::BTreeSet<u64>,
+        bound_tokens: std::collections::BTreeMap<String, crate::BoundToken>,
+    }
+
+    #[test]
+    fn the_previous_release_reads_tables_that_use_nothing_it_lacks() {
+        let mut d: StateMachineData = decode(BEFORE_REVOKED).unwrap();
+        d.apply_command(&Command::Put {
+            key: "new".into(),
+            value: "v".into(),
+        });
+        let old: Release63c7ee8 = decode(&encode(&d).unwrap()).expect("63c7ee8 reads it");
+        assert_eq!(old.kv.len(), 6);
+        // A removal's revocation is data 63c7ee8 cannot hold: from then on it cannot read.
+        d.revoked.insert(4);
+        assert!(decode::<Release63c7ee8>(&encode(&d).unwrap()).is_err());
+        assert_eq!(decode::<StateMachineData>(&encode(&d).unwrap()).unwrap(), d);
     }
 
     #[test]

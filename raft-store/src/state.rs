@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 
 use openraft::{EntryPayload, LogId, StoredMembership};
-use serde::Serialize;
 
 use crate::aggregation::AggTables;
 use crate::command::{BoundToken, Command, JoinToken, NodeInfo, NodeMeta, Response, Versioned};
@@ -48,9 +47,9 @@ pub enum Change {
     },
 }
 
-/// Every replicated table plus the bookkeeping openraft needs. Decoded by
-/// [`crate::earlier_tables`], which also reads what earlier releases wrote.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+/// Every replicated table plus the bookkeeping openraft needs. Encoded and decoded by
+/// [`crate::earlier_tables`], so that adjacent releases read each other's tables.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct StateMachineData {
     pub last_applied: Option<LogId<NodeId>>,
     pub last_membership: StoredMembership<NodeId, NodeInfo>,
