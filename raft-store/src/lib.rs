@@ -12,6 +12,7 @@
 use std::io::Cursor;
 
 pub mod aggregation;
+pub mod capacity;
 pub mod codec;
 pub mod command;
 pub mod diagnosis;

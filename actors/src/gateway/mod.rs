@@ -13,3 +13,4 @@ pub mod lease;
 pub mod placement;
 pub mod replan;
 pub mod service_plan;
+pub mod sources;
