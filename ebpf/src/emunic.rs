@@ -105,11 +105,9 @@ impl EmulatedNic {
     pub fn open(pin_dir: &Path, wire: &str, port: &str, mode: XdpMode) -> Result<Self, EbpfError> {
         let mut loader = EbpfLoader::new();
         // The gateway's tables; its per-CPU counters are the host part's alone.
-        let shared = MAPS
-            .iter()
-            .filter(|m| {
-                [MAP_CONFIG, MAP_VIPS, MAP_ENDPOINTS, MAP_SOURCES, MAP_HOSTS].contains(&m.0)
-            });
+        let shared = MAPS.iter().filter(|m| {
+            [MAP_CONFIG, MAP_VIPS, MAP_ENDPOINTS, MAP_SOURCES, MAP_HOSTS].contains(&m.0)
+        });
         let paths: Vec<(&MapShape, std::path::PathBuf)> = shared
             .chain(std::iter::once(&NIC_COUNTERS))
             .map(|m| (m, pin_dir.join(m.0)))

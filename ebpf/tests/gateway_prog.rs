@@ -72,7 +72,13 @@ fn a_tunnel_frame_from_a_source_not_registered_for_its_vni_is_dropped_and_counte
             Inner::udp(TENANT_SRC_MAC, GW_MAC, TENANT_SRC, TENANT, PAYLOAD),
         )
     };
-    let arp = |src, vni| from(src, vni, Inner::arp_request(TENANT_SRC_MAC, TENANT_SRC, TENANT));
+    let arp = |src, vni| {
+        from(
+            src,
+            vni,
+            Inner::arp_request(TENANT_SRC_MAC, TENANT_SRC, TENANT),
+        )
+    };
 
     // The registered sender, in its VNI: forwarded.
     let ok = data(SENDER, VNI_A);
@@ -82,9 +88,16 @@ fn a_tunnel_frame_from_a_source_not_registered_for_its_vni_is_dropped_and_counte
 
     // An unregistered underlay host, for a VNI and endpoint that exist: dropped, counted.
     let before = counter_map(&gw)[&Counter::DropUnknownSource];
-    for frame in [data(intruder, VNI_A), arp(intruder, VNI_A), data(intruder, VNI_B)] {
+    for frame in [
+        data(intruder, VNI_A),
+        arp(intruder, VNI_A),
+        data(intruder, VNI_B),
+    ] {
         let (out, c) = run(&gw, &frame);
-        assert_eq!((c, out.action), (Counter::DropUnknownSource, XdpAction::Drop));
+        assert_eq!(
+            (c, out.action),
+            (Counter::DropUnknownSource, XdpAction::Drop)
+        );
     }
     assert_eq!(
         counter_map(&gw)[&Counter::DropUnknownSource].packets,
