@@ -390,7 +390,8 @@ int yard_gateway(struct xdp_md *ctx)
 	 * frames arrive late by one ARP exchange instead of being lost (a TCP SYN would wait a
 	 * 1 s retransmission). This needs forwarding (the FIB helper checks it as well) and
 	 * accept_local (the outer source is the VIP, a local address) on the interface; the daemon
-	 * sets both. Without them the lookup says FWD_DISABLED and the frame still goes to the
+	 * sets both, behind an nftables table that lets the kernel forward from the interface only
+	 * this (UDP to the VXLAN port, back out of it: yard_actors::gateway::kernel_path). Without them the lookup says FWD_DISABLED and the frame still goes to the
 	 * stack, which then drops it: no worse than dropping it here.
 	 */
 	struct bpf_fib_lookup fib = {};

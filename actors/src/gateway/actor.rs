@@ -650,12 +650,22 @@ impl LinuxInterface {
         // The XDP program hands a frame for a compute host it has no MAC for to the stack,
         // addressed to this interface's MAC and sourced from the VIP: the kernel must forward
         // it (resolving the host on the way) and accept a local source address on it. Only
-        // this interface's settings change.
-        for (key, value) in [("forwarding", "1"), ("accept_local", "1")] {
-            let path = format!("/proc/sys/net/ipv4/conf/{name}/{key}");
-            if let Err(e) = std::fs::write(&path, value) {
-                tracing::warn!(path, error = %e, "cannot enable the kernel path for unresolved hosts: their first frames will be lost");
+        // this interface's settings change, and only once nftables confines them to that
+        // (`kernel_path`): otherwise the node would route anything the fabric sends it.
+        match super::kernel_path::confine(name) {
+            Ok(()) => {
+                for (key, value) in [("forwarding", "1"), ("accept_local", "1")] {
+                    let path = format!("/proc/sys/net/ipv4/conf/{name}/{key}");
+                    if let Err(e) = std::fs::write(&path, value) {
+                        tracing::warn!(path, error = %e, "cannot enable the kernel path for unresolved hosts: their first frames will be lost");
+                    }
+                }
             }
+            Err(e) => tracing::warn!(
+                interface = name,
+                error = %e,
+                "the kernel path for unresolved hosts stays off (forwarding and accept_local are not enabled without the nftables table that confines them): their first frames will be lost"
+            ),
         }
         Ok(Self {
             name: name.to_owned(),

@@ -8,6 +8,7 @@ pub mod announce;
 pub mod core;
 pub mod damping;
 pub mod dataplane;
+pub mod kernel_path;
 pub mod leader;
 pub mod lease;
 pub mod placement;
