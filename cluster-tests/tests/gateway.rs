@@ -1050,11 +1050,6 @@ fn the_gateway_interfaces_forwarding_is_confined_to_the_kernel_path() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let table = topo
-        .exec(1, "nft", &["list", "table", "ip", "yard_gateway"])
-        .unwrap();
-    assert!(table.status.success(), "{table:?}");
-
     let run = |i: usize, args: &[&str]| {
         let out = topo.exec(i, "ip", args).unwrap();
         assert!(out.status.success(), "ip {args:?}: {out:?}");
@@ -1152,6 +1147,10 @@ fn the_gateway_interfaces_forwarding_is_confined_to_the_kernel_path() {
         got, 0,
         "a datagram with the gateway's own address as its source reached a socket of the gateway"
     );
+    let table = topo
+        .exec(1, "nft", &["list", "table", "ip", "yard_gateway"])
+        .unwrap();
+    assert!(table.status.success(), "{table:?}");
 }
 
 /// Owner changes per VIP over a run of `vip list` samples (a failed poll is skipped; a change
