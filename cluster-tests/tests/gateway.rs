@@ -1056,12 +1056,21 @@ fn the_gateway_interfaces_forwarding_is_confined_to_the_kernel_path() {
     };
     // A network behind the gateway that the fabric has no business reaching: a veth pair in
     // host 1, with a permanent neighbour so that whatever is routed there is transmitted.
-    run(1, &["link", "add", "ydpriv", "type", "veth", "peer", "name", "ydpriv1"]);
+    run(
+        1,
+        &[
+            "link", "add", "ydpriv", "type", "veth", "peer", "name", "ydpriv1",
+        ],
+    );
     run(1, &["addr", "add", "198.18.200.1/24", "dev", "ydpriv"]);
     // No IPv6 on it: its own router solicitations would count as transmitted.
     for dev in ["ydpriv", "ydpriv1"] {
         let out = topo
-            .exec(1, "sysctl", &["-qw", &format!("net.ipv6.conf.{dev}.disable_ipv6=1")])
+            .exec(
+                1,
+                "sysctl",
+                &["-qw", &format!("net.ipv6.conf.{dev}.disable_ipv6=1")],
+            )
             .unwrap();
         assert!(out.status.success(), "{out:?}");
     }
@@ -1070,8 +1079,15 @@ fn the_gateway_interfaces_forwarding_is_confined_to_the_kernel_path() {
     run(
         1,
         &[
-            "neigh", "replace", "198.18.200.2", "lladdr", "02:59:44:00:c8:02", "dev", "ydpriv",
-            "nud", "permanent",
+            "neigh",
+            "replace",
+            "198.18.200.2",
+            "lladdr",
+            "02:59:44:00:c8:02",
+            "dev",
+            "ydpriv",
+            "nud",
+            "permanent",
         ],
     );
     let gw = topo.addr(1).to_string();
@@ -1080,7 +1096,11 @@ fn the_gateway_interfaces_forwarding_is_confined_to_the_kernel_path() {
     // and a host that took it would go to host 3 directly.
     for key in ["all", "eth0"] {
         let out = topo
-            .exec(2, "sysctl", &["-qw", &format!("net.ipv4.conf.{key}.accept_redirects=0")])
+            .exec(
+                2,
+                "sysctl",
+                &["-qw", &format!("net.ipv4.conf.{key}.accept_redirects=0")],
+            )
             .unwrap();
         assert!(out.status.success(), "{out:?}");
     }
@@ -1125,7 +1145,10 @@ fn the_gateway_interfaces_forwarding_is_confined_to_the_kernel_path() {
                     ],
                 )
                 .unwrap();
-            String::from_utf8_lossy(&out.stdout).trim().parse::<u64>().unwrap()
+            String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .parse::<u64>()
+                .unwrap()
         });
         std::thread::sleep(Duration::from_millis(400));
         send_forged_udp(&topo, 2, topo.addr(1), topo.addr(1), 7777);
