@@ -922,6 +922,260 @@ fn first_frames_to_a_new_endpoint_on_an_unresolved_host_get_through() {
     assert_eq!(delta("drop_unknown_host"), 0, "{after}");
 }
 
+/// An underlay host cannot inject overlay traffic into a tenant's network by knowing its VNI:
+/// the gateway takes a VNI's tunnel frames only from hosts with an endpoint in it. Hosts 1-3:
+/// gateways; 4 and 5: tenants A and B of VNI 100; 6: a compute host with a registered tenant
+/// of VNI 200 (a legitimate source, for that VNI) and an unregistered one, X, in VNI 100,
+/// which knows B's address and MAC and sends to it. Nothing of X's reaches B (the owner counts
+/// it as `drop_unknown_source`) while A's does; once X is registered, host 6 is a source for
+/// VNI 100 too and X reaches B.
+#[test]
+fn an_underlay_host_without_an_endpoint_in_a_vni_cannot_send_into_it() {
+    require_root();
+    let topo = Topology::new(6).unwrap();
+    let c = gateway_cluster(&topo, 3, true, RELAXED_LEASE);
+    add_pool(&c);
+    let placed = wait_owners(&c, 1, Duration::from_secs(10), |o| balanced(o, &[1, 2, 3]));
+    let owner = owner_of(&placed, vip(1)) as usize;
+    let mut ov = Overlay::new(&topo);
+    let tenant = |ov: &mut Overlay, host: usize, vni: u32, n: u8, v: u8| {
+        ov.add_tenant(
+            host,
+            vni,
+            Ipv4Addr::new(198, 19, 1, n),
+            tenant_mac(vni, n),
+            vip(v),
+        )
+        .unwrap()
+    };
+    let a = tenant(&mut ov, 4, 100, 1, 1);
+    let b = tenant(&mut ov, 5, 100, 2, 1);
+    let other = tenant(&mut ov, 6, 200, 3, 2);
+    let x = tenant(&mut ov, 6, 100, 4, 1);
+    add_endpoints(&c, &[&a, &b, &other]);
+    wait_endpoints(&c, owner, 3);
+    a.wait_reachable(b.ip(), Duration::from_secs(10)).unwrap();
+    // X needs no ARP through the tunnel (the gateway would not answer it either): its frames
+    // to B leave host 6 encapsulated, to the VIP, like any tenant's.
+    pin_neighbours(&x, &b);
+
+    let before = stats(&c, owner);
+    let injected = ProbeStream::start(&x, &b, 9000, 500).unwrap();
+    let control = ProbeStream::start(&a, &b, 9001, 500).unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    let (r, ok) = (injected.stop(), control.stop());
+    // The published counters are refreshed every tenth tick.
+    std::thread::sleep(Duration::from_secs(1));
+    let after = stats(&c, owner);
+    let delta = |name: &str| counter(&after, name) - counter(&before, name);
+    println!(
+        "unregistered source: sent {}, received {}; drop_unknown_source +{}; registered: sent {}, received {}",
+        r.sent,
+        r.received,
+        delta("drop_unknown_source"),
+        ok.sent,
+        ok.received
+    );
+    assert!(r.sent >= 200, "{r:?}");
+    assert_eq!(
+        r.received, 0,
+        "an unregistered host injected into vni 100: {r:?}"
+    );
+    assert!(
+        delta("drop_unknown_source") >= r.sent - r.send_errors,
+        "every injected frame is dropped and counted: {after}"
+    );
+    assert!(ok.sent >= 200 && ok.lost == 0, "{ok:?}");
+
+    // Registered, host 6 may send for VNI 100 as well.
+    add_endpoints(&c, &[&x]);
+    wait_endpoints(&c, owner, 4);
+    let s = ProbeStream::start(&x, &b, 9002, 500).unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    let r = s.stop();
+    assert!(r.sent >= 200 && r.received > 0, "{r:?}");
+}
+
+/// One UDP datagram sent from host `from` with a forged IPv4 source (a raw socket).
+fn send_forged_udp(topo: &Topology, from: usize, src: Ipv4Addr, dst: Ipv4Addr, port: u16) {
+    let script = format!(
+        "import socket,struct\n\
+         def csum(b):\n s=sum(struct.unpack('!10H',b)); s=(s>>16)+(s&0xffff); s+=s>>16; return ~s&0xffff\n\
+         udp=struct.pack('!HHHH',5555,{port},12,0)+b'yard'\n\
+         ip=struct.pack('!BBHHHBBH4s4s',0x45,0,32,1,0,64,17,0,socket.inet_aton('{src}'),socket.inet_aton('{dst}'))\n\
+         ip=ip[:10]+struct.pack('!H',csum(ip))+ip[12:]\n\
+         s=socket.socket(socket.AF_INET,socket.SOCK_RAW,socket.IPPROTO_RAW)\n\
+         [s.sendto(ip+udp,('{dst}',0)) for _ in range(5)]\n"
+    );
+    let out = topo.exec(from, "python3", &["-c", &script]).unwrap();
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// The sum of host `i`'s kernel counters `names`, absolute (`nstat`'s history file is per
+/// user, shared by every namespace, so its deltas would mix hosts).
+fn nstat(topo: &Topology, i: usize, names: &[&str]) -> u64 {
+    let mut args = vec!["-asz"];
+    args.extend_from_slice(names);
+    let out = topo.exec(i, "nstat", &args).unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum()
+}
+
+/// The gateway turns on `forwarding` and `accept_local` on its interface for the kernel path
+/// to unresolved hosts; on their own they would make the node a router for the fabric and let
+/// the fabric speak to its sockets as the node itself. Host 1: the gateway, with a second
+/// network (a veth pair) behind it; hosts 2 and 3 on the fabric. Host 2 routes through
+/// the gateway to that network and to host 3, and sends datagrams to the gateway under the
+/// gateway's own address: none of it gets through. The kernel path itself still works: the
+/// unresolved-host test below forwards through it.
+#[test]
+fn the_gateway_interfaces_forwarding_is_confined_to_the_kernel_path() {
+    require_root();
+    let topo = Topology::new(3).unwrap();
+    let c = gateway_cluster(&topo, 1, true, RELAXED_LEASE);
+    c.wait_leader(1).unwrap();
+    let sysctl = |key: &str| {
+        let out = topo
+            .exec(1, "sysctl", &["-n", &format!("net.ipv4.conf.eth0.{key}")])
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let start = Instant::now();
+    while sysctl("forwarding") != "1" || sysctl("accept_local") != "1" {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the gateway never enabled its kernel path"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let run = |i: usize, args: &[&str]| {
+        let out = topo.exec(i, "ip", args).unwrap();
+        assert!(out.status.success(), "ip {args:?}: {out:?}");
+    };
+    // A network behind the gateway that the fabric has no business reaching: a veth pair in
+    // host 1, with a permanent neighbour so that whatever is routed there is transmitted.
+    run(
+        1,
+        &[
+            "link", "add", "ydpriv", "type", "veth", "peer", "name", "ydpriv1",
+        ],
+    );
+    run(1, &["addr", "add", "198.18.200.1/24", "dev", "ydpriv"]);
+    // No IPv6 on it: its own router solicitations would count as transmitted.
+    for dev in ["ydpriv", "ydpriv1"] {
+        let out = topo
+            .exec(
+                1,
+                "sysctl",
+                &["-qw", &format!("net.ipv6.conf.{dev}.disable_ipv6=1")],
+            )
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+    run(1, &["link", "set", "ydpriv", "up"]);
+    run(1, &["link", "set", "ydpriv1", "up"]);
+    run(
+        1,
+        &[
+            "neigh",
+            "replace",
+            "198.18.200.2",
+            "lladdr",
+            "02:59:44:00:c8:02",
+            "dev",
+            "ydpriv",
+            "nud",
+            "permanent",
+        ],
+    );
+    let gw = topo.addr(1).to_string();
+    // Host 2 keeps using the gateway as its next hop: the kernel sends a redirect for a packet
+    // it would forward back out of the interface it came in on (before any filter sees it),
+    // and a host that took it would go to host 3 directly.
+    for key in ["all", "eth0"] {
+        let out = topo
+            .exec(
+                2,
+                "sysctl",
+                &["-qw", &format!("net.ipv4.conf.{key}.accept_redirects=0")],
+            )
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+    run(2, &["route", "add", "198.18.200.0/24", "via", &gw]);
+    run(
+        2,
+        &["route", "add", &format!("{}/32", topo.addr(3)), "via", &gw],
+    );
+    let tx_private = || {
+        let out = topo
+            .exec(1, "cat", &["/sys/class/net/ydpriv/statistics/tx_packets"])
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse::<u64>()
+            .unwrap()
+    };
+    let private_before = tx_private();
+    let echos_before = nstat(&topo, 3, &["IcmpInEchos"]);
+
+    // Routed through the gateway: into the network behind it, and back onto the fabric.
+    for dst in ["198.18.200.2".to_owned(), topo.addr(3).to_string()] {
+        topo.exec(2, "ping", &["-n", "-c", "3", "-i", "0.2", "-W", "1", &dst])
+            .unwrap();
+    }
+    send_forged_udp(&topo, 2, topo.addr(3), "198.18.200.2".parse().unwrap(), 9);
+    // The gateway's own address as the source, to a port of the gateway a socket listens on.
+    let got = std::thread::scope(|scope| {
+        let listener = scope.spawn(|| {
+            let out = topo
+                .exec(
+                    1,
+                    "python3",
+                    &[
+                        "-c",
+                        "import socket\n\
+                         s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n\
+                         s.bind(('0.0.0.0',7777)); s.settimeout(1.5); n=0\n\
+                         try:\n while True: s.recv(100); n+=1\n\
+                         except socket.timeout: pass\n\
+                         print(n)\n",
+                    ],
+                )
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .parse::<u64>()
+                .unwrap()
+        });
+        std::thread::sleep(Duration::from_millis(400));
+        send_forged_udp(&topo, 2, topo.addr(1), topo.addr(1), 7777);
+        listener.join().unwrap()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+
+    assert_eq!(
+        tx_private() - private_before,
+        0,
+        "the fabric routed into the network behind the gateway"
+    );
+    assert_eq!(
+        nstat(&topo, 3, &["IcmpInEchos"]) - echos_before,
+        0,
+        "the gateway routed pings between fabric hosts"
+    );
+    assert_eq!(
+        got, 0,
+        "a datagram with the gateway's own address as its source reached a socket of the gateway"
+    );
+    let table = topo
+        .exec(1, "nft", &["list", "table", "ip", "yard_gateway"])
+        .unwrap();
+    assert!(table.status.success(), "{table:?}");
+}
+
 /// Owner changes per VIP over a run of `vip list` samples (a failed poll is skipped; a change
 /// to or from "no owner" counts).
 /// One `vip list`: (vip, owner, handoff target) rows.

@@ -15,6 +15,11 @@
  * is down altogether) are forwarded with the last state: a frame goes to one gateway only, so
  * forwarding it can never duplicate anything, and it keeps the overlay up through an outage.
  *
+ * Sources: a tunnel frame is taken only from an outer source address registered for its VNI
+ * in gw_sources (the daemon registers every compute host that has an endpoint in the VNI);
+ * anything else is dropped and counted (DROP_UNKNOWN_SOURCE), so a host on the underlay that
+ * knows a VNI cannot send into that tenant's network through the gateway.
+ *
  * Rules kept throughout: every packet byte is bounds-checked before it is read, every exit
  * counts exactly one reason in gw_counters, and the program never returns XDP_ABORTED. A frame
  * shorter than the total length its outer or inner IPv4 header announces is never sent on
@@ -51,6 +56,18 @@ struct {
 	__type(key, struct gw_ep_key);
 	__type(value, struct gw_ep);
 } gw_endpoints SEC(".maps");
+
+/*
+ * Who may send for a tenant: (VNI, outer source) pairs. The daemon derives them from the
+ * endpoint table (a compute host may tunnel a VNI's traffic if it hosts an endpoint of that
+ * VNI), so an underlay host that knows a VNI cannot inject frames into it.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, GW_SOURCES_MAX);
+	__type(key, struct gw_ep_key);
+	__type(value, __u32);
+} gw_sources SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -299,6 +316,10 @@ int yard_gateway(struct xdp_md *ctx)
 	if (!(vx->flags & VXLAN_FLAG_I))
 		OUT(GW_DROP_BAD_VXLAN, XDP_DROP);
 	__u32 vni = ((__u32)vx->vni[0] << 16) | ((__u32)vx->vni[1] << 8) | (__u32)vx->vni[2];
+	/* only a host registered for the VNI may send into it (ARP included: no tenant oracle) */
+	struct gw_ep_key src = { .vni = vni, .ip = ip->saddr };
+	if (!bpf_map_lookup_elem(&gw_sources, &src))
+		OUT(GW_DROP_UNKNOWN_SOURCE, XDP_DROP);
 
 	struct ethhdr *ieth = (void *)(vx + 1);
 	if ((void *)(ieth + 1) > data_end)
@@ -369,7 +390,8 @@ int yard_gateway(struct xdp_md *ctx)
 	 * frames arrive late by one ARP exchange instead of being lost (a TCP SYN would wait a
 	 * 1 s retransmission). This needs forwarding (the FIB helper checks it as well) and
 	 * accept_local (the outer source is the VIP, a local address) on the interface; the daemon
-	 * sets both. Without them the lookup says FWD_DISABLED and the frame still goes to the
+	 * sets both, behind an nftables table that lets the kernel forward from the interface only
+	 * this (UDP to the VXLAN port, back out of it: yard_actors::gateway::kernel_path). Without them the lookup says FWD_DISABLED and the frame still goes to the
 	 * stack, which then drops it: no worse than dropping it here.
 	 */
 	struct bpf_fib_lookup fib = {};

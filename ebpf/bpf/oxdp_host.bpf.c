@@ -41,6 +41,13 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, GW_SOURCES_MAX);
+	__type(key, struct gw_ep_key);
+	__type(value, __u32);
+} gw_sources SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, GW_HOSTS_MAX);
 	__type(key, __u32);
 	__type(value, struct gw_host);
@@ -341,6 +348,10 @@ op_7: /* udp_vxlan */
 	if (!(VXH->flags & VXLAN_FLAG_I))
 		OUT(GW_DROP_BAD_VXLAN, XDP_DROP);
 	st.vni = ((__u32)VXH->vni[0] << 16) | ((__u32)VXH->vni[1] << 8) | (__u32)VXH->vni[2];
+	key.vni = st.vni;
+	key.ip = IPH->saddr;
+	if (!bpf_map_lookup_elem(&gw_sources, &key))
+		OUT(GW_DROP_UNKNOWN_SOURCE, XDP_DROP);
 	goto op_8;
 op_8: /* inner_headers */
 	if ((void *)(IETH + 1) > data_end)

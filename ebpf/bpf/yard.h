@@ -71,6 +71,11 @@ YARD_ASSERT_OFFSET(struct gw_ep, mac, 0);
 YARD_ASSERT_OFFSET(struct gw_ep, pad, 6);
 YARD_ASSERT_OFFSET(struct gw_ep, host, 8);
 
+/*
+ * gw_sources: key struct gw_ep_key with ip = an outer (underlay) source address -> __u32 1.
+ * A tunnel frame for a VNI is taken only from a source registered for that VNI.
+ */
+
 /* gw_hosts: key __u32 host IPv4 (network order) -> next-hop MAC. */
 struct gw_host {
 	__u8 mac[6];
@@ -113,14 +118,24 @@ enum gw_counter_idx {
 	GW_DROP_UNKNOWN_ENDPOINT,
 	GW_DROP_UNKNOWN_HOST,
 	GW_PASS_UNRESOLVED_HOST, /* host MAC unknown to the daemon and the kernel: re-addressed, to the stack */
+	GW_DROP_UNKNOWN_SOURCE, /* tunnel frame from an outer source not registered for its VNI */
 	GW_COUNTER_MAX, /* number of counters: gw_counters' max_entries */
 };
-_Static_assert(GW_COUNTER_MAX == 19, "Rust Counter::ALL has 19 entries");
+_Static_assert(GW_COUNTER_MAX == 20, "Rust Counter::ALL has 20 entries");
 
-/* Map sizes, mirrored in Rust (layout.rs) so the loader can check pinned maps it adopts. */
+/*
+ * Map sizes, mirrored in Rust (layout.rs) so the loader can check pinned maps it adopts, and
+ * read by the replicated state machine (yard-raft-store), which refuses a VIP pool or an
+ * endpoint table larger than these.
+ */
 #define GW_VIPS_MAX 4096
 #define GW_ENDPOINTS_MAX 262144
 #define GW_HOSTS_MAX 65536
+/*
+ * gw_sources holds one (VNI, compute host) pair per VNI a host has an endpoint in: never more
+ * pairs than endpoints, so the endpoint table's bound is its bound too.
+ */
+#define GW_SOURCES_MAX GW_ENDPOINTS_MAX
 
 /* ================================ probe: yard_peers ================================ */
 /*

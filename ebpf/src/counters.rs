@@ -51,11 +51,15 @@ pub enum Counter {
     /// stack, which forwards it once it has resolved the neighbour (a new tenant's first frames
     /// are late by one ARP exchange, not lost).
     PassUnresolvedHost,
+    /// A tunnel frame whose outer source address is not registered for its VNI (no endpoint of
+    /// the VNI lives on that host): dropped, so an underlay host cannot inject overlay traffic
+    /// into a tenant's network by knowing its VNI.
+    DropUnknownSource,
 }
 
 impl Counter {
     /// Every counter in index order.
-    pub const ALL: [Counter; 19] = [
+    pub const ALL: [Counter; 20] = [
         Counter::Forwarded,
         Counter::ArpRepliedInner,
         Counter::ArpRepliedOuter,
@@ -75,6 +79,7 @@ impl Counter {
         Counter::DropUnknownEndpoint,
         Counter::DropUnknownHost,
         Counter::PassUnresolvedHost,
+        Counter::DropUnknownSource,
     ];
 
     /// Stable snake_case name, used as the metric label (`reason="forwarded"`): never rename.
@@ -99,6 +104,7 @@ impl Counter {
             Counter::DropUnknownEndpoint => "drop_unknown_endpoint",
             Counter::DropUnknownHost => "drop_unknown_host",
             Counter::PassUnresolvedHost => "pass_unresolved_host",
+            Counter::DropUnknownSource => "drop_unknown_source",
         }
     }
 

@@ -22,7 +22,7 @@
 //! its name, address and MAC, so nothing else on the node changes.
 //!
 //! The NIC part shares the gateway's pinned maps (`gw_config`, `gw_vips`, `gw_endpoints`,
-//! `gw_hosts`): the control plane fills one copy and both parts read it, as they would a
+//! `gw_sources`, `gw_hosts`): the control plane fills one copy and both parts read it, as they would a
 //! NIC whose maps the driver mirrors. The NIC part counts into `oxdp_nic_counters`, pinned
 //! beside them; the gateway's counters are the sum of both. Both links are pinned in the same
 //! directory, so forwarding survives a daemon restart as the whole program's does.
@@ -39,7 +39,7 @@ use aya::{Ebpf, EbpfLoader};
 
 use crate::gateway::{
     attach_xdp, prog_err, vet_pinned, MapShape, MAPS, MAP_CONFIG, MAP_ENDPOINTS, MAP_HOSTS,
-    MAP_VIPS,
+    MAP_SOURCES, MAP_VIPS,
 };
 use crate::layout::{GwCounter, COUNTER_MAX};
 use crate::maps::{map_err, take};
@@ -105,9 +105,9 @@ impl EmulatedNic {
     pub fn open(pin_dir: &Path, wire: &str, port: &str, mode: XdpMode) -> Result<Self, EbpfError> {
         let mut loader = EbpfLoader::new();
         // The gateway's tables; its per-CPU counters are the host part's alone.
-        let shared = MAPS
-            .iter()
-            .filter(|m| [MAP_CONFIG, MAP_VIPS, MAP_ENDPOINTS, MAP_HOSTS].contains(&m.0));
+        let shared = MAPS.iter().filter(|m| {
+            [MAP_CONFIG, MAP_VIPS, MAP_ENDPOINTS, MAP_SOURCES, MAP_HOSTS].contains(&m.0)
+        });
         let paths: Vec<(&MapShape, std::path::PathBuf)> = shared
             .chain(std::iter::once(&NIC_COUNTERS))
             .map(|m| (m, pin_dir.join(m.0)))

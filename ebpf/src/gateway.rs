@@ -6,8 +6,8 @@
 //! when the daemon restarts. The mechanism, all under one pin directory (by default
 //! `/sys/fs/bpf/yard/gateway`):
 //!
-//! - **Maps** are pinned by name (`<pin_dir>/gw_config`, `gw_vips`, `gw_endpoints`, `gw_hosts`,
-//!   `gw_counters`). [`Gateway::open_pinned`] hands those paths to aya's
+//! - **Maps** are pinned by name (`<pin_dir>/gw_config`, `gw_vips`, `gw_endpoints`,
+//!   `gw_sources`, `gw_hosts`, `gw_counters`). [`Gateway::open_pinned`] hands those paths to aya's
 //!   `EbpfLoader::map_pin_path`, which reuses a pinned map when it exists and creates and pins it
 //!   otherwise; so a restarted daemon's freshly loaded program is relocated against the very maps
 //!   the running program uses. Before adopting, each pin's type, key and value size and capacity
@@ -44,7 +44,7 @@ use aya::{Ebpf, EbpfLoader};
 
 use crate::layout::{
     ip_from_map, ip_to_map, GwConfig, GwCounter, GwEp, GwEpKey, GwHost, GwVip, COUNTER_MAX,
-    ENDPOINTS_MAX, HOSTS_MAX, VIPS_MAX, VIP_FORWARD_ONLY, VIP_OWNED,
+    ENDPOINTS_MAX, HOSTS_MAX, SOURCES_MAX, VIPS_MAX, VIP_FORWARD_ONLY, VIP_OWNED,
 };
 use crate::maps::{is_enoent, map_err, read_counter, take};
 use crate::test_run::{run_bench, run_once};
@@ -96,6 +96,7 @@ pub(crate) const MAP_CONFIG: &str = "gw_config";
 pub(crate) const MAP_VIPS: &str = "gw_vips";
 pub(crate) const MAP_ENDPOINTS: &str = "gw_endpoints";
 pub(crate) const MAP_HOSTS: &str = "gw_hosts";
+pub(crate) const MAP_SOURCES: &str = "gw_sources";
 const MAP_COUNTERS: &str = "gw_counters";
 const MAP_VIP_STATS: &str = "gw_vip_stats";
 
@@ -104,10 +105,11 @@ pub(crate) type MapShape = (&'static str, MapType, u32, u32, u32);
 
 /// Every map of the object with the shape this build expects: (name, type, key size, value
 /// size, max entries). Used to vet pinned maps before adopting them.
-pub(crate) const MAPS: [MapShape; 6] = [
+pub(crate) const MAPS: [MapShape; 7] = [
     (MAP_CONFIG, MapType::Array, 4, 16, 1),
     (MAP_VIPS, MapType::Hash, 4, 4, VIPS_MAX),
     (MAP_ENDPOINTS, MapType::Hash, 8, 12, ENDPOINTS_MAX),
+    (MAP_SOURCES, MapType::Hash, 8, 4, SOURCES_MAX),
     (MAP_HOSTS, MapType::Hash, 4, 8, HOSTS_MAX),
     (MAP_COUNTERS, MapType::PerCpuArray, 4, 16, COUNTER_MAX),
     (MAP_VIP_STATS, MapType::PerCpuHash, 4, 16, VIPS_MAX),
@@ -198,6 +200,8 @@ pub struct Gateway {
     config: Array<MapData, GwConfig>,
     vips: HashMap<MapData, u32, GwVip>,
     endpoints: HashMap<MapData, GwEpKey, GwEp>,
+    /// (VNI, outer source) pairs allowed to tunnel: the key is `gw_endpoints`' shape.
+    sources: HashMap<MapData, GwEpKey, u32>,
     hosts: HashMap<MapData, u32, GwHost>,
     counters: PerCpuArray<MapData, GwCounter>,
     /// The per-VIP counters: the whole program counts them; the split's host part (generated
@@ -381,6 +385,7 @@ impl Gateway {
             config: take(&mut ebpf, MAP_CONFIG)?,
             vips: take(&mut ebpf, MAP_VIPS)?,
             endpoints: take(&mut ebpf, MAP_ENDPOINTS)?,
+            sources: take(&mut ebpf, MAP_SOURCES)?,
             hosts: take(&mut ebpf, MAP_HOSTS)?,
             counters: take(&mut ebpf, MAP_COUNTERS)?,
             vip_stats: match image {
@@ -649,6 +654,44 @@ impl Gateway {
         Ok(out.into_values().collect())
     }
 
+    /// Allows `source` (an underlay address) to send tunnel frames for `vni`. The program
+    /// drops every tunnel frame whose (VNI, outer source) pair is not in this table.
+    pub fn put_source(&mut self, vni: u32, source: Ipv4Addr) -> Result<(), EbpfError> {
+        if vni >= 1 << 24 {
+            return Err(EbpfError::InvalidVni(vni));
+        }
+        let key = GwEpKey {
+            vni,
+            ip: ip_to_map(source),
+        };
+        self.sources
+            .insert(key, 1, 0)
+            .map_err(map_err("update", MAP_SOURCES))
+    }
+
+    /// Withdraws a source; removing an absent one is not an error.
+    pub fn remove_source(&mut self, vni: u32, source: Ipv4Addr) -> Result<(), EbpfError> {
+        let key = GwEpKey {
+            vni,
+            ip: ip_to_map(source),
+        };
+        match self.sources.remove(&key) {
+            Err(e) if !is_enoent(&e) => Err(map_err("delete from", MAP_SOURCES)(e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Every allowed (VNI, outer source) pair, sorted.
+    pub fn sources(&self) -> Result<Vec<(u32, Ipv4Addr)>, EbpfError> {
+        let mut out = Vec::new();
+        for entry in self.sources.keys() {
+            let key = entry.map_err(map_err("iterate", MAP_SOURCES))?;
+            out.push((key.vni, ip_from_map(key.ip)));
+        }
+        out.sort();
+        Ok(out)
+    }
+
     /// Sets the next-hop MAC of a compute host.
     pub fn put_host(&mut self, host: Ipv4Addr, mac: [u8; 6]) -> Result<(), EbpfError> {
         self.hosts
@@ -702,6 +745,7 @@ impl Gateway {
             (MAP_CONFIG, self.config.map().fd().as_fd().as_raw_fd()),
             (MAP_VIPS, self.vips.map().fd().as_fd().as_raw_fd()),
             (MAP_ENDPOINTS, self.endpoints.map().fd().as_fd().as_raw_fd()),
+            (MAP_SOURCES, self.sources.map().fd().as_fd().as_raw_fd()),
             (MAP_HOSTS, self.hosts.map().fd().as_fd().as_raw_fd()),
             (MAP_COUNTERS, self.counters.map().fd().as_fd().as_raw_fd()),
         ];

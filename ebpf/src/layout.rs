@@ -298,8 +298,10 @@ pub const VIPS_MAX: u32 = 4096;
 pub const ENDPOINTS_MAX: u32 = 262_144;
 /// `GW_HOSTS_MAX`.
 pub const HOSTS_MAX: u32 = 65_536;
+/// `GW_SOURCES_MAX`: `GW_ENDPOINTS_MAX` (a (VNI, host) pair comes from at least one endpoint).
+pub const SOURCES_MAX: u32 = ENDPOINTS_MAX;
 /// `GW_COUNTER_MAX`.
-pub const COUNTER_MAX: u32 = 19;
+pub const COUNTER_MAX: u32 = 20;
 
 /// `PEERS_DIR_INGRESS`.
 pub const PEERS_DIR_INGRESS: u8 = 0;
@@ -605,6 +607,7 @@ mod tests {
                 "yard.h lacks `#define {name} {value}`"
             );
         }
+        assert!(header.contains("#define GW_SOURCES_MAX GW_ENDPOINTS_MAX"));
         assert!(header.contains(&format!("GW_COUNTER_MAX == {COUNTER_MAX}")));
         assert!(header.contains(&format!("PEERS_COUNTER_MAX == {PEERS_COUNTER_MAX}")));
         assert!(header.contains(&format!("AGG_COUNTER_MAX == {AGG_COUNTER_MAX}")));

@@ -49,9 +49,74 @@ fn vni_isolation_same_ip_two_vnis_two_hosts() {
     assert_forwarded(&a, &out_a.frame, HOST_A, HOST_A_MAC, TENANT_A_MAC);
     assert_forwarded(&b, &out_b.frame, HOST_B, HOST_B_MAC, TENANT_B_MAC);
     assert_eq!(frames::vni_at(&out_b.frame, offsets::VXLAN), Some(VNI_B));
-    // The same address in a VNI with no such endpoint is unknown there.
+    // A VNI with no endpoint has no registered source either: nobody may send into it.
     let (_, c) = run(&gw, &tunnel(VIP, 7, TENANT).build());
-    assert_eq!(c, Counter::DropUnknownEndpoint);
+    assert_eq!(c, Counter::DropUnknownSource);
+}
+
+/// The tie between an outer source and a VNI: a tunnel frame is taken only from a source
+/// registered for its VNI. An underlay host that knows a tenant's VNI (and an endpoint's
+/// address) cannot send into it, neither data nor inner ARP; a registered host can, for its
+/// own VNIs only; and a withdrawn registration stops it at once.
+#[test]
+fn a_tunnel_frame_from_a_source_not_registered_for_its_vni_is_dropped_and_counted() {
+    let mut gw = fixture();
+    let intruder = Ipv4Addr::new(198, 18, 0, 66);
+    let from = |src: Ipv4Addr, vni: u32, inner: Inner| {
+        VxlanFrame::new(SENDER_MAC, GW_MAC, src, VIP, vni, inner).build()
+    };
+    let data = |src, vni| {
+        from(
+            src,
+            vni,
+            Inner::udp(TENANT_SRC_MAC, GW_MAC, TENANT_SRC, TENANT, PAYLOAD),
+        )
+    };
+    let arp = |src, vni| {
+        from(
+            src,
+            vni,
+            Inner::arp_request(TENANT_SRC_MAC, TENANT_SRC, TENANT),
+        )
+    };
+
+    // The registered sender, in its VNI: forwarded.
+    let ok = data(SENDER, VNI_A);
+    let (out, c) = run(&gw, &ok);
+    assert_eq!(c, Counter::Forwarded);
+    assert_forwarded(&ok, &out.frame, HOST_A, HOST_A_MAC, TENANT_A_MAC);
+
+    // An unregistered underlay host, for a VNI and endpoint that exist: dropped, counted.
+    let before = counter_map(&gw)[&Counter::DropUnknownSource];
+    for frame in [
+        data(intruder, VNI_A),
+        arp(intruder, VNI_A),
+        data(intruder, VNI_B),
+    ] {
+        let (out, c) = run(&gw, &frame);
+        assert_eq!(
+            (c, out.action),
+            (Counter::DropUnknownSource, XdpAction::Drop)
+        );
+    }
+    assert_eq!(
+        counter_map(&gw)[&Counter::DropUnknownSource].packets,
+        before.packets + 3
+    );
+
+    // A host registered for one VNI only may not send into another.
+    gw.remove_source(VNI_B, SENDER).unwrap();
+    let (_, c) = run(&gw, &data(SENDER, VNI_B));
+    assert_eq!(c, Counter::DropUnknownSource);
+    let (_, c) = run(&gw, &data(SENDER, VNI_A));
+    assert_eq!(c, Counter::Forwarded);
+
+    // Registered, the intruder's address is an ordinary source.
+    gw.put_source(VNI_A, intruder).unwrap();
+    let (_, c) = run(&gw, &data(intruder, VNI_A));
+    assert_eq!(c, Counter::Forwarded);
+    let (_, c) = run(&gw, &arp(intruder, VNI_A));
+    assert_eq!(c, Counter::ArpRepliedInner);
 }
 
 fn check_inner_arp_reply(vip: Ipv4Addr) {
@@ -588,6 +653,7 @@ const HEADER_FIELDS: &[usize] = &[
     21,
     22,
     23,
+    29,
     30,
     33,
     36,
@@ -676,6 +742,7 @@ fn fuzz_against_the_reference_model() {
         Counter::DropTruncated,
         Counter::DropTtl,
         Counter::DropUnknownEndpoint,
+        Counter::DropUnknownSource,
         Counter::PassNotVip,
     ] {
         assert!(
@@ -722,6 +789,17 @@ fn map_api_round_trips() {
     gw.remove_host(HOST_B).unwrap();
     assert_eq!(gw.hosts().unwrap(), vec![(HOST_A, HOST_A_MAC)]);
 
+    let mut sources = fixture_sources();
+    sources.sort();
+    assert_eq!(gw.sources().unwrap(), sources);
+    gw.remove_source(VNI_B, SENDER).unwrap();
+    gw.remove_source(VNI_B, SENDER).unwrap(); // absent: fine
+    assert_eq!(gw.sources().unwrap(), vec![(VNI_A, SENDER)]);
+    assert!(matches!(
+        gw.put_source(1 << 24, SENDER),
+        Err(EbpfError::InvalidVni(_))
+    ));
+
     assert_eq!(
         gw.config().unwrap(),
         Some(GatewayConfig {
@@ -733,7 +811,8 @@ fn map_api_round_trips() {
     assert_eq!(counters.len(), Counter::ALL.len());
     assert!(counters.iter().all(|(_, v)| v.packets == 0));
     let mem = gw.map_memory();
-    assert_eq!(mem.len(), 6);
+    assert_eq!(mem.len(), 7);
+    assert!(mem.iter().any(|(name, _)| *name == "gw_sources"));
     assert!(mem.iter().any(|(name, _)| *name == "gw_vip_stats"));
 }
 
@@ -768,7 +847,7 @@ fn per_vip_counters_count_each_frame_for_this_gateway_once() {
     let fwd = tunnel(VIP_FWD, VNI_A, TENANT).build();
     assert_eq!(run(&gw, &fwd).1, Counter::Forwarded);
     // Dropped frames for a VIP still loaded this gateway.
-    let unknown = tunnel(VIP, 7, TENANT).build();
+    let unknown = tunnel(VIP, VNI_A, TENANT_UNKNOWN).build();
     assert_eq!(run(&gw, &unknown).1, Counter::DropUnknownEndpoint);
     let mut flooded = tunnel(VIP, VNI_A, TENANT).build();
     flooded[0..6].copy_from_slice(&[0x02, 0, 0, 0, 0xff, 0x02]);

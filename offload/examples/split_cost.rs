@@ -118,6 +118,18 @@ fn load_part(obj: &[u8], role: Role) -> Ebpf {
             0,
         )
         .expect("host");
+    let mut sources: BpfHashMap<_, GwEpKey, u32> =
+        BpfHashMap::try_from(e.map_mut("gw_sources").expect("map")).expect("hash");
+    sources
+        .insert(
+            GwEpKey {
+                vni: VNI,
+                ip: ip_to_map(SENDER),
+            },
+            1,
+            0,
+        )
+        .expect("source");
     e
 }
 
@@ -196,6 +208,7 @@ fn main() {
         })
         .expect("endpoint");
     whole.put_host(HOST, HOST_MAC).expect("host");
+    whole.put_source(VNI, SENDER).expect("source");
     let bounce = Bounce::load().expect("load yard_bounce");
 
     let frame = VxlanFrame::new(

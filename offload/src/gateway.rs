@@ -186,10 +186,11 @@ pub fn pipeline() -> Pipeline {
         ),
         op(
             "udp_vxlan",
-            "outer options, fragments, MTU and total length; UDP port 4789; the VXLAN header",
+            "outer options, fragments, MTU and total length; UDP port 4789; the VXLAN header; \
+             the (VNI, outer source) pair registered",
             &[VIP_CHECK],
-            95,
-            &[],
+            103,
+            &["gw_sources"],
             &[],
             50,
             &["mtu"],
@@ -325,6 +326,7 @@ pub fn pipeline() -> Pipeline {
             map("gw_config", map_type::ARRAY, 4, 16, 1),
             map("gw_vips", map_type::HASH, 4, 4, 4096),
             map("gw_endpoints", map_type::HASH, 8, 12, 262_144),
+            map("gw_sources", map_type::HASH, 8, 4, 262_144),
             map("gw_hosts", map_type::HASH, 4, 8, 65_536),
         ],
         classes: vec![

@@ -95,7 +95,11 @@ fn corpus() -> Vec<Vec<u8>> {
     ));
     fixtures.push(tunnel(VIP_FWD, VNI, TENANT).build()); // forward-only VIP still forwards
     fixtures.push(tunnel(HOST_A, VNI, TENANT).build()); // not a VIP
-    fixtures.push(tunnel(VIP, 7, TENANT).build()); // unknown endpoint in that VNI
+    fixtures.push(tunnel(VIP, 7, TENANT).build()); // the sender is not registered for VNI 7
+    fixtures.push(tunnel(VIP, VNI, SRC_TENANT).build()); // unknown endpoint in the VNI
+    let mut f = tunnel(VIP, VNI, TENANT);
+    f.ip.src = HOST_A; // a source not registered for the VNI
+    fixtures.push(f.build());
     let mut f = tunnel(VIP, VNI, TENANT);
     f.eth_dst = [0x02, 0, 0, 0, 0xff, 0x02]; // flooded copy for another gateway
     fixtures.push(f.build());
@@ -213,6 +217,18 @@ fn fill(e: &mut Ebpf, lease: u64) {
             0,
         )
         .expect("host");
+    let mut sources: BpfHashMap<_, GwEpKey, u32> =
+        BpfHashMap::try_from(e.map_mut("gw_sources").expect("gw_sources")).expect("hash");
+    sources
+        .insert(
+            GwEpKey {
+                vni: VNI,
+                ip: ip_to_map(SENDER),
+            },
+            1,
+            0,
+        )
+        .expect("source");
 }
 
 fn whole(lease: u64) -> Gateway {
@@ -238,6 +254,7 @@ fn whole(lease: u64) -> Gateway {
         .expect("endpoint");
     }
     gw.put_host(HOST_A, HOST_A_MAC).expect("host");
+    gw.put_source(VNI, SENDER).expect("source");
     gw
 }
 

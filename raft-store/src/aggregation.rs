@@ -362,6 +362,14 @@ impl AggTables {
                 if self.jobs.contains_key(name) {
                     return Err(format!("job {name} exists already"));
                 }
+                // An aggregator's job map may have to hold every job: one more would be
+                // accepted here and its frames dropped there.
+                if self.jobs.len() >= crate::capacity::AGG_JOBS {
+                    return Err(format!(
+                        "the cluster has {} aggregation jobs, as many as an aggregator's job map holds; delete one before creating {name}",
+                        self.jobs.len()
+                    ));
+                }
                 let most = match grouping {
                     Grouping::Auto | Grouping::Ring => MAX_TREE_WORKERS,
                     Grouping::Flat | Grouping::Ps => MAX_WORKERS,

@@ -118,6 +118,43 @@ pub struct GatewayTables {
 }
 
 impl GatewayTables {
+    /// Why `cmd` cannot be applied, if it cannot: a VIP pool or an endpoint table larger than
+    /// the XDP maps every gateway node programs them into ([`crate::capacity`]), whose excess
+    /// traffic would be dropped without a word. Refused whole, in one sentence.
+    pub fn admit(&self, cmd: &GatewayCommand) -> Result<(), String> {
+        match cmd {
+            GatewayCommand::AddVips(vips) => {
+                let new: BTreeSet<&Ipv4Addr> =
+                    vips.iter().filter(|v| !self.vips.contains_key(v)).collect();
+                let cap = crate::capacity::GATEWAY_VIPS;
+                if self.vips.len() + new.len() > cap {
+                    return Err(format!(
+                        "the gateway has {} vips and this adds {}, over the {cap} its xdp maps hold; remove some first",
+                        self.vips.len(),
+                        new.len()
+                    ));
+                }
+            }
+            GatewayCommand::PutEndpoints(eps) => {
+                let new: BTreeSet<&EndpointKey> = eps
+                    .iter()
+                    .map(|e| &e.key)
+                    .filter(|k| !self.endpoints.contains_key(k))
+                    .collect();
+                let cap = crate::capacity::GATEWAY_ENDPOINTS;
+                if self.endpoints.len() + new.len() > cap {
+                    return Err(format!(
+                        "the gateway has {} endpoints and this adds {}, over the {cap} its xdp maps hold; remove some first",
+                        self.endpoints.len(),
+                        new.len()
+                    ));
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
     /// Applies `cmd` at `revision`, returning what changed. A command that changes nothing
     /// returns no changes (the caller then does not bump the revision).
     pub fn apply(&mut self, cmd: &GatewayCommand, revision: u64) -> Vec<GatewayChange> {

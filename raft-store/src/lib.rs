@@ -13,6 +13,7 @@ use std::io::Cursor;
 
 pub mod aggregation;
 pub mod backup;
+pub mod capacity;
 pub mod codec;
 pub mod command;
 pub mod diagnosis;

@@ -254,6 +254,9 @@ impl StateMachineData {
                 (Response::Written { revision }, Vec::new())
             }
             Command::Gateway(cmd) => {
+                if let Err(why) = self.gateway.admit(cmd) {
+                    return (Response::Rejected(why), Vec::new());
+                }
                 let revision = self.revision + 1;
                 let changes = self.gateway.apply(cmd, revision);
                 if changes.is_empty() {
@@ -861,5 +864,111 @@ mod tests {
             let got: BTreeMap<String, String> = a.kv.iter().map(|(k, v)| (k.clone(), v.value.clone())).collect();
             prop_assert_eq!(got, model);
         }
+    }
+
+    /// Nothing past the XDP maps' sizes is accepted: a VIP, an endpoint or an aggregation job
+    /// beyond what the data planes hold is refused in one sentence and changes nothing, while
+    /// rewriting what is there (or removing) still works at the bound.
+    #[test]
+    fn gateway_tables_and_jobs_past_the_xdp_maps_are_refused_whole() {
+        use crate::aggregation::{AggCommand, Grouping, Quota};
+        use crate::capacity::{AGG_JOBS, GATEWAY_ENDPOINTS, GATEWAY_VIPS};
+        use crate::gateway::{Endpoint, EndpointKey, EndpointRecord, GatewayCommand};
+        use std::net::Ipv4Addr;
+
+        let ep = |i: usize| Endpoint {
+            key: EndpointKey {
+                vni: 1 + (i >> 16) as u32,
+                ip: Ipv4Addr::from(0xc613_0000 | (i as u32 & 0xffff)),
+            },
+            record: EndpointRecord {
+                mac: [2, 0, 0, 0, 0, 1],
+                host: Ipv4Addr::new(198, 18, 0, 1 + (i % 200) as u8),
+            },
+        };
+        let vip = |i: usize| Ipv4Addr::from(0xc612_0000 | i as u32);
+        let gw = |c: GatewayCommand| Command::Gateway(c);
+        let mut sm = StateMachineData::default();
+        let (r, _) = sm.apply_command(&gw(GatewayCommand::PutEndpoints(
+            (0..GATEWAY_ENDPOINTS).map(ep).collect(),
+        )));
+        assert!(matches!(r, Response::Written { .. }), "{r:?}");
+        let (r, _) = sm.apply_command(&gw(GatewayCommand::AddVips(
+            (0..GATEWAY_VIPS - 1).map(vip).collect(),
+        )));
+        assert!(matches!(r, Response::Written { .. }), "{r:?}");
+        let before = sm.clone();
+
+        let refused = |sm: &mut StateMachineData, cmd: Command, why: &str| {
+            let (r, changes) = sm.apply_command(&cmd);
+            assert_eq!(r, Response::Rejected(why.to_owned()));
+            assert!(changes.is_empty());
+        };
+        // One endpoint more, even inside a batch of existing ones: nothing of it applies.
+        let mut batch: Vec<Endpoint> = (0..10).map(ep).collect();
+        batch[3].record.host = Ipv4Addr::new(198, 18, 1, 1);
+        batch.push(ep(GATEWAY_ENDPOINTS));
+        refused(
+            &mut sm,
+            gw(GatewayCommand::PutEndpoints(batch)),
+            "the gateway has 262144 endpoints and this adds 1, over the 262144 its xdp maps hold; remove some first",
+        );
+        // Two VIPs where one fits (a repeated one counts once).
+        refused(
+            &mut sm,
+            gw(GatewayCommand::AddVips(vec![
+                vip(GATEWAY_VIPS),
+                vip(GATEWAY_VIPS + 1),
+                vip(GATEWAY_VIPS),
+                vip(0),
+            ])),
+            "the gateway has 4095 vips and this adds 2, over the 4096 its xdp maps hold; remove some first",
+        );
+        assert_eq!(sm, before, "a refused command changes nothing");
+
+        // At the bound: the last VIP fits, a rewrite of an endpoint changes it, a removal
+        // makes room for one more.
+        let (r, _) = sm.apply_command(&gw(GatewayCommand::AddVips(vec![vip(GATEWAY_VIPS - 1)])));
+        assert!(matches!(r, Response::Written { .. }), "{r:?}");
+        let mut moved = ep(5);
+        moved.record.host = Ipv4Addr::new(198, 18, 1, 1);
+        let (r, _) = sm.apply_command(&gw(GatewayCommand::PutEndpoints(vec![moved])));
+        assert!(matches!(r, Response::Written { .. }), "{r:?}");
+        assert_eq!(sm.gateway.endpoints[&moved.key], moved.record);
+        sm.apply_command(&gw(GatewayCommand::RemoveEndpoints(vec![ep(0).key])));
+        let (r, _) = sm.apply_command(&gw(GatewayCommand::PutEndpoints(vec![ep(
+            GATEWAY_ENDPOINTS,
+        )])));
+        assert!(matches!(r, Response::Written { .. }), "{r:?}");
+        assert_eq!(sm.gateway.endpoints.len(), GATEWAY_ENDPOINTS);
+
+        // Aggregation jobs: as many as an aggregator's job map, then no more.
+        let create = |name: String| {
+            Command::Aggregation(AggCommand::Create {
+                name,
+                workers: 2,
+                values: 10,
+                dtype: 0,
+                elastic: false,
+                chunk_values: 10,
+                colocate: false,
+                quota: Quota {
+                    job_bytes: 1 << 30,
+                    cluster_bytes: 1 << 40,
+                },
+                grouping: Grouping::Auto,
+            })
+        };
+        for i in 0..AGG_JOBS {
+            let (r, _) = sm.apply_command(&create(format!("job{i}")));
+            assert!(matches!(r, Response::Written { .. }), "{i}: {r:?}");
+        }
+        let before = sm.clone();
+        refused(
+            &mut sm,
+            create("one-more".into()),
+            "the cluster has 1024 aggregation jobs, as many as an aggregator's job map holds; delete one before creating one-more",
+        );
+        assert_eq!(sm, before, "a refused job changes nothing");
     }
 }

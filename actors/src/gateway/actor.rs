@@ -37,10 +37,14 @@ pub trait DataPlane: Send + 'static {
     fn remove_vip(&mut self, vip: Ipv4Addr) -> Result<(), DataPlaneError>;
     fn put_endpoint(&mut self, ep: &Endpoint) -> Result<(), DataPlaneError>;
     fn remove_endpoint(&mut self, key: &EndpointKey) -> Result<(), DataPlaneError>;
+    /// Accept tunnel frames for `vni` from the outer source `source`.
+    fn put_source(&mut self, vni: u32, source: Ipv4Addr) -> Result<(), DataPlaneError>;
+    fn remove_source(&mut self, vni: u32, source: Ipv4Addr) -> Result<(), DataPlaneError>;
     fn put_host(&mut self, host: Ipv4Addr, mac: [u8; 6]) -> Result<(), DataPlaneError>;
     fn remove_host(&mut self, host: Ipv4Addr) -> Result<(), DataPlaneError>;
     fn counters(&self) -> Result<Vec<CounterRow>, DataPlaneError>;
-    /// What a previous daemon left programmed: VIPs, the lease deadline (ms) and endpoints.
+    /// What a previous daemon left programmed: VIPs, the lease deadline (ms), endpoints and
+    /// sources.
     fn adopted(&self) -> Result<Adopted, DataPlaneError>;
     /// Where the forwarding function runs, in one sentence for the actor's health (the
     /// `[gateway] offload` outcome); empty when there is nothing to say.
@@ -66,6 +70,8 @@ pub struct Adopted {
     pub vips: Vec<(Ipv4Addr, Serve)>,
     pub deadline_ms: u64,
     pub endpoints: Vec<Endpoint>,
+    /// The (VNI, outer source) pairs tunnel frames are accepted from.
+    pub sources: Vec<(u32, Ipv4Addr)>,
 }
 
 /// Renewal rounds in flight at most (each ends within a lease).
@@ -268,6 +274,7 @@ impl GatewayActor {
                     vips,
                     deadline_ms: deadline,
                     endpoints,
+                    sources,
                 } = adopted;
                 if !vips.is_empty() || !endpoints.is_empty() {
                     tracing::info!(
@@ -282,7 +289,7 @@ impl GatewayActor {
                     .into_iter()
                     .filter(|a| vips.iter().any(|(v, _)| v == a))
                     .collect();
-                core.adopt(vips, addrs, deadline, endpoints);
+                core.adopt(vips, addrs, deadline, endpoints, sources);
             }
             (Err(e), _) | (_, Err(e)) => {
                 tracing::warn!(error = %e, "gateway cannot read the pinned state; starting clean")
@@ -388,6 +395,8 @@ impl GatewayActor {
             }
             Effect::PutEndpoint(ep) => self.dataplane.put_endpoint(&ep),
             Effect::RemoveEndpoint(key) => self.dataplane.remove_endpoint(&key),
+            Effect::PutSource { vni, source } => self.dataplane.put_source(vni, source),
+            Effect::RemoveSource { vni, source } => self.dataplane.remove_source(vni, source),
             Effect::Resolve(hosts) => {
                 let IfaceSlot::Running(q) = &self.iface else {
                     return Err(DataPlaneError("the interface thread is not running".into()));
@@ -641,12 +650,22 @@ impl LinuxInterface {
         // The XDP program hands a frame for a compute host it has no MAC for to the stack,
         // addressed to this interface's MAC and sourced from the VIP: the kernel must forward
         // it (resolving the host on the way) and accept a local source address on it. Only
-        // this interface's settings change.
-        for (key, value) in [("forwarding", "1"), ("accept_local", "1")] {
-            let path = format!("/proc/sys/net/ipv4/conf/{name}/{key}");
-            if let Err(e) = std::fs::write(&path, value) {
-                tracing::warn!(path, error = %e, "cannot enable the kernel path for unresolved hosts: their first frames will be lost");
+        // this interface's settings change, and only once nftables confines them to that
+        // (`kernel_path`): otherwise the node would route anything the fabric sends it.
+        match super::kernel_path::confine(name) {
+            Ok(()) => {
+                for (key, value) in [("forwarding", "1"), ("accept_local", "1")] {
+                    let path = format!("/proc/sys/net/ipv4/conf/{name}/{key}");
+                    if let Err(e) = std::fs::write(&path, value) {
+                        tracing::warn!(path, error = %e, "cannot enable the kernel path for unresolved hosts: their first frames will be lost");
+                    }
+                }
             }
+            Err(e) => tracing::warn!(
+                interface = name,
+                error = %e,
+                "the kernel path for unresolved hosts stays off (forwarding and accept_local are not enabled without the nftables table that confines them): their first frames will be lost"
+            ),
         }
         Ok(Self {
             name: name.to_owned(),

@@ -42,6 +42,12 @@ impl DataPlane for FakeDataPlane {
     fn remove_endpoint(&mut self, _: &EndpointKey) -> Result<(), DataPlaneError> {
         Ok(())
     }
+    fn put_source(&mut self, _: u32, _: Ipv4Addr) -> Result<(), DataPlaneError> {
+        Ok(())
+    }
+    fn remove_source(&mut self, _: u32, _: Ipv4Addr) -> Result<(), DataPlaneError> {
+        Ok(())
+    }
     fn put_host(&mut self, _: Ipv4Addr, _: [u8; 6]) -> Result<(), DataPlaneError> {
         Ok(())
     }

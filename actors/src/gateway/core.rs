@@ -21,6 +21,8 @@ use yard_raft_store::gateway::{
 };
 use yard_raft_store::NodeId;
 
+use super::sources::{self, Source, Sources};
+
 /// How soon a host whose MAC is still unknown is looked up again.
 const UNRESOLVED_RETRY_MS: u64 = 50;
 
@@ -118,6 +120,15 @@ pub enum Effect {
     },
     PutEndpoint(Endpoint),
     RemoveEndpoint(EndpointKey),
+    /// Accept tunnel frames for `vni` from the outer source `source` ([`super::sources`]).
+    PutSource {
+        vni: u32,
+        source: Ipv4Addr,
+    },
+    RemoveSource {
+        vni: u32,
+        source: Ipv4Addr,
+    },
     /// Look these hosts up in the neighbour table (and make the kernel resolve missing ones).
     Resolve(Vec<Ipv4Addr>),
     PutHost {
@@ -160,6 +171,10 @@ pub struct NodeCore {
     endpoints: BTreeMap<EndpointKey, EndpointRecord>,
     /// Compute hosts in use → number of endpoints on them.
     hosts: BTreeMap<Ipv4Addr, usize>,
+    /// The (VNI, outer source) pairs the endpoints allow.
+    sources: Sources,
+    /// What the data plane's source table holds (adopted, then kept equal to `sources`).
+    programmed_sources: BTreeSet<Source>,
     resolved: BTreeMap<Ipv4Addr, [u8; 6]>,
     next_resolve_ms: u64,
     /// When hosts still without a MAC are looked up again.
@@ -192,6 +207,8 @@ impl NodeCore {
             vips: BTreeMap::new(),
             endpoints: BTreeMap::new(),
             hosts: BTreeMap::new(),
+            sources: Sources::default(),
+            programmed_sources: BTreeSet::new(),
             resolved: BTreeMap::new(),
             next_resolve_ms: 0,
             next_unresolved_ms: 0,
@@ -231,6 +248,11 @@ impl NodeCore {
         self.endpoints.len()
     }
 
+    /// The (VNI, outer source) pairs the data plane accepts tunnel frames from.
+    pub fn sources(&self) -> &BTreeSet<Source> {
+        &self.programmed_sources
+    }
+
     /// Adopts what a previous daemon left in the pinned maps, so a restart changes nothing that
     /// the tables still want (no flap) and removes what they no longer do.
     pub fn adopt(
@@ -239,10 +261,13 @@ impl NodeCore {
         addresses: impl IntoIterator<Item = Ipv4Addr>,
         deadline_ms: u64,
         endpoints: impl IntoIterator<Item = Endpoint>,
+        sources: impl IntoIterator<Item = Source>,
     ) {
         // Known endpoints are diffed against the tables at the first reset, so one removed
-        // while no daemon ran is removed from the map too.
+        // while no daemon ran is removed from the map too; so are the sources (a data plane
+        // pinned by a daemon without them has none, and gets them all then).
         self.endpoints = endpoints.into_iter().map(|e| (e.key, e.record)).collect();
+        self.programmed_sources = sources.into_iter().collect();
         self.programmed = vips.into_iter().collect();
         self.addresses = addresses.into_iter().collect();
         self.deadline_ms = deadline_ms;
@@ -263,6 +288,14 @@ impl NodeCore {
                 now_ms,
             } => {
                 let old_endpoints = std::mem::take(&mut self.endpoints);
+                // Sources first in, last out: a new endpoint's host may send as soon as the
+                // gateway can send to it, and a removed one stops only once it is gone.
+                self.sources = Sources::of_table(&tables.endpoints);
+                let (allow, withdraw) =
+                    sources::diff(&self.programmed_sources, &self.sources.pairs());
+                for (vni, source) in allow {
+                    out.push(Effect::PutSource { vni, source });
+                }
                 for key in old_endpoints.keys() {
                     if !tables.endpoints.contains_key(key) {
                         out.push(Effect::RemoveEndpoint(*key));
@@ -276,6 +309,10 @@ impl NodeCore {
                         }));
                     }
                 }
+                for (vni, source) in withdraw {
+                    out.push(Effect::RemoveSource { vni, source });
+                }
+                self.programmed_sources = self.sources.pairs();
                 self.endpoints = tables.endpoints.clone();
                 self.recount_hosts(&mut out, now_ms);
                 self.vips = tables.vips.clone();
@@ -298,6 +335,12 @@ impl NodeCore {
                         }
                     },
                     GatewayChange::Endpoint { key, record } => {
+                        let old_host = self.endpoints.get(&key).map(|o| o.host);
+                        let change = self.sources.update(&key, old_host, record.map(|r| r.host));
+                        if let Some((vni, source)) = change.allowed {
+                            self.programmed_sources.insert((vni, source));
+                            out.push(Effect::PutSource { vni, source });
+                        }
                         let old = match record {
                             Some(r) => {
                                 out.push(Effect::PutEndpoint(Endpoint { key, record: r }));
@@ -308,6 +351,10 @@ impl NodeCore {
                                 self.endpoints.remove(&key)
                             }
                         };
+                        if let Some((vni, source)) = change.withdrawn {
+                            self.programmed_sources.remove(&(vni, source));
+                            out.push(Effect::RemoveSource { vni, source });
+                        }
                         if old.map(|o| o.host) != record.map(|r| r.host) {
                             if let Some(o) = old {
                                 self.unref_host(o.host, &mut out);
@@ -743,6 +790,84 @@ mod tests {
         assert!(c.handle(rm(2)).contains(&Effect::RemoveHost { host }));
     }
 
+    /// The data plane's source table follows the endpoints: a host may send for a VNI while it
+    /// holds an endpoint of it; an adopted table is brought to the tables at the first reset.
+    #[test]
+    fn sources_follow_the_endpoints_hosts_per_vni() {
+        let h = |n: u8| Ipv4Addr::new(198, 18, 0, n);
+        let ep = |vni: u32, n: u8, host: u8| Endpoint {
+            key: EndpointKey {
+                vni,
+                ip: Ipv4Addr::new(198, 19, 1, n),
+            },
+            record: EndpointRecord {
+                mac: [2, 0, 0, 0, 0, n],
+                host: h(host),
+            },
+        };
+        let put = |vni, host| Effect::PutSource {
+            vni,
+            source: h(host),
+        };
+        let remove = |vni, host| Effect::RemoveSource {
+            vni,
+            source: h(host),
+        };
+        let sources = |fx: &[Effect]| -> Vec<Effect> {
+            fx.iter()
+                .filter(|e| matches!(e, Effect::PutSource { .. } | Effect::RemoveSource { .. }))
+                .cloned()
+                .collect()
+        };
+        // Adopted: a stale pair (VNI 300 from host 9) and one still wanted.
+        let mut c = core();
+        c.adopt([], [], 0, [], [(100, h(5)), (300, h(9))]);
+        let mut t = GatewayTables::default();
+        t.apply(
+            &GatewayCommand::PutEndpoints(vec![ep(100, 1, 5), ep(100, 2, 5), ep(200, 1, 6)]),
+            1,
+        );
+        let fx = c.handle(Event::Reset {
+            tables: Box::new(t),
+            revision: 1,
+            now_ms: 0,
+        });
+        assert_eq!(sources(&fx), vec![put(200, 6), remove(300, 9)]);
+        assert_eq!(
+            c.sources(),
+            &[(100, h(5)), (200, h(6))].into_iter().collect()
+        );
+        let change = |e: Endpoint, present: bool| Event::Changed {
+            revision: 2,
+            change: GatewayChange::Endpoint {
+                key: e.key,
+                record: present.then_some(e.record),
+            },
+            now_ms: 0,
+        };
+        // Host 6 gets an endpoint of VNI 100 too: allowed before the endpoint is written.
+        let fx = c.handle(change(ep(100, 3, 6), true));
+        assert_eq!(sources(&fx), vec![put(100, 6)]);
+        let at = |fx: &[Effect], want: &Effect| fx.iter().position(|e| e == want);
+        assert!(
+            at(&fx, &put(100, 6)) < fx.iter().position(|e| matches!(e, Effect::PutEndpoint(_)))
+        );
+        // One of host 5's two endpoints goes: it still has one.
+        assert_eq!(sources(&c.handle(change(ep(100, 1, 5), false))), vec![]);
+        // The other moves to host 7: host 7 in, host 5 out, after the endpoint was rewritten.
+        let fx = c.handle(change(ep(100, 2, 7), true));
+        assert_eq!(sources(&fx), vec![put(100, 7), remove(100, 5)]);
+        assert!(
+            at(&fx, &remove(100, 5)) > fx.iter().position(|e| matches!(e, Effect::PutEndpoint(_)))
+        );
+        assert_eq!(
+            c.sources(),
+            &[(100, h(6)), (100, h(7)), (200, h(6))]
+                .into_iter()
+                .collect()
+        );
+    }
+
     /// The first reset, with tables in which VIP 1 is this node's (node 1).
     fn reset_owning_vip1(c: &mut NodeCore, revision: u64, now_ms: u64) -> Vec<Effect> {
         let mut t = GatewayTables::default();
@@ -758,7 +883,7 @@ mod tests {
     #[test]
     fn adopted_state_is_left_alone_until_the_tables_are_read() {
         let mut c = core();
-        c.adopt([(vip(1), Serve::Owned)], [vip(1)], 500, []);
+        c.adopt([(vip(1), Serve::Owned)], [vip(1)], 500, [], []);
         // A restart grace granted before the first reset, a tick: the core has no tables, and
         // reconciling against none would remove the adopted VIP from the pinned maps.
         let fx = c.handle(Event::Granted {
@@ -783,7 +908,7 @@ mod tests {
     #[test]
     fn a_restart_adopting_the_same_state_changes_nothing() {
         let mut c = core();
-        c.adopt([(vip(1), Serve::Owned)], [vip(1)], 500, []);
+        c.adopt([(vip(1), Serve::Owned)], [vip(1)], 500, [], []);
         let fx = reset_owning_vip1(&mut c, 2, 100);
         assert!(
             !fx.iter().any(|e| matches!(

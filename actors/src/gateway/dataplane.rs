@@ -121,6 +121,14 @@ impl DataPlane for XdpDataPlane {
         self.gw.remove_endpoint(key.vni, key.ip).map_err(err)
     }
 
+    fn put_source(&mut self, vni: u32, source: Ipv4Addr) -> Result<(), DataPlaneError> {
+        self.gw.put_source(vni, source).map_err(err)
+    }
+
+    fn remove_source(&mut self, vni: u32, source: Ipv4Addr) -> Result<(), DataPlaneError> {
+        self.gw.remove_source(vni, source).map_err(err)
+    }
+
     fn put_host(&mut self, host: Ipv4Addr, mac: [u8; 6]) -> Result<(), DataPlaneError> {
         self.gw.put_host(host, mac).map_err(err)
     }
@@ -183,10 +191,12 @@ impl DataPlane for XdpDataPlane {
                 },
             })
             .collect();
+        let sources = self.gw.sources().map_err(err)?;
         Ok(Adopted {
             vips,
             deadline_ms,
             endpoints,
+            sources,
         })
     }
 }

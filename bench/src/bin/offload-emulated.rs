@@ -353,6 +353,7 @@ fn run(args: &Args) -> Result<()> {
     };
 
     let rx_host = topo.addr(3);
+    let sender_addr = topo.addr(2);
     let (ns1, rounds, secs) = (topo.ns_name(1), args.rounds.max(1), args.secs);
     let sent_c = sent.clone();
     let controller = topo.thread_in_host(1, move || -> Result<(Value, Vec<Value>)> {
@@ -372,6 +373,7 @@ fn run(args: &Args) -> Result<()> {
             host: rx_host,
         })?;
         plane.gw.put_host(rx_host, rx_mac)?;
+        plane.gw.put_source(VNI, sender_addr)?;
         // Both ends of the emulated NIC run XDP now, so they have NAPI to thread.
         let mut nic_threads = thread_napi(&ns1, WIRE, 1)?;
         nic_threads.extend(thread_napi(&ns1, PORT, 1)?);

@@ -272,6 +272,9 @@ fn configure(gw: &mut Gateway, lease_deadline: u64) -> Result<(), EbpfError> {
     }
     gw.put_host(HOST, HOST_MAC)?;
     gw.put_host(LOOP_VIP, HOST_MAC)?;
+    // The sender, and the looping frame's own source after its first rewrite (the VIP).
+    gw.put_source(VNI, SENDER)?;
+    gw.put_source(VNI, LOOP_VIP)?;
     Ok(())
 }
 

@@ -51,7 +51,7 @@ pub const PAYLOAD: &[u8] = b"switchyard inner payload: must arrive unchanged";
 pub const HOUR_NS: u64 = 3_600_000_000_000;
 
 /// A gateway with the standard fixture programmed: config, valid lease, both VIPs, three
-/// endpoints and two hosts.
+/// endpoints, two hosts, and SENDER allowed to tunnel for both VNIs.
 pub fn fixture() -> Gateway {
     require_root();
     let mut gw = Gateway::load().expect("load the gateway program");
@@ -73,6 +73,14 @@ pub fn program_fixture(gw: &mut Gateway) {
     }
     gw.put_host(HOST_A, HOST_A_MAC).unwrap();
     gw.put_host(HOST_B, HOST_B_MAC).unwrap();
+    for (vni, source) in fixture_sources() {
+        gw.put_source(vni, source).unwrap();
+    }
+}
+
+/// The (VNI, outer source) pairs the fixture allows: the standard sender, in both VNIs.
+pub fn fixture_sources() -> Vec<(u32, Ipv4Addr)> {
+    vec![(VNI_A, SENDER), (VNI_B, SENDER)]
 }
 
 pub fn fixture_endpoints() -> Vec<Endpoint> {
@@ -293,6 +301,7 @@ pub struct ModelState {
     pub vips: HashMap<Ipv4Addr, u32>,
     pub endpoints: HashMap<(u32, Ipv4Addr), ([u8; 6], Ipv4Addr)>,
     pub hosts: HashMap<Ipv4Addr, [u8; 6]>,
+    pub sources: std::collections::HashSet<(u32, Ipv4Addr)>,
 }
 
 impl ModelState {
@@ -309,6 +318,7 @@ impl ModelState {
             hosts: [(HOST_A, HOST_A_MAC), (HOST_B, HOST_B_MAC)]
                 .into_iter()
                 .collect(),
+            sources: fixture_sources().into_iter().collect(),
         }
     }
 }
@@ -424,6 +434,9 @@ pub fn model(s: &ModelState, f: &[u8]) -> (Counter, Option<Vec<u8>>) {
         return (DropBadVxlan, None);
     }
     let vni = u32::from_be_bytes([0, f[46], f[47], f[48]]);
+    if !s.sources.contains(&(vni, ip4(f, 26))) {
+        return (DropUnknownSource, None);
+    }
     if len < 64 {
         return (DropTruncated, None);
     }
