@@ -255,12 +255,18 @@ impl<T: Borrow<Topology>> YardCluster<T> {
 
     /// Starts node `i` (its config plus `extra` flags) and records its process.
     pub fn spawn(&mut self, i: usize, extra: &[&str]) -> Result<Process> {
+        let bin = self.bin.clone();
+        self.spawn_with(i, &bin, extra)
+    }
+
+    /// [`YardCluster::spawn`] with another `yard` binary (another release).
+    fn spawn_with(&mut self, i: usize, bin: &Path, extra: &[&str]) -> Result<Process> {
         let config = self.config_path(i).display().to_string();
         let mut args = vec!["node", "start", "--config", &config];
         args.extend_from_slice(extra);
         let p = self
             .topology()
-            .spawn(i, &self.bin, &args, &[], &format!("n{i}.log"))?;
+            .spawn(i, bin, &args, &[], &format!("n{i}.log"))?;
         self.nodes[i - 1] = Some(p.clone());
         Ok(p)
     }
@@ -268,6 +274,11 @@ impl<T: Borrow<Topology>> YardCluster<T> {
     /// Restarts node `i` from its store (no bootstrap, no join).
     pub fn restart(&mut self, i: usize) -> Result<Process> {
         self.spawn(i, &[])
+    }
+
+    /// Restarts node `i` from its store on binary `bin`: an upgrade or a downgrade in place.
+    pub fn restart_with(&mut self, i: usize, bin: &Path) -> Result<Process> {
+        self.spawn_with(i, bin, &[])
     }
 
     /// Node `i`'s process, if started.
