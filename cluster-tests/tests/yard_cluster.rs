@@ -588,6 +588,50 @@ fn a_saved_snapshot_restores_into_a_new_cluster_with_every_acknowledged_write() 
     assert_eq!(s["members"].as_array().unwrap().len(), 1, "{s}");
 }
 
+/// A client on host 1 writing `up<k>` through `endpoints` every `pause`, until stopped.
+struct Writer {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<(Vec<String>, Vec<String>)>,
+}
+
+impl Writer {
+    fn start(c: &YardCluster, bin: &std::path::Path, endpoints: &str, pause: Duration) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (flag, bin, tls) = (stop.clone(), bin.to_owned(), c.tls_dir().to_owned());
+        let (endpoints, ns) = (endpoints.to_owned(), c.topo.ns_name(1));
+        let thread = std::thread::spawn(move || {
+            let (mut acked, mut failed) = (Vec::new(), Vec::new());
+            let mut k = 0;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                let key = format!("up{k}");
+                let out = std::process::Command::new("ip")
+                    .args(["netns", "exec", &ns])
+                    .arg(&bin)
+                    .args(["--endpoint", &endpoints, "--tls-dir"])
+                    .arg(&tls)
+                    .args(["kv", "put", &key, "v", "--timeout-ms", "10000"])
+                    .output()
+                    .unwrap();
+                if out.status.success() {
+                    acked.push(key);
+                } else {
+                    failed.push(String::from_utf8_lossy(&out.stderr).trim().to_owned());
+                }
+                k += 1;
+                std::thread::sleep(pause);
+            }
+            (acked, failed)
+        });
+        Self { stop, thread }
+    }
+
+    /// Stops the writer: the keys acknowledged, and the errors of the writes that failed.
+    fn stop(self) -> (Vec<String>, Vec<String>) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap()
+    }
+}
+
 /// Waits until node `i` has applied what the leader has.
 fn wait_caught_up(c: &YardCluster, i: usize) {
     let l = c.wait_leader(i).unwrap();
@@ -633,34 +677,7 @@ fn a_rolling_upgrade_from_the_previous_release_loses_no_acknowledged_write() {
     };
     let mut c = YardCluster::start(&old, 3, 3, &opts).unwrap();
     let endpoints = c.all_endpoints();
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let writer = {
-        let (stop, bin, tls) = (stop.clone(), new.clone(), c.tls_dir().to_owned());
-        let (endpoints, ns) = (endpoints.clone(), c.topo.ns_name(1));
-        std::thread::spawn(move || {
-            let (mut acked, mut failed) = (Vec::new(), Vec::new());
-            let mut k = 0;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let key = format!("up{k}");
-                let out = std::process::Command::new("ip")
-                    .args(["netns", "exec", &ns])
-                    .arg(&bin)
-                    .args(["--endpoint", &endpoints, "--tls-dir"])
-                    .arg(&tls)
-                    .args(["kv", "put", &key, "v", "--timeout-ms", "10000"])
-                    .output()
-                    .unwrap();
-                if out.status.success() {
-                    acked.push(key);
-                } else {
-                    failed.push(String::from_utf8_lossy(&out.stderr).trim().to_owned());
-                }
-                k += 1;
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            (acked, failed)
-        })
-    };
+    let writer = Writer::start(&c, &new, &endpoints, Duration::from_millis(50));
     // Enough writes that every store has taken a snapshot and purged its log.
     let start = Instant::now();
     while c.metric(1, "yard_tables_applied_index").unwrap_or(0.0) < 120.0 {
@@ -691,8 +708,7 @@ fn a_rolling_upgrade_from_the_previous_release_loses_no_acknowledged_write() {
         .unwrap_or_else(|e| panic!("node {last} back on the old release: {e}\n{}", p.log()));
     wait_caught_up(&c, last);
     std::thread::sleep(Duration::from_secs(1));
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (acked, failed) = writer.join().unwrap();
+    let (acked, failed) = writer.stop();
     println!(
         "{} writes acknowledged across the upgrade and the downgrade",
         acked.len()
@@ -728,35 +744,7 @@ fn an_all_voter_cluster_restarted_with_three_voters_keeps_three_and_makes_the_re
     c.wait_voters(1, 5, Duration::from_secs(20)).unwrap();
     let leader = c.wait_leader(1).unwrap();
     let endpoints = c.all_endpoints();
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let writer = {
-        let (stop, bin, tls) = (stop.clone(), yard_bin(), c.tls_dir().to_owned());
-        let endpoints = endpoints.clone();
-        let topo_host = 1;
-        let ns = c.topo.ns_name(topo_host);
-        std::thread::spawn(move || {
-            let (mut ok_writes, mut failed) = (0, Vec::new());
-            let mut k = 0;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let out = std::process::Command::new("ip")
-                    .args(["netns", "exec", &ns])
-                    .arg(&bin)
-                    .args(["--endpoint", &endpoints, "--tls-dir"])
-                    .arg(&tls)
-                    .args(["kv", "put", &format!("up{k}"), "v", "--timeout-ms", "10000"])
-                    .output()
-                    .unwrap();
-                if out.status.success() {
-                    ok_writes += 1;
-                } else {
-                    failed.push(String::from_utf8_lossy(&out.stderr).trim().to_owned());
-                }
-                k += 1;
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            (ok_writes, failed)
-        })
-    };
+    let writer = Writer::start(&c, &yard_bin(), &endpoints, Duration::from_millis(100));
     let extra = "[raft]\nvoters = 3\nreplicas = 0\n";
     let order: Vec<usize> = (1..=5).filter(|i| *i != leader).chain([leader]).collect();
     for i in order {
@@ -767,16 +755,7 @@ fn an_all_voter_cluster_restarted_with_three_voters_keeps_three_and_makes_the_re
         c.restart(i).unwrap();
         // Back in the cluster, and caught up, before the next one goes.
         c.wait_hosts(i, 5, Duration::from_secs(30)).unwrap();
-        let l = c.wait_leader(i).unwrap();
-        let index = c.metric(l, "yard_tables_applied_index").unwrap();
-        let start = Instant::now();
-        while c.metric(i, "yard_tables_applied_index").unwrap_or(0.0) < index {
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "node {i} never caught up"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        wait_caught_up(&c, i);
     }
     let start = Instant::now();
     let s = loop {
@@ -794,14 +773,13 @@ fn an_all_voter_cluster_restarted_with_three_voters_keeps_three_and_makes_the_re
         std::thread::sleep(Duration::from_millis(200));
     };
     std::thread::sleep(Duration::from_secs(1));
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (ok_writes, failed) = writer.join().unwrap();
+    let (acked, failed) = writer.stop();
     assert!(
         failed.is_empty(),
         "{} writes failed: {failed:?}",
         failed.len()
     );
-    assert!(ok_writes > 20, "{ok_writes} writes");
+    assert!(acked.len() > 20, "{} writes", acked.len());
     // The new agents follow: a write through one is read back through the other.
     let agents: Vec<usize> = s["members"]
         .as_array()
