@@ -203,6 +203,32 @@ mod tests {
         bound_tokens: std::collections::BTreeMap<String, crate::BoundToken>,
     }
 
+    /// What the derived decoder of this release's fields (the decoder before this module)
+    /// made of 63c7ee8's tables: an error, so a node upgraded from it could not start.
+    #[test]
+    fn a_derived_decoder_refuses_the_previous_releases_tables() {
+        // This release's fields in order, `revoked` with the `#[serde(default)]` it had.
+        #[derive(serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Flat(
+            Option<openraft::LogId<crate::NodeId>>,
+            openraft::StoredMembership<crate::NodeId, crate::NodeInfo>,
+            u64,
+            std::collections::BTreeMap<String, crate::Versioned>,
+            std::collections::BTreeMap<u64, crate::NodeMeta>,
+            std::collections::BTreeMap<String, crate::JoinToken>,
+            crate::GatewayTables,
+            crate::diagnosis::DiagnosisTables,
+            crate::session::Sessions,
+            crate::aggregation::AggTables,
+            std::collections::BTreeSet<u64>,
+            std::collections::BTreeMap<String, crate::BoundToken>,
+            #[serde(default)] std::collections::BTreeSet<u64>,
+        );
+        assert!(decode::<Flat>(BEFORE_REVOKED).is_err());
+        assert!(decode::<Release63c7ee8>(BEFORE_REVOKED).is_ok());
+    }
+
     #[test]
     fn the_previous_release_reads_tables_that_use_nothing_it_lacks() {
         let mut d: StateMachineData = decode(BEFORE_REVOKED).unwrap();
