@@ -23,6 +23,7 @@
 //!   - Marking a token used (`ConsumeToken`) only from a host: the signing node asks the
 //!     leader, presenting the token's secret.
 //!   - A certificate renewal only from a host, for itself: the certificate names the caller.
+//!   - A bandwidth sink's ticket only for a host.
 //!   - Operators' requests forwarded to the leader (see below).
 //!
 //! # Forwarded operators' requests
@@ -229,6 +230,8 @@ fn node_admitted(sender: NodeId, req: &Request, view: &impl ClusterView) -> Resu
         // For the caller's own certificate by construction (the signer names the certificate's
         // node), and only while it is a host: a removed host's is revoked above.
         Request::RenewCertificate { .. } => host(),
+        // Only hosts measure bandwidth; the ticket names the caller.
+        Request::BandwidthTicket => host(),
         Request::Admin(r) => {
             host()?;
             forwardable(sender, r)
@@ -293,6 +296,7 @@ fn kind(req: &Request) -> &'static str {
         Request::Join(_) => "joins",
         Request::RedeemToken(_) | Request::ConsumeToken(_) => "token redemptions",
         Request::RenewCertificate { .. } => "certificate renewals",
+        Request::BandwidthTicket => "bandwidth probes",
     }
 }
 
@@ -730,5 +734,16 @@ mod tests {
             refused(PeerRole::Node(4), &removed).to_string(),
             "node 4 was removed from this cluster and its certificate is revoked"
         );
+    }
+
+    #[test]
+    fn only_a_host_gets_a_bandwidth_sink_ticket() {
+        assert!(ok(PeerRole::Node(4), &Request::BandwidthTicket));
+        assert_eq!(
+            why(PeerRole::Node(9), &Request::BandwidthTicket),
+            "node 9 is not a host of this cluster"
+        );
+        assert!(!ok(PeerRole::Anonymous, &Request::BandwidthTicket));
+        assert!(!ok(PeerRole::Admin, &Request::BandwidthTicket));
     }
 }

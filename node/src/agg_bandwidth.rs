@@ -11,9 +11,11 @@
 //! second; that measurement replaces the figure.
 //!
 //! The sink's clock times the stream, from its first byte to its last, so the figure is the
-//! rate the bytes arrived at, not the sender's buffer filling. Frames: the sender writes a u64
-//! (little-endian) count, then that many bytes; the sink answers with two u64s, the bytes it
-//! read and the nanoseconds between the first and the last.
+//! rate the bytes arrived at, not the sender's buffer filling. Frames: the sender writes the
+//! 16-byte ticket the sink's node gave it over the node endpoint (`crate::sink_tickets`), a
+//! u64 (little-endian) count, then that many bytes; the sink answers with two u64s, the bytes
+//! it read and the nanoseconds between the first and the last. A stream without a good ticket
+//! within [`TICKET_WAIT`] is closed untimed.
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -26,8 +28,13 @@ use tokio::net::{TcpListener, TcpStream};
 use yard_actors::aggregator::bandwidth::{bytes_per_s, due, Drift, Reading};
 use yard_raft_store::NodeId;
 
-use crate::rpc::{AdminRequest, AggRequest, Reply};
+use crate::rpc::{AdminRequest, AggRequest, Reply, Request};
 use crate::service::Node;
+use crate::sink_tickets::{Ticket, TicketBook};
+use crate::transport::Target;
+
+/// How long the sink waits for a probe's ticket: the prober writes it first, at once.
+pub const TICKET_WAIT: Duration = Duration::from_secs(1);
 
 pub use crate::config::MAX_PROBE_BYTES;
 
@@ -52,6 +59,8 @@ pub enum ProbeError {
         sent: u64,
         got: u64,
     },
+    #[error("node {node} gave no ticket for its bandwidth sink: {why}")]
+    NoTicket { node: NodeId, why: String },
 }
 
 /// What the sink serves at most: probes at once, and how long one may take from its accept
@@ -81,11 +90,15 @@ impl Default for SinkLimits {
 /// byte at a time hold a connection for as long as it liked). An accept error (out of
 /// descriptors, say) is logged and retried after a pause, never a busy loop.
 ///
-/// The sink is not authenticated: bind it to the node's own address only. Anyone who reaches
-/// that address and port can still hold up to `limits.connections` probes for a deadline
-/// each, which delays real probes (they fail and are retried); it learns nothing and changes
-/// no figure (the prober, not the sink, proposes the figure).
-pub async fn serve_sink(listener: TcpListener, limits: SinkLimits) {
+/// Only a stream that opens with a ticket from `tickets` (given to a host of the cluster over
+/// the node endpoint) is timed; any other is closed within [`TICKET_WAIT`], so a peer without
+/// a certificate holds a slot for that long at most and never has a probe timed. The figure
+/// itself is proposed by the prober, never the sink.
+pub async fn serve_sink(
+    listener: TcpListener,
+    limits: SinkLimits,
+    tickets: Arc<std::sync::Mutex<TicketBook>>,
+) {
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.connections));
     loop {
         let (stream, peer) = match listener.accept().await {
@@ -100,9 +113,10 @@ pub async fn serve_sink(listener: TcpListener, limits: SinkLimits) {
             tracing::debug!(%peer, limit = limits.connections, "bandwidth sink full: probe refused");
             continue;
         };
+        let tickets = tickets.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            match tokio::time::timeout(limits.deadline, sink(stream)).await {
+            match tokio::time::timeout(limits.deadline, sink(stream, &tickets)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => tracing::debug!(%peer, error = %e, "bandwidth probe dropped"),
                 Err(_) => tracing::debug!(
@@ -115,7 +129,21 @@ pub async fn serve_sink(listener: TcpListener, limits: SinkLimits) {
     }
 }
 
-async fn sink(mut stream: TcpStream) -> std::io::Result<()> {
+async fn sink(
+    mut stream: TcpStream,
+    tickets: &std::sync::Mutex<TicketBook>,
+) -> std::io::Result<()> {
+    let refused = |why: &str| std::io::Error::new(std::io::ErrorKind::PermissionDenied, why);
+    let mut ticket: Ticket = [0; 16];
+    tokio::time::timeout(TICKET_WAIT, stream.read_exact(&mut ticket))
+        .await
+        .map_err(|_| refused("no ticket within the wait"))??;
+    let host = tickets
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take(&ticket, Instant::now())
+        .ok_or_else(|| refused("not a ticket this node gave, or used or expired"))?;
+    tracing::debug!(host, "timing a bandwidth probe");
     let count = stream.read_u64_le().await?;
     if count == 0 || count > MAX_PROBE_BYTES {
         return Err(std::io::Error::new(
@@ -142,13 +170,20 @@ async fn sink(mut stream: TcpStream) -> std::io::Result<()> {
     stream.flush().await
 }
 
-/// Sends `bytes` to the sink at `addr` and returns the rate they arrived at, bytes/s.
-pub async fn probe(addr: SocketAddr, bytes: u64, limit: Duration) -> Result<u64, ProbeError> {
+/// Sends `bytes` to the sink at `addr`, opening with `ticket`, and returns the rate they
+/// arrived at, bytes/s.
+pub async fn probe(
+    addr: SocketAddr,
+    ticket: Ticket,
+    bytes: u64,
+    limit: Duration,
+) -> Result<u64, ProbeError> {
     let run = async {
         let mut s = TcpStream::connect(addr)
             .await
             .map_err(|source| ProbeError::Connect { addr, source })?;
         let io = |source| ProbeError::Io { addr, source };
+        s.write_all(&ticket).await.map_err(io)?;
         s.write_u64_le(bytes).await.map_err(io)?;
         let block = vec![0u8; 64 << 10];
         let mut left = bytes;
@@ -187,6 +222,25 @@ fn rate(bytes: u64, ns: u64) -> u64 {
 /// enough for a reading to average over many rounds, short enough to follow a link that
 /// changes.
 pub const COUNTERS_EVERY: Duration = Duration::from_secs(5);
+
+/// Asks node `host` (at its node address `addr`) for a ticket to its bandwidth sink.
+async fn ticket(node: &Node, host: NodeId, addr: String) -> Result<Ticket, ProbeError> {
+    let no = |why: String| ProbeError::NoTicket { node: host, why };
+    match node
+        .transport()
+        .call(
+            Target::node(host, addr),
+            Request::BandwidthTicket,
+            node.rpc_timeout(),
+        )
+        .await
+    {
+        Ok(Reply::BandwidthTicket { ticket }) => Ok(ticket),
+        Ok(Reply::Error(why)) => Err(no(why)),
+        Ok(other) => Err(no(format!("unexpected {other:?}"))),
+        Err(e) => Err(no(e.to_string())),
+    }
+}
 
 /// Proposes the figure from `from` to `to`; a failed write is logged and left to the next
 /// measurement.
@@ -262,18 +316,25 @@ pub async fn run(node: Node, s: Settings) {
         let (hosts, todo) = node.feed().read(|d| {
             let t = &d.aggregation;
             let todo = due(t, s.me, s.my_ip, &last, now_ms, every_ms);
-            let hosts: BTreeMap<NodeId, Ipv4Addr> =
-                t.hosts.iter().map(|(n, h)| (*n, h.ip)).collect();
+            let hosts: BTreeMap<NodeId, (Ipv4Addr, Option<String>)> = t
+                .hosts
+                .iter()
+                .map(|(n, h)| (*n, (h.ip, d.nodes.get(n).map(|m| m.addr.clone()))))
+                .collect();
             (hosts, todo)
         });
         for host in todo {
-            let Some(ip) = hosts.get(&host) else {
+            let Some((ip, Some(node_addr))) = hosts.get(&host).cloned() else {
                 continue;
             };
             let now_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
             last.insert(host, now_ms);
-            let addr = SocketAddr::V4(SocketAddrV4::new(*ip, s.port));
-            match probe(addr, s.bytes, Duration::from_secs(5)).await {
+            let addr = SocketAddr::V4(SocketAddrV4::new(ip, s.port));
+            let measured = match ticket(&node, host, node_addr).await {
+                Ok(t) => probe(addr, t, s.bytes, Duration::from_secs(5)).await,
+                Err(e) => Err(e),
+            };
+            match measured {
                 Ok(bytes_per_s) => {
                     tracing::info!(to = host, bytes_per_s, "bandwidth measured");
                     propose(&node, s.me, host, bytes_per_s).await;
@@ -288,18 +349,67 @@ pub async fn run(node: Node, s: Settings) {
 mod tests {
     use super::*;
 
+    /// A sink on loopback with `limits`, and its ticket book.
+    fn sink_on(listener: TcpListener, limits: SinkLimits) -> Arc<std::sync::Mutex<TicketBook>> {
+        let book = Arc::new(std::sync::Mutex::new(TicketBook::default()));
+        tokio::spawn(serve_sink(listener, limits, book.clone()));
+        book
+    }
+
+    /// A ticket given to host 2, as the sink's node does over the node endpoint.
+    fn given(book: &std::sync::Mutex<TicketBook>) -> Ticket {
+        let ticket: Ticket = rand::random();
+        book.lock().unwrap().give(ticket, 2, Instant::now());
+        ticket
+    }
+
     #[tokio::test]
     async fn a_probe_over_loopback_arrives_whole_and_gives_a_rate() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        tokio::spawn(serve_sink(listener, SinkLimits::default()));
-        let bps = probe(addr, 4 << 20, Duration::from_secs(5)).await.unwrap();
+        let book = sink_on(listener, SinkLimits::default());
+        let bps = probe(addr, given(&book), 4 << 20, Duration::from_secs(5))
+            .await
+            .unwrap();
         // Loopback moves gigabytes a second; anything under 10 MB/s would be a broken clock.
         assert!(bps > 10 << 20, "{bps} bytes/s");
-        let err = probe(addr, MAX_PROBE_BYTES + 1, Duration::from_secs(5))
+        let err = probe(
+            addr,
+            given(&book),
+            MAX_PROBE_BYTES + 1,
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(err, ProbeError::Io { .. }), "{err}");
+    }
+
+    /// Issue 25: the sink authenticated nobody. A probe with a ticket the node never gave, one
+    /// used already, or none at all is closed untimed; a silent connection within the ticket
+    /// wait, not the 10 s deadline.
+    #[tokio::test]
+    async fn only_a_probe_with_a_ticket_the_node_gave_is_timed() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let book = sink_on(listener, SinkLimits::default());
+        let forged: Ticket = rand::random();
+        let err = probe(addr, forged, 1 << 20, Duration::from_secs(5))
             .await
             .unwrap_err();
         assert!(matches!(err, ProbeError::Io { .. }), "{err}");
+        let ticket = given(&book);
+        assert!(probe(addr, ticket, 1 << 20, Duration::from_secs(5))
+            .await
+            .is_ok());
+        let err = probe(addr, ticket, 1 << 20, Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ProbeError::Io { .. }), "reused: {err}");
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        let took = closed_after(&mut silent, Duration::from_secs(5))
+            .await
+            .expect("a connection without a ticket stayed open");
+        assert!(took < TICKET_WAIT + Duration::from_millis(500), "{took:?}");
     }
 
     /// Reads from `s` until the sink closes it; how long that took (at most `within`).
@@ -328,9 +438,10 @@ mod tests {
             connections: 4,
             deadline: Duration::from_millis(500),
         };
-        tokio::spawn(serve_sink(listener, limits));
+        let book = sink_on(listener, limits);
         let s = TcpStream::connect(addr).await.unwrap();
         let (mut r, mut w) = s.into_split();
+        w.write_all(&given(&book)).await.unwrap();
         w.write_u64_le(1 << 20).await.unwrap();
         let trickle = tokio::spawn(async move {
             while w.write_all(&[0]).await.is_ok() {
@@ -361,7 +472,7 @@ mod tests {
             connections: 2,
             deadline: Duration::from_secs(30),
         };
-        tokio::spawn(serve_sink(listener, limits));
+        let book = sink_on(listener, limits);
         let mut held = Vec::new();
         for _ in 0..2 {
             held.push(TcpStream::connect(addr).await.unwrap());
@@ -382,7 +493,9 @@ mod tests {
         }
         drop(held);
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let bps = probe(addr, 1 << 20, Duration::from_secs(5)).await.unwrap();
+        let bps = probe(addr, given(&book), 1 << 20, Duration::from_secs(5))
+            .await
+            .unwrap();
         assert!(bps > 0, "a probe is served once the others are gone");
     }
 

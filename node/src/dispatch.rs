@@ -275,6 +275,14 @@ impl Handler for Node {
                 (PeerRole::Node(id), Request::RenewCertificate { csr }) => {
                     this.handle_renewal(id, &csr)
                 }
+                (PeerRole::Node(id), Request::BandwidthTicket) => {
+                    let ticket: [u8; 16] = rand::random();
+                    this.sink_tickets()
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .give(ticket, id, std::time::Instant::now());
+                    Reply::BandwidthTicket { ticket }
+                }
                 // The role model admitted nothing else.
                 (role, req) => {
                     tracing::error!(

@@ -34,6 +34,7 @@ pub mod renewal;
 pub mod roles;
 pub mod rpc;
 pub mod service;
+pub mod sink_tickets;
 pub mod snapshot_service;
 pub mod tls;
 pub mod transport;

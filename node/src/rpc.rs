@@ -86,6 +86,9 @@ pub enum Request {
     /// certificate signing request (DER) over the node's key; the certificate names the node of
     /// the caller's certificate, with the name and address the cluster has for it.
     RenewCertificate { csr: Vec<u8> },
+    /// A host about to probe this node's bandwidth sink asks for a ticket to open the probe
+    /// with (`crate::sink_tickets`): `BandwidthTicket`.
+    BandwidthTicket,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -430,6 +433,10 @@ pub enum Reply {
     Renewed {
         ca: String,
         cert: String,
+    },
+    /// A one-use ticket for this node's bandwidth sink.
+    BandwidthTicket {
+        ticket: [u8; 16],
     },
 }
 

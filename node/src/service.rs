@@ -90,6 +90,8 @@ pub struct Node {
     autopilot_reason: Arc<std::sync::Mutex<String>>,
     /// What this node judges of the agents it serves, and the reports it takes as leader.
     pub(crate) host_liveness: Arc<crate::roles::liveness_state::HostLiveness>,
+    /// The tickets this node's bandwidth sink takes (`crate::sink_tickets`).
+    sink_tickets: Arc<std::sync::Mutex<crate::sink_tickets::TicketBook>>,
 }
 
 pub(crate) enum Attempt<T> {
@@ -156,7 +158,13 @@ impl Node {
             agent_leader: Arc::default(),
             host_liveness,
             autopilot_reason: Arc::default(),
+            sink_tickets: Arc::default(),
         }
+    }
+
+    /// The tickets this node's bandwidth sink takes, shared with the sink.
+    pub fn sink_tickets(&self) -> Arc<std::sync::Mutex<crate::sink_tickets::TicketBook>> {
+        self.sink_tickets.clone()
     }
 
     /// The voter and replica counts this node keeps when it leads.
@@ -188,6 +196,11 @@ impl Node {
     /// This node's part in hosts' liveness.
     pub fn host_liveness(&self) -> &Arc<crate::roles::liveness_state::HostLiveness> {
         &self.host_liveness
+    }
+
+    /// How long a request to another node may take (`transport.rpc_timeout_ms`).
+    pub fn rpc_timeout(&self) -> Duration {
+        self.inner.rpc_timeout
     }
 
     /// The transport this node calls others with.

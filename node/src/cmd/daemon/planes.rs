@@ -75,7 +75,7 @@ pub async fn start_aggregation_services(cfg: &Config, node: &Node) -> anyhow::Re
     }
     if cfg.aggregator.enabled {
         // On the node's own address only (the one it registers as an aggregating host, where
-        // the probes come): the sink is unauthenticated, so it listens on no other interface.
+        // the probes come); it times only probes that open with a ticket this node gave a host.
         let ip: std::net::IpAddr = cfg.advertise_ip().parse().with_context(|| {
             format!(
                 "the bandwidth sink needs node.advertise to be an IP address, not {}",
@@ -89,6 +89,7 @@ pub async fn start_aggregation_services(cfg: &Config, node: &Node) -> anyhow::Re
         tokio::spawn(yard::agg_bandwidth::serve_sink(
             sink,
             yard::agg_bandwidth::SinkLimits::default(),
+            node.sink_tickets(),
         ));
     }
     Ok(())
