@@ -54,7 +54,9 @@
  * source address and port the daemon registered for the worker index it claims
  * (agg_members, filled from Raft), so a worker of another job cannot add to this one's sums.
  * Anything else addressed to AGG_PORT is dropped and counted; any other traffic is passed to the
- * stack untouched. Every frame counts exactly one reason; the program never returns XDP_ABORTED.
+ * stack untouched, except a frame from AGG_PORT of kind AGG_FANOUT, which only this program may
+ * make (see yard_agg_fanout): dropped, counted AGG_FOREIGN. Every frame counts exactly one
+ * reason; the program never returns XDP_ABORTED.
  *
  * The UDP checksum is neither checked nor produced (results carry 0, which IPv4 allows): the
  * program would have to sum every payload byte, the Ethernet FCS already covers the wire, and
@@ -446,7 +448,21 @@ int yard_agg(struct xdp_md *ctx)
 		count(AGG_PASS_NOT_AGG, 0, len);
 		return XDP_PASS;
 	}
-	if ((void *)(udp + 1) > data_end || udp->dest != bpf_htons(AGG_PORT)) {
+	if ((void *)(udp + 1) > data_end) {
+		count(AGG_PASS_NOT_AGG, 0, len);
+		return XDP_PASS;
+	}
+	if (udp->dest != bpf_htons(AGG_PORT)) {
+		/*
+		 * Not ours, but a frame that looks like one of our fresh results (from AGG_PORT, kind
+		 * FANOUT) would be cloned to a whole job by yard_agg_fanout: only this program makes
+		 * those, so one that arrives was forged (results to a worker on this host are RESULT).
+		 */
+		if (udp->source == bpf_htons(AGG_PORT) && (void *)(h + 1) <= data_end &&
+		    h->magic == AGG_MAGIC && h->kind == AGG_FANOUT) {
+			count(AGG_FOREIGN, 0, len);
+			return XDP_DROP;
+		}
 		count(AGG_PASS_NOT_AGG, 0, len);
 		return XDP_PASS;
 	}
@@ -789,7 +805,8 @@ decided:
 		/* The values in the frame are the result: to every member through the fan-out. */
 		h->kind = AGG_FANOUT;
 		h->flags = 0;
-		h->worker = 0;
+		h->worker = (__u16)job->fanout_tag;
+		h->reserved = (__u16)(job->fanout_tag >> 16);
 		reverse(eth, ip, udp);
 		count(AGG_PARENT_RESULT, job_id, len);
 		return XDP_PASS;
@@ -813,8 +830,13 @@ decided:
 		count(AGG_RESULT_RESENT, job_id, len);
 		return XDP_TX;
 	}
-	/* To every worker: yard_agg_fanout, on this interface's TC ingress, copies it out. */
+	/*
+	 * To every worker: yard_agg_fanout, on this interface's TC ingress, copies it out if it
+	 * carries this load's tag, which it then clears (see struct agg_job).
+	 */
 	h->kind = AGG_FANOUT;
+	h->worker = (__u16)job->fanout_tag;
+	h->reserved = (__u16)(job->fanout_tag >> 16);
 	count(AGG_COMPLETED, job_id, len);
 	return XDP_PASS;
 }
@@ -824,14 +846,21 @@ decided:
 #define IP_OFF_DADDR (14 + __builtin_offsetof(struct iphdr, daddr))
 #define UDP_OFF_DEST (14 + 20 + __builtin_offsetof(struct udphdr, dest))
 #define AGG_OFF_KIND (14 + 20 + 8 + __builtin_offsetof(struct agg_hdr, kind))
+#define AGG_OFF_WORKER (14 + 20 + 8 + __builtin_offsetof(struct agg_hdr, worker))
+#define AGG_OFF_RESERVED (14 + 20 + 8 + __builtin_offsetof(struct agg_hdr, reserved))
 
 /*
  * yard_agg_fanout: TC ingress on the aggregator's interface. XDP can send a frame back only
- * where it came from, so a fresh result (kind AGG_FANOUT, which only yard_agg produces: it drops
- * every received frame that is not DATA) comes here as an skb, is re-addressed to each worker of
- * its job in turn and cloned out of the interface; the original is then dropped. Workers whose
- * MAC is not known yet (no frame of theirs accepted) are skipped and counted: they get the
- * result by resending their contribution. Every other packet gets no verdict.
+ * where it came from, so a fresh result (kind AGG_FANOUT) comes here as an skb, is re-addressed
+ * to each worker of its job in turn and cloned out of the interface; the original is then
+ * dropped. Workers whose MAC is not known yet (no frame of theirs accepted) are skipped and
+ * counted: they get the result by resending their contribution. Every other packet gets no
+ * verdict.
+ *
+ * Only yard_agg's own results are cloned, so nobody can make this host multiply a frame: yard_agg
+ * drops every received frame of kind AGG_FANOUT (to AGG_PORT or any other port), and a frame
+ * that reached TC ingress some other way lacks the job's fanout_tag, which only yard_agg writes
+ * and which is cleared before any copy leaves (dropped and counted AGG_FOREIGN).
  */
 SEC("classifier")
 int yard_agg_fanout(struct __sk_buff *skb)
@@ -848,11 +877,20 @@ int yard_agg_fanout(struct __sk_buff *skb)
 	struct agg_job *job = bpf_map_lookup_elem(&agg_jobs, &job_id);
 	if (!job)
 		return TC_ACT_SHOT;
+	__u32 tag = job->fanout_tag;
+
+	if (!tag || f.agg.worker != (__u16)tag || f.agg.reserved != (__u16)(tag >> 16)) {
+		count(AGG_FOREIGN, job_id, len);
+		return TC_ACT_SHOT;
+	}
 	__u32 workers = job->workers;
 	__u8 kind = AGG_RESULT;
+	__u16 zero = 0;
 	__u32 daddr = f.ip.daddr;
 
-	if (bpf_skb_store_bytes(skb, AGG_OFF_KIND, &kind, 1, 0) < 0)
+	if (bpf_skb_store_bytes(skb, AGG_OFF_KIND, &kind, 1, 0) < 0 ||
+	    bpf_skb_store_bytes(skb, AGG_OFF_WORKER, &zero, 2, 0) < 0 ||
+	    bpf_skb_store_bytes(skb, AGG_OFF_RESERVED, &zero, 2, 0) < 0)
 		return TC_ACT_SHOT;
 #pragma clang loop unroll(disable)
 	for (__u32 w = 0; w < AGG_WORKERS_MAX; w++) {

@@ -212,7 +212,8 @@ _Static_assert(PEERS_COUNTER_MAX == 8, "Rust PeerCounter::ALL has 8 entries");
 enum agg_kind {
 	AGG_DATA = 1,   /* worker (or cluster aggregator) -> aggregator: one chunk of one round's gradient (or partial sum) */
 	AGG_RESULT = 2, /* aggregator -> worker (or parent -> cluster aggregator): the chunk's sum */
-	AGG_FANOUT = 3, /* internal: a fresh result XDP hands to the TC fan-out; dropped if received */
+	AGG_FANOUT = 3, /* internal: a fresh result XDP hands to the TC fan-out, carrying agg_job.fanout_tag;
+			 * dropped if received, to AGG_PORT or any other port */
 };
 
 enum agg_dtype {
@@ -280,8 +281,15 @@ struct agg_job {
 	__u16 parent_worker;  /* this host's worker index in the parent's sums */
 	__u8 parent_mac[6];   /* next hop toward the parent (the daemon resolves it) */
 	__u8 pad2[2];         /* 0 */
+	/*
+	 * This load's fan-out tag (the loader draws it at random, never 0, and writes it into every
+	 * job): yard_agg writes it into each fresh result it hands to yard_agg_fanout (agg_hdr.worker
+	 * its low half, agg_hdr.reserved its high half), and the fan-out clones only a frame that
+	 * carries it, then clears both fields. It never leaves the host.
+	 */
+	__u32 fanout_tag;
 };
-YARD_ASSERT_SIZE(struct agg_job, 44);
+YARD_ASSERT_SIZE(struct agg_job, 48);
 YARD_ASSERT_OFFSET(struct agg_job, epoch, 0);
 YARD_ASSERT_OFFSET(struct agg_job, base, 4);
 YARD_ASSERT_OFFSET(struct agg_job, chunks, 8);
@@ -294,6 +302,7 @@ YARD_ASSERT_OFFSET(struct agg_job, parent_ip, 28);
 YARD_ASSERT_OFFSET(struct agg_job, parent_port, 32);
 YARD_ASSERT_OFFSET(struct agg_job, parent_worker, 34);
 YARD_ASSERT_OFFSET(struct agg_job, parent_mac, 36);
+YARD_ASSERT_OFFSET(struct agg_job, fanout_tag, 44);
 
 /* agg_members key: who may send for a job, by source address and port. */
 struct agg_member_key {
@@ -398,7 +407,8 @@ enum agg_counter_idx {
 	AGG_DUPLICATE,          /* a contribution already in the sum (not complete yet): dropped */
 	AGG_STALE,              /* another epoch, or a round the slot has moved past: dropped */
 	AGG_AHEAD,              /* a round two ahead of an incomplete slot (protocol breach): dropped */
-	AGG_FOREIGN,            /* sender is not a member of the job it names, or claims another index */
+	AGG_FOREIGN,            /* sender is not a member of the job it names, or claims another index; a received
+				 * FANOUT frame (XDP), or one without this load's tag (TC) */
 	AGG_UNKNOWN_JOB,        /* no such job here */
 	AGG_BAD_HEADER,         /* bad magic/version/kind/count/chunk/exponent/reserved, or truncated */
 	AGG_PASS_NOT_AGG,       /* not IPv4 UDP to AGG_PORT: passed to the stack untouched */

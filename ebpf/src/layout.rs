@@ -124,6 +124,9 @@ pub struct AggJob {
     /// Next hop toward the parent.
     pub parent_mac: [u8; 6],
     pub pad2: [u8; 2],
+    /// The loader's fan-out tag ([`crate::Aggregator`]): the program writes it into the fresh
+    /// results it hands to the fan-out, which clones only frames that carry it.
+    pub fanout_tag: u32,
 }
 
 /// `struct agg_member_key`: key of `agg_members`.
@@ -369,7 +372,7 @@ pub const C_LAYOUTS: &[Layout] = &[
     },
     Layout {
         name: "agg_job",
-        size: 44,
+        size: 48,
         fields: &[
             ("epoch", 0),
             ("base", 4),
@@ -383,6 +386,7 @@ pub const C_LAYOUTS: &[Layout] = &[
             ("parent_port", 32),
             ("parent_worker", 34),
             ("parent_mac", 36),
+            ("fanout_tag", 44),
         ],
     },
     Layout {
@@ -496,6 +500,7 @@ pub fn rust_layouts() -> Vec<RustLayout> {
                 ("parent_port", offset_of!(AggJob, parent_port)),
                 ("parent_worker", offset_of!(AggJob, parent_worker)),
                 ("parent_mac", offset_of!(AggJob, parent_mac)),
+                ("fanout_tag", offset_of!(AggJob, fanout_tag)),
             ],
         ),
         (
@@ -540,7 +545,7 @@ const _: () = {
     assert!(size_of::<GwCounter>() == 8 + 8);
     assert!(size_of::<PeersKey>() == 4 + 1 + 3);
     assert!(size_of::<PeersValue>() == 8 + 8 + 8);
-    assert!(size_of::<AggJob>() == 4 * 4 + 2 + 2 + 1 + 3 + 4 + 4 + 2 + 2 + 6 + 2);
+    assert!(size_of::<AggJob>() == 4 * 4 + 2 + 2 + 1 + 3 + 4 + 4 + 2 + 2 + 6 + 2 + 4);
     assert!(size_of::<AggMemberKey>() == 4 + 4 + 2 + 2);
     assert!(size_of::<AggMember>() == 2 + 2);
     assert!(size_of::<AggPeerKey>() == 4 + 4);

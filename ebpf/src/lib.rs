@@ -147,4 +147,7 @@ pub enum EbpfError {
         #[source]
         source: std::io::Error,
     },
+    /// The kernel's random generator could not be read (the aggregator's fan-out tag).
+    #[error("could not read random bytes for the aggregator's fan-out tag")]
+    Random(#[source] std::io::Error),
 }

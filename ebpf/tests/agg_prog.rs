@@ -143,8 +143,7 @@ fn both(agg: &Aggregator, model: &mut Model, from: SocketAddrV4, payload: &[u8])
         }
         Action::Fanout(bytes) => {
             assert_eq!(got.action, XdpAction::Pass);
-            let mut expected = bytes;
-            expected[5] = Kind::Fanout as u8;
+            let expected = as_fanout(&bytes, agg.fanout_tag());
             assert_eq!(payload_of(&got.frame), expected.as_slice());
         }
         Action::Up(bytes) => {
@@ -398,7 +397,7 @@ fn the_fan_out_takes_only_fresh_results() {
     // a DATA frame, and a RESULT from elsewhere, are none of its business
     let d = frame(a.members[0], &data(&a, 0, 0, 0, 0, &[1; 10]));
     assert_eq!(
-        agg.test_run_fanout(&d).unwrap(),
+        agg.test_run_fanout(&d).unwrap().0,
         yard_ebpf::TcAction::Unspec
     );
     // a fresh result: copies go to the members whose MAC is known, then the original is dropped
@@ -408,12 +407,88 @@ fn the_fan_out_takes_only_fresh_results() {
         .unwrap();
     assert_eq!(out.action, XdpAction::Pass);
     assert_eq!(
-        agg.test_run_fanout(&out.frame).unwrap(),
+        agg.test_run_fanout(&out.frame).unwrap().0,
         yard_ebpf::TcAction::Shot
     );
     let sent = counter(&agg, Some(4), AggCounter::FanoutSent);
     let failed = counter(&agg, Some(4), AggCounter::FanoutFailed);
     assert_eq!(sent + failed, 2, "one attempt per member");
+}
+
+/// Issue 25, finding 6: a frame shaped like a fresh result (from the aggregation port, kind
+/// FANOUT, a job served here) but addressed to another port passed the XDP program untouched,
+/// and the TC fan-out cloned it to every member of the job. The XDP program now drops it, and
+/// the fan-out clones nothing that does not carry the load's tag (a frame that reached TC
+/// ingress without passing through XDP). A genuine fresh result is still cloned, and its copies
+/// leave as a RESULT with the tag cleared.
+#[test]
+fn a_fanout_frame_to_another_port_is_never_cloned() {
+    let a = spec(6, 2, 10, Dtype::I32);
+    let mut agg = loaded(4);
+    agg.set_job(&entry(&a, 0)).unwrap();
+    assert_ne!(agg.fanout_tag(), 0);
+    let attempts = |agg: &Aggregator| {
+        counter(agg, Some(6), AggCounter::FanoutSent)
+            + counter(agg, Some(6), AggCounter::FanoutFailed)
+    };
+    // Both members' MACs are known, so a clone would go to each.
+    agg.test_run(&frame(a.members[0], &data(&a, 0, 0, 0, 0, &[1; 10])))
+        .unwrap();
+    let genuine = agg
+        .test_run(&frame(a.members[1], &data(&a, 1, 0, 0, 0, &[2; 10])))
+        .unwrap();
+    assert_eq!(genuine.action, XdpAction::Pass);
+
+    // The forgery: a result of job 6 as the program would hand it over, from an outsider's
+    // port 7481 to port 9999 (and to the aggregation port's neighbours), with no tag, and
+    // with a wrong tag.
+    let result = wire::encode(
+        &Header {
+            kind: Kind::Fanout,
+            flags: 0,
+            exp: 0,
+            job: 6,
+            epoch: 1,
+            round: 0,
+            chunk: 0,
+            worker: 0,
+            count: 0,
+            contributors: 2,
+        },
+        &[1000; 10],
+    );
+    let outsider = Ipv4Addr::new(198, 18, 9, 9);
+    let forged: Vec<Vec<u8>> = [9999, 7480, 7482]
+        .into_iter()
+        .map(|port| HostFrame::udp(outsider, wire::PORT, AGG, port, &result).build())
+        .chain([{
+            let guessed = as_fanout(&result, agg.fanout_tag() ^ 1);
+            HostFrame::udp(outsider, wire::PORT, AGG, 9999, &guessed).build()
+        }])
+        .collect();
+    let before = counter(&agg, None, AggCounter::Foreign);
+    let tried = attempts(&agg);
+    for f in &forged {
+        assert_eq!(agg.test_run(f).unwrap().action, XdpAction::Drop, "XDP");
+        // had it reached TC ingress some other way: not cloned
+        let (verdict, _) = agg.test_run_fanout(f).unwrap();
+        assert_eq!(verdict, yard_ebpf::TcAction::Shot, "TC");
+    }
+    assert_eq!(attempts(&agg), tried, "no copy of a forged frame");
+    assert_eq!(
+        counter(&agg, None, AggCounter::Foreign),
+        before + 2 * forged.len() as u64,
+        "each refusal counted, by XDP and by TC"
+    );
+
+    // The genuine result is cloned to both members and leaves as a plain RESULT.
+    let (verdict, out) = agg.test_run_fanout(&genuine.frame).unwrap();
+    assert_eq!(verdict, yard_ebpf::TcAction::Shot);
+    assert_eq!(attempts(&agg), tried + 2, "one copy per member");
+    let (h, body) = Header::parse(payload_of(&out)).expect("a valid RESULT frame");
+    assert_eq!((h.kind, h.worker, h.contributors), (Kind::Result, 0, 2));
+    assert_eq!(&payload_of(&out)[30..32], &[0, 0], "the tag is cleared");
+    assert_eq!(wire::values(body), vec![3; 10]);
 }
 
 #[test]
@@ -501,7 +576,8 @@ fn a_replayed_result_becomes_the_chunk_s_result() {
         XdpAction::Pass,
         "the replay completes the chunk"
     );
-    let (h, body) = Header::parse(payload_of(&got.frame)).unwrap();
+    let untagged = untag_fanout(payload_of(&got.frame), agg.fanout_tag());
+    let (h, body) = Header::parse(&untagged).unwrap();
     assert_eq!((h.exp, h.worker, h.contributors), (3, 0, 3));
     assert_eq!(
         wire::values(body),

@@ -179,8 +179,7 @@ impl Tree {
             }
             Action::Fanout(bytes) => {
                 assert_eq!(got.action, XdpAction::Pass, "host {h}: fan-out");
-                let mut expected = bytes.clone();
-                expected[5] = Kind::Fanout as u8;
+                let expected = as_fanout(&bytes, host.bpf.fanout_tag());
                 assert_eq!(out, expected, "host {h}: fan-out");
                 // What yard_agg_fanout sends: a copy to every member.
                 let members = self.hosts[h].spec.members.clone();

@@ -318,6 +318,37 @@ class WorkerTest(unittest.TestCase):
         self.assertEqual(list(fixed.dequantize(wire.values(body), h.exp, 1)),
                          list(fixed.dequantize(w._last[2], 5, 3)))
 
+    def test_a_forged_result_from_another_address_is_ignored(self):
+        """Issue 25, finding 6: a result from anyone but the job's aggregator is ignored, even
+        one that names the job, epoch, round and chunk and arrives before the aggregator's."""
+        agg, forger, sock = udp(), udp(), udp()
+        values = 2 * 4
+        m = Membership(JOB, 2, 0, 1, agg.getsockname(), wire.Geometry(values, 4), "i32")
+
+        def fake():
+            agg.settimeout(5.0)
+            answered = set()
+            while len(answered) < 2:
+                data, sender = agg.recvfrom(65536)
+                h, body = wire.parse(data)
+                reply = h._replace(kind=wire.KIND_RESULT, worker=0, contributors=1)
+                if h.chunk not in answered:
+                    answered.add(h.chunk)
+                    # the same result with another sum, from another port of the same host,
+                    # first
+                    forger.sendto(wire.encode(reply, [666] * 4), sender)
+                    time.sleep(0.005)
+                agg.sendto(wire.encode(reply, wire.values(body)), sender)
+
+        t = threading.Thread(target=fake, daemon=True)
+        t.start()
+        w = Worker(sock, m, Tuning(give_up=5.0))
+        out = w.all_reduce_i32(list(range(1, values + 1)))
+        t.join(10)
+        self.assertEqual(list(out), list(range(1, values + 1)), "the aggregator's sums only")
+        self.assertEqual(w.stats.foreign, 2, "each forged result counted")
+        self.assertEqual(w.stats.conflicting, 0)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -44,6 +44,16 @@ pub fn payload_of(frame: &[u8]) -> &[u8] {
     &frame[HEADERS..]
 }
 
+/// A result's payload as `yard_agg` hands it to the TC fan-out: kind FANOUT, and the load's
+/// fan-out tag in `worker` (low half) and `reserved` (high half), which the fan-out clears.
+pub fn as_fanout(result: &[u8], tag: u32) -> Vec<u8> {
+    let mut out = result.to_vec();
+    out[5] = Kind::Fanout as u8;
+    out[24..26].copy_from_slice(&(tag as u16).to_le_bytes());
+    out[30..32].copy_from_slice(&((tag >> 16) as u16).to_le_bytes());
+    out
+}
+
 pub fn data(spec: &JobSpec, w: usize, round: u32, chunk: u32, exp: i8, values: &[i32]) -> Vec<u8> {
     wire::encode(
         &Header {
@@ -60,6 +70,22 @@ pub fn data(spec: &JobSpec, w: usize, round: u32, chunk: u32, exp: i8, values: &
         },
         values,
     )
+}
+
+/// A fan-out payload from `yard_agg` with its tag (asserted to be `tag`) cleared, as the TC
+/// fan-out sends it on (kind apart).
+pub fn untag_fanout(payload: &[u8], tag: u32) -> Vec<u8> {
+    let mut out = payload.to_vec();
+    let low = u16::from_le_bytes([out[24], out[25]]);
+    let high = u16::from_le_bytes([out[30], out[31]]);
+    assert_eq!(
+        u32::from(low) | u32::from(high) << 16,
+        tag,
+        "the load's fan-out tag"
+    );
+    out[24..26].fill(0);
+    out[30..32].fill(0);
+    out
 }
 
 /// Sums one round of `grads` (one per worker) through the program and the model, chunk by
@@ -103,8 +129,7 @@ pub fn run_round(
                 let Action::Fanout(bytes) = want.action else {
                     panic!("the model did not complete chunk {c}");
                 };
-                let mut expected = bytes.clone();
-                expected[5] = Kind::Fanout as u8; // XDP hands it to TC as a fan-out
+                let expected = as_fanout(&bytes, agg.fanout_tag()); // XDP hands it to TC
                 assert_eq!(payload_of(&got.frame), expected.as_slice(), "chunk {c}");
                 let (h, body) = Header::parse(&bytes).unwrap();
                 assert_eq!(
