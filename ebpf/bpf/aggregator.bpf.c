@@ -52,7 +52,12 @@
  *
  * Admission: a frame must name a job served here, the job's current epoch, and come from the
  * source address and port the daemon registered for the worker index it claims
- * (agg_members, filled from Raft), so a worker of another job cannot add to this one's sums.
+ * (agg_members, filled from Raft), so a worker of another job cannot add to this one's sums,
+ * with the member's token (agg_hdr.token), so a host that forges the member's address but cannot
+ * read its traffic cannot either (nor replay a result, nor re-point the member's results to its
+ * own MAC). A parent's RESULT needs the parent's token likewise. Results leave with this
+ * aggregator's result token, which the workers check. The tokens are compared per frame; no
+ * payload byte is hashed (the per-byte cost stays the sum's).
  * Anything else addressed to AGG_PORT is dropped and counted; any other traffic is passed to the
  * stack untouched, except a frame from AGG_PORT of kind AGG_FANOUT, which only this program may
  * make (see yard_agg_fanout): dropped, counted AGG_FOREIGN. Every frame counts exactly one
@@ -416,6 +421,7 @@ static __always_inline int forward_up(struct xdp_md *ctx, const struct agg_job *
 	h->exp = slot->exp;
 	h->worker = job->parent_worker;
 	h->contributors = 0;
+	h->token = job->up_token;
 	/* From this host (the member addressed it) to the parent. */
 	__builtin_memcpy(eth->h_source, eth->h_dest, ETH_ALEN);
 	__builtin_memcpy(eth->h_dest, mac, ETH_ALEN);
@@ -473,8 +479,7 @@ int yard_agg(struct xdp_md *ctx)
 	__u32 n = h->count;
 
 	if (h->magic != AGG_MAGIC || h->version != AGG_VERSION ||
-	    (h->kind != AGG_DATA && h->kind != AGG_RESULT) ||
-	    h->reserved != 0 || n == 0 || n > AGG_VALUES_MAX) {
+	    (h->kind != AGG_DATA && h->kind != AGG_RESULT) || n == 0 || n > AGG_VALUES_MAX) {
 		count(AGG_BAD_HEADER, 0, len);
 		return XDP_DROP;
 	}
@@ -505,11 +510,11 @@ int yard_agg(struct xdp_md *ctx)
 		count(AGG_STALE, job_id, len);
 		return XDP_DROP;
 	}
-	/* A RESULT only from this cluster aggregator's parent, to its AGG_PORT. */
+	/* A RESULT only from this cluster aggregator's parent, to its AGG_PORT, with its token. */
 	int from_parent = h->kind == AGG_RESULT;
 
 	if (from_parent && (!job->parent_ip || ip->saddr != job->parent_ip ||
-			    udp->source != job->parent_port)) {
+			    udp->source != job->parent_port || h->token != job->parent_token)) {
 		count(AGG_FOREIGN, job_id, len);
 		return XDP_DROP;
 	}
@@ -525,7 +530,9 @@ int yard_agg(struct xdp_md *ctx)
 		.job = job_id, .ip = ip->saddr, .port = udp->source, .pad = 0,
 	};
 	struct agg_member *member = bpf_map_lookup_elem(&agg_members, &mkey);
-	if (!member || member->worker != h->worker) {
+	/* The token proves the frame is the member's own: without it, nothing below (its sum, a
+	 * replayed result, the MAC its results go to) may be touched. */
+	if (!member || member->worker != h->worker || member->token != h->token) {
 		count(AGG_FOREIGN, job_id, len);
 		return XDP_DROP;
 	}
@@ -805,8 +812,8 @@ decided:
 		/* The values in the frame are the result: to every member through the fan-out. */
 		h->kind = AGG_FANOUT;
 		h->flags = 0;
-		h->worker = (__u16)job->fanout_tag;
-		h->reserved = (__u16)(job->fanout_tag >> 16);
+		h->worker = 0;
+		h->token = job->fanout_tag;
 		reverse(eth, ip, udp);
 		count(AGG_PARENT_RESULT, job_id, len);
 		return XDP_PASS;
@@ -822,21 +829,21 @@ decided:
 	RELOAD();
 	h->exp = slot->exp;
 	h->worker = 0;
-	h->contributors = slot->count;
+	h->contributors = (__u8)slot->count; /* at most AGG_WORKERS_MAX */
 	h->flags = 0;
 	reverse(eth, ip, udp);
 	if (out == RESEND) {
 		h->kind = AGG_RESULT;
+		h->token = job->result_token;
 		count(AGG_RESULT_RESENT, job_id, len);
 		return XDP_TX;
 	}
 	/*
 	 * To every worker: yard_agg_fanout, on this interface's TC ingress, copies it out if it
-	 * carries this load's tag, which it then clears (see struct agg_job).
+	 * carries this load's tag, which it replaces with the result token (see struct agg_job).
 	 */
 	h->kind = AGG_FANOUT;
-	h->worker = (__u16)job->fanout_tag;
-	h->reserved = (__u16)(job->fanout_tag >> 16);
+	h->token = job->fanout_tag;
 	count(AGG_COMPLETED, job_id, len);
 	return XDP_PASS;
 }
@@ -846,8 +853,7 @@ decided:
 #define IP_OFF_DADDR (14 + __builtin_offsetof(struct iphdr, daddr))
 #define UDP_OFF_DEST (14 + 20 + __builtin_offsetof(struct udphdr, dest))
 #define AGG_OFF_KIND (14 + 20 + 8 + __builtin_offsetof(struct agg_hdr, kind))
-#define AGG_OFF_WORKER (14 + 20 + 8 + __builtin_offsetof(struct agg_hdr, worker))
-#define AGG_OFF_RESERVED (14 + 20 + 8 + __builtin_offsetof(struct agg_hdr, reserved))
+#define AGG_OFF_TOKEN (14 + 20 + 8 + __builtin_offsetof(struct agg_hdr, token))
 
 /*
  * yard_agg_fanout: TC ingress on the aggregator's interface. XDP can send a frame back only
@@ -860,7 +866,8 @@ decided:
  * Only yard_agg's own results are cloned, so nobody can make this host multiply a frame: yard_agg
  * drops every received frame of kind AGG_FANOUT (to AGG_PORT or any other port), and a frame
  * that reached TC ingress some other way lacks the job's fanout_tag, which only yard_agg writes
- * and which is cleared before any copy leaves (dropped and counted AGG_FOREIGN).
+ * and which is replaced by the job's result token before any copy leaves (dropped and counted
+ * AGG_FOREIGN).
  */
 SEC("classifier")
 int yard_agg_fanout(struct __sk_buff *skb)
@@ -877,20 +884,17 @@ int yard_agg_fanout(struct __sk_buff *skb)
 	struct agg_job *job = bpf_map_lookup_elem(&agg_jobs, &job_id);
 	if (!job)
 		return TC_ACT_SHOT;
-	__u32 tag = job->fanout_tag;
-
-	if (!tag || f.agg.worker != (__u16)tag || f.agg.reserved != (__u16)(tag >> 16)) {
+	if (!job->fanout_tag || f.agg.token != job->fanout_tag) {
 		count(AGG_FOREIGN, job_id, len);
 		return TC_ACT_SHOT;
 	}
 	__u32 workers = job->workers;
 	__u8 kind = AGG_RESULT;
-	__u16 zero = 0;
+	__u32 token = job->result_token;
 	__u32 daddr = f.ip.daddr;
 
 	if (bpf_skb_store_bytes(skb, AGG_OFF_KIND, &kind, 1, 0) < 0 ||
-	    bpf_skb_store_bytes(skb, AGG_OFF_WORKER, &zero, 2, 0) < 0 ||
-	    bpf_skb_store_bytes(skb, AGG_OFF_RESERVED, &zero, 2, 0) < 0)
+	    bpf_skb_store_bytes(skb, AGG_OFF_TOKEN, &token, 4, 0) < 0)
 		return TC_ACT_SHOT;
 #pragma clang loop unroll(disable)
 	for (__u32 w = 0; w < AGG_WORKERS_MAX; w++) {

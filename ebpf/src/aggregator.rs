@@ -138,6 +138,11 @@ pub struct AggJobEntry {
     pub dtype: Dtype,
     /// This epoch's members by worker index: where each sends from.
     pub members: Vec<SocketAddrV4>,
+    /// The token each member's frames must carry, by worker index: one per member (the
+    /// control plane draws them, `yard_actors::aggregator::auth`).
+    pub tokens: Vec<u32>,
+    /// The token this aggregator's RESULT frames carry, which its members check.
+    pub result_token: u32,
     /// The address results are sent from (this host's, as the workers address it).
     pub self_ip: Ipv4Addr,
     /// Where a cluster aggregator of a tree sends its partial sums; `None` at the root or a
@@ -155,6 +160,10 @@ pub struct AggParent {
     /// Next hop toward the parent: its MAC, or the router's (`[0; 6]` while unresolved: the
     /// partial sums are dropped and counted until it is set).
     pub mac: [u8; 6],
+    /// This host's token at the parent: what its partial sums carry.
+    pub token: u32,
+    /// The parent's result token: a RESULT without it is foreign.
+    pub result_token: u32,
 }
 
 impl AggJobEntry {
@@ -329,6 +338,13 @@ impl Aggregator {
                 reason: "holds at most 32 workers per job",
             });
         }
+        if entry.tokens.len() != entry.members.len() {
+            return Err(EbpfError::Tokens {
+                job: entry.id,
+                members: entry.members.len(),
+                tokens: entry.tokens.len(),
+            });
+        }
         if !self.variant.sums(entry.dtype) {
             return Err(EbpfError::SumVariant {
                 variant: self.variant.name(),
@@ -337,7 +353,7 @@ impl Aggregator {
         }
         let stale_members = self.written.get(&entry.id).cloned().unwrap_or_default();
         let mut wanted = Vec::with_capacity(entry.members.len());
-        for (worker, addr) in entry.members.iter().enumerate() {
+        for (worker, (addr, token)) in entry.members.iter().zip(&entry.tokens).enumerate() {
             let worker16 = u16::try_from(worker).unwrap_or(u16::MAX);
             let key = AggMemberKey {
                 job: entry.id,
@@ -351,6 +367,7 @@ impl Aggregator {
                     AggMember {
                         worker: worker16,
                         pad: 0,
+                        token: *token,
                     },
                     0,
                 )
@@ -390,6 +407,9 @@ impl Aggregator {
             parent_mac: entry.parent.map_or([0; 6], |p| p.mac),
             pad2: [0; 2],
             fanout_tag: self.fanout_tag,
+            result_token: entry.result_token,
+            up_token: entry.parent.map_or(0, |p| p.token),
+            parent_token: entry.parent.map_or(0, |p| p.result_token),
         };
         self.jobs
             .insert(entry.id, job, 0)
@@ -657,7 +677,8 @@ mod tests {
         assert!(header.contains(&format!("#define AGG_F_RETX {:#04x}", wire::FLAG_RETX)));
         assert!(header.contains(&format!("#define AGG_F_REPLAY {:#04x}", wire::FLAG_REPLAY)));
         assert!(header.contains("YARD_ASSERT_SIZE(struct agg_hdr, 32);"));
-        assert!(header.contains("YARD_ASSERT_SIZE(struct agg_job, 48);"));
+        assert!(header.contains("YARD_ASSERT_SIZE(struct agg_job, 60);"));
+        assert!(header.contains("YARD_ASSERT_OFFSET(struct agg_hdr, token, 28);"));
         assert_eq!(wire::HEADER_LEN, 32);
     }
 }

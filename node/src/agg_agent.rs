@@ -274,6 +274,7 @@ pub fn view_json(view: &WorkerView) -> Value {
             "job": m.job, "epoch": m.epoch, "worker": m.worker, "workers": m.workers,
             "aggregator": m.aggregator.to_string(), "values": m.geometry.values,
             "chunk_values": m.geometry.chunk_values, "dtype": m.dtype.name(),
+            "token": m.token, "result_token": m.result_token,
         }}),
         WorkerView::Ring(r) => json!({"ring": {
             "job": r.job, "epoch": r.epoch, "rank": r.rank, "ranks": r.ranks,
@@ -583,6 +584,7 @@ mod tests {
                     cluster_bytes: 1 << 30,
                 },
                 grouping: Grouping::Flat,
+                secret: [7; 16],
             };
             t.apply(&create, 1).unwrap();
             let join = AggCommand::Join {

@@ -32,7 +32,7 @@ for chunks already received, or for another job, epoch or round, and ``foreign``
 round; ``conflicting``: repeats of a result already taken in this round and epoch whose exponent
 or sum differ from the first (a chunk completed twice with different sums, which must never
 happen); and ``foreign``: frames from anyone but the job's aggregator (its address and port),
-ignored whatever they carry. The Rust client counts the same."""
+or without its result token, ignored whatever they carry. The Rust client counts the same."""
 
 
 class AggError(Exception):
@@ -245,7 +245,8 @@ class Worker:
         frames = []
         for c in range(g.chunks()):
             s, e = g.chunk_range(c)
-            h = wire.Header(KIND_DATA, flags, exps[c], m.job, m.epoch, round, c, m.worker, 0)
+            h = wire.Header(KIND_DATA, flags, exps[c], m.job, m.epoch, round, c, m.worker, 0,
+                            token=m.token)
             frames.append(wire.encode(h, q[s:e]))
         return frames
 
@@ -277,8 +278,9 @@ class Worker:
         send = self.sock.sendto
         dest = m.aggregator
         # Results come from the aggregator's address and port only (the XDP program answers
-        # from the address the worker sent to, and its fan-out keeps it).
+        # from the address the worker sent to, and its fan-out keeps it), with its result token.
         source = (dest[0], int(dest[1]))
+        result_token = m.result_token
         for i in range(chunks, total):
             send(frames[i], dest)
             in_flight.add(i)
@@ -330,6 +332,10 @@ class Worker:
                 h, body = wire.parse(data)
             except wire.WireError:
                 ignored += 1
+                continue
+            if h.token != result_token:
+                ignored += 1
+                foreign += 1
                 continue
             if h.round == self.round and h.chunk < chunks:
                 i = h.chunk

@@ -45,13 +45,22 @@ pub fn payload_of(frame: &[u8]) -> &[u8] {
 }
 
 /// A result's payload as `yard_agg` hands it to the TC fan-out: kind FANOUT, and the load's
-/// fan-out tag in `worker` (low half) and `reserved` (high half), which the fan-out clears.
+/// fan-out tag as its token, which the fan-out replaces with the result token.
 pub fn as_fanout(result: &[u8], tag: u32) -> Vec<u8> {
     let mut out = result.to_vec();
     out[5] = Kind::Fanout as u8;
-    out[24..26].copy_from_slice(&(tag as u16).to_le_bytes());
-    out[30..32].copy_from_slice(&((tag >> 16) as u16).to_le_bytes());
+    out[28..32].copy_from_slice(&tag.to_le_bytes());
     out
+}
+
+/// Member `w`'s token in the tests' jobs: distinct per job and worker, never 0.
+pub fn test_token(job: u32, w: usize) -> u32 {
+    0x7000_0000 | job << 8 | u32::try_from(w).unwrap()
+}
+
+/// The tests' result token of job `job` at an aggregator (its index in a tree, 0 if flat).
+pub fn test_result_token(job: u32, aggregator: usize) -> u32 {
+    0x5200_0000 | job << 8 | u32::try_from(aggregator).unwrap()
 }
 
 pub fn data(spec: &JobSpec, w: usize, round: u32, chunk: u32, exp: i8, values: &[i32]) -> Vec<u8> {
@@ -67,25 +76,10 @@ pub fn data(spec: &JobSpec, w: usize, round: u32, chunk: u32, exp: i8, values: &
             worker: u16::try_from(w).unwrap(),
             count: 0,
             contributors: 0,
+            token: spec.tokens.get(w).copied().unwrap_or(0), // a stranger has none
         },
         values,
     )
-}
-
-/// A fan-out payload from `yard_agg` with its tag (asserted to be `tag`) cleared, as the TC
-/// fan-out sends it on (kind apart).
-pub fn untag_fanout(payload: &[u8], tag: u32) -> Vec<u8> {
-    let mut out = payload.to_vec();
-    let low = u16::from_le_bytes([out[24], out[25]]);
-    let high = u16::from_le_bytes([out[30], out[31]]);
-    assert_eq!(
-        u32::from(low) | u32::from(high) << 16,
-        tag,
-        "the load's fan-out tag"
-    );
-    out[24..26].fill(0);
-    out[30..32].fill(0);
-    out
 }
 
 /// Sums one round of `grads` (one per worker) through the program and the model, chunk by
