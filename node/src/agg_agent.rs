@@ -943,4 +943,27 @@ mod tests {
             "join.rank must be an integer from 0 to 65535"
         );
     }
+
+    /// A worker's membership line carries its two frame tokens (issue 25 finding 6): without
+    /// them its frames are foreign and its results ignored.
+    #[test]
+    fn a_membership_line_gives_the_worker_its_tokens() {
+        let m = yard_agg::worker::Membership {
+            job: 3,
+            epoch: 2,
+            worker: 1,
+            workers: 2,
+            aggregator: "198.18.0.1:7481".parse().unwrap(),
+            geometry: yard_agg::wire::Geometry {
+                values: 10,
+                chunk_values: 10,
+            },
+            dtype: yard_agg::wire::Dtype::I32,
+            token: 0xdead_beef,
+            result_token: 7,
+        };
+        let v = view_json(&WorkerView::Running(m));
+        assert_eq!(v["membership"]["token"], 0xdead_beefu32);
+        assert_eq!(v["membership"]["result_token"], 7);
+    }
 }
