@@ -54,6 +54,8 @@ pub fn membership(job: &Value, rank: usize, dtype: Dtype) -> Option<Membership> 
             chunk_values: u16::try_from(job["chunk_values"].as_u64()?).ok()?,
         },
         dtype,
+        token: u32::try_from(me["token"].as_u64()?).ok()?,
+        result_token: u32::try_from(me["result_token"].as_u64()?).ok()?,
     })
 }
 

@@ -564,6 +564,7 @@ fn two_jobs_sum_exactly_under_loss_both_ways_and_forged_frames_are_dropped() {
                                         worker: 0,
                                         count: 0,
                                         contributors: 0,
+                                        token: 0, // it has no token of the other job
                                     },
                                     &vec![1; len],
                                 );

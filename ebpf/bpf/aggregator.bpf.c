@@ -52,9 +52,16 @@
  *
  * Admission: a frame must name a job served here, the job's current epoch, and come from the
  * source address and port the daemon registered for the worker index it claims
- * (agg_members, filled from Raft), so a worker of another job cannot add to this one's sums.
+ * (agg_members, filled from Raft), so a worker of another job cannot add to this one's sums,
+ * with the member's token (agg_hdr.token), so a host that forges the member's address but cannot
+ * read its traffic cannot either (nor replay a result, nor re-point the member's results to its
+ * own MAC). A parent's RESULT needs the parent's token likewise. Results leave with this
+ * aggregator's result token, which the workers check. The tokens are compared per frame; no
+ * payload byte is hashed (the per-byte cost stays the sum's).
  * Anything else addressed to AGG_PORT is dropped and counted; any other traffic is passed to the
- * stack untouched. Every frame counts exactly one reason; the program never returns XDP_ABORTED.
+ * stack untouched, except a frame from AGG_PORT of kind AGG_FANOUT, which only this program may
+ * make (see yard_agg_fanout): dropped, counted AGG_FOREIGN. Every frame counts exactly one
+ * reason; the program never returns XDP_ABORTED.
  *
  * The UDP checksum is neither checked nor produced (results carry 0, which IPv4 allows): the
  * program would have to sum every payload byte, the Ethernet FCS already covers the wire, and
@@ -414,6 +421,7 @@ static __always_inline int forward_up(struct xdp_md *ctx, const struct agg_job *
 	h->exp = slot->exp;
 	h->worker = job->parent_worker;
 	h->contributors = 0;
+	h->token = job->up_token;
 	/* From this host (the member addressed it) to the parent. */
 	__builtin_memcpy(eth->h_source, eth->h_dest, ETH_ALEN);
 	__builtin_memcpy(eth->h_dest, mac, ETH_ALEN);
@@ -446,7 +454,21 @@ int yard_agg(struct xdp_md *ctx)
 		count(AGG_PASS_NOT_AGG, 0, len);
 		return XDP_PASS;
 	}
-	if ((void *)(udp + 1) > data_end || udp->dest != bpf_htons(AGG_PORT)) {
+	if ((void *)(udp + 1) > data_end) {
+		count(AGG_PASS_NOT_AGG, 0, len);
+		return XDP_PASS;
+	}
+	if (udp->dest != bpf_htons(AGG_PORT)) {
+		/*
+		 * Not ours, but a frame that looks like one of our fresh results (from AGG_PORT, kind
+		 * FANOUT) would be cloned to a whole job by yard_agg_fanout: only this program makes
+		 * those, so one that arrives was forged (results to a worker on this host are RESULT).
+		 */
+		if (udp->source == bpf_htons(AGG_PORT) && (void *)(h + 1) <= data_end &&
+		    h->magic == AGG_MAGIC && h->kind == AGG_FANOUT) {
+			count(AGG_FOREIGN, 0, len);
+			return XDP_DROP;
+		}
 		count(AGG_PASS_NOT_AGG, 0, len);
 		return XDP_PASS;
 	}
@@ -457,8 +479,7 @@ int yard_agg(struct xdp_md *ctx)
 	__u32 n = h->count;
 
 	if (h->magic != AGG_MAGIC || h->version != AGG_VERSION ||
-	    (h->kind != AGG_DATA && h->kind != AGG_RESULT) ||
-	    h->reserved != 0 || n == 0 || n > AGG_VALUES_MAX) {
+	    (h->kind != AGG_DATA && h->kind != AGG_RESULT) || n == 0 || n > AGG_VALUES_MAX) {
 		count(AGG_BAD_HEADER, 0, len);
 		return XDP_DROP;
 	}
@@ -489,11 +510,11 @@ int yard_agg(struct xdp_md *ctx)
 		count(AGG_STALE, job_id, len);
 		return XDP_DROP;
 	}
-	/* A RESULT only from this cluster aggregator's parent, to its AGG_PORT. */
+	/* A RESULT only from this cluster aggregator's parent, to its AGG_PORT, with its token. */
 	int from_parent = h->kind == AGG_RESULT;
 
 	if (from_parent && (!job->parent_ip || ip->saddr != job->parent_ip ||
-			    udp->source != job->parent_port)) {
+			    udp->source != job->parent_port || h->token != job->parent_token)) {
 		count(AGG_FOREIGN, job_id, len);
 		return XDP_DROP;
 	}
@@ -509,7 +530,9 @@ int yard_agg(struct xdp_md *ctx)
 		.job = job_id, .ip = ip->saddr, .port = udp->source, .pad = 0,
 	};
 	struct agg_member *member = bpf_map_lookup_elem(&agg_members, &mkey);
-	if (!member || member->worker != h->worker) {
+	/* The token proves the frame is the member's own: without it, nothing below (its sum, a
+	 * replayed result, the MAC its results go to) may be touched. */
+	if (!member || member->worker != h->worker || member->token != h->token) {
 		count(AGG_FOREIGN, job_id, len);
 		return XDP_DROP;
 	}
@@ -790,6 +813,7 @@ decided:
 		h->kind = AGG_FANOUT;
 		h->flags = 0;
 		h->worker = 0;
+		h->token = job->fanout_tag;
 		reverse(eth, ip, udp);
 		count(AGG_PARENT_RESULT, job_id, len);
 		return XDP_PASS;
@@ -805,16 +829,21 @@ decided:
 	RELOAD();
 	h->exp = slot->exp;
 	h->worker = 0;
-	h->contributors = slot->count;
+	h->contributors = (__u8)slot->count; /* at most AGG_WORKERS_MAX */
 	h->flags = 0;
 	reverse(eth, ip, udp);
 	if (out == RESEND) {
 		h->kind = AGG_RESULT;
+		h->token = job->result_token;
 		count(AGG_RESULT_RESENT, job_id, len);
 		return XDP_TX;
 	}
-	/* To every worker: yard_agg_fanout, on this interface's TC ingress, copies it out. */
+	/*
+	 * To every worker: yard_agg_fanout, on this interface's TC ingress, copies it out if it
+	 * carries this load's tag, which it replaces with the result token (see struct agg_job).
+	 */
 	h->kind = AGG_FANOUT;
+	h->token = job->fanout_tag;
 	count(AGG_COMPLETED, job_id, len);
 	return XDP_PASS;
 }
@@ -824,14 +853,21 @@ decided:
 #define IP_OFF_DADDR (14 + __builtin_offsetof(struct iphdr, daddr))
 #define UDP_OFF_DEST (14 + 20 + __builtin_offsetof(struct udphdr, dest))
 #define AGG_OFF_KIND (14 + 20 + 8 + __builtin_offsetof(struct agg_hdr, kind))
+#define AGG_OFF_TOKEN (14 + 20 + 8 + __builtin_offsetof(struct agg_hdr, token))
 
 /*
  * yard_agg_fanout: TC ingress on the aggregator's interface. XDP can send a frame back only
- * where it came from, so a fresh result (kind AGG_FANOUT, which only yard_agg produces: it drops
- * every received frame that is not DATA) comes here as an skb, is re-addressed to each worker of
- * its job in turn and cloned out of the interface; the original is then dropped. Workers whose
- * MAC is not known yet (no frame of theirs accepted) are skipped and counted: they get the
- * result by resending their contribution. Every other packet gets no verdict.
+ * where it came from, so a fresh result (kind AGG_FANOUT) comes here as an skb, is re-addressed
+ * to each worker of its job in turn and cloned out of the interface; the original is then
+ * dropped. Workers whose MAC is not known yet (no frame of theirs accepted) are skipped and
+ * counted: they get the result by resending their contribution. Every other packet gets no
+ * verdict.
+ *
+ * Only yard_agg's own results are cloned, so nobody can make this host multiply a frame: yard_agg
+ * drops every received frame of kind AGG_FANOUT (to AGG_PORT or any other port), and a frame
+ * that reached TC ingress some other way lacks the job's fanout_tag, which only yard_agg writes
+ * and which is replaced by the job's result token before any copy leaves (dropped and counted
+ * AGG_FOREIGN).
  */
 SEC("classifier")
 int yard_agg_fanout(struct __sk_buff *skb)
@@ -848,11 +884,17 @@ int yard_agg_fanout(struct __sk_buff *skb)
 	struct agg_job *job = bpf_map_lookup_elem(&agg_jobs, &job_id);
 	if (!job)
 		return TC_ACT_SHOT;
+	if (!job->fanout_tag || f.agg.token != job->fanout_tag) {
+		count(AGG_FOREIGN, job_id, len);
+		return TC_ACT_SHOT;
+	}
 	__u32 workers = job->workers;
 	__u8 kind = AGG_RESULT;
+	__u32 token = job->result_token;
 	__u32 daddr = f.ip.daddr;
 
-	if (bpf_skb_store_bytes(skb, AGG_OFF_KIND, &kind, 1, 0) < 0)
+	if (bpf_skb_store_bytes(skb, AGG_OFF_KIND, &kind, 1, 0) < 0 ||
+	    bpf_skb_store_bytes(skb, AGG_OFF_TOKEN, &token, 4, 0) < 0)
 		return TC_ACT_SHOT;
 #pragma clang loop unroll(disable)
 	for (__u32 w = 0; w < AGG_WORKERS_MAX; w++) {

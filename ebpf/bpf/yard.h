@@ -211,9 +211,10 @@ _Static_assert(PEERS_COUNTER_MAX == 8, "Rust PeerCounter::ALL has 8 entries");
 #define AGG_PORT 7481
 /* "YAGG" as it appears on the wire (little-endian __u32). */
 #define AGG_MAGIC 0x47474159
-/* 2: contributors got a field of their own (1 carried them in `worker`, and a receiver that
- * checked `worker` as an index dropped a result of 64 contributions or more). */
-#define AGG_VERSION 2
+/* 3: every frame carries a token (agg_hdr.token; 2 had a reserved field there and 16-bit worker
+ * and contributors; 1 carried contributors in `worker`, and a receiver that checked `worker` as
+ * an index dropped a result of 64 contributions or more). */
+#define AGG_VERSION 3
 /*
  * Most values one frame carries: 768 x 4 B + 74 B of headers = 3146 B, inside the largest frame
  * native XDP takes on veth and most NIC drivers (one page less headroom and skb_shared_info).
@@ -227,7 +228,8 @@ _Static_assert(PEERS_COUNTER_MAX == 8, "Rust PeerCounter::ALL has 8 entries");
 enum agg_kind {
 	AGG_DATA = 1,   /* worker (or cluster aggregator) -> aggregator: one chunk of one round's gradient (or partial sum) */
 	AGG_RESULT = 2, /* aggregator -> worker (or parent -> cluster aggregator): the chunk's sum */
-	AGG_FANOUT = 3, /* internal: a fresh result XDP hands to the TC fan-out; dropped if received */
+	AGG_FANOUT = 3, /* internal: a fresh result XDP hands to the TC fan-out, its token
+			 * agg_job.fanout_tag; dropped if received, to AGG_PORT or any other port */
 };
 
 enum agg_dtype {
@@ -250,14 +252,22 @@ struct agg_hdr {
 	__u32 epoch;   /* bumped by every regrouping (aggregator moved, worker gone) */
 	__u32 round;   /* the training step: each round sums the whole gradient once */
 	__u32 chunk;   /* the chunk's index in the gradient */
-	__u16 worker;  /* DATA: the sender's index in the job (< AGG_WORKERS_MAX); RESULT: 0 */
-	__u16 count;   /* values that follow, 1..AGG_VALUES_MAX */
+	__u8 worker;   /* DATA: the sender's index in the job (< AGG_WORKERS_MAX); RESULT: 0 */
 	/*
 	 * RESULT: the contributions the sum holds (a root's members, which may be 64: never an
 	 * index, so never checked against AGG_WORKERS_MAX); DATA: 0.
 	 */
-	__u16 contributors;
-	__u16 reserved; /* 0 */
+	__u8 contributors;
+	__u16 count;   /* values that follow, 1..AGG_VALUES_MAX */
+	/*
+	 * DATA: the sender's token at this aggregator (agg_member.token, or a cluster aggregator's
+	 * agg_job.up_token at its parent); RESULT: the sending aggregator's agg_job.result_token;
+	 * FANOUT: agg_job.fanout_tag. The control plane draws the first two per job, epoch,
+	 * aggregator and worker from a secret the fabric never sees, and only members learn theirs,
+	 * so a host that forges a member's (or the parent's) address but cannot read its traffic
+	 * makes frames that are foreign.
+	 */
+	__u32 token;
 };
 YARD_ASSERT_SIZE(struct agg_hdr, 32);
 YARD_ASSERT_OFFSET(struct agg_hdr, magic, 0);
@@ -270,9 +280,9 @@ YARD_ASSERT_OFFSET(struct agg_hdr, epoch, 12);
 YARD_ASSERT_OFFSET(struct agg_hdr, round, 16);
 YARD_ASSERT_OFFSET(struct agg_hdr, chunk, 20);
 YARD_ASSERT_OFFSET(struct agg_hdr, worker, 24);
+YARD_ASSERT_OFFSET(struct agg_hdr, contributors, 25);
 YARD_ASSERT_OFFSET(struct agg_hdr, count, 26);
-YARD_ASSERT_OFFSET(struct agg_hdr, contributors, 28);
-YARD_ASSERT_OFFSET(struct agg_hdr, reserved, 30);
+YARD_ASSERT_OFFSET(struct agg_hdr, token, 28);
 
 /* agg_jobs: key __u32 job id -> the job as this aggregator serves it (filled from Raft). */
 struct agg_job {
@@ -295,8 +305,18 @@ struct agg_job {
 	__u16 parent_worker;  /* this host's worker index in the parent's sums */
 	__u8 parent_mac[6];   /* next hop toward the parent (the daemon resolves it) */
 	__u8 pad2[2];         /* 0 */
+	/*
+	 * This load's fan-out tag (the loader draws it at random, never 0, and writes it into every
+	 * job): yard_agg writes it as the token of each fresh result it hands to yard_agg_fanout,
+	 * and the fan-out clones only a frame that carries it, after replacing it with
+	 * result_token. It never leaves the host.
+	 */
+	__u32 fanout_tag;
+	__u32 result_token;  /* the token of this aggregator's RESULT frames, which its members check */
+	__u32 up_token;      /* a cluster aggregator: its token at the parent (its partial sums carry it) */
+	__u32 parent_token;  /* a cluster aggregator: the parent's result_token (a RESULT needs it) */
 };
-YARD_ASSERT_SIZE(struct agg_job, 44);
+YARD_ASSERT_SIZE(struct agg_job, 60);
 YARD_ASSERT_OFFSET(struct agg_job, epoch, 0);
 YARD_ASSERT_OFFSET(struct agg_job, base, 4);
 YARD_ASSERT_OFFSET(struct agg_job, chunks, 8);
@@ -309,6 +329,10 @@ YARD_ASSERT_OFFSET(struct agg_job, parent_ip, 28);
 YARD_ASSERT_OFFSET(struct agg_job, parent_port, 32);
 YARD_ASSERT_OFFSET(struct agg_job, parent_worker, 34);
 YARD_ASSERT_OFFSET(struct agg_job, parent_mac, 36);
+YARD_ASSERT_OFFSET(struct agg_job, fanout_tag, 44);
+YARD_ASSERT_OFFSET(struct agg_job, result_token, 48);
+YARD_ASSERT_OFFSET(struct agg_job, up_token, 52);
+YARD_ASSERT_OFFSET(struct agg_job, parent_token, 56);
 
 /* agg_members key: who may send for a job, by source address and port. */
 struct agg_member_key {
@@ -326,8 +350,9 @@ YARD_ASSERT_OFFSET(struct agg_member_key, port, 8);
 struct agg_member {
 	__u16 worker; /* the index the member must claim in agg_hdr.worker */
 	__u16 pad;
+	__u32 token;  /* the token its frames must carry in agg_hdr.token */
 };
-YARD_ASSERT_SIZE(struct agg_member, 4);
+YARD_ASSERT_SIZE(struct agg_member, 8);
 
 /* agg_peers key: a job's worker by index, where the fan-out sends results. */
 struct agg_peer_key {
@@ -413,9 +438,10 @@ enum agg_counter_idx {
 	AGG_DUPLICATE,          /* a contribution already in the sum (not complete yet): dropped */
 	AGG_STALE,              /* another epoch, or a round the slot has moved past: dropped */
 	AGG_AHEAD,              /* a round two ahead of an incomplete slot (protocol breach): dropped */
-	AGG_FOREIGN,            /* sender is not a member of the job it names, or claims another index */
+	AGG_FOREIGN,            /* sender is not a member of the job it names, claims another index or lacks its
+				 * token; a received FANOUT frame (XDP), or one without this load's tag (TC) */
 	AGG_UNKNOWN_JOB,        /* no such job here */
-	AGG_BAD_HEADER,         /* bad magic/version/kind/count/chunk/exponent/reserved, or truncated */
+	AGG_BAD_HEADER,         /* bad magic/version/kind/count/chunk/exponent, or truncated */
 	AGG_PASS_NOT_AGG,       /* not IPv4 UDP to AGG_PORT: passed to the stack untouched */
 	AGG_FANOUT_SENT,        /* TC: one copy of a result sent to one worker */
 	AGG_FANOUT_FAILED,      /* TC: a worker's copy could not be sent (no address yet, clone failed) */

@@ -138,6 +138,11 @@ pub struct AggJobEntry {
     pub dtype: Dtype,
     /// This epoch's members by worker index: where each sends from.
     pub members: Vec<SocketAddrV4>,
+    /// The token each member's frames must carry, by worker index: one per member (the
+    /// control plane draws them, `yard_actors::aggregator::auth`).
+    pub tokens: Vec<u32>,
+    /// The token this aggregator's RESULT frames carry, which its members check.
+    pub result_token: u32,
     /// The address results are sent from (this host's, as the workers address it).
     pub self_ip: Ipv4Addr,
     /// Where a cluster aggregator of a tree sends its partial sums; `None` at the root or a
@@ -155,6 +160,10 @@ pub struct AggParent {
     /// Next hop toward the parent: its MAC, or the router's (`[0; 6]` while unresolved: the
     /// partial sums are dropped and counted until it is set).
     pub mac: [u8; 6],
+    /// This host's token at the parent: what its partial sums carry.
+    pub token: u32,
+    /// The parent's result token: a RESULT without it is foreign.
+    pub result_token: u32,
 }
 
 impl AggJobEntry {
@@ -176,6 +185,8 @@ pub struct Aggregator {
     partials: Option<PerCpuArray<MapData, AggPartial>>,
     variant: SumVariant,
     slot_count: u32,
+    /// This load's fan-out tag, written into every job ([`Aggregator::fanout_tag`]).
+    fanout_tag: u32,
     /// The member keys written per job. Nothing else writes these maps (they are not pinned),
     /// so this is what they hold, and stale members are found without scanning the map.
     written: BTreeMap<u32, Vec<AggMemberKey>>,
@@ -190,6 +201,19 @@ impl std::fmt::Debug for Aggregator {
             .field("slot_count", &self.slot_count)
             .field("attached", &self.xdp_link.is_some())
             .finish_non_exhaustive()
+    }
+}
+
+/// A random non-zero fan-out tag from the kernel's generator.
+fn draw_fanout_tag() -> Result<u32, EbpfError> {
+    loop {
+        let mut buf = [0u8; 4];
+        let n = rustix::rand::getrandom(&mut buf, rustix::rand::GetRandomFlags::empty())
+            .map_err(|e| EbpfError::Random(std::io::Error::from(e)))?;
+        let tag = u32::from_ne_bytes(buf);
+        if n == buf.len() && tag != 0 {
+            return Ok(tag);
+        }
     }
 }
 
@@ -238,6 +262,7 @@ impl Aggregator {
             counters: take(&mut ebpf, MAP_COUNTERS)?,
             job_counters: take(&mut ebpf, MAP_JOB_COUNTERS)?,
             slot_count,
+            fanout_tag: draw_fanout_tag()?,
             written: BTreeMap::new(),
             xdp_link: None,
             tc_link: None,
@@ -248,6 +273,15 @@ impl Aggregator {
     /// Entries of the slot map.
     pub fn slot_count(&self) -> u32 {
         self.slot_count
+    }
+
+    /// The tag this load's XDP program writes into the fresh results it hands to the fan-out
+    /// (drawn at random at load, never 0): the fan-out clones only frames that carry it, so a
+    /// frame that reaches TC ingress without passing through the XDP program (which drops every
+    /// received fan-out frame) is not multiplied. It never leaves the host; tests read it to
+    /// build a genuine fan-out frame.
+    pub fn fanout_tag(&self) -> u32 {
+        self.fanout_tag
     }
 
     /// Attaches the XDP program to `iface` in `mode` and the fan-out to its TC ingress (in the
@@ -304,6 +338,13 @@ impl Aggregator {
                 reason: "holds at most 32 workers per job",
             });
         }
+        if entry.tokens.len() != entry.members.len() {
+            return Err(EbpfError::Tokens {
+                job: entry.id,
+                members: entry.members.len(),
+                tokens: entry.tokens.len(),
+            });
+        }
         if !self.variant.sums(entry.dtype) {
             return Err(EbpfError::SumVariant {
                 variant: self.variant.name(),
@@ -312,7 +353,7 @@ impl Aggregator {
         }
         let stale_members = self.written.get(&entry.id).cloned().unwrap_or_default();
         let mut wanted = Vec::with_capacity(entry.members.len());
-        for (worker, addr) in entry.members.iter().enumerate() {
+        for (worker, (addr, token)) in entry.members.iter().zip(&entry.tokens).enumerate() {
             let worker16 = u16::try_from(worker).unwrap_or(u16::MAX);
             let key = AggMemberKey {
                 job: entry.id,
@@ -326,6 +367,7 @@ impl Aggregator {
                     AggMember {
                         worker: worker16,
                         pad: 0,
+                        token: *token,
                     },
                     0,
                 )
@@ -364,6 +406,10 @@ impl Aggregator {
             parent_worker: entry.parent.map_or(0, |p| p.worker),
             parent_mac: entry.parent.map_or([0; 6], |p| p.mac),
             pad2: [0; 2],
+            fanout_tag: self.fanout_tag,
+            result_token: entry.result_token,
+            up_token: entry.parent.map_or(0, |p| p.token),
+            parent_token: entry.parent.map_or(0, |p| p.result_token),
         };
         self.jobs
             .insert(entry.id, job, 0)
@@ -592,11 +638,12 @@ impl Aggregator {
         run_bench(self.xdp()?, PROGRAM_XDP, frame, repeat)
     }
 
-    /// One BPF_PROG_TEST_RUN of the fan-out on `frame`: its verdict.
-    pub fn test_run_fanout(&self, frame: &[u8]) -> Result<TcAction, EbpfError> {
+    /// One BPF_PROG_TEST_RUN of the fan-out on `frame`: its verdict and the frame as the
+    /// program left it (the last copy's addresses).
+    pub fn test_run_fanout(&self, frame: &[u8]) -> Result<(TcAction, Vec<u8>), EbpfError> {
         let prog = crate::program::get::<SchedClassifier>(&self.ebpf, PROGRAM_FANOUT)?;
-        let (action, _) = run_raw(prog, PROGRAM_FANOUT, frame)?;
-        Ok(TcAction::from_raw(action))
+        let (action, out) = run_raw(prog, PROGRAM_FANOUT, frame)?;
+        Ok((TcAction::from_raw(action), out))
     }
 
     fn xdp(&self) -> Result<&Xdp, EbpfError> {
@@ -630,6 +677,8 @@ mod tests {
         assert!(header.contains(&format!("#define AGG_F_RETX {:#04x}", wire::FLAG_RETX)));
         assert!(header.contains(&format!("#define AGG_F_REPLAY {:#04x}", wire::FLAG_REPLAY)));
         assert!(header.contains("YARD_ASSERT_SIZE(struct agg_hdr, 32);"));
+        assert!(header.contains("YARD_ASSERT_SIZE(struct agg_job, 60);"));
+        assert!(header.contains("YARD_ASSERT_OFFSET(struct agg_hdr, token, 28);"));
         assert_eq!(wire::HEADER_LEN, 32);
     }
 }

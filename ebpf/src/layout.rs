@@ -124,6 +124,15 @@ pub struct AggJob {
     /// Next hop toward the parent.
     pub parent_mac: [u8; 6],
     pub pad2: [u8; 2],
+    /// The loader's fan-out tag ([`crate::Aggregator`]): the program writes it into the fresh
+    /// results it hands to the fan-out, which clones only frames that carry it.
+    pub fanout_tag: u32,
+    /// The token of this aggregator's RESULT frames.
+    pub result_token: u32,
+    /// A cluster aggregator's token at its parent.
+    pub up_token: u32,
+    /// A cluster aggregator's parent's result token.
+    pub parent_token: u32,
 }
 
 /// `struct agg_member_key`: key of `agg_members`.
@@ -144,6 +153,8 @@ pub struct AggMemberKey {
 pub struct AggMember {
     pub worker: u16,
     pub pad: u16,
+    /// The token the member's frames must carry.
+    pub token: u32,
 }
 
 /// `struct agg_peer_key`: key of `agg_peers`.
@@ -371,7 +382,7 @@ pub const C_LAYOUTS: &[Layout] = &[
     },
     Layout {
         name: "agg_job",
-        size: 44,
+        size: 60,
         fields: &[
             ("epoch", 0),
             ("base", 4),
@@ -385,6 +396,10 @@ pub const C_LAYOUTS: &[Layout] = &[
             ("parent_port", 32),
             ("parent_worker", 34),
             ("parent_mac", 36),
+            ("fanout_tag", 44),
+            ("result_token", 48),
+            ("up_token", 52),
+            ("parent_token", 56),
         ],
     },
     Layout {
@@ -498,6 +513,10 @@ pub fn rust_layouts() -> Vec<RustLayout> {
                 ("parent_port", offset_of!(AggJob, parent_port)),
                 ("parent_worker", offset_of!(AggJob, parent_worker)),
                 ("parent_mac", offset_of!(AggJob, parent_mac)),
+                ("fanout_tag", offset_of!(AggJob, fanout_tag)),
+                ("result_token", offset_of!(AggJob, result_token)),
+                ("up_token", offset_of!(AggJob, up_token)),
+                ("parent_token", offset_of!(AggJob, parent_token)),
             ],
         ),
         (
@@ -542,9 +561,9 @@ const _: () = {
     assert!(size_of::<GwCounter>() == 8 + 8);
     assert!(size_of::<PeersKey>() == 4 + 1 + 3);
     assert!(size_of::<PeersValue>() == 8 + 8 + 8);
-    assert!(size_of::<AggJob>() == 4 * 4 + 2 + 2 + 1 + 3 + 4 + 4 + 2 + 2 + 6 + 2);
+    assert!(size_of::<AggJob>() == 4 * 4 + 2 + 2 + 1 + 3 + 4 + 4 + 2 + 2 + 6 + 2 + 4 * 4);
     assert!(size_of::<AggMemberKey>() == 4 + 4 + 2 + 2);
-    assert!(size_of::<AggMember>() == 2 + 2);
+    assert!(size_of::<AggMember>() == 2 + 2 + 4);
     assert!(size_of::<AggPeerKey>() == 4 + 4);
     assert!(size_of::<AggPeer>() == 4 + 2 + 6 + 4 + 8 + 8 + 8);
     assert!(size_of::<AggJobCounterKey>() == 4 + 4);

@@ -147,4 +147,14 @@ pub enum EbpfError {
         #[source]
         source: std::io::Error,
     },
+    /// A job's entry does not give one token per member.
+    #[error("job {job} has {members} members but {tokens} tokens")]
+    Tokens {
+        job: u32,
+        members: usize,
+        tokens: usize,
+    },
+    /// The kernel's random generator could not be read (the aggregator's fan-out tag).
+    #[error("could not read random bytes for the aggregator's fan-out tag")]
+    Random(#[source] std::io::Error),
 }

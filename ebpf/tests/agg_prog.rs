@@ -40,6 +40,8 @@ fn spec(job: u32, workers: usize, values: u32, dtype: Dtype) -> JobSpec {
         },
         dtype,
         members: (0..workers).map(|w| worker_addr(job, w)).collect(),
+        tokens: (0..workers).map(|w| test_token(job, w)).collect(),
+        result_token: test_result_token(job, 0),
         parent: None,
     }
 }
@@ -52,6 +54,8 @@ fn entry(spec: &JobSpec, base: u32) -> AggJobEntry {
         geometry: spec.geometry,
         dtype: spec.dtype,
         members: spec.members.clone(),
+        tokens: spec.tokens.clone(),
+        result_token: spec.result_token,
         self_ip: AGG,
         parent: None,
     }
@@ -143,8 +147,7 @@ fn both(agg: &Aggregator, model: &mut Model, from: SocketAddrV4, payload: &[u8])
         }
         Action::Fanout(bytes) => {
             assert_eq!(got.action, XdpAction::Pass);
-            let mut expected = bytes;
-            expected[5] = Kind::Fanout as u8;
+            let expected = as_fanout(&bytes, agg.fanout_tag());
             assert_eq!(payload_of(&got.frame), expected.as_slice());
         }
         Action::Up(bytes) => {
@@ -278,10 +281,9 @@ fn malformed_frames_are_dropped_and_other_traffic_passes() {
     arp[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
     assert_eq!(run(arp), XdpAction::Pass);
     assert_eq!(counter(&agg, None, AggCounter::PassNotAgg), 3);
-    // ours but broken: every checked header field (magic, version, kind, reserved) and every
-    // truncation
+    // ours but broken: every checked header field (magic, version, kind) and every truncation
     let mut bad = Vec::new();
-    for at in [0usize, 4, 5, 30] {
+    for at in [0usize, 4, 5] {
         let mut p = good.clone();
         p[at] ^= 0x40;
         bad.push(frame(from, &p));
@@ -398,7 +400,7 @@ fn the_fan_out_takes_only_fresh_results() {
     // a DATA frame, and a RESULT from elsewhere, are none of its business
     let d = frame(a.members[0], &data(&a, 0, 0, 0, 0, &[1; 10]));
     assert_eq!(
-        agg.test_run_fanout(&d).unwrap(),
+        agg.test_run_fanout(&d).unwrap().0,
         yard_ebpf::TcAction::Unspec
     );
     // a fresh result: copies go to the members whose MAC is known, then the original is dropped
@@ -408,12 +410,92 @@ fn the_fan_out_takes_only_fresh_results() {
         .unwrap();
     assert_eq!(out.action, XdpAction::Pass);
     assert_eq!(
-        agg.test_run_fanout(&out.frame).unwrap(),
+        agg.test_run_fanout(&out.frame).unwrap().0,
         yard_ebpf::TcAction::Shot
     );
     let sent = counter(&agg, Some(4), AggCounter::FanoutSent);
     let failed = counter(&agg, Some(4), AggCounter::FanoutFailed);
     assert_eq!(sent + failed, 2, "one attempt per member");
+}
+
+/// Issue 25, finding 6: a frame shaped like a fresh result (from the aggregation port, kind
+/// FANOUT, a job served here) but addressed to another port passed the XDP program untouched,
+/// and the TC fan-out cloned it to every member of the job. The XDP program now drops it, and
+/// the fan-out clones nothing that does not carry the load's tag (a frame that reached TC
+/// ingress without passing through XDP). A genuine fresh result is still cloned, and its copies
+/// leave as a RESULT with the tag cleared.
+#[test]
+fn a_fanout_frame_to_another_port_is_never_cloned() {
+    let a = spec(6, 2, 10, Dtype::I32);
+    let mut agg = loaded(4);
+    agg.set_job(&entry(&a, 0)).unwrap();
+    assert_ne!(agg.fanout_tag(), 0);
+    let attempts = |agg: &Aggregator| {
+        counter(agg, Some(6), AggCounter::FanoutSent)
+            + counter(agg, Some(6), AggCounter::FanoutFailed)
+    };
+    // Both members' MACs are known, so a clone would go to each.
+    agg.test_run(&frame(a.members[0], &data(&a, 0, 0, 0, 0, &[1; 10])))
+        .unwrap();
+    let genuine = agg
+        .test_run(&frame(a.members[1], &data(&a, 1, 0, 0, 0, &[2; 10])))
+        .unwrap();
+    assert_eq!(genuine.action, XdpAction::Pass);
+
+    // The forgery: a result of job 6 as the program would hand it over, from an outsider's
+    // port 7481 to port 9999 (and to the aggregation port's neighbours), with no tag, and
+    // with a wrong tag.
+    let result = wire::encode(
+        &Header {
+            kind: Kind::Fanout,
+            flags: 0,
+            exp: 0,
+            job: 6,
+            epoch: 1,
+            round: 0,
+            chunk: 0,
+            worker: 0,
+            count: 0,
+            contributors: 2,
+            token: 0,
+        },
+        &[1000; 10],
+    );
+    let outsider = Ipv4Addr::new(198, 18, 9, 9);
+    let forged: Vec<Vec<u8>> = [9999, 7480, 7482]
+        .into_iter()
+        .map(|port| HostFrame::udp(outsider, wire::PORT, AGG, port, &result).build())
+        .chain([{
+            let guessed = as_fanout(&result, agg.fanout_tag() ^ 1);
+            HostFrame::udp(outsider, wire::PORT, AGG, 9999, &guessed).build()
+        }])
+        .collect();
+    let before = counter(&agg, None, AggCounter::Foreign);
+    let tried = attempts(&agg);
+    for f in &forged {
+        assert_eq!(agg.test_run(f).unwrap().action, XdpAction::Drop, "XDP");
+        // had it reached TC ingress some other way: not cloned
+        let (verdict, _) = agg.test_run_fanout(f).unwrap();
+        assert_eq!(verdict, yard_ebpf::TcAction::Shot, "TC");
+    }
+    assert_eq!(attempts(&agg), tried, "no copy of a forged frame");
+    assert_eq!(
+        counter(&agg, None, AggCounter::Foreign),
+        before + 2 * forged.len() as u64,
+        "each refusal counted, by XDP and by TC"
+    );
+
+    // The genuine result is cloned to both members and leaves as a plain RESULT.
+    let (verdict, out) = agg.test_run_fanout(&genuine.frame).unwrap();
+    assert_eq!(verdict, yard_ebpf::TcAction::Shot);
+    assert_eq!(attempts(&agg), tried + 2, "one copy per member");
+    let (h, body) = Header::parse(payload_of(&out)).expect("a valid RESULT frame");
+    assert_eq!((h.kind, h.worker, h.contributors), (Kind::Result, 0, 2));
+    assert_eq!(
+        h.token, a.result_token,
+        "the tag replaced by the result token"
+    );
+    assert_eq!(wire::values(body), vec![3; 10]);
 }
 
 #[test]
@@ -427,6 +509,7 @@ fn a_member_left_out_of_a_new_epoch_is_a_stranger_and_a_removed_job_keeps_none()
     let mut next = a.clone();
     next.epoch = 2;
     next.members.truncate(2);
+    next.tokens.truncate(2);
     agg.set_job(&entry(&next, 0)).unwrap();
     model.set_job(next.clone());
     both(
@@ -503,6 +586,11 @@ fn a_replayed_result_becomes_the_chunk_s_result() {
     );
     let (h, body) = Header::parse(payload_of(&got.frame)).unwrap();
     assert_eq!((h.exp, h.worker, h.contributors), (3, 0, 3));
+    assert_eq!(
+        h.token,
+        agg.fanout_tag(),
+        "handed to the fan-out with the load's tag"
+    );
     assert_eq!(
         wire::values(body),
         stored,
@@ -592,4 +680,87 @@ fn a_member_s_frames_in_a_burst_are_timed_for_its_bandwidth() {
         agg.member_timing(9, 2).unwrap()[0].1,
         MemberTiming::default()
     );
+}
+
+/// Issue 25, finding 6: a frame from a member's address and port without the member's token
+/// (what a host that forges the address but cannot read the member's traffic sends) is foreign:
+/// it adds nothing, a REPLAY of it does not become the chunk's result, and it does not re-point
+/// the member's results to the forger's MAC. Only the members' own frames complete the chunk,
+/// and its result leaves with the job's result token.
+#[test]
+fn a_member_s_address_without_its_token_sets_nothing() {
+    let a = spec(7, 2, 10, Dtype::I32);
+    let mut agg = loaded(4);
+    agg.set_job(&entry(&a, 0)).unwrap();
+    let mac = |last: u8| [0x02, 0, 0, 0, 0x77, last];
+    let from = |w: usize, src_mac: [u8; 6], payload: &[u8]| {
+        let mut f = HostFrame::udp(
+            *a.members[w].ip(),
+            a.members[w].port(),
+            AGG,
+            wire::PORT,
+            payload,
+        );
+        f.eth_src = src_mac;
+        f.build()
+    };
+    // Worker 1 contributes from its own MAC.
+    let out = agg
+        .test_run(&from(1, mac(1), &data(&a, 1, 0, 0, 0, &[2; 10])))
+        .unwrap();
+    assert_eq!(out.action, XdpAction::Drop);
+    assert_eq!(counter(&agg, Some(7), AggCounter::Added), 1);
+    // The forger, from its own MAC with worker 1's and worker 0's addresses: a contribution to
+    // another chunk of round 0, a replayed "result" of chunk 0, and the same with a token one
+    // bit off.
+    let mut wrong = data(&a, 1, 0, 0, 0, &[1000; 10]);
+    wrong[28..32].copy_from_slice(&0u32.to_le_bytes());
+    let mut replay = data(&a, 0, 0, 0, 0, &[1000; 10]);
+    replay[6] |= wire::FLAG_REPLAY;
+    replay[28..32].copy_from_slice(&(a.tokens[0] ^ 1).to_le_bytes());
+    let mut other_round = data(&a, 1, 1, 0, 0, &[1000; 10]);
+    other_round[28..32].copy_from_slice(&a.tokens[0].to_le_bytes()); // worker 0's token as 1
+    for (w, p) in [(1, &wrong), (0, &replay), (1, &other_round)] {
+        let got = agg.test_run(&from(w, mac(0xee), p)).unwrap();
+        assert_eq!(got.action, XdpAction::Drop, "a forged frame as worker {w}");
+    }
+    assert_eq!(counter(&agg, Some(7), AggCounter::Foreign), 3);
+    assert_eq!(
+        counter(&agg, Some(7), AggCounter::Added),
+        1,
+        "nothing added"
+    );
+    assert_eq!(
+        counter(&agg, Some(7), AggCounter::Completed),
+        0,
+        "no replay taken"
+    );
+    // Worker 0's own contribution completes the chunk with the members' sum...
+    let done = agg
+        .test_run(&from(0, mac(0), &data(&a, 0, 0, 0, 0, &[1; 10])))
+        .unwrap();
+    assert_eq!(done.action, XdpAction::Pass);
+    let (h, body) = Header::parse(payload_of(&done.frame)).unwrap();
+    assert_eq!(wire::values(body), vec![3; 10]);
+    assert_eq!(h.token, agg.fanout_tag());
+    // ...and the fan-out's last copy (worker 1's) goes to worker 1's MAC, not the forger's,
+    // with the result token.
+    let (verdict, last) = agg.test_run_fanout(&done.frame).unwrap();
+    assert_eq!(verdict, yard_ebpf::TcAction::Shot);
+    assert_eq!(
+        &last[0..6],
+        &mac(1),
+        "worker 1's results still go to its MAC"
+    );
+    assert_eq!(
+        Header::parse(payload_of(&last)).unwrap().0.token,
+        a.result_token
+    );
+    // A resend is answered with the stored sum and the result token too.
+    let again = agg
+        .test_run(&from(1, mac(1), &data(&a, 1, 0, 0, 0, &[2; 10])))
+        .unwrap();
+    assert_eq!(again.action, XdpAction::Tx);
+    let (h, _) = Header::parse(payload_of(&again.frame)).unwrap();
+    assert_eq!((h.kind, h.token), (Kind::Result, a.result_token));
 }

@@ -64,6 +64,26 @@ fn worker_addr(w: usize) -> SocketAddrV4 {
     )
 }
 
+/// Member `i`'s token at host `h` of the tree.
+fn host_token(h: usize, i: usize) -> u32 {
+    test_token(100 + u32::try_from(h).unwrap(), i)
+}
+
+/// The loader's view of a cluster aggregator's parent, with the next hop's MAC.
+fn agg_parent(p: &Parent, mac: [u8; 6]) -> AggParent {
+    AggParent {
+        addr: p.addr,
+        worker: p.worker,
+        mac,
+        token: p.token,
+        result_token: p.result_token,
+    }
+}
+
+fn host_addr(h: usize) -> SocketAddrV4 {
+    SocketAddrV4::new(host_ip(h), wire::PORT)
+}
+
 fn host_ip(h: usize) -> Ipv4Addr {
     Ipv4Addr::new(198, 18, 0, 100 + u8::try_from(h).unwrap())
 }
@@ -97,16 +117,24 @@ impl Tree {
             .into_iter()
             .enumerate()
             .map(|(h, members)| {
-                let parent = (h > 0).then(|| Parent {
-                    addr: SocketAddrV4::new(host_ip(0), wire::PORT),
-                    worker: u16::try_from(root_members - clusters.len() + h - 1).unwrap(),
+                let parent = (h > 0).then(|| {
+                    let worker = root_members - clusters.len() + h - 1;
+                    Parent {
+                        addr: SocketAddrV4::new(host_ip(0), wire::PORT),
+                        worker: u16::try_from(worker).unwrap(),
+                        token: host_token(0, worker),
+                        result_token: test_result_token(JOB, 0),
+                    }
                 });
+                let tokens = (0..members.len()).map(|i| host_token(h, i)).collect();
                 let spec = JobSpec {
                     id: JOB,
                     epoch: 1,
                     geometry,
                     dtype,
                     members,
+                    tokens,
+                    result_token: test_result_token(JOB, h),
                     parent,
                 };
                 let mut bpf = Aggregator::load(geometry.chunks() * 2).expect("load");
@@ -117,12 +145,10 @@ impl Tree {
                     geometry,
                     dtype,
                     members: spec.members.clone(),
+                    tokens: spec.tokens.clone(),
+                    result_token: spec.result_token,
                     self_ip: host_ip(h),
-                    parent: parent.map(|p| AggParent {
-                        addr: p.addr,
-                        worker: p.worker,
-                        mac: PARENT_MAC,
-                    }),
+                    parent: parent.map(|p| agg_parent(&p, PARENT_MAC)),
                 })
                 .unwrap();
                 let mut model = Model::new();
@@ -179,8 +205,7 @@ impl Tree {
             }
             Action::Fanout(bytes) => {
                 assert_eq!(got.action, XdpAction::Pass, "host {h}: fan-out");
-                let mut expected = bytes.clone();
-                expected[5] = Kind::Fanout as u8;
+                let expected = as_fanout(&bytes, host.bpf.fanout_tag());
                 assert_eq!(out, expected, "host {h}: fan-out");
                 // What yard_agg_fanout sends: a copy to every member.
                 let members = self.hosts[h].spec.members.clone();
@@ -224,6 +249,7 @@ impl Tree {
                 worker: index,
                 count: 0,
                 contributors: 0,
+                token: spec.tokens[usize::from(index)],
             },
             v,
         )
@@ -242,12 +268,10 @@ impl Tree {
                     geometry: host.spec.geometry,
                     dtype: host.spec.dtype,
                     members: host.spec.members.clone(),
+                    tokens: host.spec.tokens.clone(),
+                    result_token: host.spec.result_token,
                     self_ip: host_ip(h),
-                    parent: host.spec.parent.map(|p| AggParent {
-                        addr: p.addr,
-                        worker: p.worker,
-                        mac: PARENT_MAC,
-                    }),
+                    parent: host.spec.parent.map(|p| agg_parent(&p, PARENT_MAC)),
                 })
                 .unwrap();
         }
@@ -517,12 +541,10 @@ fn a_partial_sum_waits_for_the_parents_mac_and_goes_up_on_the_next_resend() {
         geometry: g,
         dtype: Dtype::I32,
         members: t.hosts[1].spec.members.clone(),
+        tokens: t.hosts[1].spec.tokens.clone(),
+        result_token: t.hosts[1].spec.result_token,
         self_ip: host_ip(1),
-        parent: Some(AggParent {
-            addr: SocketAddrV4::new(host_ip(0), wire::PORT),
-            worker: 0,
-            mac: [0; 6],
-        }),
+        parent: Some(agg_parent(&t.hosts[1].spec.parent.unwrap(), [0; 6])),
     };
     t.hosts[1].bpf.set_job(&entry).unwrap();
     let v = vec![5i32; usize::from(CHUNK)];
@@ -574,6 +596,22 @@ fn results_only_from_the_parent_and_data_only_from_members() {
     claims_child[24..26].copy_from_slice(&1u16.to_le_bytes());
     assert!(t.deliver(0, stranger, &claims_child).is_empty());
     assert_eq!(t.count(0, AggCounter::Foreign), 2);
+    // A RESULT from the root's address and port without the root's result token (a host that
+    // forges the root's address): foreign at the cluster aggregator, which sets nothing.
+    let mut spoofed = t.contribution(1, 0, 0, 0, &[1000; CHUNK as usize], 0);
+    spoofed[5] = Kind::Result as u8;
+    spoofed[28..32].copy_from_slice(&(test_result_token(JOB, 0) ^ 1).to_le_bytes());
+    assert!(t.deliver(1, host_addr(0), &spoofed).is_empty());
+    assert_eq!(t.count(1, AggCounter::Foreign), 2);
+    assert_eq!(t.count(1, AggCounter::ParentResult), 0);
+    // A partial from the cluster aggregator's address and its index at the root (1), with the
+    // root's worker 0's token instead of its own: foreign.
+    let mut wrong = t.contribution(0, 0, 0, 0, &v, 0);
+    assert_eq!(wrong[28..32], host_token(0, 0).to_le_bytes());
+    wrong[24] = 1;
+    assert!(t.deliver(0, host_addr(1), &wrong).is_empty());
+    assert_eq!(t.count(0, AggCounter::Foreign), 3);
+    assert_eq!(t.count(0, AggCounter::Added), 0);
 }
 
 /// After a regrouping, a worker that had round 1's result replays it (REPLAY) while the others

@@ -38,6 +38,8 @@ fn spec(workers: usize, values: u32, dtype: Dtype) -> JobSpec {
         },
         dtype,
         members: (0..workers).map(worker_addr).collect(),
+        tokens: (0..workers).map(|w| test_token(7, w)).collect(),
+        result_token: test_result_token(7, 0),
         parent: None,
     }
 }
@@ -50,6 +52,8 @@ fn entry(spec: &JobSpec) -> AggJobEntry {
         geometry: spec.geometry,
         dtype: spec.dtype,
         members: spec.members.clone(),
+        tokens: spec.tokens.clone(),
+        result_token: spec.result_token,
         self_ip: AGG,
         parent: None,
     }

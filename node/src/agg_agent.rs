@@ -274,6 +274,7 @@ pub fn view_json(view: &WorkerView) -> Value {
             "job": m.job, "epoch": m.epoch, "worker": m.worker, "workers": m.workers,
             "aggregator": m.aggregator.to_string(), "values": m.geometry.values,
             "chunk_values": m.geometry.chunk_values, "dtype": m.dtype.name(),
+            "token": m.token, "result_token": m.result_token,
         }}),
         WorkerView::Ring(r) => json!({"ring": {
             "job": r.job, "epoch": r.epoch, "rank": r.rank, "ranks": r.ranks,
@@ -583,6 +584,7 @@ mod tests {
                     cluster_bytes: 1 << 30,
                 },
                 grouping: Grouping::Flat,
+                secret: [7; 16],
             };
             t.apply(&create, 1).unwrap();
             let join = AggCommand::Join {
@@ -940,5 +942,28 @@ mod tests {
                 .unwrap_err(),
             "join.rank must be an integer from 0 to 65535"
         );
+    }
+
+    /// A worker's membership line carries its two frame tokens (issue 25 finding 6): without
+    /// them its frames are foreign and its results ignored.
+    #[test]
+    fn a_membership_line_gives_the_worker_its_tokens() {
+        let m = yard_agg::worker::Membership {
+            job: 3,
+            epoch: 2,
+            worker: 1,
+            workers: 2,
+            aggregator: "198.18.0.1:7481".parse().unwrap(),
+            geometry: yard_agg::wire::Geometry {
+                values: 10,
+                chunk_values: 10,
+            },
+            dtype: yard_agg::wire::Dtype::I32,
+            token: 0xdead_beef,
+            result_token: 7,
+        };
+        let v = view_json(&WorkerView::Running(m));
+        assert_eq!(v["membership"]["token"], 0xdead_beefu32);
+        assert_eq!(v["membership"]["result_token"], 7);
     }
 }

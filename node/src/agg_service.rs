@@ -180,6 +180,7 @@ impl Node {
                     colocate: *colocate,
                     quota: self.agg_quota(),
                     grouping: *grouping,
+                    secret: job_secret(),
                 }
             }
             AggRequest::Delete { name } => AggCommand::Delete { name: name.clone() },
@@ -273,6 +274,18 @@ impl Node {
             counters: s.counters,
             errors: s.errors,
             last_error: s.last_error,
+        }
+    }
+}
+
+/// A new job's secret (`AggJob::secret`): 16 random bytes from the thread's CSPRNG (seeded by
+/// the OS), drawn here because the state machine must stay deterministic. All zeros, which the
+/// tables refuse, is drawn again.
+fn job_secret() -> [u8; 16] {
+    loop {
+        let secret: [u8; 16] = rand::random();
+        if secret != [0; 16] {
+            return secret;
         }
     }
 }

@@ -126,6 +126,11 @@ pub struct AggJob {
     /// A tree's cluster aggregators below the root (`placement`); the ranks in none of them
     /// send to the root. Empty: one aggregator sums every worker.
     pub clusters: Vec<Cluster>,
+    /// The key the job's frame tokens are drawn from (per epoch, aggregator and worker:
+    /// `yard_actors::aggregator::auth`), random, from the node that proposed the job: only the
+    /// cluster's nodes (and, through their agents, each worker its own tokens) ever see it, so
+    /// a host on the fabric cannot make a frame a member or an aggregator takes.
+    pub secret: [u8; 16],
 }
 
 impl AggJob {
@@ -263,6 +268,9 @@ pub enum AggCommand {
         colocate: bool,
         quota: Quota,
         grouping: Grouping,
+        /// [`AggJob::secret`]: drawn at random by the node that proposes the command (the state
+        /// machine must stay deterministic); all zeros is refused.
+        secret: [u8; 16],
     },
     /// Deletes a job; its aggregator frees its slots.
     Delete { name: String },
@@ -355,6 +363,7 @@ impl AggTables {
                 colocate,
                 quota,
                 grouping,
+                secret,
             } => {
                 if name.is_empty() || name.len() > 64 {
                     return Err("a job name has 1 to 64 characters".into());
@@ -390,6 +399,11 @@ impl AggTables {
                         "a chunk holds 1 to {MAX_CHUNK_VALUES} values, not {chunk_values}"
                     ));
                 }
+                if *secret == [0; 16] {
+                    return Err(format!(
+                        "job {name} has no secret for its frame tokens; the proposing node draws one"
+                    ));
+                }
                 let job = AggJob {
                     id: self.next_id.max(1),
                     name: name.clone(),
@@ -406,6 +420,7 @@ impl AggTables {
                     failed: None,
                     grouping: *grouping,
                     clusters: Vec::new(),
+                    secret: *secret,
                 };
                 let bytes = job.bytes();
                 if bytes > quota.job_bytes {
@@ -706,6 +721,7 @@ mod tests {
             colocate: false,
             quota: QUOTA,
             grouping: Grouping::Auto,
+            secret: [7; 16],
         }
     }
 
@@ -985,6 +1001,22 @@ mod tests {
     }
 
     #[test]
+    fn a_job_without_a_secret_is_refused() {
+        let mut t = AggTables::default();
+        let mut cmd = create("s", 2, 10, false);
+        if let AggCommand::Create { secret, .. } = &mut cmd {
+            *secret = [0; 16];
+        }
+        assert_eq!(
+            t.apply(&cmd, 1),
+            Err("job s has no secret for its frame tokens; the proposing node draws one".into())
+        );
+        assert!(t.jobs.is_empty());
+        assert_eq!(t.apply(&create("s", 2, 10, false), 2), Ok(true));
+        assert_eq!(t.jobs["s"].secret, [7; 16]);
+    }
+
+    #[test]
     fn a_ring_job_runs_once_complete_takes_no_memory_and_is_never_placed() {
         let mut t = AggTables::default();
         let cmd = AggCommand::Create {
@@ -997,6 +1029,7 @@ mod tests {
             colocate: false,
             quota: QUOTA,
             grouping: Grouping::Ring,
+            secret: [7; 16],
         };
         assert_eq!(t.apply(&cmd, 1), Ok(true), "no aggregator memory: no quota");
         join(&mut t, "r", 0);
@@ -1054,6 +1087,7 @@ mod seat_tests {
             failed: None,
             grouping: Grouping::Auto,
             clusters,
+            secret: [7; 16],
         };
         let started = std::time::Instant::now();
         let seats = job.seats();

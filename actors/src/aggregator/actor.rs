@@ -490,6 +490,7 @@ mod tests {
                     cluster_bytes: 1 << 30,
                 },
                 grouping: Grouping::Flat,
+                secret: [7; 16],
             },
             AggCommand::Join {
                 name: "a".into(),

@@ -294,6 +294,7 @@ mod tests {
                 cluster_bytes: 1 << 30,
             },
             grouping,
+            secret: [7; 16],
         };
         t.apply(&create, 1).unwrap();
         let join = AggCommand::Join {

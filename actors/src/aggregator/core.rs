@@ -11,6 +11,8 @@ use yard_ebpf::{AggJobEntry, AggParent};
 use yard_raft_store::aggregation::{AggJob, AggTables, Grouping, Seat};
 use yard_raft_store::NodeId;
 
+use super::auth;
+
 /// A change to make to the program's tables.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {
@@ -44,12 +46,21 @@ pub fn entry(
     for child in &seat.children {
         members.push(agg_addr(child)?);
     }
+    let me = seat.placement.node;
+    let tokens = (0..members.len())
+        .map(|i| auth::data_token(job, me, u16::try_from(i).unwrap_or(u16::MAX)))
+        .collect();
     let parent = match seat.up_index {
-        Some(worker) => Some(AggParent {
-            addr: agg_addr(&job.placement?.node)?,
-            worker,
-            mac: [0; 6],
-        }),
+        Some(worker) => {
+            let root = job.placement?.node;
+            Some(AggParent {
+                addr: agg_addr(&root)?,
+                worker,
+                mac: [0; 6],
+                token: auth::data_token(job, root, worker),
+                result_token: auth::result_token(job, root),
+            })
+        }
         None => None,
     };
     Some(AggJobEntry {
@@ -62,6 +73,8 @@ pub fn entry(
         },
         dtype: Dtype::from_raw(job.dtype).unwrap_or(Dtype::I32),
         members,
+        tokens,
+        result_token: auth::result_token(job, me),
         self_ip,
         parent,
     })
@@ -170,6 +183,8 @@ pub fn membership(job: &AggJob, ips: &BTreeMap<NodeId, Ipv4Addr>, rank: u16) -> 
             chunk_values: job.chunk_values,
         },
         dtype: Dtype::from_raw(job.dtype)?,
+        token: auth::data_token(job, placement.node, worker),
+        result_token: auth::result_token(job, placement.node),
     })
 }
 
@@ -255,6 +270,7 @@ mod tests {
             colocate: false,
             quota,
             grouping,
+            secret: [7; 16],
         };
         t.apply(&create, 1).unwrap();
         for rank in 0..joined {
@@ -457,10 +473,34 @@ mod tests {
             panic!("not running");
         };
         assert_eq!((m.aggregator, m.worker, m.workers), (agg(3), 0, 2));
+        // Each sender's token is the one its aggregator expects, and each result token the one
+        // its receivers check: rank 1 at the cluster, the cluster at the root.
+        assert_eq!(
+            (m.token, m.result_token),
+            (leaf.tokens[0], leaf.result_token)
+        );
+        assert_eq!(
+            (parent.token, parent.result_token),
+            (root.tokens[1], root.result_token)
+        );
         let WorkerView::Running(m) = worker_view(&t, "a", 0) else {
             panic!("not running");
         };
         assert_eq!((m.aggregator, m.worker, m.workers), (agg(1), 0, 2));
+        assert_eq!(
+            (m.token, m.result_token),
+            (root.tokens[0], root.result_token)
+        );
+        // Distinct everywhere: no member's token opens another's door or makes a result.
+        let all: std::collections::BTreeSet<u32> = [
+            root.tokens[0],
+            root.tokens[1],
+            root.result_token,
+            leaf.tokens[0],
+            leaf.result_token,
+        ]
+        .into();
+        assert_eq!(all.len(), 5);
     }
 
     #[test]

@@ -121,6 +121,7 @@ mod tests {
                 cluster_bytes: 1 << 40,
             },
             grouping,
+            secret: [7; 16],
         };
         t.apply(&create, 1).unwrap();
         for (rank, node) in workers.iter().enumerate() {

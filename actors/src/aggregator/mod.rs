@@ -12,9 +12,12 @@
 //!   now (the grouping's input).
 //! - [`eligible`]: the one rule for which hosts may aggregate a job and which bandwidth figure
 //!   stands for each worker-host pair, used by the placement, the trees and the probes.
+//! - [`auth`]: the frames' tokens, drawn from each job's secret per epoch, aggregator and
+//!   worker: what proves a frame is a member's own, or its aggregator's.
 //! - [`actor`]: the actix shell that owns the XDP program and applies the core's effects.
 
 pub mod actor;
+pub mod auth;
 pub mod bandwidth;
 pub mod core;
 pub mod eligible;

@@ -404,6 +404,7 @@ mod tests {
                     colocate: *colocate,
                     quota: QUOTA,
                     grouping: yard_raft_store::aggregation::Grouping::Flat,
+                    secret: [7; 16],
                 },
                 1,
             )
@@ -462,6 +463,7 @@ mod tests {
                 colocate: false,
                 quota: QUOTA,
                 grouping: yard_raft_store::aggregation::Grouping::Flat,
+                secret: [7; 16],
             },
             1,
         )
@@ -845,6 +847,7 @@ mod tests {
             colocate: false,
             quota: QUOTA,
             grouping: Grouping::Auto,
+            secret: [7; 16],
         };
         t.apply(&create, 1).unwrap();
         for rank in 0..workers {

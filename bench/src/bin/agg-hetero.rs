@@ -91,6 +91,17 @@ struct Seen {
     error: Option<String>,
 }
 
+/// A member's frame token in this bench's jobs (`agg_hdr.token`; the daemon draws real ones
+/// from the job's secret, `yard_actors::aggregator::auth`): what the program compares per frame.
+fn bench_token(job: u32, aggregator: usize, worker: usize) -> u32 {
+    0x6265_0000 ^ job << 24 ^ (aggregator as u32) << 12 ^ worker as u32
+}
+
+/// An aggregator's result token in this bench's jobs.
+fn bench_result_token(job: u32, aggregator: usize) -> u32 {
+    bench_token(job, aggregator, 0xfff)
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     match run(&args) {
@@ -183,7 +194,9 @@ fn run(args: &Args) -> Result<()> {
             base: 0,
             geometry,
             dtype: Dtype::I32,
+            tokens: (0..members2.len()).map(|w| bench_token(1, 0, w)).collect(),
             members: members2,
+            result_token: bench_result_token(1, 0),
             self_ip: *agg_addr.ip(),
             parent: None,
         })?;
@@ -210,6 +223,8 @@ fn run(args: &Args) -> Result<()> {
                 aggregator: agg_addr,
                 geometry,
                 dtype: Dtype::I32,
+                token: bench_token(1, 0, w),
+                result_token: bench_result_token(1, 0),
             };
             let mut seen = Vec::with_capacity(total);
             for g in 0..total {

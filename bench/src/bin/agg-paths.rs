@@ -59,6 +59,12 @@ fn worker(w: usize) -> SocketAddrV4 {
     )
 }
 
+/// A member's frame token in this bench's jobs (`agg_hdr.token`; the daemon draws real ones
+/// from the job's secret, `yard_actors::aggregator::auth`): what the program compares per frame.
+fn bench_token(job: u32, worker: usize) -> u32 {
+    0x6265_0000 ^ job << 24 ^ worker as u32
+}
+
 fn frame(job: u32, w: usize, round: u32, chunk: u32, values: &[i32]) -> Vec<u8> {
     let payload = wire::encode(
         &Header {
@@ -72,6 +78,7 @@ fn frame(job: u32, w: usize, round: u32, chunk: u32, values: &[i32]) -> Vec<u8> 
             worker: u16::try_from(w).unwrap_or(0),
             count: 0,
             contributors: 0,
+            token: bench_token(job, w),
         },
         values,
     );
@@ -127,6 +134,8 @@ fn run(args: &Args) -> Result<()> {
             geometry,
             dtype: Dtype::I32,
             members: (0..WORKERS).map(worker).collect(),
+            tokens: (0..WORKERS).map(|w| bench_token(1, w)).collect(),
+            result_token: bench_token(1, 0xfff),
             self_ip: AGG,
             parent: None,
         })?;
@@ -142,6 +151,8 @@ fn run(args: &Args) -> Result<()> {
             },
             dtype: Dtype::I32,
             members: vec![worker(0), worker(1)],
+            tokens: vec![bench_token(2, 0), bench_token(2, 1)],
+            result_token: bench_token(2, 0xfff),
             self_ip: AGG,
             parent: None,
         })?;
@@ -165,6 +176,7 @@ fn run(args: &Args) -> Result<()> {
                     worker: 0,
                     count: 0,
                     contributors: 0,
+                    token: bench_token(1, 0),
                 },
                 &data,
             ),

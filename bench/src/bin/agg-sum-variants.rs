@@ -63,6 +63,12 @@ fn worker(w: usize) -> SocketAddrV4 {
     )
 }
 
+/// A member's frame token in this bench's jobs (`agg_hdr.token`; the daemon draws real ones
+/// from the job's secret, `yard_actors::aggregator::auth`): what the program compares per frame.
+fn bench_token(job: u32, worker: usize) -> u32 {
+    0x6265_0000 ^ job << 24 ^ worker as u32
+}
+
 fn frame(job: u32, w: usize, chunk: u32, values: &[i32]) -> Vec<u8> {
     let payload = wire::encode(
         &Header {
@@ -76,6 +82,7 @@ fn frame(job: u32, w: usize, chunk: u32, values: &[i32]) -> Vec<u8> {
             worker: u16::try_from(w).unwrap_or(0),
             count: 0,
             contributors: 0,
+            token: bench_token(job, w),
         },
         values,
     );
@@ -95,6 +102,8 @@ fn job(id: u32, base: u32, chunks: u32, cv: u16) -> AggJobEntry {
         },
         dtype: Dtype::I32,
         members: (0..WORKERS).map(worker).collect(),
+        tokens: (0..WORKERS).map(|w| bench_token(id, w)).collect(),
+        result_token: bench_token(id, 0xfff),
         self_ip: AGG,
         parent: None,
     }

@@ -228,6 +228,17 @@ struct Bench<'a> {
     tx_on: bool,
 }
 
+/// A member's frame token in this bench's jobs (`agg_hdr.token`; the daemon draws real ones
+/// from the job's secret, `yard_actors::aggregator::auth`): what the program compares per frame.
+fn bench_token(job: u32, aggregator: usize, worker: usize) -> u32 {
+    0x6265_0000 ^ job << 24 ^ (aggregator as u32) << 12 ^ worker as u32
+}
+
+/// An aggregator's result token in this bench's jobs.
+fn bench_result_token(job: u32, aggregator: usize) -> u32 {
+    bench_token(job, aggregator, 0xfff)
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     match run(&args) {
@@ -419,6 +430,10 @@ impl<'a> Bench<'a> {
             geometry,
             dtype: Dtype::I32,
             members: self.members.clone(),
+            tokens: (0..self.members.len())
+                .map(|w| bench_token(1, 0, w))
+                .collect(),
+            result_token: bench_result_token(1, 0),
             parent: None,
         };
         let xdp_mode = self.xdp_mode;
@@ -487,6 +502,8 @@ impl<'a> Bench<'a> {
                                         geometry,
                                         dtype: Dtype::I32,
                                         members: spec.members.clone(),
+                                        tokens: spec.tokens.clone(),
+                                        result_token: spec.result_token,
                                         self_ip: *agg_addr.ip(),
                                         parent: None,
                                     })?;
@@ -647,6 +664,8 @@ impl<'a> Bench<'a> {
                                     aggregator: agg_addr,
                                     geometry,
                                     dtype: Dtype::I32,
+                                    token: bench_token(1, 0, w),
+                                    result_token: bench_result_token(1, 0),
                                 };
                                 Ok(Worker::new(sock, m, Tuning::default()))
                             });

@@ -163,6 +163,17 @@ struct Seen {
     resent: u64,
 }
 
+/// A member's frame token in this bench's jobs (`agg_hdr.token`; the daemon draws real ones
+/// from the job's secret, `yard_actors::aggregator::auth`): what the program compares per frame.
+fn bench_token(job: u32, aggregator: usize, worker: usize) -> u32 {
+    0x6265_0000 ^ job << 24 ^ (aggregator as u32) << 12 ^ worker as u32
+}
+
+/// An aggregator's result token in this bench's jobs.
+fn bench_result_token(job: u32, aggregator: usize) -> u32 {
+    bench_token(job, aggregator, 0xfff)
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     match run(&args) {
@@ -248,6 +259,8 @@ fn run(args: &Args) -> Result<()> {
                 addr: agg_addr(tree.root),
                 worker: u16::try_from(up)?,
                 mac: root_mac,
+                token: bench_token(2, tree.root, up),
+                result_token: bench_result_token(2, tree.root),
             })
         };
         entries[c.host].push(AggJobEntry {
@@ -256,6 +269,10 @@ fn run(args: &Args) -> Result<()> {
             base: geometry.chunks() * 2,
             geometry,
             dtype: Dtype::I32,
+            tokens: (0..members.len())
+                .map(|i| bench_token(2, c.host, i))
+                .collect(),
+            result_token: bench_result_token(2, c.host),
             members,
             self_ip: *agg_addr(c.host).ip(),
             parent,
@@ -269,6 +286,8 @@ fn run(args: &Args) -> Result<()> {
         geometry,
         dtype: Dtype::I32,
         members: (0..n).map(worker_addr).collect(),
+        tokens: (0..n).map(|w| bench_token(1, 0, w)).collect(),
+        result_token: bench_result_token(1, 0),
         self_ip: *agg_addr(0).ip(),
         parent: None,
     });
@@ -327,13 +346,13 @@ fn run(args: &Args) -> Result<()> {
     for w in 0..n {
         let (start, exact, ips) = (start.clone(), exact.clone(), worker_ips.clone());
         let values = args.values;
-        let (tree_agg, tree_index) = (agg_addr(seat[w].0), seat[w].1);
+        let (tree_host, tree_agg, tree_index) = (seat[w].0, agg_addr(seat[w].0), seat[w].1);
         let flat_agg = agg_addr(0);
         let ps_addr = SocketAddrV4::new(*agg_addr(0).ip(), PS_PORT);
         threads.push(
             topo.thread_in_host(AGGS + 1 + w, move || -> Result<Vec<Seen>> {
                 let sock = UdpSocket::bind(SocketAddrV4::new(ips[w], 40000))?;
-                let membership = |job, aggregator, worker| Membership {
+                let membership = |job, host: usize, aggregator, worker: u16| Membership {
                     job,
                     epoch: 1,
                     worker,
@@ -341,15 +360,17 @@ fn run(args: &Args) -> Result<()> {
                     aggregator,
                     geometry,
                     dtype: Dtype::I32,
+                    token: bench_token(job, host, usize::from(worker)),
+                    result_token: bench_result_token(job, host),
                 };
                 let tuning = Tuning::default();
                 let mut tree_w = Worker::new(
                     sock.try_clone()?,
-                    membership(2, tree_agg, tree_index),
+                    membership(2, tree_host, tree_agg, tree_index),
                     tuning,
                 );
                 let mut flat_w =
-                    Worker::new(sock, membership(1, flat_agg, u16::try_from(w)?), tuning);
+                    Worker::new(sock, membership(1, 0, flat_agg, u16::try_from(w)?), tuning);
                 let mut ps = tcp_ps::TcpWorker::connect(ips[w], ps_addr, Duration::from_secs(30))?;
                 let mut ring = Ring::connect(w, &ips)?;
                 let mut seen = Vec::with_capacity(total);

@@ -94,6 +94,13 @@ pub struct JobSpec {
     /// each. In a tree, a parent's members include its cluster aggregators (their
     /// [`wire::PORT`]).
     pub members: Vec<SocketAddrV4>,
+    /// The token each member's DATA frames must carry, by worker index (one per member): a
+    /// frame from a member's address without it is foreign, so a host that forges the address
+    /// but cannot read the member's traffic can neither add to a sum, nor replay a result, nor
+    /// re-point the member's results.
+    pub tokens: Vec<u32>,
+    /// The token this aggregator's RESULT frames carry, which its members check.
+    pub result_token: u32,
     /// A cluster aggregator's parent: where its partial sums go, whose results it takes.
     pub parent: Option<Parent>,
 }
@@ -105,6 +112,10 @@ pub struct Parent {
     pub addr: SocketAddrV4,
     /// This aggregator's worker index in the parent's sums.
     pub worker: u16,
+    /// This aggregator's token at the parent: what its partial sums carry.
+    pub token: u32,
+    /// The parent's result token: a RESULT without it is foreign.
+    pub result_token: u32,
 }
 
 impl JobSpec {
@@ -243,12 +254,16 @@ impl Aggregator {
         }
         // A result only from this cluster aggregator's parent.
         let from_parent = h.kind == Kind::Result;
-        if from_parent && spec.parent.map(|p| p.addr) != Some(from) {
+        if from_parent && spec.parent.map(|p| (p.addr, p.result_token)) != Some((from, h.token)) {
             return Outcome::drop(Counter::Foreign);
         }
-        if !from_parent && spec.members.get(usize::from(h.worker)) != Some(&from) {
+        let w = usize::from(h.worker);
+        if !from_parent
+            && (spec.members.get(w) != Some(&from) || spec.tokens.get(w) != Some(&h.token))
+        {
             return Outcome::drop(Counter::Foreign);
         }
+        let result_token = spec.result_token;
         let parent = spec.parent;
         let workers = spec.workers();
         let index = usize::try_from(h.chunk).unwrap_or(usize::MAX) * 2 + (h.round & 1) as usize;
@@ -276,7 +291,7 @@ impl Aggregator {
             }
             return Outcome {
                 counter: Counter::ResultResent,
-                action: Action::Reply(result(&h, slot)),
+                action: Action::Reply(result(&h, slot, result_token)),
             };
         }
         if from_parent {
@@ -293,7 +308,7 @@ impl Aggregator {
             };
             return Outcome {
                 counter: Counter::ParentResult,
-                action: Action::Fanout(result(&h, slot)),
+                action: Action::Fanout(result(&h, slot, result_token)),
             };
         }
         // A member timed out waiting for a chunk whose partial went up: send it up again. A
@@ -339,7 +354,7 @@ impl Aggregator {
             slot.state = State::Done;
             Outcome {
                 counter: Counter::Completed,
-                action: Action::Fanout(result(&h, slot)),
+                action: Action::Fanout(result(&h, slot, result_token)),
             }
         } else {
             Outcome::drop(Counter::Added)
@@ -355,19 +370,22 @@ fn partial(h: &Header, slot: &Slot, parent: Parent, up_flags: u8) -> Vec<u8> {
         exp: slot.exp,
         worker: parent.worker,
         contributors: 0,
+        token: parent.token,
         ..*h
     };
     wire::encode(&header, &slot.acc)
 }
 
-/// The result frame for a complete slot, in answer to `h`.
-fn result(h: &Header, slot: &Slot) -> Vec<u8> {
+/// The result frame for a complete slot, in answer to `h`, carrying this aggregator's result
+/// token.
+fn result(h: &Header, slot: &Slot, token: u32) -> Vec<u8> {
     let header = Header {
         kind: Kind::Result,
         flags: 0,
         exp: slot.exp,
         worker: 0,
         contributors: slot.count,
+        token,
         ..*h
     };
     wire::encode(&header, &slot.acc)
@@ -392,8 +410,14 @@ mod tests {
             },
             dtype: Dtype::I32,
             members: (0..workers).map(addr).collect(),
+            tokens: (0..workers).map(|w| token(u16::from(w))).collect(),
+            result_token: 0x5157_0001,
             parent: None,
         }
+    }
+
+    fn token(worker: u16) -> u32 {
+        0x7070_0000 | u32::from(worker)
     }
 
     fn data(worker: u16, round: u32, chunk: u32, values: &[i32]) -> Vec<u8> {
@@ -409,6 +433,7 @@ mod tests {
                 worker,
                 count: 0,
                 contributors: 0,
+                token: token(worker),
             },
             values,
         )
@@ -497,5 +522,31 @@ mod tests {
         other[8] = 2; // job 2
         assert_eq!(agg.receive(addr(0), &other).counter, Counter::UnknownJob);
         assert_eq!(agg.receive(addr(0), b"hello").counter, Counter::BadHeader);
+    }
+
+    /// Issue 25, finding 6: a frame from a member's address without the member's token (what a
+    /// host that forges the address sends) is foreign: it adds nothing, and a REPLAY of it does
+    /// not become the chunk's result.
+    #[test]
+    fn a_forged_address_without_the_token_is_foreign() {
+        let mut agg = Aggregator::new();
+        agg.set_job(job(2, 4));
+        let mut forged = data(1, 0, 0, &[9; 4]);
+        forged[28..32].copy_from_slice(&(token(1) ^ 1).to_le_bytes());
+        assert_eq!(agg.receive(addr(1), &forged).counter, Counter::Foreign);
+        forged[6] |= wire::FLAG_REPLAY;
+        assert_eq!(agg.receive(addr(1), &forged).counter, Counter::Foreign);
+        // the members' own frames complete the chunk with their sum, answered with the token
+        assert_eq!(
+            agg.receive(addr(0), &data(0, 0, 0, &[1; 4])).counter,
+            Counter::Added
+        );
+        let last = agg.receive(addr(1), &data(1, 0, 0, &[2; 4]));
+        assert_eq!(last.counter, Counter::Completed);
+        assert_eq!(sum_of(&last.action), [3; 4]);
+        let (Action::Fanout(b) | Action::Reply(b)) = &last.action else {
+            unreachable!()
+        };
+        assert_eq!(Header::parse(b).unwrap().0.token, 0x5157_0001);
     }
 }

@@ -71,6 +71,8 @@ fn membership(m: &Value) -> Option<Membership> {
             chunk_values: u16::try_from(num("chunk_values")?).ok()?,
         },
         dtype: m["dtype"].as_str()?.parse::<Dtype>().ok()?,
+        token: u32::try_from(num("token")?).ok()?,
+        result_token: u32::try_from(num("result_token")?).ok()?,
     })
 }
 
@@ -224,7 +226,7 @@ mod tests {
     #[test]
     fn lines_become_states() {
         let m = parse_line(
-            r#"{"membership": {"job": 3, "epoch": 2, "worker": 1, "workers": 4, "aggregator": "198.18.0.1:7481", "values": 10, "chunk_values": 360, "dtype": "f32"}}"#,
+            r#"{"membership": {"job": 3, "epoch": 2, "worker": 1, "workers": 4, "aggregator": "198.18.0.1:7481", "values": 10, "chunk_values": 360, "dtype": "f32", "token": 4294967295, "result_token": 7}}"#,
         );
         let Some(JobState::Running(m)) = m else {
             panic!("{m:?}")
@@ -233,6 +235,7 @@ mod tests {
             (m.job, m.epoch, m.worker, m.workers, m.dtype),
             (3, 2, 1, 4, Dtype::F32)
         );
+        assert_eq!((m.token, m.result_token), (u32::MAX, 7));
         assert_eq!(parse_line(r#"{"waiting": "x"}"#), Some(JobState::Waiting));
         assert_eq!(
             parse_line(r#"{"failed": "job t failed: worker rank 2 died (it crashed)"}"#),

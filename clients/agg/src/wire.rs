@@ -1,5 +1,11 @@
 //! The aggregation frame: a 32-byte header after UDP, then `count` little-endian int32 values
 //! (`struct agg_hdr` in `ebpf/bpf/yard.h`; the protocol is docs/aggregation-protocol.md).
+//!
+//! Every frame carries a 32-bit token (version 3): a DATA frame its sender's token at the
+//! aggregator, a RESULT frame the aggregator's result token. The control plane draws them per
+//! job, epoch, aggregator and worker from a secret only the cluster and the members know
+//! (`yard_actors::aggregator::auth`), so a host that can forge a member's or the aggregator's
+//! address but cannot read their traffic cannot make a frame that is taken.
 
 use std::fmt;
 
@@ -7,9 +13,9 @@ use std::fmt;
 pub const PORT: u16 = 7481;
 /// `AGG_MAGIC`: "YAGG" on the wire.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"YAGG");
-/// `AGG_VERSION`: 2 since results carry their contributors in a field of their own (version 1
-/// carried them in `worker`, which receivers also check as an index).
-pub const VERSION: u8 = 2;
+/// `AGG_VERSION`: 3 since every frame carries a token (version 2 had a reserved field there and
+/// 16-bit `worker` and `contributors`; version 1 carried contributors in `worker`).
+pub const VERSION: u8 = 3;
 /// Bytes of the header.
 pub const HEADER_LEN: usize = 32;
 /// `AGG_VALUES_MAX`: most values in one frame.
@@ -92,7 +98,7 @@ impl std::str::FromStr for Dtype {
     }
 }
 
-/// The header's fields (magic, version and the reserved word are implied).
+/// The header's fields (magic and version are implied).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Header {
     pub kind: Kind,
@@ -103,13 +109,18 @@ pub struct Header {
     pub epoch: u32,
     pub round: u32,
     pub chunk: u32,
-    /// Data: the sender's index in the job (below [`WORKERS_MAX`]); Result: 0.
+    /// Data: the sender's index in the job (below [`WORKERS_MAX`]); Result: 0. One byte on the
+    /// wire: a value above 255 is written as 255, which no aggregator takes.
     pub worker: u16,
     /// Values that follow.
     pub count: u16,
     /// Result: how many contributions the sum holds. A count, never an index, so it may reach
-    /// [`WORKERS_MAX`] (a root summing 64 members); Data: 0.
+    /// [`WORKERS_MAX`] (a root summing 64 members); Data: 0. One byte on the wire, like
+    /// `worker`.
     pub contributors: u16,
+    /// Data: the sender's token at the aggregator ([`crate::worker::Membership::token`]);
+    /// Result: the aggregator's result token ([`crate::worker::Membership::result_token`]).
+    pub token: u32,
 }
 
 /// Why bytes are not an aggregation frame.
@@ -123,8 +134,6 @@ pub enum WireError {
     Version(u8),
     #[error("unknown frame kind {0}")]
     Kind(u8),
-    #[error("the reserved header field is {0:#x}, not 0")]
-    Reserved(u16),
     #[error("a frame carries 1 to {VALUES_MAX} values, this one says {0}")]
     Count(u16),
     #[error("the header announces {announced} values but {present} bytes follow it")]
@@ -142,10 +151,10 @@ impl Header {
         for v in [self.job, self.epoch, self.round, self.chunk] {
             out.extend_from_slice(&v.to_le_bytes());
         }
-        out.extend_from_slice(&self.worker.to_le_bytes());
+        out.push(u8::try_from(self.worker).unwrap_or(u8::MAX));
+        out.push(u8::try_from(self.contributors).unwrap_or(u8::MAX));
         out.extend_from_slice(&self.count.to_le_bytes());
-        out.extend_from_slice(&self.contributors.to_le_bytes());
-        out.extend_from_slice(&0u16.to_le_bytes());
+        out.extend_from_slice(&self.token.to_le_bytes());
     }
 
     /// Parses a UDP payload: the header and the bytes of its values (exactly `count` x 4;
@@ -165,10 +174,6 @@ impl Header {
             return Err(WireError::Version(buf[4]));
         }
         let kind = Kind::from_raw(buf[5]).ok_or(WireError::Kind(buf[5]))?;
-        let reserved = u16_at(30);
-        if reserved != 0 {
-            return Err(WireError::Reserved(reserved));
-        }
         let count = u16_at(26);
         if count == 0 || usize::from(count) > VALUES_MAX {
             return Err(WireError::Count(count));
@@ -189,9 +194,10 @@ impl Header {
             epoch: u32_at(12),
             round: u32_at(16),
             chunk: u32_at(20),
-            worker: u16_at(24),
+            worker: u16::from(buf[24]),
             count,
-            contributors: u16_at(28),
+            contributors: u16::from(buf[25]),
+            token: u32_at(28),
         };
         Ok((header, &body[..need]))
     }
@@ -271,6 +277,7 @@ mod tests {
             worker: 3,
             count: 3,
             contributors: 0,
+            token: 0xdead_beef,
         }
     }
 
@@ -293,8 +300,9 @@ mod tests {
             ..header()
         };
         let bytes = encode(&h, &[1, 2, 3]);
-        assert_eq!(&bytes[24..26], &[0, 0], "worker");
-        assert_eq!(&bytes[28..30], &64u16.to_le_bytes(), "contributors");
+        assert_eq!(bytes[24], 0, "worker");
+        assert_eq!(bytes[25], 64, "contributors");
+        assert_eq!(&bytes[28..32], &0xdead_beefu32.to_le_bytes(), "token");
         assert_eq!(Header::parse(&bytes).unwrap().0, h);
     }
 
@@ -306,18 +314,15 @@ mod tests {
         b[0] = b'X';
         assert!(matches!(Header::parse(&b), Err(WireError::Magic(_))));
         let mut b = good.clone();
-        b[4] = 1;
+        b[4] = 2;
         assert_eq!(
             Header::parse(&b),
-            Err(WireError::Version(1)),
-            "version 1 carried contributors in worker"
+            Err(WireError::Version(2)),
+            "version 2 carried no token"
         );
         let mut b = good.clone();
         b[5] = 9;
         assert_eq!(Header::parse(&b), Err(WireError::Kind(9)));
-        let mut b = good.clone();
-        b[30] = 1;
-        assert_eq!(Header::parse(&b), Err(WireError::Reserved(1)));
         let mut b = good.clone();
         b[26..28].copy_from_slice(&0u16.to_le_bytes());
         assert_eq!(Header::parse(&b), Err(WireError::Count(0)));

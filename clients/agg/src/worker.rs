@@ -28,6 +28,11 @@ pub struct Membership {
     pub aggregator: SocketAddrV4,
     pub geometry: Geometry,
     pub dtype: Dtype,
+    /// What this worker's DATA frames carry in `token`: its proof, to the aggregator, that a
+    /// frame from its address is its own (drawn per job, epoch, aggregator and worker).
+    pub token: u32,
+    /// What the aggregator's RESULT frames carry in `token`: a result without it is ignored.
+    pub result_token: u32,
 }
 
 /// The client's timing and window.
@@ -92,8 +97,13 @@ pub struct RoundStats {
     pub sent: u64,
     pub resent: u64,
     pub results: u64,
-    /// Results for chunks already received, or for another job, epoch or round.
+    /// Results for chunks already received, or for another job, epoch or round, and frames
+    /// that are not results at all ([`RoundStats::foreign`] ones included).
     pub ignored: u64,
+    /// Frames from anyone but the job's aggregator (its address and port), or without its
+    /// result token: ignored whatever they carry, so a host that is not the aggregator cannot
+    /// give this worker a result.
+    pub foreign: u64,
     /// Results for a chunk already received in this round and epoch that differ from the first
     /// one: the chunk was completed twice with different sums, which must never happen (the
     /// chaos schedule checks it stays 0).
@@ -275,6 +285,7 @@ impl Worker {
                     worker: m.worker,
                     count: 0,
                     contributors: 0,
+                    token: m.token,
                 },
                 &values,
             )
@@ -384,7 +395,7 @@ impl Worker {
                     .set_read_timeout(Some(Duration::from_millis(wait_ms as u64)))?;
                 read_timeout_ms = wait_ms;
             }
-            let (n, _from) = match self.socket.recv_from(&mut self.buf) {
+            let (n, from) = match self.socket.recv_from(&mut self.buf) {
                 Ok(r) => r,
                 Err(e)
                     if e.kind() == io::ErrorKind::WouldBlock
@@ -394,10 +405,23 @@ impl Worker {
                 }
                 Err(e) => return Err(e.into()),
             };
+            // Results come from the aggregator's address and port only (the XDP program
+            // answers from the address the worker sent to, and its fan-out keeps it), with its
+            // result token.
+            if from != std::net::SocketAddr::V4(m.aggregator) {
+                stats.ignored += 1;
+                stats.foreign += 1;
+                continue;
+            }
             let Ok((h, body)) = Header::parse(&self.buf[..n]) else {
                 stats.ignored += 1;
                 continue;
             };
+            if h.token != m.result_token {
+                stats.ignored += 1;
+                stats.foreign += 1;
+                continue;
+            }
             let i = match h.round {
                 r if r == self.round => h.chunk as usize,
                 r if replayed.is_some() && r == previous => chunks as usize + h.chunk as usize,
@@ -509,6 +533,8 @@ mod tests {
             aggregator: agg_addr,
             geometry,
             dtype: Dtype::I32,
+            token: 7,
+            result_token: 8,
         };
         let fake = std::thread::spawn(move || {
             let mut seen = BTreeSet::new();
@@ -530,10 +556,12 @@ mod tests {
                     }
                     at_answer = Some(seen.clone());
                 }
+                assert_eq!(h.token, 7, "the worker's token");
                 let reply = Header {
                     kind: Kind::Result,
                     worker: 0,
                     contributors: 2,
+                    token: 8,
                     ..h
                 };
                 agg.send_to(&wire::encode(&reply, &wire::values(body)), from)
@@ -546,6 +574,76 @@ mod tests {
         let mut grad: Vec<i32> = (0..160).collect();
         w.all_reduce_i32(&mut grad).unwrap();
         (fake.join().unwrap(), grad)
+    }
+
+    /// Issue 25, finding 6: a result from anyone but the job's aggregator, or without its result
+    /// token, is ignored, even one that names the job, epoch, round and chunk and arrives before
+    /// the aggregator's.
+    #[test]
+    fn a_forged_result_from_another_address_is_ignored() {
+        let agg = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let forger = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let sock = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let std::net::SocketAddr::V4(agg_addr) = agg.local_addr().unwrap() else {
+            unreachable!("bound to an IPv4 address")
+        };
+        let m = Membership {
+            job: 4,
+            epoch: 2,
+            worker: 0,
+            workers: 1,
+            aggregator: agg_addr,
+            geometry: Geometry {
+                values: 8,
+                chunk_values: 4,
+            },
+            dtype: Dtype::I32,
+            token: 0x1111_2222,
+            result_token: 0x3333_4444,
+        };
+        let fake = std::thread::spawn(move || {
+            let mut answered = BTreeSet::new();
+            let mut buf = [0u8; 2048];
+            agg.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            while answered.len() < 2 {
+                let (n, from) = agg.recv_from(&mut buf).expect("the worker keeps sending");
+                let (h, body) = Header::parse(&buf[..n]).unwrap();
+                let reply = Header {
+                    kind: Kind::Result,
+                    worker: 0,
+                    contributors: 1,
+                    token: 0x3333_4444,
+                    ..h
+                };
+                if answered.insert(h.chunk) {
+                    // The same result with another sum, first: from another port of the same
+                    // host with the right token, and from the aggregator's own address (as a
+                    // host that forges it would) with a wrong one.
+                    let forged = wire::encode(&reply, &[666; 4]);
+                    forger.send_to(&forged, from).unwrap();
+                    let guessed = Header {
+                        token: 0x3333_4445,
+                        ..reply
+                    };
+                    agg.send_to(&wire::encode(&guessed, &[667; 4]), from)
+                        .unwrap();
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                agg.send_to(&wire::encode(&reply, &wire::values(body)), from)
+                    .unwrap();
+            }
+        });
+        let mut w = Worker::new(sock, m, Tuning::default());
+        let mut grad: Vec<i32> = (1..=8).collect();
+        let stats = w.all_reduce_i32(&mut grad).unwrap();
+        fake.join().unwrap();
+        assert_eq!(
+            grad,
+            (1..=8).collect::<Vec<i32>>(),
+            "the aggregator's sums only"
+        );
+        assert_eq!(stats.foreign, 4, "each forged result counted");
+        assert_eq!(stats.conflicting, 0);
     }
 
     #[test]

@@ -24,6 +24,12 @@ const VALUES: u32 = 1000; // 3 chunks of 360, the last short
 const CHUNK: u16 = 360;
 const ROUNDS: usize = 4;
 const PYTHON_WORKERS: usize = 2;
+/// The reference aggregator's result token in this test; worker `w`'s token is [`token`].
+const RESULT_TOKEN: u32 = 0x5245_5355;
+
+fn token(w: usize) -> u32 {
+    0x544f_4b00 + u32::try_from(w).unwrap()
+}
 
 /// A Python worker: prints its bound port, reads the membership and its gradients, prints
 /// each round's result as float32 bits.
@@ -39,7 +45,7 @@ req = json.loads(sys.stdin.readline())
 m = req["membership"]
 w = yard_agg.Worker(s, Membership(m["job"], m["epoch"], m["worker"], m["workers"],
                                   ("127.0.0.1", m["port"]), Geometry(m["values"], m["chunk_values"]),
-                                  "f32"))
+                                  "f32", m["token"], m["result_token"]))
 out = []
 for bits in req["grads"]:
     x = struct.unpack("<%df" % len(bits), struct.pack("<%dI" % len(bits), *bits))
@@ -121,7 +127,9 @@ fn rust_and_python_workers_get_the_same_bits_from_one_job() {
         epoch: 1,
         geometry,
         dtype: Dtype::F32,
+        tokens: (0..members.len()).map(token).collect(),
         members: members.clone(),
+        result_token: RESULT_TOKEN,
         parent: None,
     });
     let stop = Arc::new(AtomicBool::new(false));
@@ -160,7 +168,8 @@ fn rust_and_python_workers_get_the_same_bits_from_one_job() {
             .collect();
         let req = json!({
             "membership": {"job": 5, "epoch": 1, "worker": 1 + i, "workers": workers,
-                           "port": agg_addr.port(), "values": VALUES, "chunk_values": CHUNK},
+                           "port": agg_addr.port(), "values": VALUES, "chunk_values": CHUNK,
+                           "token": token(1 + i), "result_token": RESULT_TOKEN},
             "grads": grads,
         });
         let mut stdin = child.stdin.take().unwrap();
@@ -176,6 +185,8 @@ fn rust_and_python_workers_get_the_same_bits_from_one_job() {
             aggregator: agg_addr,
             geometry,
             dtype: Dtype::F32,
+            token: token(0),
+            result_token: RESULT_TOKEN,
         },
         Tuning::default(),
     );

@@ -42,7 +42,7 @@ for case in req["cases"]:
         else:
             exp, vals = fixed.quantize(x[s:e], case["workers"])
         h = wire.Header(wire.KIND_DATA, case["flags"], exp, case["job"], case["epoch"],
-                        case["round"], c, case["worker"], 0)
+                        case["round"], c, case["worker"], 0, token=case["token"])
         frames.append(wire.encode(h, vals).hex())
     out["frames"].append(frames)
 for d in req["deq"]:
@@ -158,6 +158,7 @@ fn case(rng: &mut Rng, job: &mut u32, workers: u16, cv: u16, x: Vec<f32>) -> Cas
             worker: (rng.below(u64::from(workers))) as u16,
             count: 0,
             contributors: 0,
+            token: rng.next() as u32,
         },
     }
 }
@@ -248,6 +249,7 @@ fn run(python: &Path, mode: &str) -> Value {
             "epoch": c.header.epoch,
             "round": c.header.round,
             "worker": c.header.worker,
+            "token": c.header.token,
         })).collect::<Vec<_>>(),
         "deq": deq_cases().iter().map(|(acc, exp, workers)| json!({
             "acc": acc, "exp": exp, "workers": workers,

@@ -21,10 +21,13 @@ import tempfile
 import threading
 import time
 
-# magic, version, kind, flags, exp, job, epoch, round, chunk, worker, count, contributors,
-# reserved
-HDR = struct.Struct("<IBBBbIIIIHHHH")
-VERSION = 2
+# magic, version, kind, flags, exp, job, epoch, round, chunk, worker, contributors, count,
+# token
+HDR = struct.Struct("<IBBBbIIIIBBHI")
+VERSION = 3
+# The fake's result token, and worker w's token: TOKEN_BASE + w.
+RESULT_TOKEN = 0x52455355
+TOKEN_BASE = 0x544F4B00
 MAGIC = struct.unpack("<I", b"YAGG")[0]
 
 
@@ -70,6 +73,13 @@ class FakeAggregator:
     def chunks(self):
         return -(-self.values // self.cv)
 
+    @staticmethod
+    def token(worker):
+        """The token worker ``worker``'s frames must carry."""
+        return TOKEN_BASE + worker
+
+    result_token = RESULT_TOKEN
+
     def chunk_len(self, c):
         return max(0, min(self.values - c * self.cv, self.cv))
 
@@ -101,8 +111,8 @@ class FakeAggregator:
 
     def _result(self, rnd, chunk, slot):
         n = len(slot["acc"])
-        h = HDR.pack(MAGIC, VERSION, 2, 0, slot["exp"], self.job, self.epoch, rnd, chunk, 0, n,
-                     bin(slot["bitmap"]).count("1"), 0)
+        h = HDR.pack(MAGIC, VERSION, 2, 0, slot["exp"], self.job, self.epoch, rnd, chunk, 0,
+                     bin(slot["bitmap"]).count("1"), n, RESULT_TOKEN)
         return h + struct.pack("<%di" % n, *slot["acc"])
 
     def _run(self):
@@ -133,9 +143,9 @@ class FakeAggregator:
         if len(data) < 32:
             self.dropped["bad"] += 1
             return
-        (magic, ver, kind, flags, exp, job, epoch, rnd, chunk, worker, count, _contributors,
-         res) = HDR.unpack_from(data)
-        if (magic != MAGIC or ver != VERSION or kind != 1 or res or chunk >= self.chunks()
+        (magic, ver, kind, flags, exp, job, epoch, rnd, chunk, worker, _contributors, count,
+         token) = HDR.unpack_from(data)
+        if (magic != MAGIC or ver != VERSION or kind != 1 or chunk >= self.chunks()
                 or count != self.chunk_len(chunk) or len(data) < 32 + 4 * count
                 or (self.dtype == "i32" and exp != 0)):
             self.dropped["bad"] += 1
@@ -143,7 +153,7 @@ class FakeAggregator:
         if job != self.job or epoch != self.epoch:
             self.dropped["stale"] += 1
             return
-        if worker >= self.workers:
+        if worker >= self.workers or token != self.token(worker):
             self.dropped["foreign"] += 1
             return
         vals = list(struct.unpack_from("<%di" % count, data, 32))

@@ -19,7 +19,7 @@ from fake_agg import FakeAgent  # noqa: E402
 def member(epoch, agg="198.18.0.2:7481", worker=1):
     return {"membership": {"job": 3, "epoch": epoch, "worker": worker, "workers": 4,
                            "aggregator": agg, "values": 1000, "chunk_values": 360,
-                           "dtype": "f32"}}
+                           "dtype": "f32", "token": 11, "result_token": 12}}
 
 
 def wait_for(pred, timeout=5.0):
@@ -34,12 +34,13 @@ class SessionTest(unittest.TestCase):
     def test_lines_become_states(self):
         s = parse_line('{"membership": {"job": 3, "epoch": 2, "worker": 1, "workers": 4, '
                        '"aggregator": "198.18.0.1:7481", "values": 10, "chunk_values": 360, '
-                       '"dtype": "f32"}}')
+                       '"dtype": "f32", "token": 4294967295, "result_token": 7}}')
         self.assertEqual(s.kind, agg_session.RUNNING)
         m = s.membership
         self.assertEqual((m.job, m.epoch, m.worker, m.workers, m.dtype), (3, 2, 1, 4, "f32"))
         self.assertEqual(m.aggregator, ("198.18.0.1", 7481))
         self.assertEqual(m.geometry, Geometry(10, 360))
+        self.assertEqual((m.token, m.result_token), (0xFFFFFFFF, 7))
         self.assertEqual(parse_line('{"waiting": "x"}').kind, agg_session.WAITING)
         f = parse_line('{"failed": "job t failed: worker rank 2 died (it crashed)"}')
         self.assertEqual((f.kind, f.why),
@@ -53,7 +54,12 @@ class SessionTest(unittest.TestCase):
         self.assertIsNone(parse_line('{"membership": {"job": -1}}'))
         self.assertIsNone(parse_line('{"membership": {"job": 3, "epoch": 2, "worker": 1, '
                                      '"workers": 4, "aggregator": "x", "values": 10, '
-                                     '"chunk_values": 360, "dtype": "f32"}}'))
+                                     '"chunk_values": 360, "dtype": "f32", "token": 1, '
+                                     '"result_token": 2}}'))
+        # a membership without its tokens is malformed
+        self.assertIsNone(parse_line('{"membership": {"job": 3, "epoch": 2, "worker": 1, '
+                                     '"workers": 4, "aggregator": "198.18.0.1:7481", '
+                                     '"values": 10, "chunk_values": 360, "dtype": "f32"}}'))
 
     def test_a_worker_follows_its_job_until_it_fails(self):
         agent = FakeAgent(lambda join: [{"waiting": "waiting for every rank"}, 0.1, member(1),

@@ -38,7 +38,8 @@ with FakeAggregator(9, 1, 1, values, CV) as agg:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
     s.bind(("127.0.0.1", 0))
-    m = Membership(9, 1, 0, 1, agg.addr, wire.Geometry(values, CV), "i32")
+    m = Membership(9, 1, 0, 1, agg.addr, wire.Geometry(values, CV), "i32", agg.token(0),
+                   agg.result_token)
     w = Worker(s, m, Tuning(give_up=30.0))
     try:
         for rnd in range(2):

@@ -109,7 +109,7 @@ class RealTorchHookTest(unittest.TestCase):
         member = lambda join: [{"waiting": "x"}, 0.2, {"membership": {  # noqa: E731
             "job": 7, "epoch": 1, "worker": join["rank"], "workers": WORLD,
             "aggregator": "127.0.0.1:%d" % agg.addr[1], "values": values, "chunk_values": CV,
-            "dtype": "f32"}}]
+            "dtype": "f32", "token": agg.token(join["rank"]), "result_token": agg.result_token}}]
         agent = FakeAgent(member)
         out = tempfile.mkdtemp(prefix="yard-agg-torch-")
         env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
@@ -178,7 +178,8 @@ class HookFaultTest(unittest.TestCase):
     def membership(agg, epoch):
         return {"membership": {"job": 7, "epoch": epoch, "worker": 0, "workers": 1,
                                "aggregator": "127.0.0.1:%d" % agg.addr[1], "values": 33,
-                               "chunk_values": CV, "dtype": "f32"}}
+                               "chunk_values": CV, "dtype": "f32", "token": agg.token(0),
+                               "result_token": agg.result_token}}
 
     def test_a_deleted_job_raises_from_the_backward_pass_naming_it(self):
         torch_version()

@@ -15,23 +15,24 @@ from yard_agg.wire import Geometry, Header, WireError  # noqa: E402
 
 def header(**kw):
     h = Header(kind=wire.KIND_DATA, flags=wire.FLAG_RETX, exp=-3, job=7, epoch=2, round=41,
-               chunk=9, worker=3, count=3)
+               chunk=9, worker=3, count=3, token=0xDEADBEEF)
     return h._replace(**kw)
 
 
 class WireTest(unittest.TestCase):
     def test_the_layout_is_the_documented_one(self):
         b = wire.encode(header(), [1, -2, 2**31 - 1])
-        want = (b"YAGG" + bytes([2, 1, 0x01, 0xFD]) + struct.pack("<IIII", 7, 2, 41, 9)
-                + struct.pack("<HHHH", 3, 3, 0, 0) + struct.pack("<iii", 1, -2, 2**31 - 1))
+        want = (b"YAGG" + bytes([3, 1, 0x01, 0xFD]) + struct.pack("<IIII", 7, 2, 41, 9)
+                + struct.pack("<BBHI", 3, 0, 3, 0xDEADBEEF) + struct.pack("<iii", 1, -2, 2**31 - 1))
         self.assertEqual(b, want)
         self.assertEqual(len(b), wire.HEADER_LEN + 12)
 
     def test_a_result_of_64_contributions_keeps_its_count_apart_from_the_worker_index(self):
         h = header(kind=wire.KIND_RESULT, worker=0, contributors=wire.WORKERS_MAX)
         b = wire.encode(h, [1, 2, 3])
-        self.assertEqual(b[24:26], b"\0\0")
-        self.assertEqual(b[28:30], struct.pack("<H", 64))
+        self.assertEqual(b[24], 0)
+        self.assertEqual(b[25], 64)
+        self.assertEqual(b[28:32], struct.pack("<I", 0xDEADBEEF))
         self.assertEqual(wire.parse(b)[0], h)
 
     def test_a_frame_round_trips(self):
@@ -49,7 +50,8 @@ class WireTest(unittest.TestCase):
             n = rng.randint(1, wire.VALUES_MAX)
             h = Header(rng.choice(wire.KINDS), rng.randrange(256), rng.randint(-128, 127),
                        rng.randrange(2**32), rng.randrange(2**32), rng.randrange(2**32),
-                       rng.randrange(2**32), rng.randrange(2**16), n, rng.randrange(2**16))
+                       rng.randrange(2**32), rng.randrange(2**8), n, rng.randrange(2**8),
+                       rng.randrange(2**32))
             vals = [rng.randint(-2**31, 2**31 - 1) for _ in range(n)]
             got, body = wire.parse(wire.encode(h, vals))
             self.assertEqual(got, h)
@@ -60,9 +62,8 @@ class WireTest(unittest.TestCase):
         cases = [
             (good[:31], "needs 32 header bytes, got 31"),
             (b"X" + good[1:], "bad magic"),
-            (good[:4] + b"\x01" + good[5:], "unsupported protocol version 1"),
+            (good[:4] + b"\x02" + good[5:], "unsupported protocol version 2"),
             (good[:5] + b"\x09" + good[6:], "unknown frame kind 9"),
-            (good[:30] + b"\x01" + good[31:], "reserved header field is 0x1"),
             (good[:26] + b"\0\0" + good[28:], "1 to 768 values, this one says 0"),
             (good[:26] + struct.pack("<H", 769) + good[28:], "this one says 769"),
             (good[:-1], "announces 3 values but 11 bytes follow"),

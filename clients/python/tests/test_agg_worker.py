@@ -47,7 +47,8 @@ def grad_f32(rank, rnd, n):
 
 
 def membership(agg, worker, workers, values, epoch=1, dtype="i32"):
-    return Membership(JOB, epoch, worker, workers, agg.addr, wire.Geometry(values, CV), dtype)
+    return Membership(JOB, epoch, worker, workers, agg.addr, wire.Geometry(values, CV), dtype,
+                      agg.token(worker), agg.result_token)
 
 
 _SOCKS = []
@@ -233,7 +234,7 @@ class WorkerTest(unittest.TestCase):
                         if time.monotonic() - started > 20:
                             raise
                         if m is not None:
-                            w.set_membership(m._replace(worker=r))
+                            w.set_membership(m._replace(worker=r, token=FakeAggregator.token(r)))
                 with lock:
                     progress[r] = rnd + 1
             return out
@@ -317,6 +318,43 @@ class WorkerTest(unittest.TestCase):
         self.assertEqual(h.exp, 5 + fixed.frac_bits(1) - fixed.frac_bits(3))
         self.assertEqual(list(fixed.dequantize(wire.values(body), h.exp, 1)),
                          list(fixed.dequantize(w._last[2], 5, 3)))
+
+    def test_a_forged_result_from_another_address_is_ignored(self):
+        """Issue 25, finding 6: a result from anyone but the job's aggregator, or without its
+        result token, is ignored, even one that names the job, epoch, round and chunk and
+        arrives before the aggregator's."""
+        agg, forger, sock = udp(), udp(), udp()
+        values = 2 * 4
+        m = Membership(JOB, 2, 0, 1, agg.getsockname(), wire.Geometry(values, 4), "i32",
+                       0x11112222, 0x33334444)
+
+        def fake():
+            agg.settimeout(5.0)
+            answered = set()
+            while len(answered) < 2:
+                data, sender = agg.recvfrom(65536)
+                h, body = wire.parse(data)
+                self.assertEqual(h.token, 0x11112222)
+                reply = h._replace(kind=wire.KIND_RESULT, worker=0, contributors=1,
+                                   token=0x33334444)
+                if h.chunk not in answered:
+                    answered.add(h.chunk)
+                    # the same result with another sum, first: from another port of the same
+                    # host with the right token, and from the aggregator's own address (as a
+                    # host that forges it would) with a wrong one
+                    forger.sendto(wire.encode(reply, [666] * 4), sender)
+                    agg.sendto(wire.encode(reply._replace(token=0x33334445), [667] * 4), sender)
+                    time.sleep(0.005)
+                agg.sendto(wire.encode(reply, wire.values(body)), sender)
+
+        t = threading.Thread(target=fake, daemon=True)
+        t.start()
+        w = Worker(sock, m, Tuning(give_up=5.0))
+        out = w.all_reduce_i32(list(range(1, values + 1)))
+        t.join(10)
+        self.assertEqual(list(out), list(range(1, values + 1)), "the aggregator's sums only")
+        self.assertEqual(w.stats.foreign, 4, "each forged result counted")
+        self.assertEqual(w.stats.conflicting, 0)
 
 
 if __name__ == "__main__":

@@ -16,10 +16,13 @@ from .wire import DTYPES, Geometry
 
 DEFAULT_SOCKET = "/var/lib/yard/agg.sock"
 
-Membership = namedtuple("Membership", "job epoch worker workers aggregator geometry dtype")
+Membership = namedtuple("Membership",
+                        "job epoch worker workers aggregator geometry dtype token result_token")
 Membership.__doc__ = """Where and as whom a worker aggregates: ``job`` id, ``epoch``, this
 worker's index ``worker`` among ``workers``, ``aggregator`` as ``(ip, port)``, the gradient's
-:class:`~yard_agg.wire.Geometry` and ``dtype`` ("i32" or "f32")."""
+:class:`~yard_agg.wire.Geometry`, ``dtype`` ("i32" or "f32"), the ``token`` this worker's
+frames carry (its proof to the aggregator that a frame from its address is its own) and the
+``result_token`` the aggregator's results carry (a result without it is ignored)."""
 
 RingMembership = namedtuple("RingMembership", "job epoch rank ranks")
 RingMembership.__doc__ = """A job created with ``--grouping ring``: no aggregator; the workers
@@ -67,7 +70,8 @@ def parse_membership(m):
         return Membership(
             job=_u(m, "job", 32), epoch=_u(m, "epoch", 32), worker=_u(m, "worker", 16),
             workers=_u(m, "workers", 16), aggregator=(host, int(port)),
-            geometry=Geometry(_u(m, "values", 32), _u(m, "chunk_values", 16)), dtype=dtype)
+            geometry=Geometry(_u(m, "values", 32), _u(m, "chunk_values", 16)), dtype=dtype,
+            token=_u(m, "token", 32), result_token=_u(m, "result_token", 32))
     except (KeyError, TypeError, ValueError, AttributeError, OSError):
         return None
 

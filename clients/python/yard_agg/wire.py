@@ -10,7 +10,7 @@ from collections import namedtuple
 
 PORT = 7481
 MAGIC = struct.unpack("<I", b"YAGG")[0]
-VERSION = 2  # 2: results carry their contributors in a field of their own
+VERSION = 3  # 3: every frame carries a token (2 had a reserved field there)
 HEADER_LEN = 32
 VALUES_MAX = 768
 WORKERS_MAX = 64  # members of one job at one aggregator (a tree spreads a larger job)
@@ -28,17 +28,21 @@ DTYPE_I32 = "i32"
 DTYPE_F32 = "f32"
 DTYPES = (DTYPE_I32, DTYPE_F32)
 
-# magic, version, kind, flags, exp, job, epoch, round, chunk, worker, count, contributors,
-# reserved
-_HEADER = struct.Struct("<IBBBbIIIIHHHH")
+# magic, version, kind, flags, exp, job, epoch, round, chunk, worker, contributors, count,
+# token
+_HEADER = struct.Struct("<IBBBbIIIIBBHI")
 assert _HEADER.size == HEADER_LEN
 
-Header = namedtuple("Header", "kind flags exp job epoch round chunk worker count contributors",
-                    defaults=(0,))
-Header.__doc__ = """The header's fields (magic, version and the reserved field are implied).
+Header = namedtuple("Header",
+                    "kind flags exp job epoch round chunk worker count contributors token",
+                    defaults=(0, 0))
+Header.__doc__ = """The header's fields (magic and version are implied).
 ``exp``: float32, the chunk's block exponent; int32, 0. ``worker``: DATA, the sender's index;
 RESULT, 0. ``count``: values that follow. ``contributors``: RESULT, how many contributions the
-sum holds (a count that may reach 64, so it is not carried in ``worker``, an index); DATA, 0."""
+sum holds (a count that may reach 64, so it is not carried in ``worker``, an index); DATA, 0.
+``worker`` and ``contributors`` are one byte each on the wire (a larger value is written as
+255, which no aggregator takes). ``token``: DATA, the sender's token at the aggregator;
+RESULT, the aggregator's result token (the membership gives both)."""
 
 
 _BIG_ENDIAN = struct.pack("=i", 1) != struct.pack("<i", 1)
@@ -59,7 +63,8 @@ def _i32_array(values):
 def write_header(h):
     """The 32 header bytes of ``h``."""
     return _HEADER.pack(MAGIC, VERSION, h.kind, h.flags, h.exp, h.job, h.epoch, h.round,
-                        h.chunk, h.worker, h.count, h.contributors, 0)
+                        h.chunk, min(h.worker, 0xFF), min(h.contributors, 0xFF), h.count,
+                        h.token)
 
 
 def encode(h, values):
@@ -79,16 +84,14 @@ def parse(buf):
     if len(buf) < HEADER_LEN:
         raise WireError("an aggregation frame needs %d header bytes, got %d"
                         % (HEADER_LEN, len(buf)))
-    (magic, version, kind, flags, exp, job, epoch, rnd, chunk, worker, count, contributors,
-     reserved) = _HEADER.unpack_from(buf, 0)
+    (magic, version, kind, flags, exp, job, epoch, rnd, chunk, worker, contributors, count,
+     token) = _HEADER.unpack_from(buf, 0)
     if magic != MAGIC:
         raise WireError("bad magic %#010x: not an aggregation frame" % magic)
     if version != VERSION:
         raise WireError("unsupported protocol version %d" % version)
     if kind not in KINDS:
         raise WireError("unknown frame kind %d" % kind)
-    if reserved != 0:
-        raise WireError("the reserved header field is %#x, not 0" % reserved)
     if count == 0 or count > VALUES_MAX:
         raise WireError("a frame carries 1 to %d values, this one says %d" % (VALUES_MAX, count))
     body = buf[HEADER_LEN:]
@@ -96,7 +99,7 @@ def parse(buf):
     if len(body) < need:
         raise WireError("the header announces %d values but %d bytes follow it"
                         % (count, len(body)))
-    return (Header(kind, flags, exp, job, epoch, rnd, chunk, worker, count, contributors),
+    return (Header(kind, flags, exp, job, epoch, rnd, chunk, worker, count, contributors, token),
             bytes(body[:need]))
 
 

@@ -25,12 +25,14 @@ Tuning.__doc__ = """The client's window (chunks awaiting their result), first re
 its cap (it doubles on each resend) and how long a round may go without a new result before
 it fails, in seconds. The defaults are the Rust client's."""
 
-RoundStats = namedtuple("RoundStats", "sent resent results ignored conflicting")
+RoundStats = namedtuple("RoundStats", "sent resent results ignored conflicting foreign",
+                        defaults=(0,))
 RoundStats.__doc__ = """Frames sent and resent, results taken, and frames ignored (results
-for chunks already received, or for another job, epoch or round) in one round; and
-``conflicting``: repeats of a result already taken in this round and epoch whose exponent or
-sum differ from the first (a chunk completed twice with different sums, which must never
-happen; the Rust client counts the same)."""
+for chunks already received, or for another job, epoch or round, and ``foreign`` ones) in one
+round; ``conflicting``: repeats of a result already taken in this round and epoch whose exponent
+or sum differ from the first (a chunk completed twice with different sums, which must never
+happen); and ``foreign``: frames from anyone but the job's aggregator (its address and port),
+or without its result token, ignored whatever they carry. The Rust client counts the same."""
 
 
 class AggError(Exception):
@@ -139,7 +141,7 @@ class Worker:
         self.membership = membership
         self.tuning = tuning or Tuning()
         self.round = 0
-        self.stats = RoundStats(0, 0, 0, 0, 0)
+        self.stats = RoundStats(0, 0, 0, 0, 0, 0)
         # The last completed round's results as they came, for a regrouping:
         # (workers, exponent per chunk, values).
         self._last = None
@@ -243,7 +245,8 @@ class Worker:
         frames = []
         for c in range(g.chunks()):
             s, e = g.chunk_range(c)
-            h = wire.Header(KIND_DATA, flags, exps[c], m.job, m.epoch, round, c, m.worker, 0)
+            h = wire.Header(KIND_DATA, flags, exps[c], m.job, m.epoch, round, c, m.worker, 0,
+                            token=m.token)
             frames.append(wire.encode(h, q[s:e]))
         return frames
 
@@ -271,9 +274,13 @@ class Worker:
         done = [False] * total
         taken = [None] * total  # the result taken per frame: (exp, body), to tell repeats
         in_flight = set()
-        sent = resent = results = ignored = conflicting = 0
+        sent = resent = results = ignored = conflicting = foreign = 0
         send = self.sock.sendto
         dest = m.aggregator
+        # Results come from the aggregator's address and port only (the XDP program answers
+        # from the address the worker sent to, and its fan-out keeps it), with its result token.
+        source = (dest[0], int(dest[1]))
+        result_token = m.result_token
         for i in range(chunks, total):
             send(frames[i], dest)
             in_flight.add(i)
@@ -308,19 +315,27 @@ class Worker:
                     wait = min(wait, due - now)
             waited = time.monotonic() - last_progress
             if waited > t.give_up:
-                self.stats = RoundStats(sent, resent, results, ignored, conflicting)
+                self.stats = RoundStats(sent, resent, results, ignored, conflicting, foreign)
                 raise AggTimeout(m.job, m.aggregator, self.round, left, waited)
             readable, _, _ = select.select([self.sock], [], [], max(wait, 0.0001))
             if not readable:
                 continue
             try:
-                data = self.sock.recv(65536)
+                data, sender = self.sock.recvfrom(65536)
             except BlockingIOError:
+                continue
+            if sender[:2] != source:
+                ignored += 1
+                foreign += 1
                 continue
             try:
                 h, body = wire.parse(data)
             except wire.WireError:
                 ignored += 1
+                continue
+            if h.token != result_token:
+                ignored += 1
+                foreign += 1
                 continue
             if h.round == self.round and h.chunk < chunks:
                 i = h.chunk
@@ -351,5 +366,5 @@ class Worker:
             results += 1
             left -= 1
             last_progress = time.monotonic()
-        self.stats = RoundStats(sent, resent, results, ignored, conflicting)
+        self.stats = RoundStats(sent, resent, results, ignored, conflicting, foreign)
         return out_exps, out

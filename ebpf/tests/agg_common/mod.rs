@@ -44,6 +44,25 @@ pub fn payload_of(frame: &[u8]) -> &[u8] {
     &frame[HEADERS..]
 }
 
+/// A result's payload as `yard_agg` hands it to the TC fan-out: kind FANOUT, and the load's
+/// fan-out tag as its token, which the fan-out replaces with the result token.
+pub fn as_fanout(result: &[u8], tag: u32) -> Vec<u8> {
+    let mut out = result.to_vec();
+    out[5] = Kind::Fanout as u8;
+    out[28..32].copy_from_slice(&tag.to_le_bytes());
+    out
+}
+
+/// Member `w`'s token in the tests' jobs: distinct per job and worker, never 0.
+pub fn test_token(job: u32, w: usize) -> u32 {
+    0x7000_0000 | job << 8 | u32::try_from(w).unwrap()
+}
+
+/// The tests' result token of job `job` at an aggregator (its index in a tree, 0 if flat).
+pub fn test_result_token(job: u32, aggregator: usize) -> u32 {
+    0x5200_0000 | job << 8 | u32::try_from(aggregator).unwrap()
+}
+
 pub fn data(spec: &JobSpec, w: usize, round: u32, chunk: u32, exp: i8, values: &[i32]) -> Vec<u8> {
     wire::encode(
         &Header {
@@ -57,6 +76,7 @@ pub fn data(spec: &JobSpec, w: usize, round: u32, chunk: u32, exp: i8, values: &
             worker: u16::try_from(w).unwrap(),
             count: 0,
             contributors: 0,
+            token: spec.tokens.get(w).copied().unwrap_or(0), // a stranger has none
         },
         values,
     )
@@ -103,8 +123,7 @@ pub fn run_round(
                 let Action::Fanout(bytes) = want.action else {
                     panic!("the model did not complete chunk {c}");
                 };
-                let mut expected = bytes.clone();
-                expected[5] = Kind::Fanout as u8; // XDP hands it to TC as a fan-out
+                let expected = as_fanout(&bytes, agg.fanout_tag()); // XDP hands it to TC
                 assert_eq!(payload_of(&got.frame), expected.as_slice(), "chunk {c}");
                 let (h, body) = Header::parse(&bytes).unwrap();
                 assert_eq!(

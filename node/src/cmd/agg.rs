@@ -282,9 +282,12 @@ fn job_json(r: &AggJobRow) -> Value {
         .map(|(rank, addr)| {
             let seat = j.seat_of(*rank);
             let at = seat.and_then(|s| r.aggregators.get(&s.0.node));
+            // An operator's worker (admin credentials) needs its tokens as an agent's gets them.
+            let m = r.membership(*rank);
             json!({"rank": rank, "worker": seat.map(|s| s.1), "aggregator_node": seat.map(|s| s.0.node),
                    "aggregator": at.map(|ip| format!("{ip}:{}", yard_agg::wire::PORT)),
-                   "addr": addr.to_string(), "bandwidth_bytes_per_s": r.bandwidth.get(rank)})
+                   "addr": addr.to_string(), "bandwidth_bytes_per_s": r.bandwidth.get(rank),
+                   "token": m.map(|m| m.token), "result_token": m.map(|m| m.result_token)})
         })
         .collect();
     json!({
