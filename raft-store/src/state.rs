@@ -957,6 +957,7 @@ mod tests {
                     cluster_bytes: 1 << 40,
                 },
                 grouping: Grouping::Auto,
+                secret: [7; 16],
             })
         };
         for i in 0..AGG_JOBS {
