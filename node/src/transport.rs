@@ -619,10 +619,13 @@ pub async fn serve(
                 conn.set_receive_window(quinn::VarInt::MAX);
             }
             tracing::debug!(%remote, ?role, "accepted connection");
-            // The handshake checked the certificate's validity once; the connection ends when
-            // it runs out, so a certificate that expires (is not renewed) stops being served
-            // then, not when the peer happens to reconnect.
+            // The handshake checked the certificate's validity once, to the second (webpki
+            // still takes a certificate during the second it expires in); the connection ends
+            // when it runs out, and no stream is served at or past that instant, so a
+            // certificate that expires (is not renewed) stops being served then, not when the
+            // peer happens to reconnect.
             let expiry = cert.as_ref().and_then(|c| tls::not_after(c));
+            let past = |at: SystemTime| SystemTime::now() >= at;
             let expired = async {
                 match expiry.and_then(|at| at.duration_since(SystemTime::now()).ok()) {
                     Some(left) => tokio::time::sleep(left).await,
@@ -632,16 +635,18 @@ pub async fn serve(
             };
             tokio::pin!(expired);
             loop {
-                let (send, recv) = tokio::select! {
+                let next = tokio::select! {
+                    biased;
+                    () = &mut expired => None,
                     next = conn.accept_bi() => match next {
-                        Ok(streams) => streams,
+                        Ok(streams) => Some(streams),
                         Err(_) => break,
                     },
-                    () = &mut expired => {
-                        tracing::info!(%remote, ?role, "closed a connection whose client certificate expired");
-                        conn.close(CLOSE_EXPIRED.into(), b"your certificate expired");
-                        break;
-                    }
+                };
+                let Some((send, recv)) = next.filter(|_| !expiry.is_some_and(past)) else {
+                    tracing::info!(%remote, ?role, "closed a connection whose client certificate expired");
+                    conn.close(CLOSE_EXPIRED.into(), b"your certificate expired");
+                    break;
                 };
                 let handler = handler.clone();
                 tokio::spawn(serve_stream(
