@@ -305,6 +305,11 @@ pub struct Trace {
     /// RAS query of a stuck job): an op still in flight in it is stuck, whatever its age.
     #[serde(default)]
     pub stuck: bool,
+    /// Completed ops' `End` times are their GPU's own (Flight Recorder with
+    /// `TORCH_NCCL_ENABLE_TIMING`: creation plus GPU duration), not when a watchdog noticed
+    /// them done.
+    #[serde(default)]
+    pub timed: bool,
 }
 
 #[cfg(test)]
