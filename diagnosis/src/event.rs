@@ -188,7 +188,9 @@ pub struct Member {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Group {
     pub name: PgName,
-    /// PyTorch's `desc` ("default_pg", "tp", "dp", …); informational.
+    /// PyTorch's `desc` ("default_pg", "tp", "dp", …). Groups of one description and size
+    /// run one program's ops (a data-parallel job's replicas): the offline rules compare a
+    /// group with these siblings.
     pub desc: String,
     pub ranks: Vec<Rank>,
 }

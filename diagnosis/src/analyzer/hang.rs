@@ -1296,7 +1296,7 @@ fn at_role(pg: &Pg, role: usize) -> Option<Rank> {
 /// ops and the pipelines of one job run one schedule, so that member left it (dropped a
 /// receive from a batch, posted an extra op) and its peer now waits for an op that never
 /// comes. A batch is known by its first op. Named when two or more sibling pipelines agree at
-/// that seq and none did what it did, for a minority of the stream; `None` otherwise.
+/// that seq and none did what it did, for at most half of the stream; `None` otherwise.
 fn diverged(state: &State, st: &Stuck) -> Option<Verdict> {
     let pg = &state.pgs[st.pg];
     if !pg.p2p {
@@ -1369,8 +1369,9 @@ fn diverged(state: &State, st: &Stuck) -> Option<Verdict> {
             break;
         }
     }
-    // A minority of the stream's members, else the schedule itself differs.
-    if found.is_empty() || found.len() * 2 >= pg.members.len() {
+    // No more than half of the stream's members (one end of a pair), else the schedule
+    // itself differs.
+    if found.is_empty() || found.len() * 2 > pg.members.len() {
         return None;
     }
     let mut v = base_verdict(state, st, Class::Hang, Subtype::MissingParticipant);

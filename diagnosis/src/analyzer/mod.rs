@@ -849,3 +849,70 @@ fn condense(verdicts: &mut Vec<Verdict>) {
             .push(format!("{more} further verdicts are not listed"));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verdict::PgRef;
+
+    fn verdict(
+        class: Class,
+        subtype: Subtype,
+        culprits: &[Rank],
+        pg: &str,
+        confidence: f64,
+    ) -> Verdict {
+        Verdict {
+            class,
+            subtype,
+            culprits: culprits.to_vec(),
+            links: Vec::new(),
+            pg: Some(PgRef {
+                name: pg.into(),
+                ranks: vec![0, 1, 2, 3],
+            }),
+            seq: Some(5),
+            op: Some(Op::AllReduce),
+            evidence: vec!["why".into()],
+            confidence,
+            detected_ns: 0,
+        }
+    }
+
+    /// A dtype mismatch in the data-parallel group stops it; the tensor-parallel groups of its
+    /// ranks stop behind it, and the hang rules rank "candidates" there (ranks whose op never
+    /// started because their stream is held by the mismatched op). Those are one sentence of
+    /// the mismatch's evidence, not verdicts naming ranks beside it.
+    #[test]
+    fn weak_undecided_hangs_behind_a_named_root_are_folded_into_it() {
+        let mut vs = vec![
+            verdict(Class::Mismatch, Subtype::DtypeMismatch, &[3], "dp", 0.75),
+            verdict(Class::Hang, Subtype::Undecided, &[1, 3], "tp", 0.35),
+            verdict(Class::Hang, Subtype::Undecided, &[], "pp", 0.2),
+        ];
+        knock_on(&mut vs);
+        assert_eq!(vs.len(), 1, "{vs:#?}");
+        assert_eq!(vs[0].culprits, vec![3]);
+        assert!(
+            vs[0].evidence.iter().any(|e| e
+                .starts_with("pg tp at all_reduce #5 is stuck behind it too (rank 1 stands out")),
+            "{:?}",
+            vs[0].evidence
+        );
+        assert!(vs[0]
+            .evidence
+            .iter()
+            .any(|e| e == "pg pp at all_reduce #5 is stuck behind it too"));
+    }
+
+    /// Without a well-founded root the candidates are the finding, and they stay.
+    #[test]
+    fn weak_undecided_hangs_stay_when_nothing_named_explains_them() {
+        let mut vs = vec![
+            verdict(Class::Hang, Subtype::Undecided, &[1], "tp", 0.35),
+            verdict(Class::Hang, Subtype::MissingParticipant, &[2], "dp", 0.35),
+        ];
+        knock_on(&mut vs);
+        assert_eq!(vs.len(), 2);
+    }
+}

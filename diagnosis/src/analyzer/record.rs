@@ -230,6 +230,15 @@ fn med(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// The lower median: of two values, the smaller.
+fn lower_med(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_unstable_by(f64::total_cmp);
+    v[(v.len() - 1) / 2]
+}
+
 /// Whether three quarters of the last `slow_window` comparisons (at least three) hit, and how
 /// many of how many did.
 fn mostly(hits: &[bool], cfg: &Config) -> Option<(usize, usize)> {
@@ -520,18 +529,20 @@ fn late_members(rec: &Record, cfg: &Config) -> Vec<Late> {
             let mut last = (0, Op::Other);
             let recent: Vec<(&u64, &OpLate)> = lat[i].iter().rev().take(recent_ops).collect();
             for (&seq, x) in recent.into_iter().rev() {
-                let sib: Vec<&OpLate> = lat
+                // The same op in every group of the family, this one included.
+                let all: Vec<&OpLate> = lat
                     .iter()
-                    .enumerate()
-                    .filter(|&(j, _)| j != i)
-                    .filter_map(|(_, o)| o.get(&seq))
+                    .filter_map(|o| o.get(&seq))
                     .filter(|o| o.op == x.op && o.bytes == x.bytes)
                     .collect();
                 for m in 0..n {
-                    let base = if sib.is_empty() {
+                    // What the role shows by itself (a pipeline stage that always comes late
+                    // to a group spanning stages): the lower median over the groups, since a
+                    // fault only adds lateness; with no sibling, nothing.
+                    let base = if all.len() < 2 {
                         0.0
                     } else {
-                        med(sib.iter().map(|o| o.late[m]).collect())
+                        lower_med(all.iter().map(|o| o.late[m]).collect())
                     };
                     rel[m].push(x.late[m] - base);
                     if let Some(&w) = x.waits.get(m) {
@@ -864,4 +875,311 @@ fn stream_evidence(rec: &Record, s: &SlowStream) -> String {
         s.hits.0,
         s.hits.1
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{Coll, Dtype, Group};
+
+    const MS: u64 = 1_000_000;
+
+    /// A hand-built offline record: groups and ops with their creation and end times.
+    struct Job {
+        events: Vec<Event>,
+        timed: bool,
+    }
+
+    impl Job {
+        fn new(timed: bool) -> Job {
+            Job {
+                events: Vec::new(),
+                timed,
+            }
+        }
+
+        fn group(&mut self, name: &str, desc: &str, ranks: &[Rank]) {
+            self.events.push(Event::Group(Group {
+                name: name.into(),
+                desc: desc.into(),
+                ranks: ranks.to_vec(),
+            }));
+        }
+
+        /// One rank's op: created at `enq`, ended at `end` (its GPU's end with timing; without,
+        /// the dump only knows a watchdog poll after it, so it is rounded up to 100 ms).
+        #[allow(clippy::too_many_arguments)]
+        fn op(
+            &mut self,
+            rank: Rank,
+            pg: &str,
+            seq: u64,
+            op: Op,
+            peer: Option<Rank>,
+            enq: u64,
+            end: u64,
+        ) {
+            let end = if self.timed {
+                end
+            } else {
+                end.div_ceil(100 * MS) * 100 * MS
+            };
+            for (phase, t_ns) in [(Phase::Enqueue, enq), (Phase::End, end)] {
+                self.events.push(Event::Coll(Coll {
+                    rank,
+                    pg: pg.into(),
+                    seq,
+                    op,
+                    dtype: Dtype::BFloat16,
+                    count: 1 << 20,
+                    bytes: 2 << 20,
+                    out_count: 1 << 20,
+                    peer,
+                    phase,
+                    t_ns,
+                }));
+            }
+        }
+
+        /// A collective: each member arrives at its time, all end together once the last
+        /// one's data is in.
+        fn coll(&mut self, pg: &str, seq: u64, arrive: &[(Rank, u64)], transfer: u64) {
+            let end = arrive.iter().map(|a| a.1).max().unwrap_or(0) + transfer;
+            for &(r, t) in arrive {
+                self.op(r, pg, seq, Op::AllReduce, None, t, end);
+            }
+        }
+
+        fn verdicts(self) -> Vec<Verdict> {
+            let trace = Trace {
+                job: "t".into(),
+                events: self.events,
+                world: Vec::new(),
+                missing: Vec::new(),
+                taken_ns: 0,
+                stuck: false,
+                timed: self.timed,
+            };
+            evaluate(&Record::from_trace(&trace), &Config::default())
+        }
+    }
+
+    /// Up to 0.3 ms of host and launch jitter, the same for a given rank and op.
+    fn jitter(rank: Rank, seq: u64) -> u64 {
+        ((u64::from(rank) * 7919 + seq * 104_729) % 97) * 3_000
+    }
+
+    /// Four tensor-parallel pairs (the replicas of a data-parallel job); with a straggler, rank
+    /// 5 arrives `late` after its peers at the ops that follow compute (two of three: the third
+    /// follows its predecessor at once, and nobody is late for it).
+    fn tp_pairs(timed: bool, straggler: Option<(Rank, u64)>) -> Vec<Verdict> {
+        let mut job = Job::new(timed);
+        let groups: [&[Rank]; 4] = [&[0, 1], &[2, 3], &[4, 5], &[6, 7]];
+        for g in groups {
+            job.group("tp", "TENSOR_MODEL_PARALLEL_GROUP", g);
+        }
+        for seq in 1..=80 {
+            let t0 = seq * 5 * MS;
+            for g in groups {
+                let arrive: Vec<(Rank, u64)> = g
+                    .iter()
+                    .map(|&r| {
+                        let late = straggler
+                            .filter(|s| s.0 == r && seq % 3 != 0)
+                            .map_or(0, |s| s.1);
+                        (r, t0 + jitter(r, seq) + late)
+                    })
+                    .collect();
+                job.coll("tp", seq, &arrive, MS / 5);
+            }
+        }
+        job.verdicts()
+    }
+
+    type Ends = Vec<(Option<Rank>, Option<Rank>)>;
+
+    fn summary(vs: &[Verdict]) -> Vec<(Subtype, Vec<Rank>, Ends)> {
+        vs.iter()
+            .map(|v| {
+                (
+                    v.subtype,
+                    v.culprits.clone(),
+                    v.links.iter().map(|l| (l.from, l.to)).collect(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_rank_its_peers_wait_for_at_every_op_is_a_compute_straggler() {
+        // With timing: its peers' GPU time in each op holds the 2 ms they wait for it.
+        let vs = tp_pairs(true, Some((5, 2 * MS)));
+        assert_eq!(
+            summary(&vs),
+            vec![(Subtype::ComputeStraggler, vec![5], vec![])]
+        );
+        assert!(
+            vs[0].evidence.iter().any(|e| e.contains("waits least")),
+            "{vs:#?}"
+        );
+        // Without: it creates its ops 2 ms after its peer, beyond its clock's offset (what it
+        // shows at the ops nobody is late for).
+        let vs = tp_pairs(false, Some((5, 2 * MS)));
+        assert_eq!(
+            summary(&vs),
+            vec![(Subtype::ComputeStraggler, vec![5], vec![])]
+        );
+        assert!(vs[0].confidence < tp_pairs(true, Some((5, 2 * MS)))[0].confidence);
+    }
+
+    #[test]
+    fn a_healthy_job_and_a_skewed_clock_raise_nothing() {
+        assert!(tp_pairs(true, None).is_empty());
+        assert!(tp_pairs(false, None).is_empty());
+        // Rank 5's host clock runs 3 ms ahead: every creation it records is 3 ms late, which
+        // its clock explains (it is as late at the ops it had no reason to be late for).
+        let mut job = Job::new(false);
+        job.group("tp", "TENSOR_MODEL_PARALLEL_GROUP", &[4, 5]);
+        job.group("tp", "TENSOR_MODEL_PARALLEL_GROUP", &[6, 7]);
+        job.group("tp", "TENSOR_MODEL_PARALLEL_GROUP", &[0, 1]);
+        for seq in 1..=80 {
+            for g in [[0, 1], [4, 5], [6, 7]] {
+                let t0 = seq * 5 * MS;
+                let arrive: Vec<(Rank, u64)> = g
+                    .iter()
+                    .map(|&r| (r, t0 + jitter(r, seq) + if r == 5 { 3 * MS } else { 0 }))
+                    .collect();
+                job.coll("tp", seq, &arrive, MS / 5);
+            }
+        }
+        assert!(job.verdicts().is_empty());
+    }
+
+    /// Two stages of four tensor-parallel ranks each (ranks 0-3 and 4-7), a pipeline per
+    /// tensor-parallel rank ([0, 4], [1, 5], …): each step three TP all-reduces per stage, then
+    /// stage 0 sends its activations to stage 1. `slow(a, b)` scales the transfer between a and
+    /// b; `late` ranks arrive 2 ms late at two of the three TP ops (they wait for data).
+    fn pipeline(slow: impl Fn(Rank, Rank) -> u64, late: &[Rank]) -> Vec<Verdict> {
+        let mut job = Job::new(true);
+        job.group("tp", "TENSOR_MODEL_PARALLEL_GROUP", &[0, 1, 2, 3]);
+        job.group("tp", "TENSOR_MODEL_PARALLEL_GROUP", &[4, 5, 6, 7]);
+        for r in 0..4 {
+            job.group("pp", "PIPELINE_MODEL_PARALLEL_GROUP", &[r, r + 4]);
+        }
+        for step in 1..=16u64 {
+            let t0 = step * 20 * MS;
+            for stage in [[0, 1, 2, 3], [4, 5, 6, 7]] {
+                for k in 0..3 {
+                    let seq = 3 * step - 2 + k;
+                    let arrive: Vec<(Rank, u64)> = stage
+                        .iter()
+                        .map(|&r| {
+                            let l = if late.contains(&r) && k > 0 {
+                                2 * MS
+                            } else {
+                                0
+                            };
+                            (r, t0 + k * 2 * MS + jitter(r, seq) + l)
+                        })
+                        .collect();
+                    job.coll("tp", seq, &arrive, MS / 5);
+                }
+            }
+            for r in 0..4 {
+                let enq = t0 + 8 * MS;
+                let end = enq + MS * slow(r, r + 4);
+                job.op(r, "pp", step, Op::Send, Some(r + 4), enq, end);
+                job.op(r + 4, "pp", step, Op::Recv, Some(r), enq, end);
+            }
+        }
+        job.verdicts()
+    }
+
+    #[test]
+    fn a_boundary_slow_at_both_ends_is_a_slow_link_not_its_ranks() {
+        assert!(pipeline(|_, _| 1, &[]).is_empty());
+        let slow = |a, b| if (a, b) == (1, 5) { 5 } else { 1 };
+        let vs = pipeline(slow, &[]);
+        assert_eq!(
+            summary(&vs),
+            vec![(Subtype::SlowLink, vec![], vec![(Some(1), Some(5))])]
+        );
+        // Rank 5 waits for its slow receive and then reaches its tensor-parallel ops late:
+        // late because of the link, not a compute straggler.
+        let vs = pipeline(slow, &[5]);
+        assert_eq!(
+            summary(&vs),
+            vec![(Subtype::SlowLink, vec![], vec![(Some(1), Some(5))])]
+        );
+    }
+
+    #[test]
+    fn one_rank_behind_both_of_its_slow_boundaries_is_its_nic() {
+        // Three stages: 0-3, 4-7, 8-11; rank 5's NIC slows its transfers with 1 and with 9.
+        let mut job = Job::new(true);
+        for stage in [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]] {
+            job.group("tp", "TENSOR_MODEL_PARALLEL_GROUP", &stage);
+        }
+        for r in 0..4 {
+            job.group("pp", "PIPELINE_MODEL_PARALLEL_GROUP", &[r, r + 4, r + 8]);
+        }
+        let factor = |a: Rank, b: Rank| if a == 5 || b == 5 { 6 } else { 1 };
+        for step in 1..=16u64 {
+            let t0 = step * 40 * MS;
+            for stage in [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]] {
+                for k in 0..3 {
+                    let seq = 3 * step - 2 + k;
+                    let arrive: Vec<(Rank, u64)> = stage
+                        .iter()
+                        .map(|&r| (r, t0 + k * 2 * MS + jitter(r, seq)))
+                        .collect();
+                    job.coll("tp", seq, &arrive, MS / 5);
+                }
+            }
+            for r in 0..4 {
+                // Stage 0 sends to stage 1 (its p2p #step), which receives (#2step-1) and
+                // sends on to stage 2 (#2step), which receives (#step).
+                let enq = t0 + 8 * MS;
+                let end = enq + MS * factor(r, r + 4);
+                job.op(r, "pp", step, Op::Send, Some(r + 4), enq, end);
+                job.op(r + 4, "pp", 2 * step - 1, Op::Recv, Some(r), enq, end);
+                let enq = end + MS;
+                let end = enq + MS * factor(r + 4, r + 8);
+                job.op(r + 4, "pp", 2 * step, Op::Send, Some(r + 8), enq, end);
+                job.op(r + 8, "pp", step, Op::Recv, Some(r + 4), enq, end);
+            }
+        }
+        let vs = job.verdicts();
+        assert_eq!(
+            summary(&vs),
+            vec![(Subtype::SlowLink, vec![], vec![(Some(5), None)])],
+            "{vs:#?}"
+        );
+        assert_eq!(vs[0].links[0].kind, LinkKind::Nic);
+    }
+
+    #[test]
+    fn a_slow_group_with_no_pair_to_name_is_undecided_and_names_nobody() {
+        // Four data-parallel pairs; [1, 5]'s all-reduce moves its data 5x slower than the
+        // others' at every op, and no point-to-point traffic says through which NIC.
+        let mut job = Job::new(true);
+        for r in 0..4 {
+            job.group("dp", "DATA_PARALLEL_GROUP", &[r, r + 4]);
+        }
+        for seq in 1..=16 {
+            for r in 0..4 {
+                let t0 = seq * 50 * MS;
+                let transfer = if r == 1 { 10 * MS } else { 2 * MS };
+                job.coll("dp", seq, &[(r, t0), (r + 4, t0 + MS / 10)], transfer);
+            }
+        }
+        let vs = job.verdicts();
+        assert_eq!(
+            summary(&vs),
+            vec![(Subtype::Undecided, vec![], vec![])],
+            "{vs:#?}"
+        );
+        assert_eq!(vs[0].pg.as_ref().map(|p| p.ranks.clone()), Some(vec![1, 5]));
+        assert!(vs[0].confidence < 0.45);
+    }
 }
