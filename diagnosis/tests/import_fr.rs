@@ -1599,3 +1599,77 @@ fn a_pipeline_stage_whose_op_differs_from_the_same_stage_elsewhere_is_named() {
         vs[0].evidence
     );
 }
+
+/// The same with three replicas: rank 1 never launched its second outer all-reduce, which
+/// ranks 3 and 5 entered (a majority of its shard's outer group). Its replica mate, rank 0,
+/// was held by nothing and went on to launch outer #3 alone, so it is "ahead" in its own outer
+/// group [0, 2, 4], where ranks 2 and 4 are still at #2: that is the skip's doing, one
+/// sentence of rank 1's verdict, not a second verdict naming rank 0.
+#[test]
+fn the_ranks_a_skipped_op_let_run_ahead_are_not_named_beside_it() {
+    let world = [0, 1, 2, 3, 4, 5];
+    let ms = 1_000_000;
+    let replica = |r: u32| {
+        (
+            ["r0", "r1", "r2"][r as usize / 2],
+            [r / 2 * 2, r / 2 * 2 + 1],
+        )
+    };
+    let outer = |r: u32| {
+        if r.is_multiple_of(2) {
+            ("o0", [0, 2, 4])
+        } else {
+            ("o1", [1, 3, 5])
+        }
+    };
+    let dumps = timeout_dumps(&world, |r| {
+        let (rg, _) = replica(r);
+        let (og, _) = outer(r);
+        let t = |s: u64| s * 10 * ms + u64::from(r) * 10_000;
+        let last_replica = if r < 2 { 8 } else { 6 };
+        let mut es = Vec::new();
+        for s in 1..=last_replica {
+            es.push(entry(rg, s, "nccl:all_reduce", "completed", t(s)));
+            if !s.is_multiple_of(2) {
+                continue;
+            }
+            let k = s / 2;
+            let state = match (r, k) {
+                (1, 2..) => continue,
+                (3 | 5, 2) | (0, 3) => "started",
+                (_, 1) | (0 | 2 | 4, 2) => "completed",
+                _ => continue,
+            };
+            es.push(entry(og, k, "nccl:all_reduce", state, t(s) + 5 * ms));
+        }
+        match r {
+            1 => es.push(entry(rg, 9, "nccl:all_reduce", "started", t(9))),
+            2 | 4 => es.push(entry(rg, 7, "nccl:all_reduce", "started", t(7))),
+            _ => {}
+        }
+        es
+    });
+    let dumps: Vec<FrDump> = dumps
+        .into_iter()
+        .map(|d| {
+            let r = d.rank;
+            let (rg, rr) = replica(r);
+            let (og, or) = outer(r);
+            with_group(with_group(d, rg, "replica", &rr), og, "outer", &or)
+        })
+        .collect();
+    let vs = analyze_trace(&to_trace(&dumps), &Config::default());
+    assert_eq!(
+        summary(&vs),
+        vec![(Class::Hang, Subtype::MissingParticipant, vec![1])],
+        "{vs:#?}"
+    );
+    assert!(
+        vs[0]
+            .evidence
+            .iter()
+            .any(|e| e.starts_with("rank 0 is ahead of the majority")),
+        "{:?}",
+        vs[0].evidence
+    );
+}

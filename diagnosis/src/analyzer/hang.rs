@@ -108,6 +108,7 @@ pub(crate) fn evaluate(
     let mut leads: Vec<Lead> = Vec::new();
     let mut suppressed: Vec<(usize, Vec<usize>, Vec<Rank>, Verdict)> = Vec::new();
     let mut by_pg: BTreeMap<usize, usize> = BTreeMap::new();
+    let mut skippers: Vec<Rank> = Vec::new();
     for st in &stuck {
         let pg = &state.pgs[st.pg];
         let mismatches = mismatch(state, st);
@@ -136,7 +137,8 @@ pub(crate) fn evaluate(
             continue;
         }
         if !st.behind.is_empty() {
-            let (v, victims) = participants(state, st, &waits_in);
+            let (v, victims, skipped) = participants(state, st, &waits_in);
+            skippers.extend(skipped);
             if v.culprits.is_empty() && !victims.is_empty() {
                 let blockers: Vec<usize> = victims
                     .iter()
@@ -258,8 +260,84 @@ pub(crate) fn evaluate(
         }
     }
     fold_leads(state, &mut out.verdicts, leads);
+    fold_ahead(state, &mut out.verdicts, &skippers);
     out.verdicts.extend(completed);
     out
+}
+
+/// A rank that skipped an op (see [`passed_point`]) was not held by it, and neither were the
+/// members of its own groups, which went on with it: in the groups they share with the
+/// skipper's peers they are now ahead of the majority, waiting at the next op. Those
+/// extra-participant verdicts are the skip's doing, not faults of their own: each becomes a
+/// sentence of the skipper's verdict when every rank it names shares a collective group with
+/// the skipper.
+fn fold_ahead(state: &State, verdicts: &mut Vec<Verdict>, skippers: &[Rank]) {
+    if skippers.is_empty() {
+        return;
+    }
+    let mates = |a: Rank, b: Rank| {
+        state.ranks.get(a).is_some_and(|ra| {
+            ra.pgs.iter().any(|&(p, _)| {
+                let pg = &state.pgs[p as usize];
+                !pg.p2p && pg.member_of(b).is_some()
+            })
+        })
+    };
+    let mut moved: Vec<(usize, usize)> = Vec::new();
+    for (i, v) in verdicts.iter().enumerate() {
+        if v.subtype != Subtype::ExtraParticipant || v.culprits.is_empty() {
+            continue;
+        }
+        let root = verdicts.iter().position(|r| {
+            r.subtype == Subtype::MissingParticipant
+                && r.culprits.iter().any(|&c| {
+                    skippers.contains(&c) && v.culprits.iter().all(|&x| x == c || mates(x, c))
+                })
+        });
+        if let Some(root) = root {
+            moved.push((i, root));
+        }
+    }
+    let mut per_root: BTreeMap<usize, (BTreeSet<Rank>, Vec<String>)> = BTreeMap::new();
+    let mut carried: Vec<(usize, String)> = Vec::new();
+    for &(i, root) in &moved {
+        let v = &verdicts[i];
+        let e = per_root.entry(root).or_default();
+        e.0.extend(&v.culprits);
+        if let Some(pg) = &v.pg {
+            e.1.push(format!("pg {}", pg.name));
+        }
+        // What other rules attached to it (the streams waiting behind it) stays told.
+        carried.extend(
+            v.evidence
+                .iter()
+                .filter(|e| e.contains(" is also stuck because "))
+                .map(|e| (root, e.clone())),
+        );
+    }
+    for (root, e) in carried {
+        verdicts[root].evidence.push(e);
+    }
+    for (root, (ranks, pgs)) in per_root {
+        let ranks: Vec<Rank> = ranks.into_iter().collect();
+        let shown: Vec<String> = pgs.iter().take(4).cloned().collect();
+        verdicts[root].evidence.push(format!(
+            "{} {} ahead of the majority in {} group{} ({}{}): {} on with the skipping rank, which held nobody back",
+            text::ranks(&ranks),
+            if ranks.len() == 1 { "is" } else { "are" },
+            pgs.len(),
+            if pgs.len() == 1 { "" } else { "s" },
+            shown.join(", "),
+            if pgs.len() > shown.len() { ", …" } else { "" },
+            if ranks.len() == 1 { "it went" } else { "they went" }
+        ));
+    }
+    let drop: BTreeSet<usize> = moved.iter().map(|m| m.0).collect();
+    let mut i = 0;
+    verdicts.retain(|_| {
+        i += 1;
+        !drop.contains(&(i - 1))
+    });
 }
 
 /// Score of a rank that is behind in a stuck stream while waiting in another stream that no
@@ -1062,20 +1140,20 @@ fn confidence(maj: usize, min: usize) -> f64 {
 }
 
 /// Rule c: some expected participants did not enter the stuck op. Returns the verdict (victims
-/// removed from its culprits) and the victims: ranks that are behind only because they wait
-/// in another stuck stream.
+/// removed from its culprits), the victims (ranks that are behind only because they wait in
+/// another stuck stream) and the culprits that skipped the op (see [`passed_point`]).
 fn participants(
     state: &State,
     st: &Stuck,
     waits_in: &BTreeMap<Rank, Vec<usize>>,
-) -> (Verdict, Vec<Rank>) {
+) -> (Verdict, Vec<Rank>, Vec<Rank>) {
     let pg = &state.pgs[st.pg];
     let n = st.entered.len() + st.behind.len();
     let op = op_at(st);
     if st.entered.len() >= st.behind.len() {
         let mut v = base_verdict(state, st, Class::Hang, Subtype::MissingParticipant);
         let mut victims = Vec::new();
-        let mut skipped = 0;
+        let mut skipped_ranks = Vec::new();
         for &(r, last) in &st.behind {
             let elsewhere: Vec<usize> = waits_in
                 .get(&r)
@@ -1093,7 +1171,7 @@ fn participants(
             v.culprits.push(r);
             if let Some(why) = passed {
                 v.evidence.push(why);
-                skipped += 1;
+                skipped_ranks.push(r);
                 continue;
             }
             v.evidence.push(match last {
@@ -1109,7 +1187,7 @@ fn participants(
             });
         }
         v.culprits.sort_unstable();
-        if st.entered.len() == st.behind.len() && skipped == st.behind.len() {
+        if st.entered.len() == st.behind.len() && skipped_ranks.len() == st.behind.len() {
             // One against one, settled by the sibling groups: lower than a majority vote.
             v.evidence.push(format!(
                 "no majority in {}: {} entered {op}, {} did not; the sibling groups' ranks say which one left the program",
@@ -1149,7 +1227,7 @@ fn participants(
             text::pg(pg),
             text::dur(st.idle_ns as f64)
         ));
-        (v, victims)
+        (v, victims, skipped_ranks)
     } else {
         let mut v = base_verdict(state, st, Class::Hang, Subtype::ExtraParticipant);
         // The majority's position: the most common last enqueued seq among those behind.
@@ -1170,7 +1248,7 @@ fn participants(
             ));
         }
         v.confidence = confidence(st.behind.len(), st.entered.len());
-        (v, Vec::new())
+        (v, Vec::new(), Vec::new())
     }
 }
 
