@@ -247,14 +247,19 @@ impl JobAnalyzer {
     }
 
     /// The collective records around a verdict's op, for the timeline picture: the culprits
-    /// and link ends plus a few neighbours in group order (at most 16 ranks), for the seqs
-    /// from three before to two after the verdict's seq in its group.
+    /// and link ends (an undecided verdict's ranked candidates when it names none) plus a few
+    /// neighbours in group order (at most 16 ranks), for the seqs from three before to two
+    /// after the verdict's seq in its group.
     pub fn window(&self, verdict: &Verdict) -> Vec<Coll> {
         const MAX_RANKS: usize = 16;
         const NEIGHBOURS: usize = 4;
         let mut focus: Vec<Rank> = verdict.culprits.clone();
         for l in &verdict.links {
             focus.extend(l.from.into_iter().chain(l.to));
+        }
+        // An undecided verdict's ranked candidates are where to look.
+        if focus.is_empty() {
+            focus = crate::timeline::candidates(verdict);
         }
         dedup_keep_order(&mut focus);
         let p2p = verdict.op.is_some_and(Op::is_p2p);

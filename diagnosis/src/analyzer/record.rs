@@ -807,8 +807,16 @@ pub(crate) fn evaluate(rec: &Record, cfg: &Config) -> Vec<Verdict> {
             Some(s.op),
         );
         v.evidence.push(stream_evidence(rec, s));
+        let n = st.ranks.len();
+        for (k, r) in st.ranks.iter().enumerate().take(8) {
+            v.evidence.push(format!(
+                "candidate {} of {n}: rank {r}: its NIC or links carry {}'s slow transfers, as much as any other member's",
+                k + 1,
+                st.label()
+            ));
+        }
         v.evidence.push(format!(
-            "the dumps have no per-peer progress to name the pair or NIC by: every one of {} may hold it",
+            "the dumps have no per-peer progress to name the pair or NIC by: no member stands out, every one of {} may hold it",
             text::ranks(&st.ranks)
         ));
         v.confidence = 0.3;
