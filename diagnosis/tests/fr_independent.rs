@@ -308,11 +308,16 @@ fn independent_dumps_scorecard_tuned_and_held_out() {
             )
         );
         let seeds = fresh_seeds();
+        let status = if seeds == FRESH {
+            "first scored after the 27d changes, never tuned on"
+        } else {
+            "chosen by FRGEN_FRESH"
+        };
         println!(
             "{}",
             scorecard(
                 &format!(
-                    "fresh held-out seeds {}-{} (first scored after the 27d changes, never tuned on)",
+                    "fresh held-out seeds {}-{} ({status})",
                     seeds.first().unwrap_or(&0),
                     seeds.last().unwrap_or(&0)
                 ),

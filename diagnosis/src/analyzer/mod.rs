@@ -745,14 +745,17 @@ fn dated(trace: &Trace) -> bool {
     started.difference(&ended).next().is_some()
 }
 
-/// Most seqs an offline record needs kept per stream member.
+/// Most seqs an offline record keeps per stream member.
 const MAX_RECORD_WINDOW: usize = 4096;
+/// What the larger windows of an offline record may cost in all: 1 GiB of records.
+const RECORD_WINDOW_BYTES: usize = 1 << 30;
 
 /// Seqs to keep per stream member for an offline record: from each rank's oldest unfinished op
-/// of a stream to the last op it enqueued there, with room. A dump taken at a timeout shows
-/// the ranks' hosts run ahead of a stuck op until the step's host sync (every layer's
-/// tensor-parallel ops of the rest of the step), and the stuck op must still be in the window
-/// when they are judged.
+/// of a stream to the last op it enqueued there, with room, within [`RECORD_WINDOW_BYTES`] over
+/// all members (a 16,384-rank record in six streams a rank still gets over a hundred each). A
+/// dump taken at a timeout shows the ranks' hosts run ahead of a stuck op until the step's host
+/// sync (every layer's tensor-parallel ops of the rest of the step), and the stuck op must
+/// still be in the window when they are judged.
 fn record_window(trace: &Trace) -> usize {
     use std::collections::HashMap;
     // (rank, group, p2p) -> (last enqueued, oldest unfinished)
@@ -786,7 +789,11 @@ fn record_window(trace: &Trace) -> usize {
     let need = usize::try_from(ahead)
         .unwrap_or(usize::MAX)
         .saturating_add(9);
+    // A window per stream member: at most what the budget allows over all of them.
+    let members = span.len().max(1);
+    let affordable = RECORD_WINDOW_BYTES / (members * std::mem::size_of::<state::Rec>());
     need.next_power_of_two()
+        .min((affordable.max(1) + 1).next_power_of_two() / 2)
         .clamp(state::SEQ_WINDOW, MAX_RECORD_WINDOW)
 }
 
