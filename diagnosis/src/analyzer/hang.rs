@@ -104,6 +104,7 @@ pub(crate) fn evaluate(
         }
     }
 
+    let families = families(state);
     let mut rooted: BTreeSet<usize> = BTreeSet::new();
     let mut leads: Vec<Lead> = Vec::new();
     let mut suppressed: Vec<(usize, Vec<usize>, Vec<Rank>, Verdict)> = Vec::new();
@@ -137,7 +138,7 @@ pub(crate) fn evaluate(
             continue;
         }
         if !st.behind.is_empty() {
-            let (v, victims, skipped) = participants(state, st, &waits_in);
+            let (v, victims, skipped) = participants(state, &families, st, &waits_in);
             skippers.extend(skipped);
             if v.culprits.is_empty() && !victims.is_empty() {
                 let blockers: Vec<usize> = victims
@@ -166,7 +167,7 @@ pub(crate) fn evaluate(
             continue;
         }
         by_pg.insert(st.pg, out.verdicts.len());
-        if let Some(v) = diverged(state, st) {
+        if let Some(v) = diverged(state, &families, st) {
             rooted.insert(st.pg);
             out.verdicts.push(v);
             continue;
@@ -339,6 +340,23 @@ fn fold_ahead(state: &State, verdicts: &mut Vec<Verdict>, skippers: &[Rank]) {
         !drop.contains(&(i - 1))
     });
 }
+
+/// Streams by kind (see [`Pg::family`]): a data-parallel job's sibling groups.
+type Families<'a> = BTreeMap<(&'a str, usize, bool), Vec<usize>>;
+
+fn families(state: &State) -> Families<'_> {
+    let mut out: Families = BTreeMap::new();
+    for (i, pg) in state.pgs.iter().enumerate() {
+        out.entry(pg.family()).or_default().push(i);
+    }
+    out
+}
+
+/// Sibling groups consulted when comparing a stream with its kind (the first ones, in the
+/// order the analyzer met them): enough for a majority, and bounded in a 16k-rank hang.
+const MAX_SIBLINGS: usize = 16;
+/// Ranks whose progress says where the program is, at most (see [`passed_point`]).
+const MAX_REFERENCE: usize = 32;
 
 /// Score of a rank that is behind in a stuck stream while waiting in another stream that no
 /// root cause explains (see [`fold_leads`]).
@@ -1144,6 +1162,7 @@ fn confidence(maj: usize, min: usize) -> f64 {
 /// another stuck stream) and the culprits that skipped the op (see [`passed_point`]).
 fn participants(
     state: &State,
+    families: &Families,
     st: &Stuck,
     waits_in: &BTreeMap<Rank, Vec<usize>>,
 ) -> (Verdict, Vec<Rank>, Vec<Rank>) {
@@ -1159,7 +1178,7 @@ fn participants(
                 .get(&r)
                 .map(|p| p.iter().copied().filter(|&p| p != st.pg).collect())
                 .unwrap_or_default();
-            let passed = passed_point(state, st, r);
+            let passed = passed_point(state, families, st, r);
             if let (Some(&other), None) = (elsewhere.first(), &passed) {
                 victims.push(r);
                 v.evidence.push(format!(
@@ -1262,17 +1281,16 @@ fn participants(
 /// a peer that waits here (a cycle). The reference must be two or more ranks and outnumber the
 /// stream's members that are behind: one rank against one may be the one that diverged, and
 /// the sibling groups are what breaks such a tie. Returns the sentence saying so.
-fn passed_point(state: &State, st: &Stuck, r: Rank) -> Option<String> {
+fn passed_point(state: &State, families: &Families, st: &Stuck, r: Rank) -> Option<String> {
     let pg = &state.pgs[st.pg];
     if pg.p2p {
         return None;
     }
     // (stream, member) of every rank that entered the op here or at a sibling.
     let mut reference: Vec<(usize, usize)> = st.entered_m.iter().map(|&m| (st.pg, m)).collect();
-    for (i, other) in state.pgs.iter().enumerate() {
-        if i == st.pg || other.family() != pg.family() {
-            continue;
-        }
+    let siblings = families.get(&pg.family()).into_iter().flatten();
+    for &i in siblings.filter(|&&i| i != st.pg).take(MAX_SIBLINGS) {
+        let other = &state.pgs[i];
         reference.extend(
             (0..other.members.len())
                 .filter(|&m| other.rec(m, st.seq).is_some_and(|x| x.has_enq()))
@@ -1282,6 +1300,9 @@ fn passed_point(state: &State, st: &Stuck, r: Rank) -> Option<String> {
     if reference.len() < 2 || reference.len() <= st.behind.len() {
         return None;
     }
+    let counted = reference.len();
+    // Where the program is: a few dozen ranks say it as well as thousands.
+    reference.truncate(MAX_REFERENCE);
     let rs = state.ranks.get(r)?;
     for &(p, pm) in &rs.pgs {
         let mine_pg = &state.pgs[p as usize];
@@ -1332,7 +1353,7 @@ fn passed_point(state: &State, st: &Stuck, r: Rank) -> Option<String> {
             return Some(format!(
                 "rank {r} skipped {}: the {} ranks that entered it (here and in the other {} groups) had enqueued at most #{most} of their {} groups by then, and rank {r} has enqueued #{mine} of its own ({}) without entering it",
                 op_at(st),
-                reference.len(),
+                counted,
                 pg.family().0,
                 kind.0,
                 text::pg(mine_pg)
@@ -1375,18 +1396,19 @@ fn at_role(pg: &Pg, role: usize) -> Option<Rank> {
 /// receive from a batch, posted an extra op) and its peer now waits for an op that never
 /// comes. A batch is known by its first op. Named when two or more sibling pipelines agree at
 /// that seq and none did what it did, for at most half of the stream; `None` otherwise.
-fn diverged(state: &State, st: &Stuck) -> Option<Verdict> {
+fn diverged(state: &State, families: &Families, st: &Stuck) -> Option<Verdict> {
     let pg = &state.pgs[st.pg];
     if !pg.p2p {
         return None;
     }
     let kind = pg.family();
-    let sibs: Vec<&Pg> = state
-        .pgs
-        .iter()
-        .enumerate()
-        .filter(|&(i, p)| i != st.pg && p.p2p && p.family() == kind)
-        .map(|(_, p)| p)
+    let sibs: Vec<&Pg> = families
+        .get(&kind)
+        .into_iter()
+        .flatten()
+        .filter(|&&i| i != st.pg)
+        .take(MAX_SIBLINGS)
+        .map(|&i| &state.pgs[i])
         .collect();
     if sibs.len() < 2 {
         return None;

@@ -25,14 +25,18 @@
 //! - **slow pair**: a pipeline boundary both of whose ends spend `slow_factor` times longer in
 //!   their point-to-point ops with each other than the same stage of the other pipelines of
 //!   their replica (ranks that share their busiest collective group move in lockstep, so a
-//!   stage slowed as a whole by someone else cancels out);
+//!   stage slowed as a whole by someone else cancels out); without timing a span also holds
+//!   the compute after the op, so only the excess counts, twice `slow_min_delta_ns`;
 //! - **slow NIC**: one rank behind two or more such findings (its pairs with both pipeline
 //!   neighbours, or a pair and its own slow data-parallel group); a pair otherwise;
-//! - **compute straggler**: a member that arrives last at most of its group's ops (with
-//!   timing: the others wait for it, it waits least; without: it creates its ops later than its
-//!   peers beyond its own clock's offset), against the same role in the sibling groups, and
-//!   whose own transfers are not slow (a rank delayed by a slow link arrives late too, but only
-//!   after its slow transfers, not at most ops).
+//! - **compute straggler**: a member that arrives last at most of its busiest group's recent
+//!   ops (with timing: the others wait for it `slow_factor` times what it spends there and at
+//!   least `slow_min_delta_ns`; without: it creates its ops at least half that later than its
+//!   peers beyond its own clock's offset), against the same role in the sibling groups and
+//!   [`LATE_K`] robust deviations above its family's members, and whose own transfers are not
+//!   slow (a rank delayed by a slow link arrives late too, but only after its slow transfers).
+//!   Its busiest group, since a rank whose whole tensor-parallel group is late reaches its
+//!   data-parallel all-reduce late through no fault of its own.
 //!
 //! Nothing here runs on a record the hang rules found stuck: a hang is the finding then.
 
