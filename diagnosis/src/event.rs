@@ -188,7 +188,9 @@ pub struct Member {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Group {
     pub name: PgName,
-    /// PyTorch's `desc` ("default_pg", "tp", "dp", …); informational.
+    /// PyTorch's `desc` ("default_pg", "tp", "dp", …). Groups of one description and size
+    /// run one program's ops (a data-parallel job's replicas): the offline rules compare a
+    /// group with these siblings.
     pub desc: String,
     pub ranks: Vec<Rank>,
 }
@@ -305,6 +307,11 @@ pub struct Trace {
     /// RAS query of a stuck job): an op still in flight in it is stuck, whatever its age.
     #[serde(default)]
     pub stuck: bool,
+    /// Completed ops' `End` times are their GPU's own (Flight Recorder with
+    /// `TORCH_NCCL_ENABLE_TIMING`: creation plus GPU duration), not when a watchdog noticed
+    /// them done.
+    #[serde(default)]
+    pub timed: bool,
 }
 
 #[cfg(test)]

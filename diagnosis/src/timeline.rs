@@ -21,19 +21,49 @@ const TOP: f64 = 56.0;
 const ROW_H: f64 = 26.0;
 const BAR_H: f64 = 16.0;
 
-/// Renders a self-contained SVG of `colls`, with rows labelled from `members` and the
-/// `verdict`'s culprits highlighted. Any input, including none, gives a well-formed document.
+/// The ranked candidates an undecided verdict lists in its evidence ("candidate 1 of 3: rank 5
+/// …", as the analyzer writes them), best first, each once.
+pub fn candidates(verdict: &Verdict) -> Vec<Rank> {
+    let mut out: Vec<Rank> = Vec::new();
+    for e in &verdict.evidence {
+        let Some(rest) = e.strip_prefix("candidate ") else {
+            continue;
+        };
+        let Some((_, after)) = rest.split_once(": rank ") else {
+            continue;
+        };
+        let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
+        if let Ok(r) = digits.parse::<Rank>() {
+            if !out.contains(&r) {
+                out.push(r);
+            }
+        }
+    }
+    out
+}
+
+/// Renders a self-contained SVG of `colls`, with rows labelled from `members`, the `verdict`'s
+/// culprits highlighted and, for a verdict that names no culprit, its ranked candidates
+/// marked (so an undecided verdict still shows where to look). Any input, including none,
+/// gives a well-formed document.
 pub fn render_svg(verdict: Option<&Verdict>, colls: &[Coll], members: &[Member]) -> String {
     let culprits: BTreeSet<Rank> = verdict
         .map(|v| v.culprits.iter().copied().collect())
         .unwrap_or_default();
+    let ranked: Vec<Rank> = verdict
+        .map(candidates)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| !culprits.contains(r))
+        .collect();
     let all_ranks: BTreeSet<Rank> = colls
         .iter()
         .map(|c| c.rank)
         .chain(members.iter().map(|m| m.rank))
         .chain(culprits.iter().copied())
+        .chain(ranked.iter().copied())
         .collect();
-    let rows = pick_rows(&all_ranks, &culprits);
+    let rows = pick_rows(&all_ranks, &culprits, &ranked);
     let hosts: HashMap<Rank, &str> = members.iter().map(|m| (m.rank, m.host.as_str())).collect();
     let bars = bars(colls);
 
@@ -77,8 +107,11 @@ pub fn render_svg(verdict: Option<&Verdict>, colls: &[Coll], members: &[Member])
     for (i, &rank) in rows.iter().enumerate() {
         let y = TOP + ROW_H * i as f64;
         let culprit = culprits.contains(&rank);
+        let candidate = ranked.iter().position(|&r| r == rank);
         let (class, fill) = if culprit {
             ("row culprit", "#fde0dc")
+        } else if candidate.is_some() {
+            ("row candidate", "#fff3cd")
         } else if i.is_multiple_of(2) {
             ("row", "#f6f6f6")
         } else {
@@ -88,12 +121,25 @@ pub fn render_svg(verdict: Option<&Verdict>, colls: &[Coll], members: &[Member])
             svg,
             r##"<rect class="{class}" x="0" y="{y}" width="{WIDTH}" height="{ROW_H}" fill="{fill}"/>"##
         );
-        let label = match hosts.get(&rank).filter(|h| !h.is_empty()) {
+        let mut label = match hosts.get(&rank).filter(|h| !h.is_empty()) {
             Some(host) => format!("rank {rank} ({host})"),
             None => format!("rank {rank}"),
         };
-        let weight = if culprit { "bold" } else { "normal" };
-        let colour = if culprit { "#b71c1c" } else { "#222222" };
+        if let Some(k) = candidate {
+            let _ = write!(label, " cand. {}", k + 1);
+        }
+        let weight = if culprit || candidate == Some(0) {
+            "bold"
+        } else {
+            "normal"
+        };
+        let colour = if culprit {
+            "#b71c1c"
+        } else if candidate.is_some() {
+            "#8a5a00"
+        } else {
+            "#222222"
+        };
         let _ = writeln!(
             svg,
             r##"<text x="8" y="{}" font-weight="{weight}" fill="{colour}">{}</text>"##,
@@ -136,6 +182,9 @@ pub fn render_svg(verdict: Option<&Verdict>, colls: &[Coll], members: &[Member])
     let mut caption = String::from(
         "x: time since each rank's own first event in the window (host clocks are not synchronised); dashed bars have not finished",
     );
+    if !ranked.is_empty() {
+        caption.push_str("; amber rows: the verdict's ranked candidates (its evidence says why)");
+    }
     if all_ranks.len() > rows.len() {
         let _ = write!(
             caption,
@@ -154,10 +203,11 @@ pub fn render_svg(verdict: Option<&Verdict>, colls: &[Coll], members: &[Member])
     svg
 }
 
-/// Culprits first, then the lowest other ranks, up to [`MAX_ROWS`], in rank order.
-fn pick_rows(all: &BTreeSet<Rank>, culprits: &BTreeSet<Rank>) -> Vec<Rank> {
+/// Culprits first, then candidates (best first), then the lowest other ranks, up to
+/// [`MAX_ROWS`], in rank order.
+fn pick_rows(all: &BTreeSet<Rank>, culprits: &BTreeSet<Rank>, ranked: &[Rank]) -> Vec<Rank> {
     let mut rows: BTreeSet<Rank> = culprits.iter().copied().take(MAX_ROWS).collect();
-    for &r in all {
+    for &r in ranked.iter().chain(all) {
         if rows.len() >= MAX_ROWS {
             break;
         }
@@ -219,6 +269,21 @@ fn title(verdict: Option<&Verdict>) -> String {
     if !v.culprits.is_empty() {
         let ranks: Vec<String> = v.culprits.iter().map(|r| r.to_string()).collect();
         let _ = write!(t, " - culprits: {}", ranks.join(", "));
+    } else {
+        let ranked = candidates(v);
+        if !ranked.is_empty() {
+            let shown: Vec<String> = ranked.iter().take(8).map(|r| r.to_string()).collect();
+            let _ = write!(
+                t,
+                " - candidates: {}{}",
+                shown.join(", "),
+                if ranked.len() > shown.len() {
+                    ", …"
+                } else {
+                    ""
+                }
+            );
+        }
     }
     t
 }
@@ -356,6 +421,38 @@ mod tests {
         assert_eq!(svg.matches("class=\"bar open\"").count(), 2);
         assert_eq!(svg.matches("class=\"bar").count(), 5);
         assert!(svg.contains("not synchronised"));
+    }
+
+    /// An undecided verdict names nobody, but its ranked candidates are shown: their rows
+    /// are marked (best first in the title) and always drawn, however many ranks there are.
+    #[test]
+    fn an_undecided_verdict_shows_its_candidates() {
+        let colls: Vec<Coll> = (0..40).map(|r| coll(r, 1, Phase::Enqueue, 10)).collect();
+        let verdict = Verdict {
+            class: Class::Hang,
+            subtype: Subtype::Undecided,
+            culprits: vec![],
+            links: vec![],
+            pg: None,
+            seq: Some(1),
+            op: Some(Op::AllReduce),
+            evidence: vec![
+                "12 streams are stuck".into(),
+                "candidate 1 of 2: rank 37 (weight 5): in pg 0: its all_reduce #1 was enqueued but never started".into(),
+                "candidate 2 of 2: rank 21 (weight 1): in pg 0 (p2p): its pending send with rank 5 has no matching recv".into(),
+            ],
+            confidence: 0.2,
+            detected_ns: 0,
+        };
+        assert_eq!(candidates(&verdict), vec![37, 21]);
+        let svg = render_svg(Some(&verdict), &colls, &[]);
+        balanced(&svg);
+        assert_eq!(svg.matches("class=\"row candidate\"").count(), 2);
+        assert!(svg.contains(">rank 37 cand. 1<"), "{svg}");
+        assert!(svg.contains(">rank 21 cand. 2<"));
+        assert!(svg.contains("hang / undecided seq 1 all_reduce - candidates: 37, 21"));
+        assert!(svg.contains("amber rows"));
+        assert_eq!(svg.matches("class=\"row culprit\"").count(), 0);
     }
 
     #[test]

@@ -1392,3 +1392,284 @@ fn a_coalesced_reduce_scatter_whose_last_tensor_differs_on_one_rank_names_it() {
     assert_eq!(v.culprits, vec![2]);
     assert_eq!(v.seq, Some(5));
 }
+
+/// The watchdog's dump comes a timeout after the stuck op, and by then every host has run on
+/// to the step's host sync: 40 more all-reduces of the group were enqueued behind #6 (a
+/// tensor-parallel group runs several per layer). The stuck op's records are still there to
+/// judge: rank 2's #6 never started while the others' did.
+#[test]
+fn a_stuck_op_is_judged_however_far_the_hosts_ran_ahead_of_it() {
+    let world = [0, 1, 2, 3];
+    let ms = 1_000_000;
+    let dumps = timeout_dumps(&world, |r| {
+        let mut es: Vec<FrEntry> = (1..=5)
+            .map(|s| entry("0", s, "nccl:all_reduce", "completed", s * ms))
+            .collect();
+        let state = if r == 2 { "scheduled" } else { "started" };
+        es.push(entry("0", 6, "nccl:all_reduce", state, 6 * ms));
+        es.extend(
+            (7..=46).map(|s| entry("0", s, "nccl:all_reduce", "scheduled", 6 * ms + s * 10_000)),
+        );
+        es
+    });
+    let vs = analyze_trace(&to_trace(&dumps), &Config::default());
+    let v = &vs[0];
+    assert_eq!(
+        (v.subtype, v.culprits.clone(), v.seq),
+        (Subtype::Undecided, vec![2], Some(6)),
+        "{vs:#?}"
+    );
+    assert!(
+        v.evidence.iter().any(|e| e.contains("never started")),
+        "{:?}",
+        v.evidence
+    );
+}
+
+/// Without TORCH_NCCL_ENABLE_TIMING no op in flight carries a start time, so nothing in the
+/// dumps says when they were taken: their latest time is the last op's creation. An op every
+/// rank entered just before that time is not therefore young, and a dump that does not show
+/// its time is read as a timeout dump (which is why PyTorch writes one): a hang, not an op
+/// caught in flight.
+#[test]
+fn a_dump_without_start_times_does_not_say_how_young_its_ops_are() {
+    let world = [0, 1, 2, 3];
+    let ms = 1_000_000;
+    let dumps: Vec<FrDump> = world
+        .iter()
+        .map(|&r| {
+            let mut es: Vec<FrEntry> = (1..=5)
+                .map(|s| entry("0", s, "nccl:all_reduce", "completed", s * ms))
+                .collect();
+            es.push(entry("0", 6, "nccl:all_reduce", "scheduled", 6 * ms));
+            for e in &mut es {
+                e.duration_ms = None;
+            }
+            dump(r, &world, es)
+        })
+        .collect();
+    let trace = to_trace(&dumps);
+    assert!(trace.stuck && !trace.timed);
+    let vs = analyze_trace(&trace, &Config::default());
+    assert!(
+        !vs.is_empty() && vs.iter().all(|v| v.class == Class::Hang),
+        "{vs:#?}"
+    );
+    assert_eq!(vs[0].seq, Some(6), "{vs:#?}");
+}
+
+/// DiLoCo with two replicas of two ranks: each step runs two all-reduces in the replica
+/// group (desc "replica"), then launches the outer all-reduce of each shard across replicas
+/// (desc "outer") asynchronously and goes on. Rank 1 never launched its second outer
+/// all-reduce: its shard's outer group [1, 3] is one rank against one (rank 3 entered #2,
+/// rank 1 did not), and every rank now waits for another in a cycle (3 for 1 in the outer
+/// group, 1 for 0 in their replica, 0 for 2 in the other outer group, 2 for 3 in theirs).
+/// The sibling outer group says which one left the program: ranks 0, 2 and 3 entered outer #2
+/// after replica op #4, and rank 1 has gone on to replica op #9 without it.
+#[test]
+fn an_outer_all_reduce_one_rank_never_launched_is_named_though_the_waits_form_a_cycle() {
+    let world = [0, 1, 2, 3];
+    let ms = 1_000_000;
+    let replica = |r: u32| {
+        if r < 2 {
+            ("r0", [0, 1])
+        } else {
+            ("r1", [2, 3])
+        }
+    };
+    let outer = |r: u32| {
+        if r.is_multiple_of(2) {
+            ("o0", [0, 2])
+        } else {
+            ("o1", [1, 3])
+        }
+    };
+    let dumps = timeout_dumps(&world, |r| {
+        let (rg, _) = replica(r);
+        let (og, _) = outer(r);
+        let t = |s: u64| s * 10 * ms + u64::from(r) * 10_000;
+        let last_replica = match r {
+            0 | 1 => 8,
+            _ => 6,
+        };
+        let mut es = Vec::new();
+        for s in 1..=last_replica {
+            es.push(entry(rg, s, "nccl:all_reduce", "completed", t(s)));
+            // Outer #k after replica op #2k.
+            if s % 2 == 0 {
+                let k = s / 2;
+                let state = match (r, k) {
+                    (1, 2..) => continue,
+                    (3, 2) | (0, 3) => "started",
+                    (_, 1) | (0 | 2, 2) => "completed",
+                    _ => continue,
+                };
+                es.push(entry(og, k, "nccl:all_reduce", state, t(s) + 5 * ms));
+            }
+        }
+        match r {
+            1 => es.push(entry(rg, 9, "nccl:all_reduce", "started", t(9))),
+            2 => es.push(entry(rg, 7, "nccl:all_reduce", "started", t(7))),
+            _ => {}
+        }
+        es
+    });
+    let dumps: Vec<FrDump> = dumps
+        .into_iter()
+        .map(|d| {
+            let r = d.rank;
+            let (rg, rr) = replica(r);
+            let (og, or) = outer(r);
+            with_group(with_group(d, rg, "replica", &rr), og, "outer", &or)
+        })
+        .collect();
+    let vs = analyze_trace(&to_trace(&dumps), &Config::default());
+    assert_eq!(
+        summary(&vs),
+        vec![(Class::Hang, Subtype::MissingParticipant, vec![1])],
+        "{vs:#?}"
+    );
+    let v = &vs[0];
+    assert_eq!(v.pg.as_ref().map(|p| p.ranks.clone()), Some(vec![1, 3]));
+    assert_eq!(v.seq, Some(2));
+    // One against one, settled by the other groups: lower than a majority's confidence.
+    assert!((0.45..0.7).contains(&v.confidence), "{}", v.confidence);
+    assert!(
+        v.evidence.iter().any(|e| e.contains("rank 1 skipped")),
+        "{:?}",
+        v.evidence
+    );
+}
+
+/// Three pipelines of two stages (ranks 0-2 send, ranks 3-5 receive, one op a step). Rank 4
+/// dropped its receive at p2p op #3 and went on to the send that follows it in the schedule,
+/// while its peer, rank 1, sends as usual: both ends of [1, 4] have an op pending and nobody is
+/// "behind". The same stage of the other pipelines posted a receive at #3, so rank 4 left the
+/// schedule.
+#[test]
+fn a_pipeline_stage_whose_op_differs_from_the_same_stage_elsewhere_is_named() {
+    let world = [0, 1, 2, 3, 4, 5];
+    let ms = 1_000_000;
+    let dumps = timeout_dumps(&world, |r| {
+        let first = r < 3;
+        (1..=5u64)
+            .filter_map(|s| {
+                let stuck_pipeline = r == 1 || r == 4;
+                if stuck_pipeline && s > 3 {
+                    return None;
+                }
+                let name = match (first, r == 4 && s == 3) {
+                    (true, _) => "nccl:send 0->1",
+                    (false, false) => "nccl:recv 1<-0",
+                    (false, true) => "nccl:send 1->0",
+                };
+                let state = if stuck_pipeline && s == 3 {
+                    "started"
+                } else {
+                    "completed"
+                };
+                Some(entry("pp", s, name, state, s * 10 * ms))
+            })
+            .collect()
+    });
+    let dumps: Vec<FrDump> = dumps
+        .into_iter()
+        .map(|d| {
+            let stage0 = d.rank % 3;
+            with_group(
+                d,
+                "pp",
+                "PIPELINE_MODEL_PARALLEL_GROUP",
+                &[stage0, stage0 + 3],
+            )
+        })
+        .collect();
+    let vs = analyze_trace(&to_trace(&dumps), &Config::default());
+    assert_eq!(
+        summary(&vs),
+        vec![(Class::Hang, Subtype::MissingParticipant, vec![4])],
+        "{vs:#?}"
+    );
+    assert!(
+        vs[0]
+            .evidence
+            .iter()
+            .any(|e| e.contains("a send to rank 1") && e.contains("a receive from rank 1")),
+        "{:?}",
+        vs[0].evidence
+    );
+}
+
+/// The same with three replicas: rank 1 never launched its second outer all-reduce, which
+/// ranks 3 and 5 entered (a majority of its shard's outer group). Its replica mate, rank 0,
+/// was held by nothing and went on to launch outer #3 alone, so it is "ahead" in its own outer
+/// group [0, 2, 4], where ranks 2 and 4 are still at #2: that is the skip's doing, one
+/// sentence of rank 1's verdict, not a second verdict naming rank 0.
+#[test]
+fn the_ranks_a_skipped_op_let_run_ahead_are_not_named_beside_it() {
+    let world = [0, 1, 2, 3, 4, 5];
+    let ms = 1_000_000;
+    let replica = |r: u32| {
+        (
+            ["r0", "r1", "r2"][r as usize / 2],
+            [r / 2 * 2, r / 2 * 2 + 1],
+        )
+    };
+    let outer = |r: u32| {
+        if r.is_multiple_of(2) {
+            ("o0", [0, 2, 4])
+        } else {
+            ("o1", [1, 3, 5])
+        }
+    };
+    let dumps = timeout_dumps(&world, |r| {
+        let (rg, _) = replica(r);
+        let (og, _) = outer(r);
+        let t = |s: u64| s * 10 * ms + u64::from(r) * 10_000;
+        let last_replica = if r < 2 { 8 } else { 6 };
+        let mut es = Vec::new();
+        for s in 1..=last_replica {
+            es.push(entry(rg, s, "nccl:all_reduce", "completed", t(s)));
+            if !s.is_multiple_of(2) {
+                continue;
+            }
+            let k = s / 2;
+            let state = match (r, k) {
+                (1, 2..) => continue,
+                (3 | 5, 2) | (0, 3) => "started",
+                (_, 1) | (0 | 2 | 4, 2) => "completed",
+                _ => continue,
+            };
+            es.push(entry(og, k, "nccl:all_reduce", state, t(s) + 5 * ms));
+        }
+        match r {
+            1 => es.push(entry(rg, 9, "nccl:all_reduce", "started", t(9))),
+            2 | 4 => es.push(entry(rg, 7, "nccl:all_reduce", "started", t(7))),
+            _ => {}
+        }
+        es
+    });
+    let dumps: Vec<FrDump> = dumps
+        .into_iter()
+        .map(|d| {
+            let r = d.rank;
+            let (rg, rr) = replica(r);
+            let (og, or) = outer(r);
+            with_group(with_group(d, rg, "replica", &rr), og, "outer", &or)
+        })
+        .collect();
+    let vs = analyze_trace(&to_trace(&dumps), &Config::default());
+    assert_eq!(
+        summary(&vs),
+        vec![(Class::Hang, Subtype::MissingParticipant, vec![1])],
+        "{vs:#?}"
+    );
+    assert!(
+        vs[0]
+            .evidence
+            .iter()
+            .any(|e| e.starts_with("rank 0 is ahead of the majority")),
+        "{:?}",
+        vs[0].evidence
+    );
+}

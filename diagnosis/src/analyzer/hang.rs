@@ -79,7 +79,9 @@ pub(crate) fn evaluate(
         if !forced && idle_ns <= threshold(pg, &st, cfg) {
             continue;
         }
-        if forced && healthy_in_flight(state, &st, now, cfg) {
+        // An op's age is known only when the record shows when it was taken.
+        let dated = offline.is_none_or(|o| o.dated);
+        if forced && dated && healthy_in_flight(state, &st, now, cfg) {
             continue;
         }
         out.stuck[i] = true;
@@ -102,10 +104,12 @@ pub(crate) fn evaluate(
         }
     }
 
+    let families = families(state);
     let mut rooted: BTreeSet<usize> = BTreeSet::new();
     let mut leads: Vec<Lead> = Vec::new();
     let mut suppressed: Vec<(usize, Vec<usize>, Vec<Rank>, Verdict)> = Vec::new();
     let mut by_pg: BTreeMap<usize, usize> = BTreeMap::new();
+    let mut skippers: Vec<Rank> = Vec::new();
     for st in &stuck {
         let pg = &state.pgs[st.pg];
         let mismatches = mismatch(state, st);
@@ -134,7 +138,8 @@ pub(crate) fn evaluate(
             continue;
         }
         if !st.behind.is_empty() {
-            let (v, victims) = participants(state, st, &waits_in);
+            let (v, victims, skipped) = participants(state, &families, st, &waits_in);
+            skippers.extend(skipped);
             if v.culprits.is_empty() && !victims.is_empty() {
                 let blockers: Vec<usize> = victims
                     .iter()
@@ -162,6 +167,11 @@ pub(crate) fn evaluate(
             continue;
         }
         by_pg.insert(st.pg, out.verdicts.len());
+        if let Some(v) = diverged(state, &families, st) {
+            rooted.insert(st.pg);
+            out.verdicts.push(v);
+            continue;
+        }
         let v = dataplane(state, st);
         if v.subtype == Subtype::Undecided {
             // Undecided: a root only if none of its members entered it while still inside an
@@ -251,9 +261,102 @@ pub(crate) fn evaluate(
         }
     }
     fold_leads(state, &mut out.verdicts, leads);
+    fold_ahead(state, &mut out.verdicts, &skippers);
     out.verdicts.extend(completed);
     out
 }
+
+/// A rank that skipped an op (see [`passed_point`]) was not held by it, and neither were the
+/// members of its own groups, which went on with it: in the groups they share with the
+/// skipper's peers they are now ahead of the majority, waiting at the next op. Those
+/// extra-participant verdicts are the skip's doing, not faults of their own: each becomes a
+/// sentence of the skipper's verdict when every rank it names shares a collective group with
+/// the skipper.
+fn fold_ahead(state: &State, verdicts: &mut Vec<Verdict>, skippers: &[Rank]) {
+    if skippers.is_empty() {
+        return;
+    }
+    let mates = |a: Rank, b: Rank| {
+        state.ranks.get(a).is_some_and(|ra| {
+            ra.pgs.iter().any(|&(p, _)| {
+                let pg = &state.pgs[p as usize];
+                !pg.p2p && pg.member_of(b).is_some()
+            })
+        })
+    };
+    let mut moved: Vec<(usize, usize)> = Vec::new();
+    for (i, v) in verdicts.iter().enumerate() {
+        if v.subtype != Subtype::ExtraParticipant || v.culprits.is_empty() {
+            continue;
+        }
+        let root = verdicts.iter().position(|r| {
+            r.subtype == Subtype::MissingParticipant
+                && r.culprits.iter().any(|&c| {
+                    skippers.contains(&c) && v.culprits.iter().all(|&x| x == c || mates(x, c))
+                })
+        });
+        if let Some(root) = root {
+            moved.push((i, root));
+        }
+    }
+    let mut per_root: BTreeMap<usize, (BTreeSet<Rank>, Vec<String>)> = BTreeMap::new();
+    let mut carried: Vec<(usize, String)> = Vec::new();
+    for &(i, root) in &moved {
+        let v = &verdicts[i];
+        let e = per_root.entry(root).or_default();
+        e.0.extend(&v.culprits);
+        if let Some(pg) = &v.pg {
+            e.1.push(format!("pg {}", pg.name));
+        }
+        // What other rules attached to it (the streams waiting behind it) stays told.
+        carried.extend(
+            v.evidence
+                .iter()
+                .filter(|e| e.contains(" is also stuck because "))
+                .map(|e| (root, e.clone())),
+        );
+    }
+    for (root, e) in carried {
+        verdicts[root].evidence.push(e);
+    }
+    for (root, (ranks, pgs)) in per_root {
+        let ranks: Vec<Rank> = ranks.into_iter().collect();
+        let shown: Vec<String> = pgs.iter().take(4).cloned().collect();
+        verdicts[root].evidence.push(format!(
+            "{} {} ahead of the majority in {} group{} ({}{}): {} on with the skipping rank, which held nobody back",
+            text::ranks(&ranks),
+            if ranks.len() == 1 { "is" } else { "are" },
+            pgs.len(),
+            if pgs.len() == 1 { "" } else { "s" },
+            shown.join(", "),
+            if pgs.len() > shown.len() { ", …" } else { "" },
+            if ranks.len() == 1 { "it went" } else { "they went" }
+        ));
+    }
+    let drop: BTreeSet<usize> = moved.iter().map(|m| m.0).collect();
+    let mut i = 0;
+    verdicts.retain(|_| {
+        i += 1;
+        !drop.contains(&(i - 1))
+    });
+}
+
+/// Streams by kind (see [`Pg::family`]): a data-parallel job's sibling groups.
+type Families<'a> = BTreeMap<(&'a str, usize, bool), Vec<usize>>;
+
+fn families(state: &State) -> Families<'_> {
+    let mut out: Families = BTreeMap::new();
+    for (i, pg) in state.pgs.iter().enumerate() {
+        out.entry(pg.family()).or_default().push(i);
+    }
+    out
+}
+
+/// Sibling groups consulted when comparing a stream with its kind (the first ones, in the
+/// order the analyzer met them): enough for a majority, and bounded in a 16k-rank hang.
+const MAX_SIBLINGS: usize = 16;
+/// Ranks whose progress says where the program is, at most (see [`passed_point`]).
+const MAX_REFERENCE: usize = 32;
 
 /// Score of a rank that is behind in a stuck stream while waiting in another stream that no
 /// root cause explains (see [`fold_leads`]).
@@ -490,7 +593,7 @@ fn overtaken_mismatches(state: &State, stuck: &[Stuck], already: &[Verdict]) -> 
         let Some(last) = pg.state.iter().filter_map(|m| m.last_end).max() else {
             continue;
         };
-        let lo = last.saturating_sub(SEQ_WINDOW as u64 - 1);
+        let lo = last.saturating_sub(pg.window as u64 - 1);
         for seq in lo..last {
             let recs: Vec<(usize, Sig, bool)> = (0..pg.members.len())
                 .filter_map(|m| pg.rec(m, seq).map(|r| (m, r.sig, r.has_end())))
@@ -636,9 +739,9 @@ fn frontier(state: &State, pg: &Pg, m: usize) -> Option<u64> {
     let last = ms.last_enq?;
     // Past the window nothing is known about a seq: count it as unfinished.
     (first..=last)
-        .take(SEQ_WINDOW)
+        .take(pg.window)
         .find(|&s| !done(state, pg, m, s))
-        .or((last.saturating_sub(first) >= SEQ_WINDOW as u64).then_some(first))
+        .or((last.saturating_sub(first) >= pg.window as u64).then_some(first))
 }
 
 /// Whether member `m` shows itself at `seq` or later: any collective phase (all imply the
@@ -955,7 +1058,7 @@ fn mismatch_verdicts(
 /// it, one with a stale size or a diverging branch shows an op never seen. Scores, in order:
 /// how often the camp's op followed the previous op, then whether it was seen at all.
 fn usual_camp(pg: &Pg, seq: u64, tied: &[Sig]) -> Option<(Sig, String)> {
-    let lo = seq.saturating_sub(SEQ_WINDOW as u64 - 1);
+    let lo = seq.saturating_sub(SEQ_WINDOW.min(pg.window) as u64 - 1);
     let prev_of = |s: u64| -> Option<Sig> {
         let members: Vec<usize> = (0..pg.members.len()).collect();
         let (sig, camps, tie) = majority(pg, &members, s)?;
@@ -1055,25 +1158,28 @@ fn confidence(maj: usize, min: usize) -> f64 {
 }
 
 /// Rule c: some expected participants did not enter the stuck op. Returns the verdict (victims
-/// removed from its culprits) and the victims: ranks that are behind only because they wait
-/// in another stuck stream.
+/// removed from its culprits), the victims (ranks that are behind only because they wait in
+/// another stuck stream) and the culprits that skipped the op (see [`passed_point`]).
 fn participants(
     state: &State,
+    families: &Families,
     st: &Stuck,
     waits_in: &BTreeMap<Rank, Vec<usize>>,
-) -> (Verdict, Vec<Rank>) {
+) -> (Verdict, Vec<Rank>, Vec<Rank>) {
     let pg = &state.pgs[st.pg];
     let n = st.entered.len() + st.behind.len();
     let op = op_at(st);
     if st.entered.len() >= st.behind.len() {
         let mut v = base_verdict(state, st, Class::Hang, Subtype::MissingParticipant);
         let mut victims = Vec::new();
+        let mut skipped_ranks = Vec::new();
         for &(r, last) in &st.behind {
             let elsewhere: Vec<usize> = waits_in
                 .get(&r)
                 .map(|p| p.iter().copied().filter(|&p| p != st.pg).collect())
                 .unwrap_or_default();
-            if let Some(&other) = elsewhere.first() {
+            let passed = passed_point(state, families, st, r);
+            if let (Some(&other), None) = (elsewhere.first(), &passed) {
                 victims.push(r);
                 v.evidence.push(format!(
                     "rank {r} is behind only because it waits in {}",
@@ -1082,6 +1188,11 @@ fn participants(
                 continue;
             }
             v.culprits.push(r);
+            if let Some(why) = passed {
+                v.evidence.push(why);
+                skipped_ranks.push(r);
+                continue;
+            }
             v.evidence.push(match last {
                 Some(l) => format!(
                     "rank {r} is behind: last enqueued #{l} while {} of {n} ranks are in {op}",
@@ -1095,7 +1206,16 @@ fn participants(
             });
         }
         v.culprits.sort_unstable();
-        if st.entered.len() == st.behind.len() {
+        if st.entered.len() == st.behind.len() && skipped_ranks.len() == st.behind.len() {
+            // One against one, settled by the sibling groups: lower than a majority vote.
+            v.evidence.push(format!(
+                "no majority in {}: {} entered {op}, {} did not; the sibling groups' ranks say which one left the program",
+                text::pg(pg),
+                text::ranks(&st.entered),
+                text::ranks(&sorted(st.behind.iter().map(|b| b.0).collect()))
+            ));
+            v.confidence = 0.6;
+        } else if st.entered.len() == st.behind.len() {
             v.evidence.push(format!(
                 "no majority: {} entered {op}, {} did not",
                 text::ranks(&st.entered),
@@ -1126,7 +1246,7 @@ fn participants(
             text::pg(pg),
             text::dur(st.idle_ns as f64)
         ));
-        (v, victims)
+        (v, victims, skipped_ranks)
     } else {
         let mut v = base_verdict(state, st, Class::Hang, Subtype::ExtraParticipant);
         // The majority's position: the most common last enqueued seq among those behind.
@@ -1147,8 +1267,222 @@ fn participants(
             ));
         }
         v.confidence = confidence(st.behind.len(), st.entered.len());
-        (v, Vec::new())
+        (v, Vec::new(), Vec::new())
     }
+}
+
+/// Whether member `r`, behind in the stuck stream `st`, went past its op rather than never
+/// reaching it. Groups of one kind run one program (see [`Pg::family`]): the members that
+/// entered the op, here and at the same seq of the stream's sibling groups, had each enqueued
+/// at most seq P of their groups of some other kind by then (a tensor-parallel group, a DiLoCo
+/// replica group), and `r` has enqueued beyond P in its own group of that kind. So it skipped
+/// the op (a branch its peers did not take, an async outer all-reduce it never launched) and
+/// went on; it is not a victim waiting elsewhere, even when it now waits in another group for
+/// a peer that waits here (a cycle). The reference must be two or more ranks and outnumber the
+/// stream's members that are behind: one rank against one may be the one that diverged, and
+/// the sibling groups are what breaks such a tie. Returns the sentence saying so.
+fn passed_point(state: &State, families: &Families, st: &Stuck, r: Rank) -> Option<String> {
+    let pg = &state.pgs[st.pg];
+    if pg.p2p {
+        return None;
+    }
+    // (stream, member) of every rank that entered the op here or at a sibling.
+    let mut reference: Vec<(usize, usize)> = st.entered_m.iter().map(|&m| (st.pg, m)).collect();
+    let siblings = families.get(&pg.family()).into_iter().flatten();
+    for &i in siblings.filter(|&&i| i != st.pg).take(MAX_SIBLINGS) {
+        let other = &state.pgs[i];
+        reference.extend(
+            (0..other.members.len())
+                .filter(|&m| other.rec(m, st.seq).is_some_and(|x| x.has_enq()))
+                .map(|m| (i, m)),
+        );
+    }
+    if reference.len() < 2 || reference.len() <= st.behind.len() {
+        return None;
+    }
+    let counted = reference.len();
+    // Where the program is: a few dozen ranks say it as well as thousands.
+    reference.truncate(MAX_REFERENCE);
+    let rs = state.ranks.get(r)?;
+    for &(p, pm) in &rs.pgs {
+        let mine_pg = &state.pgs[p as usize];
+        if p as usize == st.pg || mine_pg.p2p {
+            continue;
+        }
+        let Some(mine) = mine_pg.state[pm as usize].last_enq else {
+            continue;
+        };
+        let kind = mine_pg.family();
+        let mut most: Option<u64> = None;
+        let known = reference.iter().all(|&(sp, m)| {
+            let spg = &state.pgs[sp];
+            let Some(t) = spg.rec(m, st.seq).filter(|x| x.has_enq()).map(|x| x.enq) else {
+                return false;
+            };
+            let Some(ers) = state.ranks.get(spg.members[m]) else {
+                return false;
+            };
+            let sibling = ers
+                .pgs
+                .iter()
+                .find(|&&(q, _)| q as usize != sp && state.pgs[q as usize].family() == kind);
+            let Some(&(q, qm)) = sibling else {
+                return false;
+            };
+            let qpg = &state.pgs[q as usize];
+            let Some(last) = qpg.state[qm as usize].last_enq else {
+                return false;
+            };
+            let lo = last.saturating_sub(qpg.window as u64 - 1);
+            let pos = (lo..=last).rev().find(|&s| {
+                qpg.rec(qm as usize, s)
+                    .is_some_and(|x| x.has_enq() && x.enq <= t)
+            });
+            match pos {
+                Some(pos) => {
+                    most = most.max(Some(pos));
+                    true
+                }
+                None => false,
+            }
+        });
+        let Some(most) = most.filter(|_| known) else {
+            continue;
+        };
+        if mine > most {
+            return Some(format!(
+                "rank {r} skipped {}: the {} ranks that entered it (here and in the other {} groups) had enqueued at most #{most} of their {} groups by then, and rank {r} has enqueued #{mine} of its own ({}) without entering it",
+                op_at(st),
+                counted,
+                pg.family().0,
+                kind.0,
+                text::pg(mine_pg)
+            ));
+        }
+    }
+    None
+}
+
+/// A member's role in a stream: its place in the group's sorted rank set (a pipeline stage),
+/// which is the same place in every sibling group of a data-parallel job.
+fn role(pg: &Pg, rank: Rank) -> Option<usize> {
+    match &pg.scope {
+        Some(set) => set.binary_search(&rank).ok(),
+        None => {
+            let mut members = pg.members.clone();
+            members.sort_unstable();
+            members.binary_search(&rank).ok()
+        }
+    }
+}
+
+/// The rank at `role` in `pg`.
+fn at_role(pg: &Pg, role: usize) -> Option<Rank> {
+    match &pg.scope {
+        Some(set) => set.get(role).copied(),
+        None => {
+            let mut members = pg.members.clone();
+            members.sort_unstable();
+            members.get(role).copied()
+        }
+    }
+}
+
+/// A point-to-point stream stuck with both ends of a boundary waiting (so nobody is "behind"),
+/// where one member's ops, up to its pending one, stop being what the same stage posts at
+/// those seqs in the sibling pipelines (the other groups of its kind, see [`Pg::family`]): a
+/// send where they all posted a receive, or towards another stage. Each end numbers its own
+/// ops and the pipelines of one job run one schedule, so that member left it (dropped a
+/// receive from a batch, posted an extra op) and its peer now waits for an op that never
+/// comes. A batch is known by its first op. Named when two or more sibling pipelines agree at
+/// that seq and none did what it did, for at most half of the stream; `None` otherwise.
+fn diverged(state: &State, families: &Families, st: &Stuck) -> Option<Verdict> {
+    let pg = &state.pgs[st.pg];
+    if !pg.p2p {
+        return None;
+    }
+    let kind = pg.family();
+    let sibs: Vec<&Pg> = families
+        .get(&kind)
+        .into_iter()
+        .flatten()
+        .filter(|&&i| i != st.pg)
+        .take(MAX_SIBLINGS)
+        .map(|&i| &state.pgs[i])
+        .collect();
+    if sibs.len() < 2 {
+        return None;
+    }
+    // (send?, peer's role) of a record.
+    let shape = |p: &Pg, rec: &super::state::Rec| -> Option<(bool, usize)> {
+        Some((rec.sig.op == Op::Send, role(p, rec.peer?)?))
+    };
+    let name = |(send, r): (bool, usize)| {
+        let peer = at_role(pg, r).map_or_else(|| format!("stage {r}"), |p| format!("rank {p}"));
+        if send {
+            format!("a send to {peer}")
+        } else {
+            format!("a receive from {peer}")
+        }
+    };
+    let mut found: Vec<(Rank, String)> = Vec::new();
+    for m in 0..pg.members.len() {
+        let rank = pg.members[m];
+        let (Some(f), Some(my_role)) = (frontier(state, pg, m), role(pg, rank)) else {
+            continue;
+        };
+        // The first op, up to the pending one, that the same stage elsewhere did otherwise.
+        let lo = f.saturating_sub(pg.window as u64 - 1);
+        for seq in lo..=f {
+            let Some(rec) = pg.rec(m, seq).filter(|r| r.has_enq()) else {
+                continue;
+            };
+            let Some(mine) = shape(pg, rec) else {
+                continue;
+            };
+            let mut votes: BTreeMap<(bool, usize), usize> = BTreeMap::new();
+            for sp in &sibs {
+                let Some(other) = at_role(sp, my_role).and_then(|r| sp.member_of(r)) else {
+                    continue;
+                };
+                if let Some(x) = sp.rec(other, seq).filter(|r| r.has_enq()) {
+                    if let Some(sh) = shape(sp, x) {
+                        *votes.entry(sh).or_default() += 1;
+                    }
+                }
+            }
+            let Some((&usual, &n)) = votes.iter().max_by_key(|(_, n)| **n) else {
+                continue;
+            };
+            if usual == mine || n < 2 || votes.contains_key(&mine) {
+                continue;
+            }
+            found.push((
+                rank,
+                format!(
+                    "rank {rank}'s point-to-point op #{seq} ({}) is {} where the same stage of {n} other pipelines posted {}: it left the schedule (dropped or added an op), and its peer waits for an op that never comes",
+                    if seq == f { "pending" } else { "the first that differs before its pending one" },
+                    name(mine),
+                    name(usual)
+                ),
+            ));
+            break;
+        }
+    }
+    // No more than half of the stream's members (one end of a pair), else the schedule
+    // itself differs.
+    if found.is_empty() || found.len() * 2 > pg.members.len() {
+        return None;
+    }
+    let mut v = base_verdict(state, st, Class::Hang, Subtype::MissingParticipant);
+    v.culprits = sorted(found.iter().map(|f| f.0).collect());
+    v.evidence = found.into_iter().map(|f| f.1).collect();
+    v.evidence.push(format!(
+        "{} is stuck: every member has an op pending and none completes",
+        text::pg(pg)
+    ));
+    v.confidence = 0.6;
+    Some(v)
 }
 
 /// A pair of ranks as a link, named with their hosts.
@@ -1338,7 +1672,7 @@ fn candidates(state: &State, st: &Stuck) -> Vec<Candidate> {
         // Its own history: the same op kind with another size or dtype before.
         if let Some(r) = rec {
             let now = normalized(r.sig);
-            let lo = st.seq.saturating_sub(SEQ_WINDOW as u64 - 1);
+            let lo = st.seq.saturating_sub(SEQ_WINDOW.min(pg.window) as u64 - 1);
             let mut same_op = 0;
             let mut same_sig = 0;
             for s in lo..st.seq {

@@ -17,6 +17,7 @@
 mod baseline;
 mod hang;
 mod paths;
+mod record;
 mod slow;
 mod state;
 mod text;
@@ -76,6 +77,11 @@ pub(crate) struct Offline {
     missing: Vec<Rank>,
     /// The record was taken at a timeout: whatever is in flight is stuck.
     pub(crate) stuck: bool,
+    /// The record shows when it was taken: some op still in flight carries a start time (a
+    /// Flight Recorder dump marks the ops it finds started as discovered at the dump). Without
+    /// it the record's latest time is only its latest op, and how long an op has been in
+    /// flight is unknown.
+    pub(crate) dated: bool,
 }
 
 /// One job's analyzer.
@@ -85,6 +91,8 @@ pub struct JobAnalyzer {
     cfg: Config,
     state: State,
     offline: Option<Offline>,
+    /// Offline: the whole record, for the slow rules that compare groups with their siblings.
+    record: Option<Box<record::Record>>,
     verdicts: Vec<Verdict>,
     /// Events refused for naming a rank outside the job's world.
     rejected: u64,
@@ -99,6 +107,7 @@ impl JobAnalyzer {
             cfg,
             state: State::default(),
             offline: None,
+            record: None,
             verdicts: Vec::new(),
             rejected: 0,
             base: 0,
@@ -206,8 +215,18 @@ impl JobAnalyzer {
                 }
             }
         }
+        // Offline, the whole record is compared at once (see [`record`]), and only when nothing
+        // is stuck or mismatched: then the hang is the finding, and what it delays is not slow.
+        let slow = match &self.record {
+            None => slow::evaluate(&self.state, &self.cfg, &hang.stuck, now_ns),
+            Some(r) if verdicts.is_empty() && hang.verdicts.is_empty() => {
+                record::evaluate(r, &self.cfg)
+            }
+            Some(_) => Vec::new(),
+        };
         verdicts.extend(hang.verdicts);
-        verdicts.extend(slow::evaluate(&self.state, &self.cfg, &hang.stuck, now_ns));
+        knock_on(&mut verdicts);
+        verdicts.extend(slow);
         verdicts.extend(unexplained);
         by_node(&self.state, &mut verdicts);
         verdicts.sort_by_key(|v| (v.confidence < hang::WEAK, order(v)));
@@ -228,14 +247,19 @@ impl JobAnalyzer {
     }
 
     /// The collective records around a verdict's op, for the timeline picture: the culprits
-    /// and link ends plus a few neighbours in group order (at most 16 ranks), for the seqs
-    /// from three before to two after the verdict's seq in its group.
+    /// and link ends (an undecided verdict's ranked candidates when it names none) plus a few
+    /// neighbours in group order (at most 16 ranks), for the seqs from three before to two
+    /// after the verdict's seq in its group.
     pub fn window(&self, verdict: &Verdict) -> Vec<Coll> {
         const MAX_RANKS: usize = 16;
         const NEIGHBOURS: usize = 4;
         let mut focus: Vec<Rank> = verdict.culprits.clone();
         for l in &verdict.links {
             focus.extend(l.from.into_iter().chain(l.to));
+        }
+        // An undecided verdict's ranked candidates are where to look.
+        if focus.is_empty() {
+            focus = crate::timeline::candidates(verdict);
         }
         dedup_keep_order(&mut focus);
         let p2p = verdict.op.is_some_and(Op::is_p2p);
@@ -624,8 +648,11 @@ pub fn analyze_trace(trace: &Trace, cfg: &Config) -> Vec<Verdict> {
     a.offline = Some(Offline {
         missing,
         stuck: trace.stuck,
+        dated: dated(trace),
     });
     a.state.offline = true;
+    a.state.seq_window = Some(record_window(trace));
+    a.record = Some(Box::new(record::Record::from_trace(trace)));
     // The record's world is its declaration (its ranks need not be numbered densely).
     if let Some(&last) = trace.world.iter().max() {
         a.state.declare_world(last.saturating_add(1));
@@ -639,6 +666,135 @@ pub fn analyze_trace(trace: &Trace, cfg: &Config) -> Vec<Verdict> {
         v.detected_ns = 0;
     }
     verdicts
+}
+
+/// A hang with a well-founded root cause (a dead process, a mismatch, a missing participant,
+/// a stalled rank: named, not weak) stops the groups its ranks are in and, through them, their
+/// peers' other groups. The hang rules rank candidates in those knock-on groups too ("its op
+/// never started", "it waits elsewhere"), which is what waiting behind the root looks like,
+/// not a second fault: their weak undecided verdicts become one sentence of the root's
+/// evidence instead of verdicts naming ranks beside it.
+fn knock_on(verdicts: &mut Vec<Verdict>) {
+    let named = |v: &Verdict| !v.culprits.is_empty() || !v.links.is_empty();
+    let Some(root) = verdicts
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| {
+            matches!(v.class, Class::Hang | Class::Mismatch)
+                && v.subtype != Subtype::Undecided
+                && named(v)
+                && v.confidence >= hang::WEAK
+        })
+        .min_by_key(|(_, v)| order(v))
+        .map(|(i, _)| i)
+    else {
+        return;
+    };
+    let weak = |v: &Verdict| {
+        v.class == Class::Hang && v.subtype == Subtype::Undecided && v.confidence < hang::WEAK
+    };
+    let mut notes = Vec::new();
+    let root_culprits = verdicts[root].culprits.clone();
+    for v in verdicts.iter().filter(|v| weak(v)) {
+        let place = match (&v.pg, v.op, v.seq) {
+            (Some(pg), Some(op), Some(seq)) => format!("pg {} at {op} #{seq} is", pg.name),
+            (Some(pg), _, _) => format!("pg {} is", pg.name),
+            _ => "several other groups are".to_string(),
+        };
+        let others: Vec<Rank> = v
+            .culprits
+            .iter()
+            .copied()
+            .filter(|r| !root_culprits.contains(r))
+            .collect();
+        notes.push(match others.len() {
+            0 => format!("{place} stuck behind it too"),
+            n => format!(
+                "{place} stuck behind it too ({} {} out there only as waiting on it)",
+                text::ranks(&others),
+                if n == 1 { "stands" } else { "stand" }
+            ),
+        });
+    }
+    if notes.is_empty() {
+        return;
+    }
+    verdicts[root].evidence.extend(notes);
+    verdicts.retain(|v| !weak(v));
+}
+
+/// Whether some op in flight in the record carries a start time (see [`Offline::dated`]).
+fn dated(trace: &Trace) -> bool {
+    use std::collections::HashSet;
+    let mut started: HashSet<(Rank, &str, bool, u64)> = HashSet::new();
+    let mut ended: HashSet<(Rank, &str, bool, u64)> = HashSet::new();
+    for ev in &trace.events {
+        if let Event::Coll(c) = ev {
+            let key = (c.rank, &*c.pg, c.op.is_p2p(), c.seq);
+            match c.phase {
+                Phase::Start => {
+                    started.insert(key);
+                }
+                Phase::End => {
+                    ended.insert(key);
+                }
+                Phase::Enqueue => {}
+            }
+        }
+    }
+    started.difference(&ended).next().is_some()
+}
+
+/// Most seqs an offline record keeps per stream member.
+const MAX_RECORD_WINDOW: usize = 4096;
+/// What the larger windows of an offline record may cost in all: 1 GiB of records.
+const RECORD_WINDOW_BYTES: usize = 1 << 30;
+
+/// Seqs to keep per stream member for an offline record: from each rank's oldest unfinished op
+/// of a stream to the last op it enqueued there, with room, within [`RECORD_WINDOW_BYTES`] over
+/// all members (a 16,384-rank record in six streams a rank still gets over a hundred each). A
+/// dump taken at a timeout shows the ranks' hosts run ahead of a stuck op until the step's host
+/// sync (every layer's tensor-parallel ops of the rest of the step), and the stuck op must
+/// still be in the window when they are judged.
+fn record_window(trace: &Trace) -> usize {
+    use std::collections::HashMap;
+    // (rank, group, p2p) -> (last enqueued, oldest unfinished)
+    let mut span: HashMap<(Rank, &str, bool), (u64, Option<u64>)> = HashMap::new();
+    let mut ended: std::collections::HashSet<(Rank, &str, bool, u64)> =
+        std::collections::HashSet::new();
+    for ev in &trace.events {
+        if let Event::Coll(c) = ev {
+            if c.phase == Phase::End {
+                ended.insert((c.rank, &c.pg, c.op.is_p2p(), c.seq));
+            }
+        }
+    }
+    for ev in &trace.events {
+        let Event::Coll(c) = ev else { continue };
+        if c.phase != Phase::Enqueue {
+            continue;
+        }
+        let key = (c.rank, &*c.pg, c.op.is_p2p());
+        let e = span.entry(key).or_insert((c.seq, None));
+        e.0 = e.0.max(c.seq);
+        if !ended.contains(&(c.rank, &*c.pg, c.op.is_p2p(), c.seq)) {
+            e.1 = Some(e.1.map_or(c.seq, |o| o.min(c.seq)));
+        }
+    }
+    let ahead = span
+        .values()
+        .filter_map(|&(last, oldest)| oldest.map(|o| last.saturating_sub(o)))
+        .max()
+        .unwrap_or(0);
+    let need = usize::try_from(ahead)
+        .unwrap_or(usize::MAX)
+        .saturating_add(9);
+    // A window per stream member: at most what the budget allows over all of them.
+    let members = span.len().max(1);
+    let affordable = RECORD_WINDOW_BYTES / (members * std::mem::size_of::<state::Rec>());
+    need.next_power_of_two()
+        .min((affordable.max(1) + 1).next_power_of_two() / 2)
+        .clamp(state::SEQ_WINDOW, MAX_RECORD_WINDOW)
 }
 
 /// Most verdicts reported at once; the rest are counted in the top verdict's evidence.
@@ -703,5 +859,72 @@ fn condense(verdicts: &mut Vec<Verdict>) {
         verdicts[0]
             .evidence
             .push(format!("{more} further verdicts are not listed"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verdict::PgRef;
+
+    fn verdict(
+        class: Class,
+        subtype: Subtype,
+        culprits: &[Rank],
+        pg: &str,
+        confidence: f64,
+    ) -> Verdict {
+        Verdict {
+            class,
+            subtype,
+            culprits: culprits.to_vec(),
+            links: Vec::new(),
+            pg: Some(PgRef {
+                name: pg.into(),
+                ranks: vec![0, 1, 2, 3],
+            }),
+            seq: Some(5),
+            op: Some(Op::AllReduce),
+            evidence: vec!["why".into()],
+            confidence,
+            detected_ns: 0,
+        }
+    }
+
+    /// A dtype mismatch in the data-parallel group stops it; the tensor-parallel groups of its
+    /// ranks stop behind it, and the hang rules rank "candidates" there (ranks whose op never
+    /// started because their stream is held by the mismatched op). Those are one sentence of
+    /// the mismatch's evidence, not verdicts naming ranks beside it.
+    #[test]
+    fn weak_undecided_hangs_behind_a_named_root_are_folded_into_it() {
+        let mut vs = vec![
+            verdict(Class::Mismatch, Subtype::DtypeMismatch, &[3], "dp", 0.75),
+            verdict(Class::Hang, Subtype::Undecided, &[1, 3], "tp", 0.35),
+            verdict(Class::Hang, Subtype::Undecided, &[], "pp", 0.2),
+        ];
+        knock_on(&mut vs);
+        assert_eq!(vs.len(), 1, "{vs:#?}");
+        assert_eq!(vs[0].culprits, vec![3]);
+        assert!(
+            vs[0].evidence.iter().any(|e| e
+                .starts_with("pg tp at all_reduce #5 is stuck behind it too (rank 1 stands out")),
+            "{:?}",
+            vs[0].evidence
+        );
+        assert!(vs[0]
+            .evidence
+            .iter()
+            .any(|e| e == "pg pp at all_reduce #5 is stuck behind it too"));
+    }
+
+    /// Without a well-founded root the candidates are the finding, and they stay.
+    #[test]
+    fn weak_undecided_hangs_stay_when_nothing_named_explains_them() {
+        let mut vs = vec![
+            verdict(Class::Hang, Subtype::Undecided, &[1], "tp", 0.35),
+            verdict(Class::Hang, Subtype::MissingParticipant, &[2], "dp", 0.35),
+        ];
+        knock_on(&mut vs);
+        assert_eq!(vs.len(), 2);
     }
 }

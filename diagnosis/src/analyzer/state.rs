@@ -264,6 +264,12 @@ pub(crate) struct Pg {
     /// program bug whether or not NCCL happened to finish, and, as in FR's analyzer, only
     /// the first one is kept because pairing after it is unreliable.
     pub completed_mismatch: Option<Box<CompletedMismatch>>,
+    /// Seqs kept per member: [`SEQ_WINDOW`] live, more offline when a record's ranks ran
+    /// further ahead of their oldest unfinished op (see [`State::window`]).
+    pub window: usize,
+    /// What the group is for, as its declaration says ("TENSOR_MODEL_PARALLEL_GROUP",
+    /// "replica", …): groups of one description and size are one program's siblings.
+    pub desc: String,
 }
 
 /// Members' signatures at a completed seq whose members disagreed, kept when it completed
@@ -296,7 +302,7 @@ impl Pg {
         }
     }
 
-    fn new(name: PgName, p2p: bool, now: u64) -> Pg {
+    fn new(name: PgName, p2p: bool, now: u64, window: usize) -> Pg {
         Pg {
             name,
             p2p,
@@ -305,7 +311,7 @@ impl Pg {
             members: Vec::new(),
             state: Vec::new(),
             recs: Vec::new(),
-            slots: vec![SlotMeta::default(); SEQ_WINDOW],
+            slots: vec![SlotMeta::default(); window],
             first_seq: None,
             last_progress: now,
             in_flight: 0,
@@ -317,18 +323,33 @@ impl Pg {
             gap_median: 0.0,
             gaps: Vec::new(),
             completed_mismatch: None,
+            window,
+            desc: String::new(),
         }
     }
 
     /// Member `m`'s record of `seq`, if still in the window.
     pub(crate) fn rec(&self, m: usize, seq: u64) -> Option<&Rec> {
-        let r = self.recs.get(m * SEQ_WINDOW + slot(seq))?;
+        let r = self.recs.get(m * self.window + slot(seq, self.window))?;
         (r.used() && r.seq == seq).then_some(r)
     }
 
     /// The member index of a global rank (linear: used off the hot path only).
     pub(crate) fn member_of(&self, rank: Rank) -> Option<usize> {
         self.members.iter().position(|&r| r == rank)
+    }
+
+    /// The kind of group: streams of one kind run one program's ops (the data-parallel
+    /// replicas' tensor-parallel groups, DiLoCo's replica groups). Its description when it has
+    /// one (`split_group` and `new_group` name each group apart), else its name (shared by
+    /// groups `split_group` made alike), with its size and whether it is point-to-point.
+    pub(crate) fn family(&self) -> (&str, usize, bool) {
+        let kind = if self.desc.is_empty() {
+            &*self.name
+        } else {
+            self.desc.as_str()
+        };
+        (kind, self.members.len(), self.p2p)
     }
 
     /// Members in group-rank order when declared, else sorted.
@@ -360,7 +381,7 @@ impl Pg {
         self.members.push(rank);
         self.state.push(MemberState::default());
         self.recs
-            .extend(std::iter::repeat_n(Rec::EMPTY, SEQ_WINDOW));
+            .extend(std::iter::repeat_n(Rec::EMPTY, self.window));
         self.compute.push(ComputeStats::default());
         self.members.len() - 1
     }
@@ -404,8 +425,8 @@ fn rank_set(ranks: &[Rank]) -> Vec<Rank> {
     set
 }
 
-fn slot(seq: u64) -> usize {
-    (seq % SEQ_WINDOW as u64) as usize
+fn slot(seq: u64, window: usize) -> usize {
+    (seq % window as u64) as usize
 }
 
 /// Size bucket: powers of two, so 1 MiB and 1.2 MiB share a baseline but 1 KiB does not.
@@ -600,12 +621,22 @@ pub(crate) struct State {
     /// The events are a finished record (Flight Recorder dumps), whose entries each carry
     /// their op's final state, rather than a live stream whose reports can be lost.
     pub offline: bool,
+    /// Seqs kept per stream member, when an offline record needs more than [`SEQ_WINDOW`]
+    /// (see [`State::window`]).
+    pub seq_window: Option<usize>,
     /// Heap bytes this state holds, by the estimate of [`cost`]: counted where it allocates,
     /// so that a budget can be checked per event without walking the state.
     bytes: usize,
 }
 
 impl State {
+    /// Seqs kept per stream member: [`SEQ_WINDOW`], or what an offline record needs. A rank's
+    /// host keeps enqueuing past a stuck op until the step's host sync, 40 or more ops of a
+    /// tensor-parallel group; the stuck op's records must outlive them.
+    pub(crate) fn window(&self) -> usize {
+        self.seq_window.unwrap_or(SEQ_WINDOW).max(SEQ_WINDOW)
+    }
+
     /// Whether a stream's members run the same compute (see [`peer_comparable`]).
     pub(crate) fn peer_comparable(&self, pg: &Pg) -> bool {
         peer_comparable(pg, &self.ranks)
@@ -825,7 +856,7 @@ impl State {
         }
         let i = self.pgs.len();
         streams.push(i as u32);
-        let mut pg = Pg::new(name.clone(), p2p, now);
+        let mut pg = Pg::new(name.clone(), p2p, now, self.window());
         pg.scope = scope.map(<[Rank]>::to_vec);
         self.bytes += cost::PG + decl_bytes(&pg);
         self.pgs.push(pg);
@@ -864,6 +895,7 @@ impl State {
                 self.bytes = self.bytes + decl_bytes(&self.pgs[j]) - before;
             }
         }
+        let desc = g.desc.clone();
         let g = &Group {
             name: g.name.clone(),
             desc: String::new(),
@@ -902,6 +934,10 @@ impl State {
             let before = decl_bytes(&self.pgs[pg]);
             self.pgs[pg].declared = Some(g.ranks.clone());
             self.bytes = self.bytes + decl_bytes(&self.pgs[pg]) - before;
+        }
+        if self.pgs[pg].desc.is_empty() && !desc.is_empty() {
+            self.bytes += desc.len();
+            self.pgs[pg].desc = desc;
         }
     }
 
@@ -968,7 +1004,7 @@ impl State {
     fn coll(&mut self, c: &Coll, now: u64, cfg: &Config) {
         let (pgi, m) = self.stream(c.rank, &c.pg, c.op.is_p2p(), now);
         let pg = &mut self.pgs[pgi];
-        let idx = m * SEQ_WINDOW + slot(c.seq);
+        let idx = m * pg.window + slot(c.seq, pg.window);
         let rec = &mut pg.recs[idx];
         if rec.used() && rec.seq != c.seq {
             if c.seq < rec.seq {
@@ -1036,7 +1072,8 @@ impl State {
         rs.end_recv_ns = rs.end_recv_ns.max(now);
         rs.done_enq = rs.done_enq.max(began);
         let pg = &mut self.pgs[pgi];
-        let sm = &mut pg.slots[slot(c.seq)];
+        let window = pg.window;
+        let sm = &mut pg.slots[slot(c.seq, window)];
         if !sm.used || sm.seq != c.seq {
             if sm.used && c.seq < sm.seq {
                 return;

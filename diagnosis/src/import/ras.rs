@@ -161,6 +161,7 @@ impl Report {
             missing: missing.into_iter().collect(),
             taken_ns: self.taken_ns,
             stuck: true,
+            timed: false,
         }
     }
 }

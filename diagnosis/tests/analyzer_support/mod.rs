@@ -416,6 +416,7 @@ impl Sim {
             world: (0..self.n).collect(),
             missing: Vec::new(),
             stuck,
+            timed: true,
         }
     }
 }

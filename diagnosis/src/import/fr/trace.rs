@@ -131,6 +131,7 @@ pub fn to_trace(dumps: &[FrDump]) -> Trace {
     let mut taken_ns = 0;
     let mut in_flight: Vec<(u64, u64)> = Vec::new();
     let mut shows_its_time = false;
+    let mut timed = false;
     for dump in by_rank {
         let own = own_groups(dump);
         let batches = coalesced_batches(dump, &own);
@@ -171,6 +172,7 @@ pub fn to_trace(dumps: &[FrDump]) -> Trace {
                 .max(e.time_created_ns)
                 .max(e.time_discovered_started_ns.unwrap_or(0))
                 .max(e.time_discovered_completed_ns.unwrap_or(0));
+            timed |= e.state == STATE_COMPLETED && e.duration_ms.is_some();
             if e.state != STATE_COMPLETED {
                 in_flight.push((e.time_created_ns, e.timeout_ms));
                 shows_its_time |= e.time_discovered_started_ns.is_some();
@@ -197,6 +199,7 @@ pub fn to_trace(dumps: &[FrDump]) -> Trace {
         world: world.into_iter().collect(),
         taken_ns,
         stuck: taken_at_timeout(&in_flight, shows_its_time, taken_ns),
+        timed,
     }
 }
 
