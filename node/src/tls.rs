@@ -186,6 +186,12 @@ fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
 }
 
 fn write(path: &Path, contents: &str, secret: bool) -> Result<(), TlsError> {
+    write_file(path, contents.as_bytes(), secret)
+}
+
+/// Writes `contents` to `path` whole or not at all (see below); `secret`: mode 0600 from the
+/// file's creation.
+pub fn write_file(path: &Path, contents: &[u8], secret: bool) -> Result<(), TlsError> {
     let err = |source| TlsError::Write {
         path: path.to_owned(),
         source,
@@ -214,7 +220,7 @@ fn write(path: &Path, contents: &str, secret: bool) -> Result<(), TlsError> {
                 .create_new(true)
                 .open(&tmp)?
         };
-        file.write_all(contents.as_bytes())?;
+        file.write_all(contents)?;
         file.sync_all()?;
         std::fs::rename(&tmp, path)
     })();

@@ -154,24 +154,8 @@ fn summary(b: &Backup, file: &Path, len: usize) -> serde_json::Value {
     })
 }
 
-/// Writes `bytes` to `path` through a new 0600 file renamed over it: the tables hold token
-/// hashes and every tenant's endpoints, and a crash must not leave half a backup under the
-/// name of a whole one.
+/// Writes `bytes` to `path` 0600, whole or not at all: the tables hold token hashes and every
+/// tenant's endpoints, and a crash must not leave half a backup under the name of a whole one.
 fn write_secret(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    use std::io::Write;
-    let name = path
-        .file_name()
-        .with_context(|| format!("{} names no file", path.display()))?;
-    let tmp = path.with_file_name(format!(".{}.tmp", name.to_string_lossy()));
-    let _ = std::fs::remove_file(&tmp);
-    let result = (|| {
-        let mut f = yard::tls::create_secret(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.with_context(|| format!("cannot write {}", path.display()))
+    Ok(yard::tls::write_file(path, bytes, true)?)
 }
