@@ -358,7 +358,7 @@ const MAX_SIBLINGS: usize = 16;
 /// How many ops before a pending point-to-point op [`diverged`] looks back.
 const DIVERGE_DEPTH: u64 = 8;
 /// Ranks whose progress says where the program is, at most (see [`passed_point`]).
-const MAX_REFERENCE: usize = 32;
+const MAX_REFERENCE: usize = 8;
 
 /// Score of a rank that is behind in a stuck stream while waiting in another stream that no
 /// root cause explains (see [`fold_leads`]).
@@ -1289,8 +1289,8 @@ fn passed_point(state: &State, families: &Families, st: &Stuck, r: Rank) -> Opti
         return None;
     }
     // (stream, member) of every rank that entered the op here or at a sibling.
-    // Where the program is: a few dozen ranks say it as well as thousands, so only the first
-    // are kept, while all are counted for the majority.
+    // Where the program is: a few ranks say it as well as thousands, so only the first are
+    // kept, and they are counted until they outnumber the ranks behind.
     let mut counted = st.entered_m.len();
     let mut reference: Vec<(usize, usize)> = st
         .entered_m
@@ -1299,9 +1299,13 @@ fn passed_point(state: &State, families: &Families, st: &Stuck, r: Rank) -> Opti
         .map(|&m| (st.pg, m))
         .collect();
     let siblings = families.get(&pg.family()).into_iter().flatten();
-    for &i in siblings.filter(|&&i| i != st.pg).take(MAX_SIBLINGS) {
+    'siblings: for &i in siblings.filter(|&&i| i != st.pg).take(MAX_SIBLINGS) {
         let other = &state.pgs[i];
         for m in 0..other.members.len() {
+            // Enough to outnumber those behind and to read the position from: stop looking.
+            if counted > st.behind.len() && reference.len() >= MAX_REFERENCE {
+                break 'siblings;
+            }
             if other.rec(m, st.seq).is_some_and(|x| x.has_enq()) {
                 counted += 1;
                 if reference.len() < MAX_REFERENCE {
@@ -1361,9 +1365,9 @@ fn passed_point(state: &State, families: &Families, st: &Stuck, r: Rank) -> Opti
         };
         if mine > most {
             return Some(format!(
-                "rank {r} skipped {}: the {} ranks that entered it (here and in the other {} groups) had enqueued at most #{most} of their {} groups by then, and rank {r} has enqueued #{mine} of its own ({}) without entering it",
+                "rank {r} skipped {}: {} ranks that entered it (here and in the other {} groups) had enqueued at most #{most} of their {} groups by then, and rank {r} has enqueued #{mine} of its own ({}) without entering it",
                 op_at(st),
-                counted,
+                reference.len(),
                 pg.family().0,
                 kind.0,
                 text::pg(mine_pg)
