@@ -355,8 +355,10 @@ fn families(state: &State) -> Families<'_> {
 /// Sibling groups consulted when comparing a stream with its kind (the first ones, in the
 /// order the analyzer met them): enough for a majority, and bounded in a 16k-rank hang.
 const MAX_SIBLINGS: usize = 16;
+/// How many ops before a pending point-to-point op [`diverged`] looks back.
+const DIVERGE_DEPTH: u64 = 8;
 /// Ranks whose progress says where the program is, at most (see [`passed_point`]).
-const MAX_REFERENCE: usize = 32;
+const MAX_REFERENCE: usize = 8;
 
 /// Score of a rank that is behind in a stuck stream while waiting in another stream that no
 /// root cause explains (see [`fold_leads`]).
@@ -1287,22 +1289,34 @@ fn passed_point(state: &State, families: &Families, st: &Stuck, r: Rank) -> Opti
         return None;
     }
     // (stream, member) of every rank that entered the op here or at a sibling.
-    let mut reference: Vec<(usize, usize)> = st.entered_m.iter().map(|&m| (st.pg, m)).collect();
+    // Where the program is: a few ranks say it as well as thousands, so only the first are
+    // kept, and they are counted until they outnumber the ranks behind.
+    let mut counted = st.entered_m.len();
+    let mut reference: Vec<(usize, usize)> = st
+        .entered_m
+        .iter()
+        .take(MAX_REFERENCE)
+        .map(|&m| (st.pg, m))
+        .collect();
     let siblings = families.get(&pg.family()).into_iter().flatten();
-    for &i in siblings.filter(|&&i| i != st.pg).take(MAX_SIBLINGS) {
+    'siblings: for &i in siblings.filter(|&&i| i != st.pg).take(MAX_SIBLINGS) {
         let other = &state.pgs[i];
-        reference.extend(
-            (0..other.members.len())
-                .filter(|&m| other.rec(m, st.seq).is_some_and(|x| x.has_enq()))
-                .map(|m| (i, m)),
-        );
+        for m in 0..other.members.len() {
+            // Enough to outnumber those behind and to read the position from: stop looking.
+            if counted > st.behind.len() && reference.len() >= MAX_REFERENCE {
+                break 'siblings;
+            }
+            if other.rec(m, st.seq).is_some_and(|x| x.has_enq()) {
+                counted += 1;
+                if reference.len() < MAX_REFERENCE {
+                    reference.push((i, m));
+                }
+            }
+        }
     }
-    if reference.len() < 2 || reference.len() <= st.behind.len() {
+    if counted < 2 || counted <= st.behind.len() {
         return None;
     }
-    let counted = reference.len();
-    // Where the program is: a few dozen ranks say it as well as thousands.
-    reference.truncate(MAX_REFERENCE);
     let rs = state.ranks.get(r)?;
     for &(p, pm) in &rs.pgs {
         let mine_pg = &state.pgs[p as usize];
@@ -1351,9 +1365,9 @@ fn passed_point(state: &State, families: &Families, st: &Stuck, r: Rank) -> Opti
         };
         if mine > most {
             return Some(format!(
-                "rank {r} skipped {}: the {} ranks that entered it (here and in the other {} groups) had enqueued at most #{most} of their {} groups by then, and rank {r} has enqueued #{mine} of its own ({}) without entering it",
+                "rank {r} skipped {}: {} ranks that entered it (here and in the other {} groups) had enqueued at most #{most} of their {} groups by then, and rank {r} has enqueued #{mine} of its own ({}) without entering it",
                 op_at(st),
-                counted,
+                reference.len(),
                 pg.family().0,
                 kind.0,
                 text::pg(mine_pg)
@@ -1389,8 +1403,8 @@ fn at_role(pg: &Pg, role: usize) -> Option<Rank> {
 }
 
 /// A point-to-point stream stuck with both ends of a boundary waiting (so nobody is "behind"),
-/// where one member's ops, up to its pending one, stop being what the same stage posts at
-/// those seqs in the sibling pipelines (the other groups of its kind, see [`Pg::family`]): a
+/// where one member's ops, over the last [`DIVERGE_DEPTH`] up to its pending one, stop being
+/// what the same stage posts at those seqs in (up to eight of) the sibling pipelines (the other groups of its kind, see [`Pg::family`]): a
 /// send where they all posted a receive, or towards another stage. Each end numbers its own
 /// ops and the pipelines of one job run one schedule, so that member left it (dropped a
 /// receive from a batch, posted an extra op) and its peer now waits for an op that never
@@ -1407,7 +1421,7 @@ fn diverged(state: &State, families: &Families, st: &Stuck) -> Option<Verdict> {
         .into_iter()
         .flatten()
         .filter(|&&i| i != st.pg)
-        .take(MAX_SIBLINGS)
+        .take(MAX_SIBLINGS / 2)
         .map(|&i| &state.pgs[i])
         .collect();
     if sibs.len() < 2 {
@@ -1431,8 +1445,9 @@ fn diverged(state: &State, families: &Families, st: &Stuck) -> Option<Verdict> {
         let (Some(f), Some(my_role)) = (frontier(state, pg, m), role(pg, rank)) else {
             continue;
         };
-        // The first op, up to the pending one, that the same stage elsewhere did otherwise.
-        let lo = f.saturating_sub(pg.window as u64 - 1);
+        // The first op, among the last few up to the pending one, that the same stage
+        // elsewhere did otherwise (a dropped receive shows within a step or two).
+        let lo = f.saturating_sub(DIVERGE_DEPTH.min(pg.window as u64 - 1));
         for seq in lo..=f {
             let Some(rec) = pg.rec(m, seq).filter(|r| r.has_enq()) else {
                 continue;

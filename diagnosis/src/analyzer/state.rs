@@ -425,8 +425,11 @@ fn rank_set(ranks: &[Rank]) -> Vec<Rank> {
     set
 }
 
+/// The ring slot of `seq` in a window of `window` seqs, a power of two (a mask, not a division:
+/// this is on every lookup of the hang rules).
 fn slot(seq: u64, window: usize) -> usize {
-    (seq % window as u64) as usize
+    debug_assert!(window.is_power_of_two());
+    (seq as usize) & (window - 1)
 }
 
 /// Size bucket: powers of two, so 1 MiB and 1.2 MiB share a baseline but 1 KiB does not.
@@ -634,7 +637,10 @@ impl State {
     /// host keeps enqueuing past a stuck op until the step's host sync, 40 or more ops of a
     /// tensor-parallel group; the stuck op's records must outlive them.
     pub(crate) fn window(&self) -> usize {
-        self.seq_window.unwrap_or(SEQ_WINDOW).max(SEQ_WINDOW)
+        self.seq_window
+            .unwrap_or(SEQ_WINDOW)
+            .max(SEQ_WINDOW)
+            .next_power_of_two()
     }
 
     /// Whether a stream's members run the same compute (see [`peer_comparable`]).

@@ -208,6 +208,8 @@ fn trace_window(trace: &Trace, verdict: Option<&Verdict>) -> (Vec<Coll>, Vec<Mem
         return (Vec::new(), Vec::new());
     };
     let mut chosen: Vec<u32> = v.culprits.clone();
+    // An undecided verdict names nobody: its ranked candidates are where to look.
+    chosen.extend(yard_diagnosis::timeline::candidates(v));
     for l in &v.links {
         chosen.extend(l.from.iter().chain(l.to.iter()));
     }
