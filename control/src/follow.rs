@@ -41,6 +41,42 @@ pub fn member_check_due(
     }
 }
 
+/// How long a voter has been without a leader it can count on, for [`member_check_due`]:
+/// a follower's time since it last heard its leader (`heard_ms_ago`), a leader's time since a
+/// quorum last acknowledged it (`quorum_ack_ms_ago`, never when `None`). A leader is not
+/// leaderless by being one: a voter cut off while the others replaced it goes on believing it
+/// leads its old term (openraft 0.9 has no check-quorum), and only a quorum's silence shows it.
+pub fn leaderless_ms(
+    leader: bool,
+    heard_ms_ago: Option<u64>,
+    quorum_ack_ms_ago: Option<u64>,
+) -> Option<u64> {
+    let ms = if leader {
+        quorum_ack_ms_ago
+    } else {
+        heard_ms_ago
+    };
+    if leader && ms.is_some_and(|ms| ms < MEMBER_CHECK_MS) {
+        return None;
+    }
+    Some(ms.unwrap_or(u64::MAX))
+}
+
+/// The addresses an agent keeps for its next start: the members it follows now (in id order),
+/// then the seeds it was started with that are not among them. An agent's tables live in
+/// memory only, so after a restart these are all it knows of its cluster; the host it joined
+/// through may since have become an agent itself (the autopilot replaced it) or left, and an
+/// agent remembering only that host would never find the cluster again.
+pub fn seeds_to_remember(members: &BTreeMap<u64, String>, started_with: &[String]) -> Vec<String> {
+    let mut seeds: Vec<String> = members.values().cloned().collect();
+    for s in started_with {
+        if !seeds.contains(s) {
+            seeds.push(s.clone());
+        }
+    }
+    seeds
+}
+
 /// Whether a member's answer shows that this host (`me`) was removed while it was away: the
 /// member's membership is newer than the one this host last knew (`mine_at`, the log index of
 /// its configuration) and does not hold this host. Then the host follows as an agent; otherwise
@@ -154,6 +190,42 @@ fn weight(agent: u64, member: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_agent_remembers_its_members_before_the_host_it_joined_through() {
+        let members: BTreeMap<u64, String> = [(3, "198.18.0.3:7480"), (2, "198.18.0.2:7480")]
+            .into_iter()
+            .map(|(id, a)| (id, a.to_owned()))
+            .collect();
+        let joined = vec!["198.18.0.1:7480".to_owned(), "198.18.0.2:7480".to_owned()];
+        assert_eq!(
+            seeds_to_remember(&members, &joined),
+            ["198.18.0.2:7480", "198.18.0.3:7480", "198.18.0.1:7480"]
+        );
+        assert_eq!(seeds_to_remember(&BTreeMap::new(), &joined), joined);
+    }
+
+    #[test]
+    fn a_leader_is_leaderless_only_once_a_quorum_stops_acknowledging_it() {
+        assert_eq!(leaderless_ms(true, None, Some(30)), None, "acked just now");
+        assert_eq!(
+            leaderless_ms(true, None, Some(MEMBER_CHECK_MS)),
+            Some(MEMBER_CHECK_MS)
+        );
+        assert_eq!(
+            leaderless_ms(true, None, None),
+            Some(u64::MAX),
+            "never acked"
+        );
+        let stale = leaderless_ms(true, None, Some(9_000));
+        assert!(member_check_due(true, stale, None), "a cut-off leader asks");
+    }
+
+    #[test]
+    fn a_follower_is_leaderless_for_as_long_as_it_heard_none() {
+        assert_eq!(leaderless_ms(false, Some(40), Some(9_000)), Some(40));
+        assert_eq!(leaderless_ms(false, None, None), Some(u64::MAX));
+    }
 
     #[test]
     fn a_voter_checks_its_membership_only_after_hearing_no_leader_for_a_while() {

@@ -159,6 +159,19 @@ impl Handler for Node {
             // Every request passes the role model first, whatever serves it.
             if let Err(refusal) = admission::admitted(&role, &req, &NodeView(&this)) {
                 METRICS.requests_refused.inc();
+                if let (admission::Refusal::NotMember { sender }, Request::Raft(r)) =
+                    (&refusal, &req)
+                {
+                    let (ours, last) = {
+                        let m = this.inner.raft.metrics();
+                        let m = m.borrow();
+                        (m.vote, m.last_applied)
+                    };
+                    if let Some(answer) = crate::stale_raft::higher_vote_answer(r, &ours, last) {
+                        tracing::info!(sender, vote = %ours, "told a node that is no longer a raft member this node's newer vote");
+                        return Reply::Raft(Ok(answer));
+                    }
+                }
                 tracing::warn!(?role, %refusal, "refused a request for the peer's role");
                 return Reply::Error(refusal.to_string());
             }

@@ -36,5 +36,6 @@ pub mod rpc;
 pub mod service;
 pub mod sink_tickets;
 pub mod snapshot_service;
+pub mod stale_raft;
 pub mod tls;
 pub mod transport;

@@ -9,9 +9,12 @@
 //! it or a snapshot when its watch log no longer reaches back.
 
 use std::collections::BTreeSet;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use yard_control::follow::{member_check_due, removed_while_away, Follower};
+use yard_control::follow::{
+    leaderless_ms, member_check_due, removed_while_away, seeds_to_remember, Follower,
+};
 use yard_raft_store::{NodeId, StateMachineStore};
 
 use crate::rpc::{Reply, Request, WatchBatch};
@@ -32,8 +35,12 @@ pub struct Settings {
     /// busy cluster's writes reach an agent in batches of this period, not one poll per
     /// commit, so each agent costs its member at most `1000 / pace` polls a second.
     pub pace: Duration,
-    /// Where to start before any member is known (the `--join` address).
+    /// Where to start before any member is known (the `--join` address, or what a restarted
+    /// agent remembered).
     pub seeds: Vec<String>,
+    /// Where the agent writes the seeds its next start should use (`seeds_to_remember`)
+    /// whenever the members it follows change.
+    pub remember: PathBuf,
 }
 
 /// Runs on every host: follows the tables whenever this host is not a Raft member (a host the
@@ -49,18 +56,19 @@ pub async fn follow(node: Node, store: StateMachineStore, settings: Settings) {
     let mut checked: Option<Instant> = None;
     let mut paced = false;
     let mut polled_at = tokio::time::Instant::now();
+    let mut remembered = settings.seeds.clone();
     loop {
         let mut hold = settings.hold;
         let mut checking = false;
         if node.is_member() {
             let voter = node.voter_ids().contains(&node.id());
-            let leaderless_ms = match crate::prevote::gate::local_view(&node).await {
-                Some(v) if v.leader => None,
-                Some(v) => Some(v.heard_ms_ago.unwrap_or(u64::MAX)),
-                None => return,
+            let Some(view) = crate::prevote::gate::local_view(&node).await else {
+                return;
             };
+            let quorum_ack = node.raft().metrics().borrow().millis_since_quorum_ack;
+            let leaderless = leaderless_ms(view.leader, view.heard_ms_ago, quorum_ack);
             let since_check = checked.map(|at: Instant| at.elapsed().as_millis() as u64);
-            if !member_check_due(voter, leaderless_ms, since_check) {
+            if !member_check_due(voter, leaderless, since_check) {
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 continue;
             }
@@ -141,6 +149,9 @@ pub async fn follow(node: Node, store: StateMachineStore, settings: Settings) {
                     }
                 }
                 follower.answered(*m);
+                if !node.is_member() {
+                    remember(&settings.remember, &node, &settings.seeds, &mut remembered).await;
+                }
                 if following != Some(*m) {
                     tracing::info!(member = m, addr = %addr.addr, "following the tables from a member");
                     following = Some(*m);
@@ -155,6 +166,31 @@ pub async fn follow(node: Node, store: StateMachineStore, settings: Settings) {
                 tokio::time::sleep(RETRY_AFTER).await;
             }
         }
+    }
+}
+
+/// Writes the seeds a restart should use when they differ from the ones last written; a
+/// failed write is logged and tried again after the next poll.
+async fn remember(
+    path: &std::path::Path,
+    node: &Node,
+    started_with: &[String],
+    last: &mut Vec<String>,
+) {
+    let seeds = seeds_to_remember(&node.watch_sources(), started_with);
+    if seeds.is_empty() || seeds == *last {
+        return;
+    }
+    let (path, contents) = (path.to_owned(), seeds.join("\n") + "\n");
+    let write = tokio::task::spawn_blocking(move || {
+        crate::tls::write_file(&path, contents.as_bytes(), false).map_err(|e| e.to_string())
+    });
+    match write.await.map_err(|e| e.to_string()).and_then(|r| r) {
+        Ok(()) => {
+            tracing::info!(?seeds, "remembered the members for the next start");
+            *last = seeds;
+        }
+        Err(error) => tracing::warn!(%error, "cannot remember the members for the next start"),
     }
 }
 

@@ -69,6 +69,7 @@ pub async fn enter_cluster(
             rpc_timeout,
             pace: Duration::from_millis(cfg.raft.watch_pace_ms),
             seeds,
+            remember: agent_file.clone(),
         };
         tokio::spawn(yard::roles::agent::follow(
             node.clone(),
