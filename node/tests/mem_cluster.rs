@@ -23,7 +23,7 @@ struct TestNode {
     /// The store Raft applies to, which an agent's watch applies to instead.
     store: yard_raft_store::StateMachineStore,
     addr: String,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 fn addr(id: NodeId) -> String {
@@ -192,7 +192,7 @@ async fn start(
         node,
         store,
         addr: addr(id),
-        _dir: dir,
+        dir,
     }
 }
 
@@ -1195,6 +1195,7 @@ async fn join_host(net: &MemNetwork, id: NodeId, raft: &RaftSection) -> (TestNod
                 rpc_timeout: Duration::from_millis(500),
                 pace: Duration::from_millis(raft.watch_pace_ms),
                 seeds: vec![addr(1)],
+                remember: t.dir.path().join("agent-seeds"),
             },
         ));
     }
@@ -1447,6 +1448,7 @@ async fn a_voter_removed_while_cut_off_follows_as_an_agent_after_the_heal() {
             rpc_timeout: Duration::from_millis(500),
             pace: Duration::from_millis(raft.watch_pace_ms),
             seeds: Vec::new(),
+            remember: victim.dir.path().join("agent-seeds"),
         },
     ));
     let others: Vec<&str> = hosts
