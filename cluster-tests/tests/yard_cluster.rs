@@ -347,6 +347,59 @@ fn a_node_without_a_certificate_joins_with_a_token_and_a_member_is_removed() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("node 9 is not a member"));
     ok(c.cli(2, &["kv", "put", "after", "removal"]).unwrap());
+    // A host's own certificate does no operator's work, even with the signature a CLI makes
+    // with the host's key: the node refuses the proof of a certificate that is not an admin's.
+    let leader = c.wait_leader(1).unwrap();
+    let as_admin = c.topo.dir().join("n2-as-admin");
+    std::fs::create_dir_all(&as_admin).unwrap();
+    for (from, to) in [
+        ("ca.crt", "ca.crt"),
+        ("n2.crt", "admin.crt"),
+        ("n2.key", "admin.key"),
+    ] {
+        std::fs::copy(c.tls_dir().join(from), as_admin.join(to)).unwrap();
+    }
+    let (endpoint, dir) = (c.endpoint(leader), as_admin.display().to_string());
+    let forged = c
+        .topology()
+        .exec_with(
+            2,
+            yard_bin(),
+            &[
+                "--endpoint",
+                &endpoint,
+                "--tls-dir",
+                &dir,
+                "kv",
+                "put",
+                "forged",
+                "forged-value",
+            ],
+            &[],
+            Duration::from_secs(20),
+        )
+        .unwrap();
+    assert!(
+        !forged.status.success(),
+        "a host's certificate wrote: {forged:?}"
+    );
+    assert!(
+        String::from_utf8_lossy(&forged.stderr)
+            .contains("the operator's certificate is not an admin certificate of this cluster"),
+        "{}",
+        String::from_utf8_lossy(&forged.stderr)
+    );
+    let got = c.cli(leader, &["kv", "get", "forged"]).unwrap();
+    assert!(
+        String::from_utf8_lossy(&got.stderr).contains("key not found: forged"),
+        "the forged write applied: {got:?}"
+    );
+    // The operator's own request, forwarded by a follower, carries the operator's signature
+    // and is served.
+    let follower = (1..=3).find(|&i| i != leader).unwrap();
+    ok(c.cli(follower, &["kv", "put", "forwarded", "signed"])
+        .unwrap());
+    assert!(ok(c.cli(leader, &["kv", "get", "forwarded"]).unwrap()).contains("signed"));
     // The removed id is revoked: no new token is made for it.
     let out = token_for_4(&c, 2);
     assert!(!out.status.success());

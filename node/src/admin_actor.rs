@@ -86,7 +86,9 @@ impl Handler<ServeAdmin> for AdminActor {
             ))));
         }
         let node = self.node.clone();
-        let task = self.rt.spawn(async move { node.serve_admin(msg.0).await });
+        let task = self
+            .rt
+            .spawn(async move { node.serve_operator(msg.req, msg.proof).await });
         Box::pin(
             async move {
                 task.await

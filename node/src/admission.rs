@@ -43,11 +43,13 @@
 //! The forwarder in turn forwards only what it served itself: an admin it authenticated by
 //! its certificate, its own daemon, or a local worker the aggregation agent admitted.
 //!
-//! Residual risk: the leader cannot tell a forwarded operator's request from one a host made
-//! up. A compromised host (its key in an attacker's hands) can therefore still do any admin
-//! work through the leader, forwarding it as if an operator had asked. Closing that needs
-//! proof from the admin that travels with the request (a signature by the admin key over the
-//! request, a nonce and a deadline, verified by the leader), which the CLI does not make yet.
+//! Operator writes need the operator's proof: the CLI signs every request with the admin key
+//! (`crate::operator_proof`), a forwarder sends the signature on with the request, and an
+//! operator write forwarded without one is refused ([`needs_operator_proof`]), so a
+//! compromised host cannot pass off writes it made up. The node serving a signed request
+//! checks the proof (an admin certificate of this cluster valid now, the signature, the time,
+//! the nonce). Unsigned forwarding is taken only where no CA is known or
+//! `admin.unsigned_forwarding` is set for an upgrade from a release whose CLI does not sign.
 
 use std::fmt;
 
@@ -70,6 +72,10 @@ pub trait ClusterView {
     fn term(&self) -> u64;
     /// Whether node `id` was removed from the cluster, its certificate revoked with it.
     fn is_revoked(&self, id: NodeId) -> bool;
+    /// Whether hosts may forward operator writes without the operator's signature: only where
+    /// no CA is known (the in-memory test clusters) or `admin.unsigned_forwarding` is set for a
+    /// rolling upgrade from a release whose CLI does not sign.
+    fn takes_unsigned_operator_writes(&self) -> bool;
 }
 
 /// Why a request was refused before it was served; each renders as one sentence.
@@ -87,6 +93,9 @@ pub enum Refusal {
     /// The sender is not (or no longer) a Raft member here.
     #[error("node {sender} is not a raft member of this cluster")]
     NotMember { sender: NodeId },
+    /// An operator write forwarded without the operator's signature.
+    #[error("node {sender} forwarded an operator write without the operator's signature; this cluster takes forwarded operator writes only as the yard CLI of this release signs them")]
+    Unsigned { sender: NodeId },
     /// The sender is not (or no longer) a host of this cluster.
     #[error("node {sender} is not a host of this cluster")]
     NotHost { sender: NodeId },
@@ -149,6 +158,10 @@ pub fn admitted(role: &PeerRole, req: &Request, view: &impl ClusterView) -> Resu
             Request::Admin(_) => Ok(()),
             Request::AdminOnce { req, .. } if req.is_kv() => Ok(()),
             Request::AdminOnce { .. } => Err(Refusal::SessionOnNonKv),
+            Request::SignedAdmin {
+                tag: Some(_), req, ..
+            } if !req.is_kv() => Err(Refusal::SessionOnNonKv),
+            Request::SignedAdmin { .. } => Ok(()),
             Request::RedeemToken(_) => Err(Refusal::Role {
                 what: "token redemptions",
                 needs: "no certificate (a host without one redeems its token)",
@@ -234,10 +247,22 @@ fn node_admitted(sender: NodeId, req: &Request, view: &impl ClusterView) -> Resu
         Request::BandwidthTicket => host(),
         Request::Admin(r) => {
             host()?;
-            forwardable(sender, r)
+            forwardable(sender, r)?;
+            unsigned_forwardable(sender, r, view)
         }
-        Request::AdminOnce { req, .. } if req.is_kv() => host(),
+        Request::AdminOnce { req, .. } if req.is_kv() => {
+            host()?;
+            unsigned_forwardable(sender, req, view)
+        }
         Request::AdminOnce { .. } => Err(Refusal::SessionOnNonKv),
+        Request::SignedAdmin {
+            tag: Some(_), req, ..
+        } if !req.is_kv() => Err(Refusal::SessionOnNonKv),
+        // The proof itself is checked where the request is served (`crate::operator_proof`).
+        Request::SignedAdmin { req, .. } => {
+            host()?;
+            forwardable(sender, req)
+        }
         // About the caller's own lease and data plane by construction: the node is the
         // certificate's.
         Request::GatewayRenew { .. }
@@ -277,11 +302,44 @@ fn forwardable(sender: NodeId, r: &AdminRequest) -> Result<(), Refusal> {
     }
 }
 
+/// Whether operator request `r`, forwarded by a host, needs the operator's signature: every
+/// write but the ones a daemon makes about itself or for a local worker (an aggregator's
+/// registration, a bandwidth figure, a re-measure, a worker's join and departure). Reads need
+/// none: every host holds the tables they read.
+pub fn needs_operator_proof(r: &AdminRequest) -> bool {
+    !r.is_read_only()
+        && !matches!(
+            r,
+            AdminRequest::Agg(
+                AggRequest::Host { .. }
+                    | AggRequest::Bandwidth { .. }
+                    | AggRequest::Remeasure { .. }
+                    | AggRequest::Join { .. }
+                    | AggRequest::WorkerGone { .. }
+            )
+        )
+}
+
+/// Whether a host may forward `r` without the operator's signature.
+fn unsigned_forwardable(
+    sender: NodeId,
+    r: &AdminRequest,
+    view: &impl ClusterView,
+) -> Result<(), Refusal> {
+    if needs_operator_proof(r) && !view.takes_unsigned_operator_writes() {
+        Err(Refusal::Unsigned { sender })
+    } else {
+        Ok(())
+    }
+}
+
 /// What a request is, for a refusal.
 fn kind(req: &Request) -> &'static str {
     match req {
         Request::Raft(_) | Request::PreVote => "raft traffic",
-        Request::Admin(_) | Request::AdminOnce { .. } => "admin requests",
+        Request::Admin(_) | Request::AdminOnce { .. } | Request::SignedAdmin { .. } => {
+            "admin requests"
+        }
         Request::Probe => "liveness probes",
         Request::GatewayRenew { .. }
         | Request::GatewayGrace { .. }
@@ -303,7 +361,9 @@ fn kind(req: &Request) -> &'static str {
 /// The certificate a request needs, for a refusal.
 fn needed(req: &Request) -> &'static str {
     match req {
-        Request::Admin(_) | Request::AdminOnce { .. } => "an admin certificate",
+        Request::Admin(_) | Request::AdminOnce { .. } | Request::SignedAdmin { .. } => {
+            "an admin certificate"
+        }
         Request::Join(_) => "a node certificate; redeem a join token first",
         _ => "a node certificate",
     }
@@ -327,6 +387,7 @@ mod tests {
         leader: Option<NodeId>,
         term: u64,
         revoked: BTreeSet<NodeId>,
+        unsigned: bool,
     }
 
     impl View {
@@ -337,6 +398,7 @@ mod tests {
                 leader: Some(2),
                 term: 5,
                 revoked: BTreeSet::new(),
+                unsigned: false,
             }
         }
 
@@ -347,6 +409,7 @@ mod tests {
                 leader: None,
                 term: 0,
                 revoked: BTreeSet::new(),
+                unsigned: false,
             }
         }
     }
@@ -369,6 +432,9 @@ mod tests {
         }
         fn is_revoked(&self, id: NodeId) -> bool {
             self.revoked.contains(&id)
+        }
+        fn takes_unsigned_operator_writes(&self) -> bool {
+            self.unsigned
         }
     }
 
@@ -520,7 +586,7 @@ mod tests {
         view.revoked.insert(4);
         view.revoked.insert(3);
         let requests = [
-            Request::Admin(kv_put()),
+            signed(None, kv_put()),
             Request::Watch {
                 from: 0,
                 hold_ms: 0,
@@ -547,35 +613,117 @@ mod tests {
             Refusal::Revoked { sender: 4 }.to_string(),
             "node 4 was removed from this cluster and its certificate is revoked"
         );
-        assert!(admitted(&PeerRole::Node(1), &Request::Admin(kv_put()), &view).is_ok());
+        assert!(admitted(&PeerRole::Node(1), &signed(None, kv_put()), &view).is_ok());
         assert!(admitted(&PeerRole::Node(2), &append(2), &view).is_ok());
     }
 
+    /// A request with a proof; admission does not check the proof itself (the server does,
+    /// `crate::operator_proof`), only who forwards what.
+    fn signed(tag: Option<yard_raft_store::SessionTag>, req: AdminRequest) -> Request {
+        Request::SignedAdmin {
+            tag,
+            req,
+            proof: crate::operator_proof::OperatorProof {
+                cert: Vec::new(),
+                issued_unix_ms: 0,
+                nonce: [0; 16],
+                signature: Vec::new(),
+            },
+        }
+    }
+
+    const TAG: yard_raft_store::SessionTag = yard_raft_store::SessionTag {
+        client: 1,
+        seq: 1,
+        first_unacked: 0,
+    };
+
     #[test]
     fn a_node_certificate_forwards_operators_requests_only_from_a_host() {
-        let put = Request::Admin(kv_put());
+        let put = signed(None, kv_put());
         assert!(ok(PeerRole::Node(3), &put));
         assert!(ok(PeerRole::Node(4), &put));
         assert_eq!(
             why(PeerRole::Node(9), &put),
             "node 9 is not a host of this cluster"
         );
-        let once = |req| Request::AdminOnce {
-            tag: yard_raft_store::SessionTag {
-                client: 1,
-                seq: 1,
-                first_unacked: 0,
-            },
-            req,
-        };
-        assert!(ok(PeerRole::Node(4), &once(kv_put())));
-        assert!(!ok(PeerRole::Node(9), &once(kv_put())));
+        assert!(ok(PeerRole::Node(4), &signed(Some(TAG), kv_put())));
+        assert!(!ok(PeerRole::Node(9), &signed(Some(TAG), kv_put())));
+        assert_eq!(
+            why(PeerRole::Node(1), &signed(Some(TAG), AdminRequest::Status)),
+            "only key-value writes carry a client session"
+        );
+        assert!(ok(PeerRole::Admin, &signed(Some(TAG), kv_put())));
+        assert!(!ok(PeerRole::Anonymous, &put));
+        let once = |req| Request::AdminOnce { tag: TAG, req };
         assert_eq!(
             why(PeerRole::Node(1), &once(AdminRequest::Status)),
             "only key-value writes carry a client session"
         );
         assert!(!ok(PeerRole::Admin, &once(AdminRequest::Status)));
         assert!(ok(PeerRole::Admin, &once(kv_put())));
+    }
+
+    /// A compromised host cannot pass off an operator write it made up: without the
+    /// operator's signature a forwarded write is refused, whatever its kind; reads and what a
+    /// daemon reports about itself pass.
+    #[test]
+    fn a_forwarded_operator_write_needs_the_operator_s_signature() {
+        let writes = [
+            kv_put(),
+            AdminRequest::MembersRemove { id: 2 },
+            AdminRequest::TokenCreateBound {
+                ttl_secs: 60,
+                node_id: 9,
+                name: "n9".into(),
+            },
+            AdminRequest::Agg(AggRequest::Delete { name: "j".into() }),
+        ];
+        for w in &writes {
+            assert_eq!(
+                admitted(
+                    &PeerRole::Node(3),
+                    &Request::Admin(w.clone()),
+                    &View::three()
+                ),
+                Err(Refusal::Unsigned { sender: 3 }),
+                "{w:?}"
+            );
+            assert!(ok(PeerRole::Node(3), &signed(None, w.clone())));
+            assert!(
+                ok(PeerRole::Admin, &Request::Admin(w.clone())),
+                "an admin's own"
+            );
+        }
+        assert_eq!(
+            admitted(
+                &PeerRole::Node(4),
+                &Request::AdminOnce {
+                    tag: TAG,
+                    req: kv_put()
+                },
+                &View::three()
+            ),
+            Err(Refusal::Unsigned { sender: 4 })
+        );
+        for read in [
+            AdminRequest::Status,
+            AdminRequest::KvGet { key: "k".into() },
+        ] {
+            assert!(ok(PeerRole::Node(3), &Request::Admin(read)));
+        }
+        let gone = AdminRequest::Agg(AggRequest::WorkerGone {
+            name: "j".into(),
+            rank: 0,
+            reason: "gone".into(),
+        });
+        assert!(ok(PeerRole::Node(3), &Request::Admin(gone)));
+        // During a rolling upgrade from a release whose CLI does not sign.
+        let upgrading = View {
+            unsigned: true,
+            ..View::three()
+        };
+        assert!(admitted(&PeerRole::Node(3), &Request::Admin(kv_put()), &upgrading).is_ok());
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use yard_raft_store::SessionTag;
 
+use crate::operator_proof::Signer;
 use crate::rpc::{AdminReply, AdminRequest, Reply, Request};
 use crate::tls::{self, Identity, Trust};
 use crate::transport::{Quic, QuicTransport, Target, TransportError};
@@ -155,6 +156,9 @@ pub struct AdminClient {
     /// timeout, not one per request. Shared by clones.
     preferred: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     session: Arc<Session>,
+    /// Signs every operator request with the admin key (`crate::operator_proof`), so a node
+    /// that forwards it to the leader can prove an operator asked.
+    signer: Option<Arc<Signer>>,
 }
 
 impl AdminClient {
@@ -167,7 +171,13 @@ impl AdminClient {
     ) -> Result<Self, ClientError> {
         let identity = Identity::load(tls_dir, "admin")?;
         let client = tls::client_config(cluster, Trust::Ca(identity.ca.clone()), Some(&identity))?;
-        Self::with_config(endpoints, client, cluster, timeout)
+        let mut admin = Self::with_config(endpoints, client, cluster, timeout)?;
+        match Signer::new(cluster, &identity.chain[0], &identity.key) {
+            Ok(signer) => admin.signer = Some(Arc::new(signer)),
+            // Requests still work where they are served; a forwarded write is refused.
+            Err(e) => tracing::warn!(error = %e, "operator requests go unsigned"),
+        }
+        Ok(admin)
     }
 
     /// A client with an explicit QUIC client configuration (token redemption, tests).
@@ -194,6 +204,7 @@ impl AdminClient {
             timeout,
             preferred: Default::default(),
             session: Arc::new(Session::new()),
+            signer: None,
         })
     }
 
@@ -247,12 +258,11 @@ impl AdminClient {
         let mut last = ClientError::NoEndpoint;
         // Whether any attempt may have reached a node (anything but a failed handshake).
         let mut maybe_sent = false;
+        // Signed until a node of an earlier release cannot decode it.
+        let mut sign = true;
         for attempt in 0.. {
             let remaining = deadline.saturating_duration_since(Instant::now());
-            let request = Request::AdminOnce {
-                tag,
-                req: req.clone(),
-            };
+            let request = self.operator_request(Some(tag), &req, sign);
             // Short handshakes while the first pass has endpoints left to try.
             let handshake = if attempt + 1 < n {
                 CONNECT_TIMEOUT
@@ -270,6 +280,12 @@ impl AdminClient {
                 )
                 .await;
             last = match reply {
+                // A node of an earlier release: nothing was served; it takes the write
+                // unsigned.
+                Ok(Reply::Error(e)) if sign && crate::frame::is_undecodable(&e) => {
+                    sign = false;
+                    continue;
+                }
                 Ok(Reply::Admin(r)) => {
                     self.preferred.store(i, Ordering::Relaxed);
                     write.done(false);
@@ -317,6 +333,33 @@ impl AdminClient {
         })
     }
 
+    /// `req` as this client sends it: signed when `sign` and the client has a key that signs,
+    /// plain otherwise.
+    fn operator_request(&self, tag: Option<SessionTag>, req: &AdminRequest, sign: bool) -> Request {
+        let proof = match self.signer.as_ref().filter(|_| sign) {
+            Some(signer) => match signer.sign(tag.as_ref(), req, crate::service::now_unix_ms()) {
+                Ok(proof) => Some(proof),
+                Err(e) => {
+                    tracing::warn!(error = %e, "sending an operator request unsigned");
+                    None
+                }
+            },
+            None => None,
+        };
+        match (proof, tag) {
+            (Some(proof), tag) => Request::SignedAdmin {
+                tag,
+                req: req.clone(),
+                proof,
+            },
+            (None, Some(tag)) => Request::AdminOnce {
+                tag,
+                req: req.clone(),
+            },
+            (None, None) => Request::Admin(req.clone()),
+        }
+    }
+
     /// Closes the client's connections and tells the nodes (a CLI process calls this before it
     /// exits): a request it gave up on is then dropped by the node serving it.
     pub async fn close(&self) {
@@ -329,7 +372,12 @@ impl AdminClient {
         if req.is_kv() && !req.is_read_only() {
             return self.write_once(req).await;
         }
-        match self.call(Request::Admin(req)).await? {
+        let mut reply = self.call(self.operator_request(None, &req, true)).await?;
+        if matches!(&reply, Reply::Error(e) if crate::frame::is_undecodable(e)) {
+            // A node of an earlier release: nothing was served; it takes the request unsigned.
+            reply = self.call(Request::Admin(req)).await?;
+        }
+        match reply {
             Reply::Admin(r) => Ok(r),
             Reply::Error(e) => Err(ClientError::Remote(e)),
             Reply::Indefinite(e) => Err(ClientError::Indefinite(e)),

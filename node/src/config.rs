@@ -188,12 +188,18 @@ pub struct AdminSection {
     /// Management requests (status, membership, tokens) served at once; more are refused as
     /// busy, doing nothing.
     pub max_in_flight: usize,
+    /// Take operator writes that hosts forward without the operator's signature
+    /// (`yard::operator_proof`). Off: a compromised host could otherwise do any admin work by
+    /// forwarding writes no operator made. Set it only while upgrading from a release whose
+    /// CLI does not sign, and unset it once every node and CLI runs this release.
+    pub unsigned_forwarding: bool,
 }
 
 impl Default for AdminSection {
     fn default() -> Self {
         Self {
             max_in_flight: 1024,
+            unsigned_forwarding: false,
         }
     }
 }

@@ -4,6 +4,7 @@
 //! gateway, aggregation and diagnosis services). Operators' requests arrive here through the
 //! admin actor (`serve_admin`); nodes' requests through the transport's [`Handler`].
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::ServerState;
@@ -11,15 +12,29 @@ use yard_raft_store::{Command, NodeId, SessionTag};
 
 use crate::admission;
 use crate::metrics::METRICS;
+use crate::operator_proof::{self, OperatorProof};
 use crate::rpc::{AdminReply, AdminRequest, Reply, Request};
 use crate::service::{entry, Attempt, Node, ServeAdmin};
 use crate::tls::PeerRole;
 use crate::transport::{BoxFut, Handler};
 
 impl Node {
-    /// Serves one operator request (what the admin actor runs).
+    /// Serves one request this node's own daemon makes (an aggregator's registration, a
+    /// bandwidth figure), or an operator's without a signature.
     pub async fn serve_admin(&self, req: AdminRequest) -> Reply {
         self.handle_admin(false, None, req).await
+    }
+
+    /// Serves one operator request (what the admin actor runs), with the operator's signature
+    /// when it came with one: a forward to the leader carries it.
+    pub async fn serve_operator(
+        &self,
+        req: AdminRequest,
+        proof: Option<Arc<OperatorProof>>,
+    ) -> Reply {
+        operator_proof::FORWARD_PROOF
+            .scope(proof, self.handle_admin(false, None, req))
+            .await
     }
 
     /// Serves `req` through the door an admin peer's requests take: the admin actor's
@@ -28,12 +43,21 @@ impl Node {
     /// in here, so that a flood of them is admitted like a flood of operators, not served
     /// unbounded.
     pub async fn serve_admitted(&self, req: AdminRequest) -> Reply {
+        self.serve_admitted_operator(req, None).await
+    }
+
+    /// [`Node::serve_admitted`] for an operator's request with its signature.
+    async fn serve_admitted_operator(
+        &self,
+        req: AdminRequest,
+        proof: Option<Arc<OperatorProof>>,
+    ) -> Reply {
         match self.admin.get() {
             Some(actor) => actor
-                .send(ServeAdmin(req))
+                .send(ServeAdmin { req, proof })
                 .await
                 .unwrap_or_else(|_| Reply::Error("the admin actor is not running".into())),
-            None => self.serve_admin(req).await,
+            None => self.serve_operator(req, proof).await,
         }
     }
 
@@ -149,6 +173,10 @@ impl admission::ClusterView for NodeView<'_> {
 
     fn is_revoked(&self, id: NodeId) -> bool {
         self.0.inner.feed.read(|d| d.revoked.contains(&id))
+    }
+
+    fn takes_unsigned_operator_writes(&self) -> bool {
+        self.0.inner.operator_proofs.is_none()
     }
 }
 
@@ -276,6 +304,35 @@ impl Handler for Node {
                 }
                 (PeerRole::Node(_), Request::AdminOnce { tag, req }) => {
                     this.handle_admin(true, Some(tag), req).await
+                }
+                (PeerRole::Admin, Request::SignedAdmin { tag, req, proof }) => {
+                    let proof = Some(Arc::new(proof));
+                    match tag {
+                        Some(tag) => {
+                            operator_proof::FORWARD_PROOF
+                                .scope(proof, this.handle_admin(false, Some(tag), req))
+                                .await
+                        }
+                        None if req.is_kv() => this.serve_operator(req, proof).await,
+                        None => this.serve_admitted_operator(req, proof).await,
+                    }
+                }
+                (PeerRole::Node(sender), Request::SignedAdmin { tag, req, proof }) => {
+                    if let Some(check) = &this.inner.operator_proofs {
+                        if admission::needs_operator_proof(&req) {
+                            let now = crate::service::now_unix_ms();
+                            if let Err(e) = check.check(&proof, tag.as_ref(), &req, now) {
+                                METRICS.requests_refused.inc();
+                                tracing::warn!(sender, refusal = %e, "refused a forwarded operator request's signature");
+                                return Reply::Error(format!(
+                                    "node {sender} forwarded an operator request whose signature is refused: {e}"
+                                ));
+                            }
+                        }
+                    }
+                    operator_proof::FORWARD_PROOF
+                        .scope(Some(Arc::new(proof)), this.handle_admin(true, tag, req))
+                        .await
                 }
                 (role, Request::Join(r)) => this.handle_join(role, r).await,
                 (role, Request::RedeemToken(r)) => this.handle_redeem(role, r).await,

@@ -22,6 +22,14 @@ pub enum FrameError {
     Write(std::io::Error),
 }
 
+/// Whether `error`, a peer's answer, is the refusal of a frame it could not decode: what a node
+/// of an earlier release answers to a request variant added since (the sender may then fall
+/// back to the form that release knows; nothing of the request was served).
+pub fn is_undecodable(error: &str) -> bool {
+    let probe = FrameError::Decode(String::new()).to_string();
+    error.starts_with(probe.trim_end())
+}
+
 /// Encodes `msg` as one frame.
 pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, FrameError> {
     let body = bincode::serde::encode_to_vec(msg, bincode::config::standard())

@@ -25,6 +25,7 @@ pub mod http;
 pub mod latency;
 pub mod limits;
 pub mod metrics;
+pub mod operator_proof;
 pub mod planner_control;
 pub mod planner_report;
 pub mod prevote;

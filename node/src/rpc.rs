@@ -89,6 +89,15 @@ pub enum Request {
     /// A host about to probe this node's bandwidth sink asks for a ticket to open the probe
     /// with (`crate::sink_tickets`): `BandwidthTicket`.
     BandwidthTicket,
+    /// An operator's request with the operator's signature (`crate::operator_proof`), tagged
+    /// when it is a key-value write. The CLI sends it; a node forwards it to the leader
+    /// unchanged, and the leader takes a forwarded operator write only with a proof. Last in
+    /// the enum, so the variants before it decode as earlier releases encoded them.
+    SignedAdmin {
+        tag: Option<yard_raft_store::SessionTag>,
+        req: AdminRequest,
+        proof: crate::operator_proof::OperatorProof,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

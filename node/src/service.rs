@@ -32,7 +32,11 @@ use yard_actors::gateway::actor::GatewayView;
 /// One operator request for the admin actor (`crate::admin_actor`) to serve.
 #[derive(Debug, actix::Message)]
 #[rtype(result = "Reply")]
-pub struct ServeAdmin(pub AdminRequest);
+pub struct ServeAdmin {
+    pub req: AdminRequest,
+    /// The operator's signature, when the request came with one (`crate::operator_proof`).
+    pub proof: Option<Arc<crate::operator_proof::OperatorProof>>,
+}
 
 pub struct NodeParts {
     pub id: NodeId,
@@ -65,6 +69,10 @@ pub struct NodeParts {
     /// The transport's frame limit (`transport.max_frame_bytes`): proposals stay well below it
     /// (`crate::limits`).
     pub max_frame: u32,
+    /// What forwarded operator writes are checked with; `None` takes them unsigned (a cluster
+    /// without a CA, as the in-memory test clusters are, or `admin.unsigned_forwarding` during
+    /// a rolling upgrade from a release whose CLI does not sign).
+    pub operator_proofs: Option<Arc<crate::operator_proof::ProofCheck>>,
 }
 
 /// A running node's request handler. Cheap to clone.
@@ -457,6 +465,9 @@ impl Node {
         let p = &self.inner;
         let start = Instant::now();
         let retry_safe = req.is_read_only() || tag.is_some();
+        // The operator's signature goes with the request, so the leader can tell it from one
+        // this host made up; dropped if the leader runs a release that cannot decode it.
+        let mut proof = crate::operator_proof::current();
         // Whether an earlier attempt of this write may have reached a leader: then giving up
         // must answer "unknown", never "not applied".
         let mut maybe_applied = false;
@@ -506,12 +517,17 @@ impl Node {
                 }
                 METRICS.forwarded.inc();
                 let _forward_timer = METRICS.forward_latency.start_timer();
-                let request = match tag {
-                    Some(tag) => Request::AdminOnce {
+                let request = match (&proof, tag) {
+                    (Some(proof), tag) => Request::SignedAdmin {
+                        tag,
+                        req: req.clone(),
+                        proof: (**proof).clone(),
+                    },
+                    (None, Some(tag)) => Request::AdminOnce {
                         tag,
                         req: req.clone(),
                     },
-                    None => Request::Admin(req.clone()),
+                    (None, None) => Request::Admin(req.clone()),
                 };
                 let call =
                     p.transport
@@ -559,6 +575,15 @@ impl Node {
                     // this node still follows it is that leader's answer (a token for a revoked
                     // id, a job that does not fit), and retrying it until the deadline turned
                     // it into "no leader answered".
+                    // A leader of an earlier release: it takes the request unsigned.
+                    Ok(Reply::Error(e)) if proof.is_some() && crate::frame::is_undecodable(&e) => {
+                        tracing::debug!(
+                            leader = id,
+                            "the leader cannot decode a signed request; sending it unsigned"
+                        );
+                        proof = None;
+                        continue;
+                    }
                     Ok(Reply::Error(e)) => {
                         if !self.leader_moves_from(id, LEADER_MOVE_WAIT).await {
                             return Reply::Error(e);

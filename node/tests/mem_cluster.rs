@@ -170,6 +170,8 @@ async fn start(
         zone: String::new(),
         host_liveness: Default::default(),
         max_frame: yard::frame::DEFAULT_MAX_FRAME,
+        // No CA here: forwarded operator writes are taken unsigned.
+        operator_proofs: None,
         roles,
     });
     net.register(&addr(id), Arc::new(node.clone()));

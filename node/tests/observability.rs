@@ -96,6 +96,8 @@ async fn one_node() -> OneNode {
         zone: String::new(),
         host_liveness: Default::default(),
         max_frame: yard::frame::DEFAULT_MAX_FRAME,
+        // No CA here: forwarded operator writes are taken unsigned.
+        operator_proofs: None,
         roles: yard_control::roles::RolesConfig::default(),
     });
     net.register(ADDR, Arc::new(node.clone()));

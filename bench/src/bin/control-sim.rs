@@ -291,6 +291,8 @@ async fn build_member(
         roles: raft.roles(),
         host_liveness: LivenessSection::default().hosts(),
         max_frame: yard::frame::DEFAULT_MAX_FRAME,
+        // No CA here: forwarded operator writes are taken unsigned.
+        operator_proofs: None,
     }))
 }
 

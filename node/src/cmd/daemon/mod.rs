@@ -371,6 +371,12 @@ fn build_node(
         roles: cfg.raft.roles(),
         host_liveness: cfg.liveness.hosts(),
         max_frame: cfg.transport.max_frame_bytes,
+        operator_proofs: (!cfg.admin.unsigned_forwarding).then(|| {
+            Arc::new(yard::operator_proof::ProofCheck::new(
+                net.identity.ca.clone(),
+                &cfg.node.cluster,
+            ))
+        }),
     });
     node.set_agg_quota(cfg.aggregator.quota());
     Ok((node, gateway_control, diagnosis_control))
