@@ -1,18 +1,105 @@
 //! The leader's aggregation loop: on every tick while this node leads, the placement core
-//! (`yard_actors::aggregator::placement`) decides on the replicated tables and the leader's
-//! reachability view (and how long each node has been unreachable, `Sustained`), and its
-//! commands are proposed. Each command is guarded by its job's
-//! epoch, so a decision overtaken by another write is skipped at apply time; the loop itself
-//! decides nothing.
+//! (`yard_actors::aggregator::placement`) decides on the replicated tables, the leader's
+//! reachability view (and how long each node has been unreachable, `Sustained`) and the hosts
+//! it committed dead (agents, which its probes do not watch), and its commands are proposed.
+//! Each command is guarded by its job's epoch, so a decision overtaken by another write is
+//! skipped at apply time; the loop itself decides nothing.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::ServerState;
+use tokio::sync::broadcast;
+use tokio::sync::broadcast::error::TryRecvError;
 use yard_actors::aggregator::placement::{decide, ClusterView, Sustained};
-use yard_raft_store::Command;
+use yard_raft_store::aggregation::AggTables;
+use yard_raft_store::{Change, Command, NodeId, StateMachineData};
 
 use crate::service::Node;
+
+/// What the placement core reads from the replicated state, followed through the change feed:
+/// the aggregation tables as the feed publishes them (shared, never copied) and each node's
+/// host address. Read once under the state machine's lock when the loop starts leading (or
+/// resyncs), so a tick takes no lock and copies nothing that grows with the cluster; before,
+/// every tick (10 a second) copied the whole tables under the lock to find out nothing changed.
+#[derive(Debug, Clone)]
+pub struct Inputs {
+    pub tables: Arc<AggTables>,
+    pub node_ips: BTreeMap<NodeId, Ipv4Addr>,
+    /// Hosts the leader committed dead (`Command::HostLiveness`): agents, which its probes
+    /// do not watch.
+    pub hosts_down: BTreeSet<NodeId>,
+}
+
+impl Inputs {
+    /// The inputs as of `d` (called under the lock: the copies are the aggregation tables
+    /// and the node addresses, not the rest of the state).
+    pub fn of(d: &StateMachineData) -> Inputs {
+        Inputs {
+            tables: Arc::new(d.aggregation.clone()),
+            node_ips: crate::agg_service::node_ips(d),
+            hosts_down: d.hosts_down.clone(),
+        }
+    }
+
+    /// Follows one change; `false` when the inputs must be read again (a snapshot replaced
+    /// the state).
+    pub fn apply(&mut self, change: &Change) -> bool {
+        match change {
+            Change::Aggregation { tables, .. } => self.tables = Arc::clone(tables),
+            Change::Node { id, meta, .. } => {
+                match meta.as_ref().and_then(crate::agg_service::node_ip) {
+                    Some(ip) => self.node_ips.insert(*id, ip),
+                    None => self.node_ips.remove(id),
+                };
+            }
+            Change::HostLiveness { id, alive, .. } => {
+                if *alive {
+                    self.hosts_down.remove(id);
+                } else {
+                    self.hosts_down.insert(*id);
+                }
+            }
+            Change::Reset { .. } => return false,
+            Change::Kv { .. } | Change::Gateway { .. } => {}
+        }
+        true
+    }
+}
+
+/// The leader's inputs and the feed they follow; `None` while this node does not lead, so a
+/// follower holds no receiver that fills up.
+type Following = Option<(Inputs, broadcast::Receiver<Change>)>;
+
+/// Brings `following` up to the feed's latest change without blocking: subscribes (through
+/// `subscribe`, the one read under the lock) if it was not following, and again after a reset
+/// or a lag. `false` if the feed is closed.
+fn catch_up(
+    subscribe: impl Fn() -> (Inputs, broadcast::Receiver<Change>),
+    following: &mut Following,
+) -> bool {
+    loop {
+        let Some((inputs, rx)) = following.as_mut() else {
+            *following = Some(subscribe());
+            return true;
+        };
+        match rx.try_recv() {
+            Ok(change) => {
+                if !inputs.apply(&change) {
+                    *following = None;
+                }
+            }
+            Err(TryRecvError::Empty) => return true,
+            Err(TryRecvError::Lagged(skipped)) => {
+                tracing::info!(skipped, "aggregation control lagged the change feed; reading the tables again");
+                *following = None;
+            }
+            Err(TryRecvError::Closed) => return false,
+        }
+    }
+}
 
 /// Runs until the process ends.
 pub async fn run(node: Node, every: Duration, worker_gone: Duration) {
@@ -23,6 +110,7 @@ pub async fn run(node: Node, every: Duration, worker_gone: Duration) {
     // The last inputs that decided nothing: the same tables revision and view decide the same
     // again (the core is pure), so the grouping's search is not rerun on every tick.
     let mut settled: Option<(u64, ClusterView)> = None;
+    let mut following: Following = None;
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
@@ -30,6 +118,7 @@ pub async fn run(node: Node, every: Duration, worker_gone: Duration) {
             // A new term starts the stretches over: only this leader's own probes count.
             sustained = Sustained::new(gone_ms);
             settled = None;
+            following = None;
             crate::raft_wait::wait_leading(node.raft(), crate::raft_wait::IDLE_RECHECK).await;
             continue;
         }
@@ -39,24 +128,26 @@ pub async fn run(node: Node, every: Duration, worker_gone: Duration) {
             .filter(|(_, ok)| !ok)
             .map(|(id, _)| id)
             .collect();
-        // Copied out, so the tables' lock is not held while the core decides.
-        let (tables, node_ips) = node
-            .feed()
-            .read(|d| (d.aggregation.clone(), crate::agg_service::node_ips(d)));
-        let now_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let gone = sustained.update(now_ms, &unreachable);
-        let view = ClusterView {
-            unreachable,
-            gone,
-            node_ips,
-            settling: sustained.settling(now_ms),
+        if !catch_up(|| node.feed().subscribe_with(Inputs::of), &mut following) {
+            return;
+        }
+        let Some((inputs, _)) = following.as_ref() else {
+            continue;
         };
+        let tables = Arc::clone(&inputs.tables);
+        let now_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let view = sustained.view(
+            now_ms,
+            &unreachable,
+            &inputs.hosts_down,
+            inputs.node_ips.clone(),
+        );
         let key = (tables.revision, view.clone());
         if settled.as_ref() == Some(&key) {
             continue;
         }
         // The grouping's search can take a while on a large job: on a blocking thread, on
-        // the copies, so the runtime's other tasks (Raft, QUIC) are not held up by it.
+        // the shared tables, so the runtime's other tasks (Raft, QUIC) are not held up by it.
         let decided = tokio::task::spawn_blocking({
             let view = view.clone();
             move || decide(&tables, &view)
@@ -127,5 +218,141 @@ pub async fn deregister_while_disabled(node: Node) {
             Ok(_) => None,
             Err(RecvError::Closed) => return,
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use yard_raft_store::aggregation::AggCommand;
+    use yard_raft_store::NodeMeta;
+
+    fn set_node(id: u64, addr: &str) -> Command {
+        Command::SetNode(NodeMeta {
+            id,
+            name: format!("n{id}"),
+            addr: addr.into(),
+            ..NodeMeta::default()
+        })
+    }
+
+    fn host(node: u64, slots: u32) -> Command {
+        Command::Aggregation(AggCommand::Host {
+            node,
+            ip: Ipv4Addr::new(198, 18, 0, node as u8),
+            slots,
+            cpu_millis: 1000,
+        })
+    }
+
+    /// One write of the kinds that change what the placement reads (node addresses, hosts,
+    /// removals) or do not (KV).
+    fn command() -> impl Strategy<Value = Command> {
+        prop_oneof![
+            (1u64..5, 1u8..9).prop_map(|(id, last)| set_node(id, &format!("198.18.0.{last}:7480"))),
+            (1u64..5).prop_map(|id| set_node(id, "localhost:7480")),
+            (1u64..5).prop_map(|id| Command::RemoveNode { id }),
+            (1u64..5, prop_oneof![Just(0u32), Just(100u32)]).prop_map(|(n, s)| host(n, s)),
+            (1u64..5, any::<bool>()).prop_map(|(id, alive)| Command::HostLiveness { id, alive }),
+            (0u8..3).prop_map(|k| Command::Put {
+                key: format!("k{k}"),
+                value: "v".into(),
+            }),
+        ]
+    }
+
+    proptest! {
+        /// Following the changes of any sequence of writes gives what reading the tables
+        /// afresh gives, and the tables are the feed's own (shared, never copied).
+        #[test]
+        fn inputs_follow_every_change_as_a_fresh_read_would(
+            cmds in proptest::collection::vec(command(), 0..40)
+        ) {
+            let mut sm = StateMachineData::default();
+            let mut inputs = Inputs::of(&sm);
+            let mut last_tables = None;
+            for cmd in &cmds {
+                let (_, changes) = sm.apply_command(cmd);
+                for change in &changes {
+                    prop_assert!(inputs.apply(change), "{change:?} asked for a resync");
+                    if let Change::Aggregation { tables, .. } = change {
+                        last_tables = Some(Arc::clone(tables));
+                    }
+                }
+            }
+            let fresh = Inputs::of(&sm);
+            prop_assert_eq!(&*inputs.tables, &*fresh.tables);
+            prop_assert_eq!(&inputs.node_ips, &fresh.node_ips);
+            prop_assert_eq!(&inputs.hosts_down, &fresh.hosts_down);
+            if let Some(t) = last_tables {
+                prop_assert!(Arc::ptr_eq(&inputs.tables, &t), "the tables were copied");
+            }
+        }
+    }
+
+    /// A follower that lagged the feed, or saw a snapshot replace the state, reads the tables
+    /// again (once each) and carries on from there; a closed feed ends it.
+    #[test]
+    fn catching_up_reads_again_after_a_lag_or_a_reset_and_only_then() {
+        let (tx, _) = broadcast::channel::<Change>(2);
+        let state = std::sync::Mutex::new(StateMachineData::default());
+        let reads = std::sync::atomic::AtomicUsize::new(0);
+        let subscribe = || {
+            reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            (Inputs::of(&state.lock().unwrap()), tx.subscribe())
+        };
+        let reads_so_far = || reads.load(std::sync::atomic::Ordering::SeqCst);
+        let mut following: Following = None;
+        assert!(catch_up(subscribe, &mut following));
+        assert_eq!(reads_so_far(), 1);
+
+        // Changes within the feed's capacity are followed, without reading the tables.
+        let write = |cmd: &Command| {
+            let (_, changes) = state.lock().unwrap().apply_command(cmd);
+            for c in changes {
+                let _ = tx.send(c);
+            }
+        };
+        write(&set_node(1, "198.18.0.1:7480"));
+        write(&host(1, 100));
+        assert!(catch_up(subscribe, &mut following));
+        assert_eq!(reads_so_far(), 1, "followed, not read again");
+        let ips = |f: &Following| f.as_ref().unwrap().0.node_ips.clone();
+        let hosts = |f: &Following| {
+            f.as_ref()
+                .unwrap()
+                .0
+                .tables
+                .hosts
+                .keys()
+                .copied()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(ips(&following)[&1], Ipv4Addr::new(198, 18, 0, 1));
+        assert_eq!(hosts(&following), [1]);
+
+        // More than the feed holds: the follower lagged, so it reads the tables again.
+        write(&set_node(2, "198.18.0.2:7480"));
+        write(&host(2, 100));
+        write(&set_node(3, "198.18.0.3:7480"));
+        write(&host(1, 0));
+        assert!(catch_up(subscribe, &mut following));
+        assert_eq!(reads_so_far(), 2, "read again after the lag");
+        assert_eq!(ips(&following).len(), 3);
+        assert_eq!(hosts(&following), [2]);
+
+        // A snapshot installed: read again.
+        let _ = tx.send(Change::Reset { revision: 99 });
+        assert!(catch_up(subscribe, &mut following));
+        assert_eq!(reads_so_far(), 3, "read again after the reset");
+
+        // The feed closed: the loop ends.
+        let mut closed: Following = None;
+        let (tx2, _) = broadcast::channel::<Change>(2);
+        let rx = tx2.subscribe();
+        drop(tx2);
+        closed.replace((Inputs::of(&StateMachineData::default()), rx));
+        assert!(!catch_up(subscribe, &mut closed));
     }
 }
