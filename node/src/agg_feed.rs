@@ -35,7 +35,11 @@ impl Inputs {
     pub fn of(d: &StateMachineData) -> Inputs {
         Inputs {
             tables: Arc::new(d.aggregation.clone()),
-            node_addrs: d.nodes.iter().map(|(id, m)| (*id, m.addr.clone())).collect(),
+            node_addrs: d
+                .nodes
+                .iter()
+                .map(|(id, m)| (*id, m.addr.clone()))
+                .collect(),
             node_ips: crate::agg_service::node_ips(d),
             hosts_down: d.hosts_down.clone(),
         }
@@ -94,7 +98,10 @@ pub fn catch_up(
             }
             Err(TryRecvError::Empty) => return true,
             Err(TryRecvError::Lagged(skipped)) => {
-                tracing::info!(skipped, "an aggregation loop lagged the change feed; reading the tables again");
+                tracing::info!(
+                    skipped,
+                    "an aggregation loop lagged the change feed; reading the tables again"
+                );
                 *following = None;
             }
             Err(TryRecvError::Closed) => return false,
@@ -106,8 +113,8 @@ pub fn catch_up(
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use yard_raft_store::Command;
     use yard_raft_store::aggregation::AggCommand;
+    use yard_raft_store::Command;
     use yard_raft_store::NodeMeta;
 
     fn set_node(id: u64, addr: &str) -> Command {
