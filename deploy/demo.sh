@@ -11,7 +11,7 @@
 # PyTorch DDP job of four ranks summing its gradients in XDP through `yard_agg.hook`, the
 # aggregating node killed with -9 mid-training and the job moved (checked, or agg-demo fails:
 # every rank had steps left at the kill, another node took the job, its own counters show it
-# summed the steps after), the parameters compared with gloo's; and offline, a simulated 64-rank job with a skipped collective diagnosed from its
+# completed every round begun after the kill), the parameters compared with gloo's; and offline, a simulated 64-rank job with a skipped collective diagnosed from its
 # Flight Recorder dumps.
 set -euo pipefail
 cd "$(dirname "$0")/.."

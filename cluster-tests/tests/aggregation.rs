@@ -705,3 +705,82 @@ fn a_node_restarted_with_its_aggregator_disabled_is_no_longer_placeable() {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// An aggregating host that is an agent (no vote, so the leader's liveness probes do not watch
+/// it) is killed: the leader commits it dead (`HostLiveness`), and that commit, the one decision
+/// on such a host, moves the job to the other agent host in one command (epoch + 1). Before,
+/// the placement read only the probes' view, and the job stayed on the dead host for ever.
+#[test]
+fn a_job_on_an_agent_host_moves_when_the_leader_commits_the_host_dead() {
+    require_root();
+    let bin = yard_cluster_tests::yard::test_yard_bin();
+    // Three voters, no replicas: hosts 4 and 5 are agents, the only ones the job may use
+    // (its three workers are on the voters' hosts).
+    let opts = ClusterOptions {
+        extra_config: format!(
+            "{}[raft]\nvoters = 3\nreplicas = 0\n",
+            yard_cluster_tests::yard::aggregator_config(32)
+        ),
+        ..Default::default()
+    };
+    let mut cluster = YardCluster::start(&bin, 5, 5, &opts).unwrap();
+    cluster.wait_hosts(1, 5, Duration::from_secs(60)).unwrap();
+    let size = (u64::from(SMALL) * 4).to_string();
+    let create = [
+        "agg",
+        "job",
+        "create",
+        "on-agent",
+        "--grouping",
+        "flat",
+        "--workers",
+        "3",
+        "--size",
+        &size,
+        "--dtype",
+        "i32",
+        "--json",
+    ];
+    json(&cluster.cli(1, &create).unwrap(), "yard agg job create");
+    for host in 1..=3usize {
+        let addr = SocketAddrV4::new(cluster.topology().addr(host), 42000);
+        join_job(&cluster, host, "on-agent", host - 1, addr).unwrap();
+    }
+    let placed = |cluster: &YardCluster| {
+        show_job(cluster, 1, "on-agent").and_then(|j| {
+            let node = j["aggregator_node"].as_u64()?;
+            (j["running"] == true).then_some((node, j["epoch"].as_u64()?))
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (first, epoch) = loop {
+        if let Some(p) = placed(&cluster) {
+            break p;
+        }
+        assert!(Instant::now() < deadline, "the job was never placed");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        first == 4 || first == 5,
+        "placed on node {first}, a worker's host"
+    );
+    cluster.kill9(first as usize).unwrap();
+    let killed = Instant::now();
+    let other = 9 - first;
+    loop {
+        let now = placed(&cluster);
+        if now == Some((other, epoch + 1)) {
+            break;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(60),
+            "the job did not move off dead agent host {first} to {other} in one command: {now:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!(
+        "the job moved off agent host {first} to {other} (epoch {}) {:.1} s after the kill",
+        epoch + 1,
+        killed.elapsed().as_secs_f64()
+    );
+}

@@ -85,8 +85,8 @@ impl Cluster for Node {
     }
 
     fn subscribe(&self) -> (AggTables, broadcast::Receiver<Change>) {
-        let (data, rx) = self.feed().subscribe();
-        (data.aggregation, rx)
+        // Only the aggregation tables are copied (under the lock), not the whole state.
+        self.feed().subscribe_with(|d| d.aggregation.clone())
     }
 }
 

@@ -28,6 +28,7 @@ use tokio::net::{TcpListener, TcpStream};
 use yard_actors::aggregator::bandwidth::{bytes_per_s, due, Drift, Reading};
 use yard_raft_store::NodeId;
 
+use crate::agg_feed::{catch_up, Following, Inputs};
 use crate::rpc::{AdminRequest, AggRequest, Reply, Request};
 use crate::service::Node;
 use crate::sink_tickets::{Ticket, TicketBook};
@@ -287,15 +288,23 @@ pub async fn run(node: Node, s: Settings) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut drift = Drift::default();
     let mut counters_at = Instant::now();
+    // The tables and node addresses, followed through the change feed: the due-list and the
+    // drift search below run on them off the state machine's lock.
+    let mut following: Following = None;
     loop {
         tick.tick().await;
+        if !catch_up(|| node.feed().subscribe_with(Inputs::of), &mut following) {
+            return;
+        }
+        let Some((inputs, _)) = following.as_ref() else {
+            continue;
+        };
+        let (tables, node_ips) = (Arc::clone(&inputs.tables), inputs.node_ips.clone());
+        let node_addrs = &inputs.node_addrs;
         if counters_at.elapsed() >= COUNTERS_EVERY {
             counters_at = Instant::now();
             let now = readings(&node);
-            let moved = node.feed().read(|d| {
-                let ips = crate::agg_service::node_ips(d);
-                drift.observe(&d.aggregation, s.me, &ips, now)
-            });
+            let moved = drift.observe(&tables, s.me, &node_ips, now);
             for from in moved {
                 tracing::info!(
                     from,
@@ -313,18 +322,12 @@ pub async fn run(node: Node, s: Settings) {
             }
         }
         let now_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let (hosts, todo) = node.feed().read(|d| {
-            let t = &d.aggregation;
-            let todo = due(t, s.me, s.my_ip, &last, now_ms, every_ms);
-            let hosts: BTreeMap<NodeId, (Ipv4Addr, Option<String>)> = t
-                .hosts
-                .iter()
-                .map(|(n, h)| (*n, (h.ip, d.nodes.get(n).map(|m| m.addr.clone()))))
-                .collect();
-            (hosts, todo)
-        });
+        let todo = due(&tables, s.me, s.my_ip, &last, now_ms, every_ms);
         for host in todo {
-            let Some((ip, Some(node_addr))) = hosts.get(&host).cloned() else {
+            let (Some(ip), Some(node_addr)) = (
+                tables.hosts.get(&host).map(|h| h.ip),
+                node_addrs.get(&host).cloned(),
+            ) else {
                 continue;
             };
             let now_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);

@@ -1,17 +1,19 @@
 //! The leader's aggregation loop: on every tick while this node leads, the placement core
-//! (`yard_actors::aggregator::placement`) decides on the replicated tables and the leader's
-//! reachability view (and how long each node has been unreachable, `Sustained`), and its
-//! commands are proposed. Each command is guarded by its job's
-//! epoch, so a decision overtaken by another write is skipped at apply time; the loop itself
-//! decides nothing.
+//! (`yard_actors::aggregator::placement`) decides on the replicated tables, the leader's
+//! reachability view (and how long each node has been unreachable, `Sustained`) and the hosts
+//! it committed dead (agents, which its probes do not watch), and its commands are proposed.
+//! Each command is guarded by its job's epoch, so a decision overtaken by another write is
+//! skipped at apply time; the loop itself decides nothing.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::ServerState;
 use yard_actors::aggregator::placement::{decide, ClusterView, Sustained};
 use yard_raft_store::Command;
 
+use crate::agg_feed::{catch_up, Following, Inputs};
 use crate::service::Node;
 
 /// Runs until the process ends.
@@ -23,6 +25,7 @@ pub async fn run(node: Node, every: Duration, worker_gone: Duration) {
     // The last inputs that decided nothing: the same tables revision and view decide the same
     // again (the core is pure), so the grouping's search is not rerun on every tick.
     let mut settled: Option<(u64, ClusterView)> = None;
+    let mut following: Following = None;
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
@@ -30,6 +33,7 @@ pub async fn run(node: Node, every: Duration, worker_gone: Duration) {
             // A new term starts the stretches over: only this leader's own probes count.
             sustained = Sustained::new(gone_ms);
             settled = None;
+            following = None;
             crate::raft_wait::wait_leading(node.raft(), crate::raft_wait::IDLE_RECHECK).await;
             continue;
         }
@@ -39,24 +43,26 @@ pub async fn run(node: Node, every: Duration, worker_gone: Duration) {
             .filter(|(_, ok)| !ok)
             .map(|(id, _)| id)
             .collect();
-        // Copied out, so the tables' lock is not held while the core decides.
-        let (tables, node_ips) = node
-            .feed()
-            .read(|d| (d.aggregation.clone(), crate::agg_service::node_ips(d)));
-        let now_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let gone = sustained.update(now_ms, &unreachable);
-        let view = ClusterView {
-            unreachable,
-            gone,
-            node_ips,
-            settling: sustained.settling(now_ms),
+        if !catch_up(|| node.feed().subscribe_with(Inputs::of), &mut following) {
+            return;
+        }
+        let Some((inputs, _)) = following.as_ref() else {
+            continue;
         };
+        let tables = Arc::clone(&inputs.tables);
+        let now_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let view = sustained.view(
+            now_ms,
+            &unreachable,
+            &inputs.hosts_down,
+            inputs.node_ips.clone(),
+        );
         let key = (tables.revision, view.clone());
         if settled.as_ref() == Some(&key) {
             continue;
         }
         // The grouping's search can take a while on a large job: on a blocking thread, on
-        // the copies, so the runtime's other tasks (Raft, QUIC) are not held up by it.
+        // the shared tables, so the runtime's other tasks (Raft, QUIC) are not held up by it.
         let decided = tokio::task::spawn_blocking({
             let view = view.clone();
             move || decide(&tables, &view)

@@ -19,11 +19,16 @@ use crate::service::Node;
 pub fn node_ips(d: &StateMachineData) -> BTreeMap<NodeId, Ipv4Addr> {
     d.nodes
         .iter()
-        .filter_map(|(id, m)| match m.addr.parse::<SocketAddr>() {
-            Ok(SocketAddr::V4(a)) => Some((*id, *a.ip())),
-            _ => None,
-        })
+        .filter_map(|(id, m)| Some((*id, node_ip(m)?)))
         .collect()
+}
+
+/// A node's host address, from its metadata (none if it advertises no IPv4 address).
+pub fn node_ip(meta: &yard_raft_store::NodeMeta) -> Option<Ipv4Addr> {
+    match meta.addr.parse::<SocketAddr>() {
+        Ok(SocketAddr::V4(a)) => Some(*a.ip()),
+        _ => None,
+    }
 }
 
 /// What the rows of `yard agg job list` are made from, copied under the state machine's lock:

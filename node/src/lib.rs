@@ -7,6 +7,7 @@ pub mod admission;
 pub mod agg_agent;
 pub mod agg_bandwidth;
 pub mod agg_control;
+pub mod agg_feed;
 pub mod agg_service;
 pub mod alert;
 pub mod batcher;

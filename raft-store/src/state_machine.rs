@@ -134,6 +134,17 @@ impl ChangeFeed {
         (data.clone(), self.inner.feed.subscribe())
     }
 
+    /// Like [`ChangeFeed::subscribe`], but takes only what `f` makes of the tables (under the
+    /// same lock, so no change falls between the two): a subscriber that follows one table
+    /// does not copy every other one, the KV store included, each time it (re)subscribes.
+    pub fn subscribe_with<T>(
+        &self,
+        f: impl FnOnce(&StateMachineData) -> T,
+    ) -> (T, broadcast::Receiver<Change>) {
+        let data = self.inner.data.read().unwrap_or_else(|e| e.into_inner());
+        (f(&data), self.inner.feed.subscribe())
+    }
+
     /// The log index a watcher of these tables asks from next.
     pub fn next_index(&self) -> u64 {
         self.read(|d| d.last_applied.map_or(0, |l| l.index + 1))

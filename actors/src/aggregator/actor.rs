@@ -208,8 +208,9 @@ impl AggregatorActor {
         if let Some(old) = self.stream.take() {
             ctx.cancel_future(old);
         }
-        let (data, rx) = self.feed.subscribe();
-        self.tables = Arc::new(data.aggregation);
+        // Only the aggregation tables are copied under the lock, not the whole state.
+        let (tables, rx) = self.feed.subscribe_with(|d| d.aggregation.clone());
+        self.tables = Arc::new(tables);
         self.sync(ctx);
         self.stream = Some(
             ctx.add_stream(futures::stream::unfold(rx, |mut rx| async move {

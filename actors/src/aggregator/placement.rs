@@ -274,6 +274,31 @@ impl Sustained {
             .collect()
     }
 
+    /// The view the placement decides on at `now_ms`, from the leader's probes
+    /// (`unreachable`: the Raft members they find unreachable) and `down`, the hosts the
+    /// leader committed dead (`Command::HostLiveness`, the tables' `hosts_down`). That commit
+    /// is the one decision on a host that holds no vote, which the probes do not watch:
+    /// without it a job stayed on a dead agent host for ever, and a worker there was never
+    /// gone. A committed death counts as unreachability: a job leaves the host at once, and a
+    /// worker there is gone once its node has stayed dead for `after_ms`, as a member's is (a
+    /// job's failure is final); a host back from it is settling.
+    pub fn view(
+        &mut self,
+        now_ms: u64,
+        unreachable: &BTreeSet<NodeId>,
+        down: &BTreeSet<NodeId>,
+        node_ips: BTreeMap<NodeId, Ipv4Addr>,
+    ) -> ClusterView {
+        let unreachable: BTreeSet<NodeId> = unreachable.union(down).copied().collect();
+        let gone = self.update(now_ms, &unreachable);
+        ClusterView {
+            unreachable,
+            gone,
+            node_ips,
+            settling: self.settling(now_ms),
+        }
+    }
+
     /// Takes the nodes unreachable at `now_ms` and returns those unreachable since at least
     /// `after_ms` ago; a node seen reachable starts over.
     pub fn update(&mut self, now_ms: u64, unreachable: &BTreeSet<NodeId>) -> BTreeSet<NodeId> {
@@ -723,6 +748,62 @@ mod tests {
         assert_eq!(s.update(1900, &set(&[5, 6])), set(&[6]));
         assert_eq!(s.update(2000, &set(&[5, 6])), set(&[5, 6]));
         assert!(s.update(2100, &set(&[])).is_empty());
+    }
+
+    /// A host the leader committed dead (an agent: no probe of the leader watches it) is
+    /// unreachable at once beside the probes' own findings, gone once dead for the threshold,
+    /// and settling once the leader commits it alive again.
+    #[test]
+    fn a_host_committed_dead_is_unreachable_then_gone_and_settles_when_back() {
+        let mut s = Sustained::new(1000);
+        let set = |n: &[NodeId]| n.iter().copied().collect::<BTreeSet<_>>();
+        let v = s.view(0, &set(&[2]), &set(&[7]), BTreeMap::new());
+        assert_eq!(v.unreachable, set(&[2, 7]));
+        assert!(v.gone.is_empty(), "not for the threshold yet");
+        let v = s.view(500, &set(&[2]), &set(&[7, 8]), BTreeMap::new());
+        assert_eq!(v.unreachable, set(&[2, 7, 8]));
+        assert!(v.gone.is_empty());
+        let v = s.view(1000, &set(&[2]), &set(&[7, 8]), BTreeMap::new());
+        assert_eq!(v.gone, set(&[2, 7]), "8 has been dead for 500 ms only");
+        let v = s.view(1100, &set(&[]), &set(&[]), BTreeMap::new());
+        assert!(v.unreachable.is_empty() && v.gone.is_empty());
+        assert_eq!(v.settling, set(&[2, 7, 8]));
+    }
+
+    /// A job on an aggregating host that is an agent, and a worker on another agent: the
+    /// leader's probes never find them unreachable, so only the committed death moves the
+    /// job (at once: one command, a new epoch) and reports the worker gone (once its node has
+    /// been dead for the threshold).
+    #[test]
+    fn a_job_on_a_host_committed_dead_moves_and_a_worker_there_is_gone() {
+        let mut t = world(50, &[("a", 1000, false)]);
+        let d = decide(&t, &view());
+        apply_all(&mut t, &d);
+        let old = t.jobs["a"].placement.unwrap().node;
+        let epoch = t.jobs["a"].epoch;
+        let mut s = Sustained::new(5000);
+        let none = BTreeSet::new();
+        let ips = view().node_ips;
+        let v = s.view(0, &none, &none, ips.clone());
+        assert!(decide(&t, &v).commands.is_empty(), "nothing is down yet");
+        let v = s.view(100, &none, &[old].into(), ips.clone());
+        let d = decide(&t, &v);
+        assert!(
+            matches!(&d.commands[..], [AggCommand::Place { placement, .. }] if placement.node != old),
+            "{d:?}"
+        );
+        apply_all(&mut t, &d);
+        assert_eq!(t.jobs["a"].epoch, epoch + 1);
+        // The host of rank 1's worker (node 5) is committed dead: the worker is gone once it
+        // has been for the threshold.
+        let v = s.view(200, &none, &[old, 5].into(), ips.clone());
+        assert!(decide(&t, &v).commands.is_empty(), "dead for a moment only");
+        let v = s.view(5200, &none, &[old, 5].into(), ips);
+        let d = decide(&t, &v);
+        assert!(
+            matches!(&d.commands[..], [AggCommand::WorkerGone { rank: 1, .. }]),
+            "{d:?}"
+        );
     }
 
     #[test]
