@@ -746,6 +746,9 @@ fn a_rolling_upgrade_from_the_previous_release_loses_no_acknowledged_write() {
         let p = c.process(i).unwrap().clone();
         p.terminate().unwrap();
         p.wait_exit(Duration::from_secs(10)).unwrap();
+        // The old release's nodes forward operator writes unsigned (its CLI does not sign, and
+        // it cannot decode a signed one, so the new CLI resends them unsigned).
+        upgrade_window(&c, i, true);
         let p = c.restart_with(i, &new).unwrap();
         c.wait_hosts(i, 3, Duration::from_secs(30))
             .unwrap_or_else(|e| panic!("node {i} on the new release: {e}\n{}", p.log()));
@@ -756,6 +759,7 @@ fn a_rolling_upgrade_from_the_previous_release_loses_no_acknowledged_write() {
     let p = c.process(last).unwrap().clone();
     p.terminate().unwrap();
     p.wait_exit(Duration::from_secs(10)).unwrap();
+    upgrade_window(&c, last, false);
     let p = c.restart_with(last, &old).unwrap();
     c.wait_hosts(last, 3, Duration::from_secs(30))
         .unwrap_or_else(|e| panic!("node {last} back on the old release: {e}\n{}", p.log()));
@@ -780,6 +784,17 @@ fn a_rolling_upgrade_from_the_previous_release_loses_no_acknowledged_write() {
         .filter(|k| !have.contains(k.as_str()))
         .collect();
     assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
+}
+
+/// Sets or clears `admin.unsigned_forwarding` in node `i`'s config: on while nodes of a release
+/// whose CLI does not sign still forward (README, Security model); the old release does not
+/// know the key at all.
+fn upgrade_window(c: &YardCluster, i: usize, on: bool) {
+    let path = c.topo.dir().join(format!("n{i}/yard.toml"));
+    let line = "\n[admin]\nunsigned_forwarding = true\n";
+    let config = std::fs::read_to_string(&path).unwrap().replace(line, "");
+    let config = if on { config + line } else { config };
+    std::fs::write(&path, config).unwrap();
 }
 
 /// The upgrade path of a cluster where every host votes (as every cluster did before agents):
