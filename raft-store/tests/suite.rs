@@ -90,6 +90,30 @@ mod change_feed {
         assert_eq!(other.feed().read(|d| d.kv["b"].value.clone()), "2");
     }
 
+    /// Opens the store in `dir` again in the same process, waiting out the file lock the
+    /// dropped store's sled threads may hold for a moment after the drop (seen once in CI under
+    /// load: "could not acquire lock"). A restarted daemon is a new process and never waits.
+    async fn reopen(
+        dir: &std::path::Path,
+    ) -> (
+        yard_raft_store::LogStore,
+        yard_raft_store::StateMachineStore,
+    ) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            match yard_raft_store::open(dir) {
+                Ok(stores) => return stores,
+                Err(e)
+                    if e.to_string().contains("could not acquire lock")
+                        && std::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("cannot reopen the store: {e}"),
+            }
+        }
+    }
+
     #[tokio::test]
     async fn state_survives_reopen_from_the_snapshot() {
         let dir = tempfile::tempdir().unwrap();
@@ -102,7 +126,7 @@ mod change_feed {
                 .await
                 .unwrap();
         }
-        let (_log, mut sm) = yard_raft_store::open(dir.path()).unwrap();
+        let (_log, mut sm) = reopen(dir.path()).await;
         let (applied, _) = sm.applied_state().await.unwrap();
         assert_eq!(applied.map(|l| l.index), Some(1));
         assert_eq!(sm.feed().read(|d| d.kv["a"].value.clone()), "1");
