@@ -5,7 +5,8 @@
 # 3 voters and CHAOS_AGENTS (default 2) agent hosts that own VIPs too; CHAOS_AGG_SECONDS, default 90, with the aggregator, which shares no interface with the
 # gateway, and 2 agent hosts; CHAOS_AUTOPILOT_SECONDS, default 120, the KV workload through 3
 # voters and 3 agents with the autopilot free to replace faulted voters). Needs root for the
-# namespace tests: they fail, never skip, without it.
+# namespace tests: they fail, never skip, without it. The rolling upgrade test builds the release
+# it upgrades from out of the repository's history (deploy/upgrade-test.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./deploy/install-deps.sh
@@ -19,6 +20,8 @@ cargo build --release -p yard
 export YARD_BIN=${YARD_BIN:-$PWD/target/release/yard}
 # One test binary at a time keeps real clusters from competing for the two cores.
 cargo test --workspace -- --test-threads=2
+# The rolling upgrade from the pinned earlier release (builds that release once).
+./deploy/upgrade-test.sh
 CHAOS_SECONDS=${CHAOS_SECONDS:-240}
 cargo run --release -p yard-chaos --bin chaos -- --yard-bin target/release/yard --seconds "$CHAOS_SECONDS" --agents "${CHAOS_AGENTS:-2}" ${CHAOS_SEED:+--seed "$CHAOS_SEED"}
 CHAOS_AGG_SECONDS=${CHAOS_AGG_SECONDS:-90}
