@@ -318,10 +318,17 @@ impl Handler for Node {
                     }
                 }
                 (PeerRole::Node(sender), Request::SignedAdmin { tag, req, proof }) => {
-                    if let Some(check) = &this.inner.operator_proofs {
+                    if let Some(check) = this.inner.operator_proofs.clone() {
                         if admission::needs_operator_proof(&req) {
                             let now = crate::service::now_unix_ms();
-                            if let Err(e) = check.check(&proof, tag.as_ref(), &req, now) {
+                            // Two ECDSA verifications at worst: off the runtime's worker.
+                            let (proof2, req2) = (proof.clone(), req.clone());
+                            let checked = tokio::task::spawn_blocking(move || {
+                                check.check(&proof2, tag.as_ref(), &req2, now)
+                            })
+                            .await
+                            .unwrap_or(Err(operator_proof::ProofError::Unchecked));
+                            if let Err(e) = checked {
                                 METRICS.requests_refused.inc();
                                 tracing::warn!(sender, refusal = %e, "refused a forwarded operator request's signature");
                                 return Reply::Error(format!(

@@ -86,6 +86,8 @@ pub enum ProofError {
         "more than {0} operator writes were signed in the last two minutes; try again shortly"
     )]
     TooMany(usize),
+    #[error("the operator's signature could not be checked")]
+    Unchecked,
 }
 
 /// The bytes a proof signs.
@@ -190,18 +192,57 @@ pub fn verify(
             max_ms: MAX_SKEW_MS,
         });
     }
-    let cert = CertificateDer::from(proof.cert.as_slice());
-    if !tls::verify_client_cert(ca, &cert) || tls::role_of(cluster, &cert) != PeerRole::Admin {
+    let admin = admin_key(ca, cluster, &proof.cert, now_unix_ms)?;
+    check_signature(&admin.public_key, cluster, proof, tag, req)
+}
+
+/// An admin certificate that verified: its public key, and when it stops being valid.
+#[derive(Debug, Clone)]
+struct Admin {
+    public_key: Vec<u8>,
+    not_after_unix_ms: u64,
+}
+
+/// The public key of `cert` if it is an admin certificate of `cluster` signed by `ca`, valid
+/// now by the system clock and at `now_unix_ms`.
+fn admin_key(
+    ca: &CertificateDer<'static>,
+    cluster: &str,
+    cert: &[u8],
+    now_unix_ms: u64,
+) -> Result<Admin, ProofError> {
+    let der = CertificateDer::from(cert);
+    if !tls::verify_client_cert(ca, &der) || tls::role_of(cluster, &der) != PeerRole::Admin {
         return Err(ProofError::NotAdmin);
     }
     let (_, parsed) =
-        x509_parser::parse_x509_certificate(&proof.cert).map_err(|_| ProofError::NotAdmin)?;
-    let public = parsed.public_key().subject_public_key.data.as_ref();
+        x509_parser::parse_x509_certificate(cert).map_err(|_| ProofError::NotAdmin)?;
+    let not_after = parsed.validity().not_after.timestamp();
+    let not_after_unix_ms = u64::try_from(not_after).unwrap_or(0).saturating_mul(1000);
+    if now_unix_ms >= not_after_unix_ms {
+        return Err(ProofError::NotAdmin);
+    }
+    Ok(Admin {
+        public_key: parsed.public_key().subject_public_key.data.to_vec(),
+        not_after_unix_ms,
+    })
+}
+
+fn check_signature(
+    public_key: &[u8],
+    cluster: &str,
+    proof: &OperatorProof,
+    tag: Option<&SessionTag>,
+    req: &AdminRequest,
+) -> Result<(), ProofError> {
     let msg = signed_form(cluster, tag, req, proof.issued_unix_ms, &proof.nonce)?;
-    UnparsedPublicKey::new(&ECDSA_P256_SHA256_ASN1, public)
+    UnparsedPublicKey::new(&ECDSA_P256_SHA256_ASN1, public_key)
         .verify(&msg, &proof.signature)
         .map_err(|_| ProofError::BadSignature)
 }
+
+/// The most admin certificates a node remembers as verified.
+const ADMINS_REMEMBERED: usize = 64;
 
 /// The nonces of the untagged operator writes a leader served in the last two skew windows.
 #[derive(Debug, Default)]
@@ -252,6 +293,11 @@ pub struct ProofCheck {
     ca: CertificateDer<'static>,
     cluster: String,
     nonces: Mutex<NonceBook>,
+    /// Admin certificates already verified against the CA, until their expiry: the chain check
+    /// is an ECDSA verification and a parse, as costly as the request's own signature, and an
+    /// operator's certificate is the same for every request it makes (admin certificates are
+    /// not revoked, only expire).
+    admins: Mutex<HashMap<Vec<u8>, Admin>>,
 }
 
 impl ProofCheck {
@@ -261,6 +307,7 @@ impl ProofCheck {
             ca,
             cluster: cluster.to_owned(),
             nonces: Mutex::new(NonceBook::default()),
+            admins: Mutex::new(HashMap::new()),
         }
     }
 
@@ -272,7 +319,33 @@ impl ProofCheck {
         req: &AdminRequest,
         now_unix_ms: u64,
     ) -> Result<(), ProofError> {
-        verify(&self.ca, &self.cluster, proof, tag, req, now_unix_ms)?;
+        let skew_ms = now_unix_ms.abs_diff(proof.issued_unix_ms);
+        if skew_ms > MAX_SKEW_MS {
+            return Err(ProofError::Skewed {
+                skew_ms,
+                max_ms: MAX_SKEW_MS,
+            });
+        }
+        let known = self
+            .admins
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&proof.cert)
+            .filter(|a| now_unix_ms < a.not_after_unix_ms)
+            .cloned();
+        let admin = match known {
+            Some(admin) => admin,
+            None => {
+                let admin = admin_key(&self.ca, &self.cluster, &proof.cert, now_unix_ms)?;
+                let mut admins = self.admins.lock().unwrap_or_else(|e| e.into_inner());
+                if admins.len() >= ADMINS_REMEMBERED {
+                    admins.clear();
+                }
+                admins.insert(proof.cert.clone(), admin.clone());
+                admin
+            }
+        };
+        check_signature(&admin.public_key, &self.cluster, proof, tag, req)?;
         if tag.is_none() {
             self.nonces
                 .lock()
@@ -409,6 +482,36 @@ mod tests {
         let later = c.signer.sign(None, &req, NOW + MAX_SKEW_MS + 5).unwrap();
         book.admit(&later, NOW + MAX_SKEW_MS + 5).unwrap();
         assert_eq!(book.len(), 2, "the first nonce aged out");
+    }
+
+    #[test]
+    fn a_remembered_admin_certificate_still_needs_a_matching_signature() {
+        let c = cluster("c1");
+        let check = ProofCheck::new(c.ca.clone(), "c1");
+        let first = c.signer.sign(None, &put("a"), NOW).unwrap();
+        check.check(&first, None, &put("a"), NOW).unwrap();
+        let mut forged = c.signer.sign(None, &put("b"), NOW).unwrap();
+        forged.signature = first.signature.clone();
+        assert_eq!(
+            check.check(&forged, None, &put("b"), NOW),
+            Err(ProofError::BadSignature)
+        );
+        // Past the certificate's expiry (an hour from now) the cache does not vouch for it.
+        let now = crate::service::now_unix_ms();
+        check
+            .check(
+                &c.signer.sign(None, &put("c"), now).unwrap(),
+                None,
+                &put("c"),
+                now,
+            )
+            .unwrap();
+        let later = now + 7_200_000;
+        let expired = c.signer.sign(None, &put("d"), later).unwrap();
+        assert_eq!(
+            check.check(&expired, None, &put("d"), later),
+            Err(ProofError::NotAdmin)
+        );
     }
 
     #[test]
