@@ -709,14 +709,12 @@ const PINNED_OLD: &str = "63c7ee8";
 /// (the downgrade the new release's encoding allows while nothing new is used). No write
 /// fails and every acknowledged one is there at the end.
 ///
-/// Run by hand: it needs a release built at the pinned commit, which a checkout without the
-/// repository's history cannot make:
-/// `git worktree add /tmp/yard-old 63c7ee8 && cargo build --release --manifest-path
-/// /tmp/yard-old/Cargo.toml -p yard`, then
-/// `YARD_OLD_BIN=<its target>/release/yard cargo test -p yard-cluster-tests --test
-/// yard_cluster rolling_upgrade -- --ignored`.
+/// `deploy/test.sh` runs it through `deploy/upgrade-test.sh`, which builds the pinned release
+/// from the repository's history and sets `YARD_OLD_BIN`; ignored in a plain `cargo test`,
+/// which has no such release. By hand: `YARD_OLD_BIN=<a yard built at 63c7ee8> cargo test -p
+/// yard-cluster-tests --test yard_cluster rolling_upgrade -- --ignored`.
 #[test]
-#[ignore = "needs YARD_OLD_BIN, yard built at the pinned earlier release (see the doc)"]
+#[ignore = "needs YARD_OLD_BIN, yard built at the pinned earlier release: deploy/upgrade-test.sh runs it"]
 fn a_rolling_upgrade_from_the_previous_release_loses_no_acknowledged_write() {
     require_root();
     let old = PathBuf::from(

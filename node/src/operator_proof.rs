@@ -185,6 +185,13 @@ pub fn verify(
     req: &AdminRequest,
     now_unix_ms: u64,
 ) -> Result<(), ProofError> {
+    in_time(proof, now_unix_ms)?;
+    let admin = admin_key(ca, cluster, &proof.cert, now_unix_ms)?;
+    check_signature(&admin.public_key, cluster, proof, tag, req)
+}
+
+/// Whether `proof` was made within [`MAX_SKEW_MS`] of `now_unix_ms`, either way.
+fn in_time(proof: &OperatorProof, now_unix_ms: u64) -> Result<(), ProofError> {
     let skew_ms = now_unix_ms.abs_diff(proof.issued_unix_ms);
     if skew_ms > MAX_SKEW_MS {
         return Err(ProofError::Skewed {
@@ -192,8 +199,7 @@ pub fn verify(
             max_ms: MAX_SKEW_MS,
         });
     }
-    let admin = admin_key(ca, cluster, &proof.cert, now_unix_ms)?;
-    check_signature(&admin.public_key, cluster, proof, tag, req)
+    Ok(())
 }
 
 /// An admin certificate that verified: its public key, and when it stops being valid.
@@ -311,7 +317,8 @@ impl ProofCheck {
         }
     }
 
-    /// [`verify`], then, for an untagged request, the [`NonceBook`].
+    /// [`verify`] (with admin certificates remembered), then, for an untagged request, the
+    /// [`NonceBook`].
     pub fn check(
         &self,
         proof: &OperatorProof,
@@ -319,13 +326,7 @@ impl ProofCheck {
         req: &AdminRequest,
         now_unix_ms: u64,
     ) -> Result<(), ProofError> {
-        let skew_ms = now_unix_ms.abs_diff(proof.issued_unix_ms);
-        if skew_ms > MAX_SKEW_MS {
-            return Err(ProofError::Skewed {
-                skew_ms,
-                max_ms: MAX_SKEW_MS,
-            });
-        }
+        in_time(proof, now_unix_ms)?;
         let known = self
             .admins
             .lock()
