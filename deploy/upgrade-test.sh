@@ -2,8 +2,9 @@
 # Issue 28's rolling upgrade, in CI: builds the release pinned in
 # cluster-tests/tests/yard_cluster.rs (PINNED_OLD) from this repository's history, then runs
 # `a_rolling_upgrade_from_the_previous_release_loses_no_acknowledged_write` (3 voters on the
-# pinned release under a writer, replaced one at a time by this build, the last one back to
-# the pinned release; no write may fail or be lost). The pinned tree is exported with
+# pinned release under a writer, replaced one at a time by this build, one of them back to
+# the pinned release and up again while the cluster level is still 0, then the level's rise
+# once all three run this build; no write may fail or be lost). The pinned tree is exported with
 # `git archive` into YARD_OLD_DIR (default /var/tmp/yard-old-<commit>) and built there once;
 # its target directory is removed after the build, only the binary is kept. Needs root (the
 # test runs namespaces) and the repository's history: a checkout without the pinned commit

@@ -1,7 +1,7 @@
 //! Real `yard` clusters in network namespaces: peer-joined bootstrap, leader `kill -9`, restart
 //! catching up by snapshot, minority partition, and a foreign CA refused. Needs root.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use yard_cluster_tests::require_root;
@@ -705,9 +705,11 @@ const PINNED_OLD: &str = "63c7ee8";
 
 /// Issue 28: a rolling upgrade from release 63c7ee8 to this one, one member at a time with
 /// the leader last, under a writer, with a snapshot in every store (so each upgraded node
-/// starts from tables the old release stored); then the last member back to the old release
-/// (the downgrade the new release's encoding allows while nothing new is used). No write
-/// fails and every acknowledged one is there at the end.
+/// starts from tables the old release stored). With two members upgraded and the leader still
+/// on the old release, the cluster level stays 0 and the second one goes back to the old
+/// release and up again (the downgrade the new release's encoding allows while the level is
+/// old); once all three run this release the leader raises the cluster level to this
+/// release's. No write fails and every acknowledged one is there at the end.
 ///
 /// `deploy/test.sh` runs it through `deploy/upgrade-test.sh`, which builds the pinned release
 /// from the repository's history and sets `YARD_OLD_BIN`; ignored in a plain `cargo test`,
@@ -740,32 +742,52 @@ fn a_rolling_upgrade_from_the_previous_release_loses_no_acknowledged_write() {
     }
     let leader = c.wait_leader(1).unwrap();
     let order: Vec<usize> = (1..=3).filter(|i| *i != leader).chain([leader]).collect();
-    for &i in &order {
+    let replace = |c: &mut YardCluster, i: usize, bin: &Path, window: bool, what: &str| {
         let p = c.process(i).unwrap().clone();
         p.terminate().unwrap();
         p.wait_exit(Duration::from_secs(10)).unwrap();
         // The old release's nodes forward operator writes unsigned (its CLI does not sign, and
         // it cannot decode a signed one, so the new CLI resends them unsigned).
-        upgrade_window(&c, i, true);
-        let p = c.restart_with(i, &new).unwrap();
+        upgrade_window(c, i, window);
+        let p = c.restart_with(i, bin).unwrap();
         c.wait_hosts(i, 3, Duration::from_secs(30))
-            .unwrap_or_else(|e| panic!("node {i} on the new release: {e}\n{}", p.log()));
-        wait_caught_up(&c, i);
+            .unwrap_or_else(|e| panic!("node {i} {what}: {e}\n{}", p.log()));
+        wait_caught_up(c, i);
+    };
+    // The new release's level, as its CLI reports its own.
+    let level = levels(&c, &new, order[0]).2;
+    replace(&mut c, order[0], &new, true, "on the new release");
+    replace(&mut c, order[1], &new, true, "on the new release");
+    // The leader still runs the old release: the cluster level stays 0, so nothing the old
+    // release cannot read is written, and a node can still go back.
+    // Two of the leader's rounds of asking (`yard::roles::cluster_level::ASK_EVERY`, 3 s).
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(levels(&c, &new, order[1]), (level, 0, level));
+    assert_eq!(levels(&c, &new, order[0]), (level, 0, level));
+    replace(&mut c, order[1], &old, false, "back on the old release");
+    assert_eq!(levels(&c, &new, order[1]), (0, 0, level));
+    replace(&mut c, order[1], &new, true, "on the new release again");
+    replace(&mut c, order[2], &new, true, "on the new release");
+    // Every host runs the new release: the leader raises the cluster level.
+    let start = Instant::now();
+    while order
+        .iter()
+        .any(|&i| levels(&c, &new, i) != (level, level, level))
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the cluster level did not rise: {:?}",
+            order
+                .iter()
+                .map(|&i| levels(&c, &new, i))
+                .collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(500));
     }
-    // The last one back to the old release: it reads what the new one stored.
-    let last = *order.last().unwrap();
-    let p = c.process(last).unwrap().clone();
-    p.terminate().unwrap();
-    p.wait_exit(Duration::from_secs(10)).unwrap();
-    upgrade_window(&c, last, false);
-    let p = c.restart_with(last, &old).unwrap();
-    c.wait_hosts(last, 3, Duration::from_secs(30))
-        .unwrap_or_else(|e| panic!("node {last} back on the old release: {e}\n{}", p.log()));
-    wait_caught_up(&c, last);
     std::thread::sleep(Duration::from_secs(1));
     let (acked, failed) = writer.stop();
     println!(
-        "{} writes acknowledged across the upgrade and the downgrade",
+        "{} writes acknowledged across the upgrade, a downgrade and the level's rise",
         acked.len()
     );
     assert!(failed.is_empty(), "failed writes: {failed:#?}");
@@ -782,6 +804,28 @@ fn a_rolling_upgrade_from_the_previous_release_loses_no_acknowledged_write() {
         .filter(|k| !have.contains(k.as_str()))
         .collect();
     assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
+}
+
+/// `yard version --json` through node `i` with the CLI `bin`: the node's release level, its
+/// cluster level, and the CLI's own release level.
+fn levels(c: &YardCluster, bin: &Path, i: usize) -> (u32, u32, u32) {
+    let tls = c.tls_dir().display().to_string();
+    let endpoint = c.endpoint(i);
+    let args = [
+        "--endpoint",
+        &endpoint,
+        "--tls-dir",
+        &tls,
+        "version",
+        "--json",
+    ];
+    let out = c
+        .topology()
+        .exec_with(i, bin, &args, &[], Duration::from_secs(20))
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&ok(out)).unwrap();
+    let level = |k: &str| v[k].as_u64().unwrap() as u32;
+    (level("release"), level("cluster"), level("cli"))
 }
 
 /// Sets or clears `admin.unsigned_forwarding` in node `i`'s config: on while nodes of a release

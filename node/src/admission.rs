@@ -161,7 +161,7 @@ pub fn admitted(role: &PeerRole, req: &Request, view: &impl ClusterView) -> Resu
             Request::SignedAdmin {
                 tag: Some(_), req, ..
             } if !req.is_kv() => Err(Refusal::SessionOnNonKv),
-            Request::SignedAdmin { .. } => Ok(()),
+            Request::SignedAdmin { .. } | Request::Level => Ok(()),
             Request::RedeemToken(_) => Err(Refusal::Role {
                 what: "token redemptions",
                 needs: "no certificate (a host without one redeems its token)",
@@ -272,6 +272,8 @@ fn node_admitted(sender: NodeId, req: &Request, view: &impl ClusterView) -> Resu
         // tables to any node certificate: a removed voter learns of its removal from one, and
         // a removed host's certificate is refused by revocation, not here.
         Request::Probe | Request::Watch { .. } | Request::Watchers | Request::ReadIndex => Ok(()),
+        // Two numbers every host and operator may know (the leader asks every host).
+        Request::Level => Ok(()),
     }
 }
 
@@ -355,6 +357,7 @@ fn kind(req: &Request) -> &'static str {
         Request::RedeemToken(_) | Request::ConsumeToken(_) => "token redemptions",
         Request::RenewCertificate { .. } => "certificate renewals",
         Request::BandwidthTicket => "bandwidth probes",
+        Request::Level => "release levels",
     }
 }
 
@@ -580,6 +583,24 @@ mod tests {
 
     /// A removed host's certificate does nothing any more: not its Raft traffic, not its own
     /// reports, not a forwarded write, not even a watch. Others are unaffected.
+    /// The leader asks every host for its release level, and an operator asks any node; a
+    /// peer without a certificate learns nothing, and a revoked one is refused as for all.
+    #[test]
+    fn release_levels_are_answered_to_hosts_and_operators_only() {
+        let mut view = View::three();
+        view.revoked.insert(4);
+        assert_eq!(admitted(&PeerRole::Admin, &Request::Level, &view), Ok(()));
+        assert_eq!(admitted(&PeerRole::Node(2), &Request::Level, &view), Ok(()));
+        assert!(matches!(
+            admitted(&PeerRole::Anonymous, &Request::Level, &view),
+            Err(Refusal::Role { .. })
+        ));
+        assert_eq!(
+            admitted(&PeerRole::Node(4), &Request::Level, &view),
+            Err(Refusal::Revoked { sender: 4 })
+        );
+    }
+
     #[test]
     fn a_revoked_node_certificate_is_refused_for_everything() {
         let mut view = View::three();

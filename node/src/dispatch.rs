@@ -206,6 +206,10 @@ impl Handler for Node {
             match (role, req) {
                 (PeerRole::Node(_), Request::Raft(r)) => this.handle_raft(r).await,
                 (PeerRole::Node(_), Request::Probe) => Reply::Pong { id: this.inner.id },
+                (_, Request::Level) => Reply::Level {
+                    release: yard_raft_store::version::LEVEL,
+                    cluster: this.inner.feed.read(|d| d.cluster_level),
+                },
                 (PeerRole::Node(_), Request::Watch { .. }) if !this.is_member() => {
                     Reply::Error(format!(
                         "node {} is not a raft member and serves no watch",

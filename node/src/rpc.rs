@@ -98,6 +98,10 @@ pub enum Request {
         req: AdminRequest,
         proof: crate::operator_proof::OperatorProof,
     },
+    /// Which release level this node runs, and the cluster level its tables hold
+    /// (`yard_raft_store::version`): `Level`. A node of a release before levels cannot decode
+    /// this request and answers so, which the asker reads as level 0. Last in the enum.
+    Level,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -446,6 +450,11 @@ pub enum Reply {
     /// A one-use ticket for this node's bandwidth sink.
     BandwidthTicket {
         ticket: [u8; 16],
+    },
+    /// This node's release level and the cluster level of its tables. Last in the enum.
+    Level {
+        release: u32,
+        cluster: u32,
     },
 }
 

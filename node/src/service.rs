@@ -648,6 +648,9 @@ impl Node {
                 None => cmd.clone(),
             };
             async move {
+                // Nothing an earlier release still running on some host cannot decode.
+                let level = self.inner.feed.read(|d| d.cluster_level);
+                yard_raft_store::version::gate(&cmd, level).map_err(Reply::Error)?;
                 match self.writes.write(cmd).await {
                     // Which earlier attempt applied cannot be told any more: the client must
                     // treat the outcome as unknown (and open a new session).

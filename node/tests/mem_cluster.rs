@@ -180,6 +180,7 @@ async fn start(
         tokio::spawn(async move { ctl.run(n).await });
         tokio::spawn(yard::prevote::gate::run(node.clone()));
         tokio::spawn(yard::roles::autopilot::run(node.clone()));
+        tokio::spawn(yard::roles::cluster_level::run(node.clone()));
         tokio::spawn(probe_members(node.clone(), reachability));
         tokio::spawn(yard::roles::liveness::report(node.clone()));
         tokio::spawn(yard::roles::liveness::judge(node.clone()));
@@ -1702,4 +1703,43 @@ async fn a_write_larger_than_an_entry_is_refused_before_it_is_proposed() {
         );
     }
     assert_eq!(get(&net, &addr(leader), "huge").await.unwrap(), None);
+}
+
+/// Every node of a cluster that runs this release reaches this release's cluster level (the
+/// leader asked each host and raised it through Raft), and answers both levels to an operator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_of_this_release_reaches_its_cluster_level() {
+    let net = MemNetwork::default();
+    let nodes = cluster(&net, 3, &raft_section(10_000, 1_000)).await;
+    let level = yard_raft_store::version::LEVEL;
+    let start = Instant::now();
+    while nodes
+        .iter()
+        .any(|n| n.node.feed().read(|d| d.cluster_level) != level)
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "cluster levels {:?}",
+            nodes
+                .iter()
+                .map(|n| n.node.feed().read(|d| d.cluster_level))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let t = net.transport("198.18.1.1:1", PeerRole::Admin);
+    let reply = t
+        .call(
+            Target::any(&nodes[2].addr),
+            Request::Level,
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(reply, Reply::Level { release, cluster } if release == level && cluster == level),
+        "{reply:?}"
+    );
+    // Writes still go through at the raised level.
+    put(&net, &nodes[1].addr, "after", "raise").await.unwrap();
 }

@@ -123,6 +123,9 @@ pub enum Command {
         name: String,
         now_unix_ms: u64,
     },
+    /// Raise the cluster level (`crate::version`) to `level`: the leader's decision that every
+    /// host runs a release that reads the formats of that level. It never lowers the level.
+    SetClusterLevel { level: u32 },
 }
 
 /// What applying a command produced.

@@ -38,16 +38,17 @@ const FIRST: [&str; 7] = [
 ];
 
 /// The fields later releases appended, in the order they were appended.
-const APPENDED: [&str; 6] = [
+const APPENDED: [&str; 7] = [
     "diagnosis",
     "sessions",
     "aggregation",
     "hosts_down",
     "bound_tokens",
     "revoked",
+    "cluster_level",
 ];
 
-const FIELDS: [&str; 13] = [
+const FIELDS: [&str; 14] = [
     FIRST[0],
     FIRST[1],
     FIRST[2],
@@ -61,6 +62,7 @@ const FIELDS: [&str; 13] = [
     APPENDED[3],
     APPENDED[4],
     APPENDED[5],
+    APPENDED[6],
 ];
 
 /// How many of [`APPENDED`] the oldest release that must read these tables knows: release
@@ -78,6 +80,7 @@ impl Serialize for StateMachineData {
             !self.hosts_down.is_empty(),
             !self.bound_tokens.is_empty(),
             !self.revoked.is_empty(),
+            self.cluster_level != 0,
         ];
         let appended = holds
             .iter()
@@ -98,7 +101,15 @@ impl Serialize for StateMachineData {
                 }
             )*};
         }
-        appended!(0: diagnosis, 1: sessions, 2: aggregation, 3: hosts_down, 4: bound_tokens, 5: revoked);
+        appended!(
+            0: diagnosis,
+            1: sessions,
+            2: aggregation,
+            3: hosts_down,
+            4: bound_tokens,
+            5: revoked,
+            6: cluster_level
+        );
         st.end()
     }
 }
@@ -158,8 +169,14 @@ impl<'de> Visitor<'de> for Tables {
             aggregation,
             hosts_down,
             bound_tokens,
-            revoked
+            revoked,
+            cluster_level
         );
+        // Tables of a later level may carry fields after these that this release cannot
+        // read: say so in one sentence instead of a decoding error about trailing bytes.
+        if d.cluster_level > crate::version::LEVEL {
+            return Err(de::Error::custom(crate::version::too_new(d.cluster_level)));
+        }
         Ok(d)
     }
 }
@@ -253,6 +270,7 @@ mod tests {
         });
         d.hosts_down.insert(3);
         d.revoked.insert(4);
+        d.cluster_level = 1;
         let bytes = encode(&d).unwrap();
         assert_eq!(decode::<StateMachineData>(&bytes).unwrap(), d);
         // What each earlier release wrote: the same fields, cut after the ones it had.
@@ -264,6 +282,7 @@ mod tests {
             encode(&d.hosts_down).unwrap().len(),
             encode(&empty.bound_tokens).unwrap().len(),
             encode(&d.revoked).unwrap().len(),
+            encode(&d.cluster_level).unwrap().len(),
         ];
         let mut len = bytes.len();
         for (kept, size) in (0..APPENDED.len()).rev().zip(sizes.iter().rev()) {
@@ -271,12 +290,37 @@ mod tests {
             let earlier: StateMachineData = decode(&bytes[..len]).unwrap();
             assert_eq!(earlier.kv, d.kv, "cut before {}", APPENDED[kept]);
             assert_eq!(earlier.hosts_down.len(), usize::from(kept > 3));
-            assert!(earlier.revoked.is_empty());
+            assert_eq!(earlier.revoked.len(), usize::from(kept > 5));
+            assert_eq!(earlier.cluster_level, 0);
         }
         // Cut inside the fields every release wrote, or with bytes after the last field: refused.
         assert!(decode::<StateMachineData>(&bytes[..len - 1]).is_err());
         let mut longer = bytes.clone();
         longer.push(0);
         assert!(decode::<StateMachineData>(&longer).is_err());
+    }
+
+    /// Once the cluster level rose, an earlier release can no longer read the tables (that is
+    /// what the level gates), and a release below the tables' level refuses them in one
+    /// sentence naming both levels.
+    #[test]
+    fn tables_above_this_releases_level_are_refused_with_both_levels() {
+        let mut d: StateMachineData = decode(BEFORE_REVOKED).unwrap();
+        assert!(decode::<Release63c7ee8>(&encode(&d).unwrap()).is_ok());
+        d.apply_command(&Command::SetClusterLevel {
+            level: crate::version::LEVEL,
+        });
+        assert_eq!(d.cluster_level, crate::version::LEVEL);
+        assert!(decode::<Release63c7ee8>(&encode(&d).unwrap()).is_err());
+        assert_eq!(decode::<StateMachineData>(&encode(&d).unwrap()).unwrap(), d);
+        // A later release's tables: a higher level, and a field this release does not know.
+        d.cluster_level = crate::version::LEVEL + 1;
+        let mut later = encode(&d).unwrap();
+        later.extend_from_slice(&encode(&7u64).unwrap());
+        let why = decode::<StateMachineData>(&later).unwrap_err().to_string();
+        assert!(
+            why.contains(&crate::version::too_new(crate::version::LEVEL + 1)),
+            "{why}"
+        );
     }
 }

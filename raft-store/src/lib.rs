@@ -23,6 +23,7 @@ pub mod log_store;
 pub mod session;
 pub mod state;
 pub mod state_machine;
+pub mod version;
 pub mod watch;
 
 pub use command::{BoundToken, Command, JoinToken, NodeInfo, NodeMeta, Response, Versioned};

@@ -75,6 +75,10 @@ pub struct StateMachineData {
     /// refused by every node, and the ids are never given out again (as etcd never reuses a
     /// member id), so a certificate issued to a removed host stays worthless. Appended last.
     pub revoked: std::collections::BTreeSet<u64>,
+    /// The cluster level (`crate::version`): the formats every host reads, raised by the
+    /// leader with `Command::SetClusterLevel` once every host runs a release of that level.
+    /// Appended last; 0 until the first raise.
+    pub cluster_level: u32,
 }
 
 /// Why a removed node's id cannot be used again.
@@ -201,6 +205,19 @@ impl StateMachineData {
                         alive: *alive,
                     }],
                 )
+            }
+            Command::SetClusterLevel { level } => {
+                if *level <= self.cluster_level {
+                    return (
+                        Response::Written {
+                            revision: self.revision,
+                        },
+                        Vec::new(),
+                    );
+                }
+                self.cluster_level = *level;
+                let revision = self.bump();
+                (Response::Written { revision }, Vec::new())
             }
             Command::RemoveNode { id } => {
                 let revision = self.bump();
@@ -587,6 +604,21 @@ mod tests {
         match sm.apply_command(&cmd).0 {
             Response::Rejected(why) => why,
             other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_cluster_level_only_rises_and_a_raise_is_one_revision() {
+        let mut sm = StateMachineData::default();
+        assert_eq!(sm.cluster_level, 0);
+        let (r, _) = sm.apply_command(&Command::SetClusterLevel { level: 1 });
+        assert_eq!(r, Response::Written { revision: 1 });
+        assert_eq!(sm.cluster_level, 1);
+        // A lower or equal level (a stale leader's proposal) changes nothing.
+        for level in [0, 1] {
+            let (r, _) = sm.apply_command(&Command::SetClusterLevel { level });
+            assert_eq!(r, Response::Written { revision: 1 });
+            assert_eq!(sm.cluster_level, 1);
         }
     }
 

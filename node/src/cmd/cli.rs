@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use serde_json::json;
 use yard::client::AdminClient;
-use yard::rpc::{AdminReply, AdminRequest};
+use yard::rpc::{AdminReply, AdminRequest, Request};
 
 use super::output::{print_members, print_status, Out};
 
@@ -68,6 +68,9 @@ enum Command {
     },
     /// Leader, term, commit index, members and actors' health.
     Status,
+    /// The release level of the node asked and the cluster level its tables hold: writes that
+    /// need a higher cluster level are refused until every host runs a release of it.
+    Version,
     /// The replicated key-value store.
     Kv {
         #[command(subcommand)]
@@ -369,6 +372,9 @@ async fn client_command(args: &Args, out: Out) -> anyhow::Result<ExitCode> {
     if let Command::Diagnose(d) = &args.command {
         return super::diagnose::live(&client, d, out).await;
     }
+    if let Command::Version = &args.command {
+        return super::output::print_version(client.call(Request::Level).await?, out);
+    }
     if let Command::Agg { cmd } = &args.command {
         return super::agg::run(&client, cmd, out).await;
     }
@@ -423,7 +429,8 @@ async fn client_command(args: &Args, out: Out) -> anyhow::Result<ExitCode> {
         | Command::Sim { .. }
         | Command::Offload { .. }
         | Command::Plan { .. }
-        | Command::Snapshot { .. } => {
+        | Command::Snapshot { .. }
+        | Command::Version => {
             unreachable!("handled above")
         }
     };

@@ -1,7 +1,9 @@
 //! Human or JSON output, one place for both.
 
 use serde_json::{json, Value};
-use yard::rpc::Status;
+use std::process::ExitCode;
+
+use yard::rpc::{Reply, Status};
 
 #[derive(Debug, Clone, Copy)]
 pub struct Out {
@@ -20,6 +22,28 @@ impl Out {
             }
         }
     }
+}
+
+/// `yard version`: the answered node's release level and its tables' cluster level. A node of
+/// a release from before levels cannot decode the question: it is level 0, and so is the
+/// cluster it is in.
+pub fn print_version(reply: Reply, out: Out) -> anyhow::Result<ExitCode> {
+    let (release, cluster) = match reply {
+        Reply::Level { release, cluster } => (release, cluster),
+        Reply::Error(e) if yard::frame::is_undecodable(&e) => (0, 0),
+        Reply::Error(e) => anyhow::bail!("{e}"),
+        other => anyhow::bail!("unexpected reply to a level request: {other:?}"),
+    };
+    let this = yard_raft_store::version::LEVEL;
+    out.line(
+        json!({"release": release, "cluster": cluster, "cli": this}),
+        || {
+            format!(
+                "node release level {release}, cluster level {cluster} (this yard: level {this})"
+            )
+        },
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 pub fn print_status(s: &Status, out: Out) {

@@ -7,12 +7,15 @@
 //! - `autopilot`: the leader executes the roles core's membership changes one at a time;
 //! - `liveness`: members judge their agents, the leader commits their deaths (the state they
 //!   share with the RPC handlers is `liveness_state`);
-//! - `members`: `yard members`, gathered on the leader.
+//! - `members`: `yard members`, gathered on the leader;
+//! - `cluster_level`: the leader raises the cluster level once every host runs a release of
+//!   it (the decision is `yard_raft_store::version`).
 //!
 //! - `join`: a host joins; the leader asks the roles core for its role and carries it out.
 
 pub mod agent;
 pub mod autopilot;
+pub mod cluster_level;
 pub mod join;
 pub mod liveness;
 pub mod liveness_state;

@@ -395,6 +395,7 @@ impl ControlLoops {
             tokio::spawn(async move { gateway.run(gateway_node).await }),
             tokio::spawn(yard::prevote::gate::run(node.clone())),
             tokio::spawn(yard::roles::autopilot::run(node.clone())),
+            tokio::spawn(yard::roles::cluster_level::run(node.clone())),
             tokio::spawn(yard::roles::liveness::report(node.clone())),
             tokio::spawn(yard::roles::liveness::judge(node.clone())),
         ])
