@@ -151,6 +151,11 @@ pub struct HostView {
     pub since_ms: u64,
     /// Entries the host trails the leader's commit; `None` when unknown.
     pub lag: Option<u64>,
+    /// Drained for maintenance (`yard node drain`): it is given no vote or replica seat, and
+    /// the ones it holds go to other hosts as if it were gone, without the grace. The leader
+    /// itself keeps its vote while it leads (demoting it would force an election; stopping it
+    /// hands the lead on, and the next leader then demotes it).
+    pub drained: bool,
 }
 
 /// The leader's view of the whole cluster at one instant.
@@ -374,6 +379,7 @@ fn shrink(c: &Cluster) -> Option<Decision> {
         .filter(|v| c.keeps_quorum(Action::Demote { id: v.id }))
         .max_by_key(|v| c.demote_key(v))?;
     let why = match c.down_for(victim) {
+        _ if c.is_drained(victim) => format!("demoting voter {}, drained,", victim.id),
         Some(ms) => format!("demoting voter {}, down for {ms} ms,", victim.id),
         None => match victim.zone.as_deref() {
             Some(z) => format!(
@@ -406,11 +412,7 @@ fn fill(c: &Cluster) -> Option<Decision> {
         return None;
     }
     let purpose = match c.longest_gone(Role::Voter) {
-        Some(g) => format!(
-            "to replace voter {}, down for {} ms",
-            g.id,
-            c.down_for(g).unwrap_or(0)
-        ),
+        Some(g) => format!("to replace voter {}, {}", g.id, c.gone_note(g)),
         None => format!(
             "because the voter set has {healthy} of {} voters",
             c.cfg.voters
@@ -444,9 +446,9 @@ fn drop_gone_replica(c: &Cluster) -> Option<Decision> {
     Some(Decision::act(
         Action::Drop { id: r.id },
         format!(
-            "dropping replica {}, down for {} ms, from raft membership",
+            "dropping replica {}, {}, from raft membership",
             r.id,
-            c.down_for(r).unwrap_or(0)
+            c.gone_note(r)
         ),
     ))
 }
@@ -534,6 +536,7 @@ fn idle(c: &Cluster) -> Decision {
     let healthy = c.healthy_count(Role::Voter);
     if healthy < cfg.voters {
         let what = match c.longest_gone(Role::Voter) {
+            Some(g) if c.is_drained(g) => format!("voter {} is drained", g.id),
             Some(g) => format!(
                 "voter {} has been down for {} ms",
                 g.id,
@@ -626,12 +629,28 @@ impl<'a> Cluster<'a> {
     }
 
     fn is_gone(&self, h: &HostView) -> bool {
-        self.down_for(h)
-            .is_some_and(|ms| ms >= self.cfg.voter_grace_ms)
+        self.is_drained(h)
+            || self
+                .down_for(h)
+                .is_some_and(|ms| ms >= self.cfg.voter_grace_ms)
+    }
+
+    /// Drained, and not the leader (which keeps its vote while it leads).
+    fn is_drained(&self, h: &HostView) -> bool {
+        h.drained && h.id != self.view.leader
     }
 
     fn is_stable(&self, h: &HostView) -> bool {
-        h.alive && self.view.now_ms.saturating_sub(h.since_ms) >= self.cfg.stable_ms
+        !h.drained && h.alive && self.view.now_ms.saturating_sub(h.since_ms) >= self.cfg.stable_ms
+    }
+
+    /// Why `h` is gone, for a decision's reason: drained, or down for how long.
+    fn gone_note(&self, h: &HostView) -> String {
+        if self.is_drained(h) {
+            "drained".into()
+        } else {
+            format!("down for {} ms", self.down_for(h).unwrap_or(0))
+        }
     }
 
     fn is_eligible(&self, h: &HostView) -> bool {
@@ -760,6 +779,7 @@ mod tests {
             alive: true,
             since_ms: 0,
             lag,
+            drained: false,
         }
     }
 
@@ -913,6 +933,77 @@ mod tests {
         assert_eq!(step(&cfg, &mut v), Some(Action::AddReplica { id: 6 }));
         assert_eq!(step(&cfg, &mut v), None);
         assert_eq!(ids(&v, Role::Voter), vec![1, 2, 4]);
+    }
+
+    /// `yard node drain` of a voter: replaced at once (no grace), add before remove, then
+    /// dropped to an agent; the drained host is never chosen back.
+    #[test]
+    fn a_drained_voter_is_replaced_demoted_and_dropped_without_the_grace() {
+        let cfg = RolesConfig::default();
+        let mut drained = voter(3, "c");
+        drained.drained = true;
+        let mut drained_agent = agent(7, "c");
+        drained_agent.drained = true;
+        let mut v = view(
+            1,
+            vec![
+                voter(1, "a"),
+                voter(2, "b"),
+                drained,
+                replica(4, "c", 0),
+                replica(5, "d", 0),
+                drained_agent,
+            ],
+        );
+        let d = decide(&cfg, &v);
+        assert_eq!(d.action, Some(Action::Promote { id: 4 }), "{}", d.reason);
+        assert!(
+            d.reason.contains("to replace voter 3, drained"),
+            "{}",
+            d.reason
+        );
+        apply(&mut v, Action::Promote { id: 4 });
+        let d = decide(&cfg, &v);
+        assert_eq!(d.action, Some(Action::Demote { id: 3 }), "{}", d.reason);
+        assert!(
+            d.reason.starts_with("demoting voter 3, drained,"),
+            "{}",
+            d.reason
+        );
+        apply(&mut v, Action::Demote { id: 3 });
+        let d = decide(&cfg, &v);
+        assert_eq!(d.action, Some(Action::Drop { id: 3 }), "{}", d.reason);
+        apply(&mut v, Action::Drop { id: 3 });
+        // The replica pool is one short and only the drained agent could fill it: nothing.
+        let d = decide(&cfg, &v);
+        assert_eq!(d.action, None, "{}", d.reason);
+        let voters: Vec<u64> = v
+            .hosts
+            .iter()
+            .filter(|h| h.role == Role::Voter)
+            .map(|h| h.id)
+            .collect();
+        assert_eq!(voters, [1, 2, 4]);
+    }
+
+    /// A drained leader keeps its vote while it leads: demoting it would force an election,
+    /// and replacing it first would leave the surplus on a healthy voter.
+    #[test]
+    fn a_drained_leader_keeps_its_vote_while_it_leads() {
+        let cfg = RolesConfig::default();
+        let mut leader = voter(1, "a");
+        leader.drained = true;
+        let v = view(
+            1,
+            vec![
+                leader,
+                voter(2, "b"),
+                voter(3, "c"),
+                replica(4, "d", 0),
+                replica(5, "e", 0),
+            ],
+        );
+        assert_eq!(decide(&cfg, &v).action, None);
     }
 
     #[test]
@@ -1247,13 +1338,16 @@ mod tests {
 
     const PROP_NOW: u64 = 20_000;
 
-    fn arb_host() -> impl Strategy<Value = (Role, Option<u8>, bool, u64, Option<u64>)> {
+    type ArbHost = (Role, Option<u8>, bool, u64, Option<u64>, bool);
+
+    fn arb_host() -> impl Strategy<Value = ArbHost> {
         (
             prop::sample::select(vec![Role::Voter, Role::Replica, Role::Agent]),
             prop::option::of(0u8..4),
             prop::bool::weighted(0.8),
             0..=PROP_NOW,
             prop::option::weighted(0.8, 0u64..150),
+            prop::bool::weighted(0.1),
         )
     }
 
@@ -1264,14 +1358,17 @@ mod tests {
                 let mut hosts: Vec<HostView> = parts
                     .into_iter()
                     .enumerate()
-                    .map(|(i, (role, zone, alive, since_ms, lag))| HostView {
-                        id: i as u64 + 1,
-                        zone: zone.map(|z| format!("z{z}")),
-                        role,
-                        alive,
-                        since_ms,
-                        lag,
-                    })
+                    .map(
+                        |(i, (role, zone, alive, since_ms, lag, drained))| HostView {
+                            id: i as u64 + 1,
+                            zone: zone.map(|z| format!("z{z}")),
+                            role,
+                            alive,
+                            since_ms,
+                            lag,
+                            drained,
+                        },
+                    )
                     .collect();
                 hosts[leader].role = Role::Voter;
                 hosts[leader].alive = true;
@@ -1353,7 +1450,7 @@ mod tests {
             let id = v.hosts.len() as u64 + 1;
             let role = role_for_join(&cfg, &v, id, None);
             let mut after = v.clone();
-            after.hosts.push(HostView { id, zone: None, role, alive: true, since_ms: PROP_NOW, lag: None });
+            after.hosts.push(HostView { id, zone: None, role, alive: true, since_ms: PROP_NOW, lag: None, drained: false });
             prop_assert!(!quorum_held(&v) || quorum_held(&after));
         }
 

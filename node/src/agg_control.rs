@@ -51,12 +51,13 @@ pub async fn run(node: Node, every: Duration, worker_gone: Duration) {
         };
         let tables = Arc::clone(&inputs.tables);
         let now_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let view = sustained.view(
+        let mut view = sustained.view(
             now_ms,
             &unreachable,
             &inputs.hosts_down,
             inputs.node_ips.clone(),
         );
+        view.drained = inputs.drained.clone();
         let key = (tables.revision, view.clone());
         if settled.as_ref() == Some(&key) {
             continue;

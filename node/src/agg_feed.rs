@@ -27,6 +27,8 @@ pub struct Inputs {
     /// Hosts the leader committed dead (`Command::HostLiveness`): agents, which its probes
     /// do not watch.
     pub hosts_down: BTreeSet<NodeId>,
+    /// Hosts drained for maintenance (`Command::DrainNode`): no aggregator seat on them.
+    pub drained: BTreeSet<NodeId>,
 }
 
 impl Inputs {
@@ -42,6 +44,7 @@ impl Inputs {
                 .collect(),
             node_ips: crate::agg_service::node_ips(d),
             hosts_down: d.hosts_down.clone(),
+            drained: d.drained.clone(),
         }
     }
 
@@ -65,6 +68,13 @@ impl Inputs {
                     self.hosts_down.remove(id);
                 } else {
                     self.hosts_down.insert(*id);
+                }
+            }
+            Change::Drain { id, drained, .. } => {
+                if *drained {
+                    self.drained.insert(*id);
+                } else {
+                    self.drained.remove(id);
                 }
             }
             Change::Reset { .. } => return false,
@@ -144,6 +154,7 @@ mod tests {
             (1u64..5).prop_map(|id| Command::RemoveNode { id }),
             (1u64..5, prop_oneof![Just(0u32), Just(100u32)]).prop_map(|(n, s)| host(n, s)),
             (1u64..5, any::<bool>()).prop_map(|(id, alive)| Command::HostLiveness { id, alive }),
+            (1u64..5, any::<bool>()).prop_map(|(id, drained)| Command::DrainNode { id, drained }),
             (0u8..3).prop_map(|k| Command::Put {
                 key: format!("k{k}"),
                 value: "v".into(),
@@ -175,6 +186,7 @@ mod tests {
             prop_assert_eq!(&inputs.node_ips, &fresh.node_ips);
             prop_assert_eq!(&inputs.node_addrs, &fresh.node_addrs);
             prop_assert_eq!(&inputs.hosts_down, &fresh.hosts_down);
+            prop_assert_eq!(&inputs.drained, &fresh.drained);
             if let Some(t) = last_tables {
                 prop_assert!(Arc::ptr_eq(&inputs.tables, &t), "the tables were copied");
             }

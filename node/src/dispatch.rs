@@ -107,6 +107,15 @@ impl Node {
             AdminRequest::Status => self.status(forwarded, &req).await,
             AdminRequest::SnapshotSave => self.snapshot_save(forwarded, &req).await,
             AdminRequest::MembersRemove { id } => self.remove_member(forwarded, &req, *id).await,
+            AdminRequest::NodeDrain { id, drained } => {
+                // Whether `id` is a host is the tables' answer (`Command::DrainNode`), not
+                // this node's copy, which may lag.
+                let cmd = Command::DrainNode {
+                    id: *id,
+                    drained: *drained,
+                };
+                self.write(forwarded, &req, cmd).await
+            }
             AdminRequest::Members => {
                 self.leader_or_forward(forwarded, None, &req, || async {
                     if self.inner.raft.metrics().borrow().state == ServerState::Leader {

@@ -168,6 +168,12 @@ pub enum AdminRequest {
     /// `yard snapshot save`: the tables at one revision, as a snapshot file
     /// (`yard_raft_store::backup`), read linearizably from the leader or a caught-up agent.
     SnapshotSave,
+    /// `yard node drain ID` / `yard node undrain ID`: `Command::DrainNode`, which needs
+    /// cluster level 1. Last in the enum.
+    NodeDrain {
+        id: NodeId,
+        drained: bool,
+    },
 }
 
 /// Operator and worker requests about aggregation jobs.

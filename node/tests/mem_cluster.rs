@@ -1743,3 +1743,76 @@ async fn a_cluster_of_this_release_reaches_its_cluster_level() {
     // Writes still go through at the raised level.
     put(&net, &nodes[1].addr, "after", "raise").await.unwrap();
 }
+
+/// `yard node drain` of a voter that does not lead: the caught-up replica takes its vote at
+/// once (no grace: the voter is alive), the drained host leaves Raft for an agent's role, the
+/// gateway drains it, and writes through it go on; undrained, it is eligible again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_voter_hands_its_vote_to_the_replica_and_follows_as_an_agent() {
+    let net = MemNetwork::default();
+    let (hosts, leader, _) = voters_replica_and_agent(&net).await;
+    let l = hosts.iter().find(|h| h.node.id() == leader).unwrap();
+    // The leader raises the cluster level first; the drain needs it.
+    let start = Instant::now();
+    while l.node.feed().read(|d| d.cluster_level) < 1 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "level not raised"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let drained = hosts[..3].iter().find(|h| h.node.id() != leader).unwrap();
+    let id = drained.node.id();
+    let reply = admin(
+        &net,
+        &hosts[4].addr,
+        AdminRequest::NodeDrain { id, drained: true },
+    )
+    .await
+    .unwrap();
+    assert!(matches!(reply, AdminReply::Written { .. }), "{reply:?}");
+    assert!(l.node.feed().read(|d| d.gateway.draining.contains(&id)));
+    let start = Instant::now();
+    let mut i = 0;
+    loop {
+        put(&net, &drained.addr, &format!("drain{i}"), "1")
+            .await
+            .unwrap();
+        i += 1;
+        let voters = l.node.voter_ids();
+        if voters.len() == 3 && voters.contains(&4) && !l.node.member_ids().contains(&id) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "voters {voters:?}, members {:?}",
+            l.node.member_ids()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Its tables still follow the cluster, as an agent's.
+    wait_local(drained, "drain0", "1").await;
+    // A host that is not in the cluster is refused in one sentence.
+    let why = admin(
+        &net,
+        &hosts[0].addr,
+        AdminRequest::NodeDrain {
+            id: 99,
+            drained: true,
+        },
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(why, "node 99 is not a host of this cluster");
+    admin(
+        &net,
+        &hosts[4].addr,
+        AdminRequest::NodeDrain { id, drained: false },
+    )
+    .await
+    .unwrap();
+    assert!(l
+        .node
+        .feed()
+        .read(|d| d.drained.is_empty() && d.gateway.draining.is_empty()));
+}

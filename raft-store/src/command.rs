@@ -126,6 +126,11 @@ pub enum Command {
     /// Raise the cluster level (`crate::version`) to `level`: the leader's decision that every
     /// host runs a release that reads the formats of that level. It never lowers the level.
     SetClusterLevel { level: u32 },
+    /// Drain host `id` before maintenance (`drained: true`), or end the drain: a drained host
+    /// is given no vote, replica seat, aggregator seat or VIP, and the work it has moves off it
+    /// (its VIPs as the gateway's own drain moves them, in the same revision). Added at
+    /// cluster level 1.
+    DrainNode { id: u64, drained: bool },
 }
 
 /// What applying a command produced.

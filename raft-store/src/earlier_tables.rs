@@ -38,7 +38,7 @@ const FIRST: [&str; 7] = [
 ];
 
 /// The fields later releases appended, in the order they were appended.
-const APPENDED: [&str; 7] = [
+const APPENDED: [&str; 8] = [
     "diagnosis",
     "sessions",
     "aggregation",
@@ -46,9 +46,10 @@ const APPENDED: [&str; 7] = [
     "bound_tokens",
     "revoked",
     "cluster_level",
+    "drained",
 ];
 
-const FIELDS: [&str; 14] = [
+const FIELDS: [&str; 15] = [
     FIRST[0],
     FIRST[1],
     FIRST[2],
@@ -63,6 +64,7 @@ const FIELDS: [&str; 14] = [
     APPENDED[4],
     APPENDED[5],
     APPENDED[6],
+    APPENDED[7],
 ];
 
 /// How many of [`APPENDED`] the oldest release that must read these tables knows: release
@@ -81,6 +83,7 @@ impl Serialize for StateMachineData {
             !self.bound_tokens.is_empty(),
             !self.revoked.is_empty(),
             self.cluster_level != 0,
+            !self.drained.is_empty(),
         ];
         let appended = holds
             .iter()
@@ -108,7 +111,8 @@ impl Serialize for StateMachineData {
             3: hosts_down,
             4: bound_tokens,
             5: revoked,
-            6: cluster_level
+            6: cluster_level,
+            7: drained
         );
         st.end()
     }
@@ -172,11 +176,13 @@ impl<'de> Visitor<'de> for Tables {
             revoked,
             cluster_level
         );
-        // Tables of a later level may carry fields after these that this release cannot
-        // read: say so in one sentence instead of a decoding error about trailing bytes.
+        // Tables of a later level may carry fields this release cannot read, after the
+        // level or in place of the ones it knows: say so in one sentence, read before any
+        // of them, instead of a decoding error about their bytes.
         if d.cluster_level > crate::version::LEVEL {
             return Err(de::Error::custom(crate::version::too_new(d.cluster_level)));
         }
+        appended!(drained);
         Ok(d)
     }
 }
@@ -271,6 +277,7 @@ mod tests {
         d.hosts_down.insert(3);
         d.revoked.insert(4);
         d.cluster_level = 1;
+        d.drained.insert(2);
         let bytes = encode(&d).unwrap();
         assert_eq!(decode::<StateMachineData>(&bytes).unwrap(), d);
         // What each earlier release wrote: the same fields, cut after the ones it had.
@@ -283,6 +290,7 @@ mod tests {
             encode(&empty.bound_tokens).unwrap().len(),
             encode(&d.revoked).unwrap().len(),
             encode(&d.cluster_level).unwrap().len(),
+            encode(&d.drained).unwrap().len(),
         ];
         let mut len = bytes.len();
         for (kept, size) in (0..APPENDED.len()).rev().zip(sizes.iter().rev()) {
@@ -291,7 +299,8 @@ mod tests {
             assert_eq!(earlier.kv, d.kv, "cut before {}", APPENDED[kept]);
             assert_eq!(earlier.hosts_down.len(), usize::from(kept > 3));
             assert_eq!(earlier.revoked.len(), usize::from(kept > 5));
-            assert_eq!(earlier.cluster_level, 0);
+            assert_eq!(earlier.cluster_level, u32::from(kept > 6));
+            assert!(earlier.drained.is_empty());
         }
         // Cut inside the fields every release wrote, or with bytes after the last field: refused.
         assert!(decode::<StateMachineData>(&bytes[..len - 1]).is_err());

@@ -33,6 +33,12 @@ pub enum Change {
     Reset { revision: u64 },
     /// The leader decided host `id` is dead or alive again.
     HostLiveness { revision: u64, id: u64, alive: bool },
+    /// Host `id` was drained for maintenance, or its drain ended.
+    Drain {
+        revision: u64,
+        id: u64,
+        drained: bool,
+    },
     /// Gateway tables changed: everything one command changed, as one message (an import of
     /// thousands of endpoints must not overrun subscribers' queues).
     Gateway {
@@ -79,6 +85,9 @@ pub struct StateMachineData {
     /// leader with `Command::SetClusterLevel` once every host runs a release of that level.
     /// Appended last; 0 until the first raise.
     pub cluster_level: u32,
+    /// Hosts drained for maintenance (`Command::DrainNode`): no role, seat or VIP is given to
+    /// them and the work they have moves off. Appended last.
+    pub drained: std::collections::BTreeSet<u64>,
 }
 
 /// Why a removed node's id cannot be used again.
@@ -219,6 +228,47 @@ impl StateMachineData {
                 let revision = self.bump();
                 (Response::Written { revision }, Vec::new())
             }
+            Command::DrainNode { id, drained } => {
+                if *drained && !self.nodes.contains_key(id) {
+                    return (
+                        Response::Rejected(format!("node {id} is not a host of this cluster")),
+                        Vec::new(),
+                    );
+                }
+                let gateway = crate::GatewayCommand::SetDrain {
+                    node: *id,
+                    draining: *drained,
+                };
+                let was = self.drained.contains(id);
+                let revision = self.revision + 1;
+                let gateway_changes = self.gateway.apply(&gateway, revision);
+                if was == *drained && gateway_changes.is_empty() {
+                    return (
+                        Response::Written {
+                            revision: self.revision,
+                        },
+                        Vec::new(),
+                    );
+                }
+                self.revision = revision;
+                if *drained {
+                    self.drained.insert(*id);
+                } else {
+                    self.drained.remove(id);
+                }
+                let mut changes = vec![Change::Drain {
+                    revision,
+                    id: *id,
+                    drained: *drained,
+                }];
+                if !gateway_changes.is_empty() {
+                    changes.push(Change::Gateway {
+                        revision,
+                        changes: std::sync::Arc::new(gateway_changes),
+                    });
+                }
+                (Response::Written { revision }, changes)
+            }
             Command::RemoveNode { id } => {
                 let revision = self.bump();
                 let existed = self.nodes.remove(id).is_some();
@@ -228,6 +278,13 @@ impl StateMachineData {
                     id: *id,
                     meta: None,
                 }];
+                if self.drained.remove(id) {
+                    changes.push(Change::Drain {
+                        revision,
+                        id: *id,
+                        drained: false,
+                    });
+                }
                 // In the same revision: a removed host must not stay placeable.
                 if self.aggregation.forget_node(*id, revision) {
                     changes.push(Change::Aggregation {
@@ -620,6 +677,63 @@ mod tests {
             assert_eq!(r, Response::Written { revision: 1 });
             assert_eq!(sm.cluster_level, 1);
         }
+    }
+
+    #[test]
+    fn a_drain_marks_the_host_and_drains_its_gateway_in_one_revision() {
+        let mut sm = StateMachineData::default();
+        let (r, _) = sm.apply_command(&Command::DrainNode {
+            id: 2,
+            drained: true,
+        });
+        assert_eq!(
+            r,
+            Response::Rejected("node 2 is not a host of this cluster".into())
+        );
+        for id in [2, 3] {
+            sm.apply_command(&Command::SetNode(NodeMeta {
+                id,
+                ..NodeMeta::default()
+            }));
+        }
+        sm.revision = 0;
+        let (r, changes) = sm.apply_command(&Command::DrainNode {
+            id: 2,
+            drained: true,
+        });
+        assert_eq!(r, Response::Written { revision: 1 });
+        assert!(sm.drained.contains(&2));
+        assert!(sm.gateway.draining.contains(&2));
+        assert!(matches!(
+            changes[..],
+            [
+                Change::Drain {
+                    revision: 1,
+                    id: 2,
+                    drained: true
+                },
+                Change::Gateway { revision: 1, .. }
+            ]
+        ));
+        // Again: nothing changes, no revision.
+        let (r, changes) = sm.apply_command(&Command::DrainNode {
+            id: 2,
+            drained: true,
+        });
+        assert_eq!((r, changes.len()), (Response::Written { revision: 1 }, 0));
+        sm.apply_command(&Command::DrainNode {
+            id: 2,
+            drained: false,
+        });
+        assert!(sm.drained.is_empty() && sm.gateway.draining.is_empty());
+        assert_eq!(sm.revision, 2);
+        // A removed host is no longer drained.
+        sm.apply_command(&Command::DrainNode {
+            id: 3,
+            drained: true,
+        });
+        sm.apply_command(&Command::RemoveNode { id: 3 });
+        assert!(sm.drained.is_empty());
     }
 
     #[test]

@@ -24,14 +24,15 @@ use crate::{Command, NodeId};
 
 /// This release's level: the highest cluster level whose formats it reads and writes.
 ///
-/// Level 1 adds the cluster level itself (`Command::SetClusterLevel` and the tables' field).
+/// Level 1 adds the cluster level itself (`Command::SetClusterLevel` and the tables' field)
+/// and host drains (`Command::DrainNode`, the tables' `drained`).
 pub const LEVEL: u32 = 1;
 
 /// The lowest cluster level at which `cmd` may be proposed: the level of the release that
 /// added it (or changed its encoding). A batch or a session-tagged write needs its parts'.
 pub fn command_level(cmd: &Command) -> u32 {
     match cmd {
-        Command::SetClusterLevel { .. } => 1,
+        Command::SetClusterLevel { .. } | Command::DrainNode { .. } => 1,
         Command::Batch(cmds) => cmds.iter().map(command_level).max().unwrap_or(0),
         Command::Once { cmd, .. } => command_level(cmd),
         _ => 0,

@@ -43,6 +43,10 @@ pub struct ClusterView {
     /// Members reachable again, but unreachable within the last [`RETURN_SETTLE_MS`]: a tree
     /// keeps the seats it has on them but is not regrouped onto them yet ([`Sustained`]).
     pub settling: BTreeSet<NodeId>,
+    /// Hosts drained for maintenance (the tables' `drained`): no job keeps or gets a seat on
+    /// them, as on an unreachable host, but their workers are not gone (a drain moves the
+    /// aggregation off a host, it does not end the job's ranks there).
+    pub drained: BTreeSet<NodeId>,
 }
 
 /// How long a member that was unreachable must stay reachable before a tree is regrouped onto
@@ -198,7 +202,9 @@ fn seat_load(job: &AggJob, seat: &Seat) -> u64 {
 /// ([`eligible::may_aggregate`]: a removed or disabled host no longer does) and the leader
 /// reaches it.
 fn host_usable(tables: &AggTables, view: &ClusterView, job: &AggJob, node: NodeId) -> bool {
-    eligible::may_aggregate(tables, job, node) && !view.unreachable.contains(&node)
+    eligible::may_aggregate(tables, job, node)
+        && !view.unreachable.contains(&node)
+        && !view.drained.contains(&node)
 }
 
 /// Whether `job`'s range at `p` still fits its host: within the host's slots as registered
@@ -296,6 +302,7 @@ impl Sustained {
             gone,
             node_ips,
             settling: self.settling(now_ms),
+            drained: BTreeSet::new(),
         }
     }
 
@@ -344,6 +351,10 @@ fn choose(
     for node in tables.hosts.keys() {
         if view.unreachable.contains(node) {
             reasons.push(format!("node {node} is unreachable"));
+            continue;
+        }
+        if view.drained.contains(node) {
+            reasons.push(format!("node {node} is drained"));
             continue;
         }
         let host = match eligible::host_for(tables, job, *node) {
@@ -672,6 +683,30 @@ mod tests {
         let new = t.jobs["a"].placement.unwrap().node;
         assert_ne!(new, old);
         assert_eq!(t.jobs["a"].epoch, epoch + 1);
+    }
+
+    /// `yard node drain`: the job leaves a drained host as it leaves a dead one, but the
+    /// drained host's workers are not gone, and while every host is drained the job waits
+    /// saying so.
+    #[test]
+    fn a_drained_host_moves_its_job_and_gets_no_seat() {
+        let mut t = world(50, &[("a", 1000, false)]);
+        let d = decide(&t, &view());
+        apply_all(&mut t, &d);
+        let old = t.jobs["a"].placement.unwrap().node;
+        let mut v = view();
+        v.drained.insert(old);
+        let d = decide(&t, &v);
+        // One command, the move: no worker of the drained host is reported gone.
+        assert_eq!(d.commands.len(), 1, "{d:?}");
+        assert!(matches!(d.commands[0], AggCommand::Place { .. }), "{d:?}");
+        apply_all(&mut t, &d);
+        let new = t.jobs["a"].placement.unwrap().node;
+        assert_ne!(new, old);
+        v.drained.extend(t.hosts.keys().copied());
+        let d = decide(&t, &v);
+        let (_, why) = d.waiting.iter().find(|(j, _)| j == "a").expect("a waits");
+        assert!(why.contains(&format!("node {old} is drained")), "{why}");
     }
 
     #[test]

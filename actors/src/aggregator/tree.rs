@@ -69,6 +69,7 @@ pub fn decide_tree(
         .iter()
         .filter(|(n, _)| {
             !view.unreachable.contains(n)
+                && !view.drained.contains(n)
                 && (!view.settling.contains(n) || seated.contains(n))
                 && may_aggregate(tables, job, **n)
         })

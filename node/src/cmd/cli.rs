@@ -141,6 +141,12 @@ enum NodeCmd {
         #[arg(long)]
         log_json: bool,
     },
+    /// Move every actor's work off node ID before maintenance: its VIPs, its aggregator seats
+    /// and its vote or replica seat go to other hosts, and it is given none until undrained.
+    /// Needs every host on a release of cluster level 1 (`yard version`).
+    Drain { id: u64 },
+    /// End node ID's drain: it may be given VIPs, aggregator seats and a vote again.
+    Undrain { id: u64 },
 }
 
 #[derive(Debug, Subcommand)]
@@ -420,7 +426,21 @@ async fn client_command(args: &Args, out: Out) -> anyhow::Result<ExitCode> {
         Command::Members {
             cmd: None | Some(MembersCmd::List),
         } => AdminRequest::Members,
-        Command::Node { .. }
+        Command::Node {
+            cmd: NodeCmd::Drain { id },
+        } => AdminRequest::NodeDrain {
+            id: *id,
+            drained: true,
+        },
+        Command::Node {
+            cmd: NodeCmd::Undrain { id },
+        } => AdminRequest::NodeDrain {
+            id: *id,
+            drained: false,
+        },
+        Command::Node {
+            cmd: NodeCmd::Start { .. },
+        }
         | Command::Ca { .. }
         | Command::Bench { .. }
         | Command::Gateway { .. }
@@ -470,6 +490,16 @@ fn render(req: &AdminRequest, reply: AdminReply, out: Out) -> ExitCode {
                     .join("\n")
             });
         }
+        (AdminRequest::NodeDrain { id, drained }, AdminReply::Written { revision }) => out.line(
+            json!({"node": id, "drained": drained, "revision": revision}),
+            || {
+                if *drained {
+                    format!("node {id} drained at revision {revision}: its VIPs, aggregator seats and raft role move to other hosts (yard members, yard gateway vip list)")
+                } else {
+                    format!("node {id} undrained at revision {revision}")
+                }
+            },
+        ),
         (_, AdminReply::Written { revision }) => out.line(json!({"revision": revision}), || {
             format!("revision {revision}")
         }),

@@ -80,7 +80,7 @@ fn view_of(
         Some(last.saturating_sub(matched))
     };
     // One read of the tables for every host, agents and their liveness included.
-    let (zones, agents) = node.feed().read(|d| {
+    let (zones, agents, drained) = node.feed().read(|d| {
         let zones: BTreeMap<NodeId, Option<String>> = members
             .iter()
             .filter_map(|id| d.nodes.get(id).map(|n| (*id, zone_of(n))))
@@ -94,7 +94,7 @@ fn view_of(
         } else {
             Vec::new()
         };
-        (zones, agents)
+        (zones, agents, d.drained.clone())
     });
     let mut hosts: Vec<HostView> = Vec::with_capacity(members.len() + agents.len());
     for id in &members {
@@ -110,6 +110,7 @@ fn view_of(
             alive,
             since_ms: clock.since(*id, alive, now_ms),
             lag: lag_of(*id),
+            drained: drained.contains(id),
         });
     }
     for (id, zone, alive) in agents {
@@ -120,6 +121,7 @@ fn view_of(
             alive,
             since_ms: clock.since(id, alive, now_ms),
             lag: agent_lag.get(&id).copied(),
+            drained: drained.contains(&id),
         });
     }
     ClusterView {
