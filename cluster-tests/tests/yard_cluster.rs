@@ -905,3 +905,75 @@ fn an_all_voter_cluster_restarted_with_three_voters_keeps_three_and_makes_the_re
         "yes"
     );
 }
+
+/// Issue 28: `yard node drain` of a voter that does not lead, on real daemons: the cluster
+/// level has risen, the drained voter hands its vote to a replica and ends as an agent that
+/// still serves writes; `yard node undrain` lets the autopilot use it again. A host that is
+/// not in the cluster is refused in one sentence.
+#[test]
+fn a_drained_voter_hands_its_vote_on_and_serves_as_an_agent() {
+    require_root();
+    let opts = ClusterOptions {
+        extra_config: "[raft]\nvoters = 3\nreplicas = 1\n".into(),
+        ..Default::default()
+    };
+    let c = YardCluster::start(&yard_bin(), 5, 5, &opts).unwrap();
+    let leader = c.wait_leader(1).unwrap();
+    let role_of = |s: &serde_json::Value, id: usize| -> String {
+        s["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["id"].as_u64() == Some(id as u64))
+            .map_or("absent".into(), |m| m["role"].as_str().unwrap().to_owned())
+    };
+    // A settled cluster: three voters, one replica, one agent, at this release's level.
+    let start = Instant::now();
+    let voter = loop {
+        let s = c.status(leader).unwrap();
+        let roles: Vec<String> = (1..=5).map(|i| role_of(&s, i)).collect();
+        let (r, v) = (levels(&c, &yard_bin(), leader), "voter");
+        if roles.iter().filter(|x| *x == v).count() == 3
+            && roles.iter().filter(|x| *x == "learner").count() == 1
+            && r.1 == r.0
+        {
+            break (1..=5).find(|&i| i != leader && roles[i - 1] == v).unwrap();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "not settled: {roles:?}, levels {r:?}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let id = voter.to_string();
+    let out = ok(c.cli(leader, &["node", "drain", &id]).unwrap());
+    assert!(out.contains(&format!("node {voter} drained")), "{out}");
+    let start = Instant::now();
+    loop {
+        let s = c.status(leader).unwrap();
+        let voters = (1..=5).filter(|&i| role_of(&s, i) == "voter").count();
+        if voters == 3 && role_of(&s, voter) == "agent" {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the drained voter still holds a seat: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    ok(c.cli(voter, &["kv", "put", "through-drained", "yes"])
+        .unwrap());
+    assert_eq!(
+        ok(c.cli(leader, &["kv", "get", "through-drained"]).unwrap()),
+        "yes"
+    );
+    let refused = c.cli(leader, &["node", "drain", "42"]).unwrap();
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("node 42 is not a host of this cluster"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let out = ok(c.cli(leader, &["node", "undrain", &id]).unwrap());
+    assert!(out.contains(&format!("node {voter} undrained")), "{out}");
+}
