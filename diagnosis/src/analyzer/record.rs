@@ -28,7 +28,8 @@
 //!   busiest collective group move in lockstep, so a stage slowed as a whole by someone else
 //!   cancels out); by the excess, not a ratio, since a slow link adds its time to ops that
 //!   also wait for the peer's compute (see [`pair_slower`]); without timing a span also holds
-//!   the compute after the op, so twice `slow_min_delta_ns`;
+//!   the compute after the op, the same in lockstep siblings, so twice `slow_min_delta_ns`
+//!   only against siblings that are not in lockstep;
 //! - **slow NIC**: one rank behind two or more such findings (its pairs with both pipeline
 //!   neighbours, or a pair and its own slow data-parallel group); a pair otherwise;
 //! - **compute straggler**: a member that arrives last at most of its busiest group's recent
@@ -233,9 +234,12 @@ fn slower(x: f64, base: f64, timed: bool, cfg: &Config) -> bool {
 /// to finish computing (a receive posted before the peer's send spends most of its span
 /// waiting, the same in the sibling), so the ratio of a long op hides what the excess shows.
 /// A rank that arrives late (a straggler) does not lengthen its own spans with timing, only its
-/// peer's, and a pair needs both ends. Without timing, as [`slower`].
-fn pair_slower(x: f64, base: f64, timed: bool, cfg: &Config) -> bool {
-    if timed {
+/// peer's, and a pair needs both ends. Without timing a span also holds the compute after the
+/// op: against siblings `in_lockstep` (their ranks share busiest groups with this pair's, so a
+/// straggler slows both alike) that compute is the same and the margin is enough; against
+/// other siblings, as [`slower`] (twice the margin).
+fn pair_slower(x: f64, base: f64, timed: bool, in_lockstep: bool, cfg: &Config) -> bool {
+    if timed || in_lockstep {
         x - base >= cfg.slow_min_delta_ns as f64
     } else {
         slower(x, base, timed, cfg)
@@ -374,6 +378,7 @@ fn slow_ends(rec: &Record, cfg: &Config) -> Vec<SlowEnd> {
                 .copied()
                 .filter(|&o| o != s && lockstep(o))
                 .collect();
+            let in_lockstep = !sibs.is_empty();
             if sibs.is_empty() {
                 sibs = fam.iter().copied().filter(|&o| o != s).collect();
             }
@@ -401,7 +406,7 @@ fn slow_ends(rec: &Record, cfg: &Config) -> Vec<SlowEnd> {
                     }
                     let base = med(sib);
                     by_peer.entry(peer).or_default().push((
-                        pair_slower(x, base, rec.timed, cfg),
+                        pair_slower(x, base, rec.timed, in_lockstep, cfg),
                         x / base.max(1.0),
                         x - base,
                         seq,
@@ -1168,8 +1173,76 @@ mod tests {
             "{vs:#?}"
         );
         // Half a millisecond more is within the margin: nothing.
-        let vs = pipeline(|a, b| if (a, b) == (1, 5) { MS } else { MS / 2 }, 10 * MS, &[]);
+        let vs = pipeline(
+            |a, b| if (a, b) == (1, 5) { MS } else { MS / 2 },
+            10 * MS,
+            &[],
+        );
         assert!(vs.is_empty(), "{vs:#?}");
+    }
+
+    /// Without timing: two stages of four tensor-parallel ranks, a pipeline per tensor-parallel
+    /// rank; each step stage 0 sends to stage 1 (`transfer(a, b)`), and each rank creates its
+    /// tensor-parallel all-reduce 3 ms after its transfer ended (its host follows its GPU), 2 ms
+    /// later still for a `straggler`.
+    fn untimed_pipeline(
+        transfer: impl Fn(Rank, Rank) -> u64,
+        straggler: Option<Rank>,
+    ) -> Vec<Verdict> {
+        let mut job = Job::new(false);
+        job.group("tp", "TENSOR_MODEL_PARALLEL_GROUP", &[0, 1, 2, 3]);
+        job.group("tp", "TENSOR_MODEL_PARALLEL_GROUP", &[4, 5, 6, 7]);
+        for r in 0..4 {
+            job.group("pp", "PIPELINE_MODEL_PARALLEL_GROUP", &[r, r + 4]);
+        }
+        for step in 1..=24u64 {
+            let t0 = step * 20 * MS;
+            let mut ended = [0u64; 8];
+            for r in 0..4 {
+                let enq = t0 + jitter(r, step);
+                let end = enq + transfer(r, r + 4);
+                job.op(r, "pp", step, Op::Send, Some(r + 4), enq, end);
+                job.op(
+                    r + 4,
+                    "pp",
+                    step,
+                    Op::Recv,
+                    Some(r),
+                    t0 + jitter(r + 4, step),
+                    end,
+                );
+                ended[r as usize] = end;
+                ended[r as usize + 4] = end;
+            }
+            for stage in [[0, 1, 2, 3], [4, 5, 6, 7]] {
+                let arrive: Vec<(Rank, u64)> = stage
+                    .iter()
+                    .map(|&r| {
+                        let late = if straggler == Some(r) { 2 * MS } else { 0 };
+                        (r, ended[r as usize] + 3 * MS + late)
+                    })
+                    .collect();
+                job.coll("tp", step, &arrive, MS / 5);
+            }
+        }
+        job.verdicts()
+    }
+
+    #[test]
+    fn without_timing_a_link_is_named_against_pipelines_in_lockstep_and_a_straggler_is_not() {
+        assert!(untimed_pipeline(|_, _| MS / 2, None).is_empty());
+        // 1.5 ms more on [1, 5] at both ends: the pipelines share tensor-parallel groups, so
+        // the compute in their spans is the same and the margin (1 ms) is enough.
+        let slow = |a, b| if (a, b) == (1, 5) { 2 * MS } else { MS / 2 };
+        let vs = untimed_pipeline(slow, None);
+        assert_eq!(
+            summary(&vs),
+            vec![(Subtype::SlowLink, vec![], vec![(Some(1), Some(5))])],
+            "{vs:#?}"
+        );
+        // A straggler lengthens its own spans only, not its peer's: no pair.
+        let vs = untimed_pipeline(|_, _| MS / 2, Some(5));
+        assert!(vs.iter().all(|v| v.subtype != Subtype::SlowLink), "{vs:#?}");
     }
 
     #[test]
