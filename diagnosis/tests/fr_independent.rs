@@ -7,11 +7,13 @@
 //! Three sets of seeds: [`TUNED`] are the ones the rules may be adjusted against; [`HELD_OUT`]
 //! were kept apart until session 27d, which measured them once (48/55) and then changed rules
 //! with their misses in view, so they are no longer untouched; [`FRESH`] were first generated
-//! and scored after the last of those changes and are the honest held-out score (27d also
-//! scored seeds 201-205 once, 49/55, before a last change made with their misses in view:
-//! `FRGEN_FRESH=201-205` scores them again). The test prints all three scorecards (`cargo test
-//! -p yard-diagnosis --test fr_independent -- --nocapture`) and asserts what must hold on every
-//! seed: no verdict naming a rank or a link on a healthy job.
+//! and scored after the last change and are the honest held-out score. Sets that were fresh
+//! once and then looked at: 201-205 (27d: 49/55, then a change made with their misses in
+//! view) and 301-310 (27e: 100/110, then the generator's slow-NIC placement and three rules
+//! changed with their misses in view); `FRGEN_FRESH=<a>-<b>` scores any of them again, and
+//! 27e scored 401-410 once after its changes. The test prints all three scorecards (`cargo
+//! test -p yard-diagnosis --test fr_independent -- --nocapture`) and asserts what must hold on
+//! every seed: no verdict naming a rank or a link on a healthy job.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -35,10 +37,10 @@ fn tuned_seeds() -> Vec<u64> {
 }
 /// Seeds kept apart until session 27d looked at their misses (see the module documentation).
 const HELD_OUT: [u64; 5] = [101, 102, 103, 104, 105];
-/// Seeds first scored after the 27d changes: measured, never tuned on. `FRGEN_FRESH=<a>-<b>`
-/// scores another range instead (a larger sample, or a new set once these have been looked
-/// at).
-const FRESH: [u64; 5] = [301, 302, 303, 304, 305];
+/// Seeds first scored after the 27e changes: measured, never tuned on (the first half of the
+/// 401-410 set 27e scored). `FRGEN_FRESH=<a>-<b>` scores another range instead (a larger
+/// sample, or a new set once these have been looked at).
+const FRESH: [u64; 5] = [401, 402, 403, 404, 405];
 fn fresh_seeds() -> Vec<u64> {
     let range = std::env::var("FRGEN_FRESH").ok().and_then(|v| {
         let (a, b) = v.split_once('-')?;
@@ -309,7 +311,7 @@ fn independent_dumps_scorecard_tuned_and_held_out() {
         );
         let seeds = fresh_seeds();
         let status = if seeds == FRESH {
-            "first scored after the 27d changes, never tuned on"
+            "first scored after the 27e changes, never tuned on"
         } else {
             "chosen by FRGEN_FRESH"
         };

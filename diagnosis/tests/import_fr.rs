@@ -1545,9 +1545,8 @@ fn an_outer_all_reduce_one_rank_never_launched_is_named_though_the_waits_form_a_
 /// dropped its receive at p2p op #3 and went on to the send that follows it in the schedule,
 /// while its peer, rank 1, sends as usual: both ends of [1, 4] have an op pending and nobody is
 /// "behind". The same stage of the other pipelines posted a receive at #3, so rank 4 left the
-/// schedule.
-#[test]
-fn a_pipeline_stage_whose_op_differs_from_the_same_stage_elsewhere_is_named() {
+/// schedule. `name(stage0)` is the name of the pipeline group whose first stage is `stage0`.
+fn dropped_receive(name: fn(u32) -> &'static str) -> Vec<Verdict> {
     let world = [0, 1, 2, 3, 4, 5];
     let ms = 1_000_000;
     let dumps = timeout_dumps(&world, |r| {
@@ -1558,7 +1557,7 @@ fn a_pipeline_stage_whose_op_differs_from_the_same_stage_elsewhere_is_named() {
                 if stuck_pipeline && s > 3 {
                     return None;
                 }
-                let name = match (first, r == 4 && s == 3) {
+                let op = match (first, r == 4 && s == 3) {
                     (true, _) => "nccl:send 0->1",
                     (false, false) => "nccl:recv 1<-0",
                     (false, true) => "nccl:send 1->0",
@@ -1568,7 +1567,7 @@ fn a_pipeline_stage_whose_op_differs_from_the_same_stage_elsewhere_is_named() {
                 } else {
                     "completed"
                 };
-                Some(entry("pp", s, name, state, s * 10 * ms))
+                Some(entry(name(r % 3), s, op, state, s * 10 * ms))
             })
             .collect()
     });
@@ -1578,13 +1577,19 @@ fn a_pipeline_stage_whose_op_differs_from_the_same_stage_elsewhere_is_named() {
             let stage0 = d.rank % 3;
             with_group(
                 d,
-                "pp",
+                name(stage0),
                 "PIPELINE_MODEL_PARALLEL_GROUP",
                 &[stage0, stage0 + 3],
             )
         })
         .collect();
-    let vs = analyze_trace(&to_trace(&dumps), &Config::default());
+    analyze_trace(&to_trace(&dumps), &Config::default())
+}
+
+#[test]
+fn a_pipeline_stage_whose_op_differs_from_the_same_stage_elsewhere_is_named() {
+    // `split_group` and Megatron's shared names: every pipeline group is called "pp".
+    let vs = dropped_receive(|_| "pp");
     assert_eq!(
         summary(&vs),
         vec![(Class::Hang, Subtype::MissingParticipant, vec![4])],
@@ -1597,6 +1602,19 @@ fn a_pipeline_stage_whose_op_differs_from_the_same_stage_elsewhere_is_named() {
             .any(|e| e.contains("a send to rank 1") && e.contains("a receive from rank 1")),
         "{:?}",
         vs[0].evidence
+    );
+}
+
+/// `new_group` per pipeline gives each pipeline group a name of its own ("3", "4", "5"): the
+/// pipelines are still one program's siblings, by the description their groups share, and
+/// their point-to-point streams are compared as the shared-name ones are.
+#[test]
+fn pipelines_whose_groups_each_have_their_own_name_are_still_siblings() {
+    let vs = dropped_receive(|stage0| ["3", "4", "5"][stage0 as usize]);
+    assert_eq!(
+        summary(&vs),
+        vec![(Class::Hang, Subtype::MissingParticipant, vec![4])],
+        "{vs:#?}"
     );
 }
 

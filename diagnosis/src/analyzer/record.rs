@@ -22,11 +22,14 @@
 //! - **slow transfer in a collective group**: the time of its last-arriving member (the
 //!   shortest span: with timing, the transfer itself) is `slow_factor` times its siblings' at
 //!   the same seqs, in three quarters of its last `slow_window` comparable ops;
-//! - **slow pair**: a pipeline boundary both of whose ends spend `slow_factor` times longer in
+//! - **slow pair**: a pipeline boundary both of whose ends spend `slow_min_delta_ns` longer in
 //!   their point-to-point ops with each other than the same stage of the other pipelines of
-//!   their replica (ranks that share their busiest collective group move in lockstep, so a
-//!   stage slowed as a whole by someone else cancels out); without timing a span also holds
-//!   the compute after the op, so only the excess counts, twice `slow_min_delta_ns`;
+//!   their replica, in three quarters of their last `slow_window` (ranks that share their
+//!   busiest collective group move in lockstep, so a stage slowed as a whole by someone else
+//!   cancels out); by the excess, not a ratio, since a slow link adds its time to ops that
+//!   also wait for the peer's compute (see [`pair_slower`]); without timing a span also holds
+//!   the compute after the op, the same in lockstep siblings, so twice `slow_min_delta_ns`
+//!   only against siblings that are not in lockstep;
 //! - **slow NIC**: one rank behind two or more such findings (its pairs with both pipeline
 //!   neighbours, or a pair and its own slow data-parallel group); a pair otherwise;
 //! - **compute straggler**: a member that arrives last at most of its busiest group's recent
@@ -225,6 +228,24 @@ fn slower(x: f64, base: f64, timed: bool, cfg: &Config) -> bool {
     }
 }
 
+/// Whether one end's point-to-point span `x` with a peer is slow against `base`, the same
+/// stage's span in a sibling pipeline. With timing, by the margin alone: a slow link adds its
+/// extra transfer time to every op on the pair, whether or not the op also waits for the peer
+/// to finish computing (a receive posted before the peer's send spends most of its span
+/// waiting, the same in the sibling), so the ratio of a long op hides what the excess shows.
+/// A rank that arrives late (a straggler) does not lengthen its own spans with timing, only its
+/// peer's, and a pair needs both ends. Without timing a span also holds the compute after the
+/// op: against siblings `in_lockstep` (their ranks share busiest groups with this pair's, so a
+/// straggler slows both alike) that compute is the same and the margin is enough; against
+/// other siblings, as [`slower`] (twice the margin).
+fn pair_slower(x: f64, base: f64, timed: bool, in_lockstep: bool, cfg: &Config) -> bool {
+    if timed || in_lockstep {
+        x - base >= cfg.slow_min_delta_ns as f64
+    } else {
+        slower(x, base, timed, cfg)
+    }
+}
+
 /// The (upper) median, as [`median`](super::baseline::median) takes it; 0 for nothing.
 fn med(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
@@ -357,6 +378,7 @@ fn slow_ends(rec: &Record, cfg: &Config) -> Vec<SlowEnd> {
                 .copied()
                 .filter(|&o| o != s && lockstep(o))
                 .collect();
+            let in_lockstep = !sibs.is_empty();
             if sibs.is_empty() {
                 sibs = fam.iter().copied().filter(|&o| o != s).collect();
             }
@@ -384,7 +406,7 @@ fn slow_ends(rec: &Record, cfg: &Config) -> Vec<SlowEnd> {
                     }
                     let base = med(sib);
                     by_peer.entry(peer).or_default().push((
-                        slower(x, base, rec.timed, cfg),
+                        pair_slower(x, base, rec.timed, in_lockstep, cfg),
                         x / base.max(1.0),
                         x - base,
                         seq,
@@ -1069,9 +1091,15 @@ mod tests {
 
     /// Two stages of four tensor-parallel ranks each (ranks 0-3 and 4-7), a pipeline per
     /// tensor-parallel rank ([0, 4], [1, 5], …): each step three TP all-reduces per stage, then
-    /// stage 0 sends its activations to stage 1. `slow(a, b)` scales the transfer between a and
-    /// b; `late` ranks arrive 2 ms late at two of the three TP ops (they wait for data).
-    fn pipeline(slow: impl Fn(Rank, Rank) -> u64, late: &[Rank]) -> Vec<Verdict> {
+    /// stage 0 sends its activations to stage 1. `transfer(a, b)` is the time of the transfer
+    /// between a and b; stage 1 posts its receive `recv_waits` before stage 0 sends (1F1B posts
+    /// it before the activations are ready, and it waits for them); `late` ranks arrive 2 ms
+    /// late at two of the three TP ops (they wait for data).
+    fn pipeline(
+        transfer: impl Fn(Rank, Rank) -> u64,
+        recv_waits: u64,
+        late: &[Rank],
+    ) -> Vec<Verdict> {
         let mut job = Job::new(true);
         job.group("tp", "TENSOR_MODEL_PARALLEL_GROUP", &[0, 1, 2, 3]);
         job.group("tp", "TENSOR_MODEL_PARALLEL_GROUP", &[4, 5, 6, 7]);
@@ -1099,9 +1127,9 @@ mod tests {
             }
             for r in 0..4 {
                 let enq = t0 + 8 * MS;
-                let end = enq + MS * slow(r, r + 4);
+                let end = enq + transfer(r, r + 4);
                 job.op(r, "pp", step, Op::Send, Some(r + 4), enq, end);
-                job.op(r + 4, "pp", step, Op::Recv, Some(r), enq, end);
+                job.op(r + 4, "pp", step, Op::Recv, Some(r), enq - recv_waits, end);
             }
         }
         job.verdicts()
@@ -1109,20 +1137,112 @@ mod tests {
 
     #[test]
     fn a_boundary_slow_at_both_ends_is_a_slow_link_not_its_ranks() {
-        assert!(pipeline(|_, _| 1, &[]).is_empty());
-        let slow = |a, b| if (a, b) == (1, 5) { 5 } else { 1 };
-        let vs = pipeline(slow, &[]);
+        assert!(pipeline(|_, _| MS, 0, &[]).is_empty());
+        let slow = |a, b| if (a, b) == (1, 5) { 5 * MS } else { MS };
+        let vs = pipeline(slow, 0, &[]);
         assert_eq!(
             summary(&vs),
             vec![(Subtype::SlowLink, vec![], vec![(Some(1), Some(5))])]
         );
         // Rank 5 waits for its slow receive and then reaches its tensor-parallel ops late:
         // late because of the link, not a compute straggler.
-        let vs = pipeline(slow, &[5]);
+        let vs = pipeline(slow, 0, &[5]);
         assert_eq!(
             summary(&vs),
             vec![(Subtype::SlowLink, vec![], vec![(Some(1), Some(5))])]
         );
+    }
+
+    #[test]
+    fn a_link_adds_its_time_to_ops_that_mostly_wait_and_is_still_named() {
+        // The receive waits 10 ms for stage 0's activations in every pipeline; the link between
+        // 1 and 5 adds 1.5 ms to the transfer (0.5 ms elsewhere): 11.5 against 10.5 ms at the
+        // receiving end, a ratio of 1.1 but the same excess as at the sending end.
+        let transfer = |a, b| {
+            if (a, b) == (1, 5) {
+                2 * MS
+            } else {
+                MS / 2
+            }
+        };
+        assert!(pipeline(|_, _| MS / 2, 10 * MS, &[]).is_empty());
+        let vs = pipeline(transfer, 10 * MS, &[]);
+        assert_eq!(
+            summary(&vs),
+            vec![(Subtype::SlowLink, vec![], vec![(Some(1), Some(5))])],
+            "{vs:#?}"
+        );
+        // Half a millisecond more is within the margin: nothing.
+        let vs = pipeline(
+            |a, b| if (a, b) == (1, 5) { MS } else { MS / 2 },
+            10 * MS,
+            &[],
+        );
+        assert!(vs.is_empty(), "{vs:#?}");
+    }
+
+    /// Without timing: two stages of four tensor-parallel ranks, a pipeline per tensor-parallel
+    /// rank; each step stage 0 sends to stage 1 (`transfer(a, b)`), and each rank creates its
+    /// tensor-parallel all-reduce 3 ms after its transfer ended (its host follows its GPU), 2 ms
+    /// later still for a `straggler`.
+    fn untimed_pipeline(
+        transfer: impl Fn(Rank, Rank) -> u64,
+        straggler: Option<Rank>,
+    ) -> Vec<Verdict> {
+        let mut job = Job::new(false);
+        job.group("tp", "TENSOR_MODEL_PARALLEL_GROUP", &[0, 1, 2, 3]);
+        job.group("tp", "TENSOR_MODEL_PARALLEL_GROUP", &[4, 5, 6, 7]);
+        for r in 0..4 {
+            job.group("pp", "PIPELINE_MODEL_PARALLEL_GROUP", &[r, r + 4]);
+        }
+        for step in 1..=24u64 {
+            let t0 = step * 20 * MS;
+            let mut ended = [0u64; 8];
+            for r in 0..4 {
+                let enq = t0 + jitter(r, step);
+                let end = enq + transfer(r, r + 4);
+                job.op(r, "pp", step, Op::Send, Some(r + 4), enq, end);
+                job.op(
+                    r + 4,
+                    "pp",
+                    step,
+                    Op::Recv,
+                    Some(r),
+                    t0 + jitter(r + 4, step),
+                    end,
+                );
+                ended[r as usize] = end;
+                ended[r as usize + 4] = end;
+            }
+            for stage in [[0, 1, 2, 3], [4, 5, 6, 7]] {
+                let arrive: Vec<(Rank, u64)> = stage
+                    .iter()
+                    .map(|&r| {
+                        let late = if straggler == Some(r) { 2 * MS } else { 0 };
+                        (r, ended[r as usize] + 3 * MS + late)
+                    })
+                    .collect();
+                job.coll("tp", step, &arrive, MS / 5);
+            }
+        }
+        job.verdicts()
+    }
+
+    #[test]
+    fn without_timing_a_link_is_named_against_pipelines_in_lockstep_and_a_straggler_is_not() {
+        assert!(untimed_pipeline(|_, _| MS / 2, None).is_empty());
+        // 1.5 ms more on [1, 5] at both ends: the pipelines share tensor-parallel groups, so
+        // the compute in their spans is the same and the margin (1 ms) is enough.
+        let slow = |a, b| if (a, b) == (1, 5) { 2 * MS } else { MS / 2 };
+        let vs = untimed_pipeline(slow, None);
+        assert_eq!(
+            summary(&vs),
+            vec![(Subtype::SlowLink, vec![], vec![(Some(1), Some(5))])],
+            "{vs:#?}"
+        );
+        // A straggler lengthens its own spans only, not its peer's: no pair.
+        let vs = untimed_pipeline(|_, _| MS / 2, Some(5));
+        assert!(vs.iter().all(|v| v.subtype != Subtype::SlowLink), "{vs:#?}");
     }
 
     #[test]

@@ -945,6 +945,39 @@ impl State {
             self.bytes += desc.len();
             self.pgs[pg].desc = desc;
         }
+        let twins: Vec<usize> = self.p2p_index.get(&g.name).map_or(Vec::new(), |s| {
+            s.iter()
+                .map(|&i| i as usize)
+                .filter(|&i| self.pgs[i].scope.as_ref() == Some(&scope))
+                .collect()
+        });
+        for p in twins {
+            self.inherit_desc(p);
+        }
+    }
+
+    /// Gives point-to-point stream `p` the description of its group (the collective stream of
+    /// its name and rank set), which only the group's declaration carries. Siblings are found
+    /// by description: pipelines whose groups each have a name of their own (`new_group` per
+    /// pipeline) are one program's siblings only through it.
+    fn inherit_desc(&mut self, p: usize) {
+        if !self.pgs[p].p2p || !self.pgs[p].desc.is_empty() {
+            return;
+        }
+        let Some(scope) = self.pgs[p].scope.as_ref() else {
+            return;
+        };
+        let desc = self.coll_index.get(&self.pgs[p].name).and_then(|streams| {
+            streams
+                .iter()
+                .map(|&i| &self.pgs[i as usize])
+                .find(|c| c.scope.as_ref() == Some(scope) && !c.desc.is_empty())
+                .map(|c| c.desc.clone())
+        });
+        if let Some(desc) = desc {
+            self.bytes += desc.len();
+            self.pgs[p].desc = desc;
+        }
     }
 
     /// The stream and member index of `rank`'s op in the group it calls `name`: a stream of
@@ -968,6 +1001,7 @@ impl State {
                 .cloned()
         });
         let pg = self.intern(name, p2p, scope.as_deref(), now);
+        self.inherit_desc(pg);
         let m = self.member(pg, rank, now);
         (pg, m)
     }

@@ -827,6 +827,39 @@ def diloco(rng, replicas, size, steps, h, never_outer=None):
 # Cases
 
 
+def nic_carriers(tp, pp, dp):
+    """Ranks of a Megatron layout whose NIC carries the job's bytes over two or more paths.
+
+    A slow NIC is drawn only on these, because elsewhere the fault it labels is not one the
+    job lives: a NIC none of whose rank's groups leaves the node (a one-node job; a rank whose
+    tensor-, data- and pipeline-parallel peers all share its node) moves nothing, and the job
+    runs as if it were healthy (the model-parallel grad-norm all_reduce of 4 bytes is all it
+    carries); a NIC whose rank has one inter-node path (one pipeline neighbour on another node,
+    or only its data-parallel ring) slows exactly what a slow link on that path slows, so its
+    dumps are those of a slow link, and labelling them a NIC fault would score the analyzer on
+    a coin toss. Counted per rank: its tensor-parallel group if it spans nodes, its
+    data-parallel group likewise, and each pipeline neighbour on another node."""
+    def rank(t, d, p):
+        return t + tp * (d + dp * p)
+
+    def spans(ranks):
+        return len({x // GPUS_PER_NODE for x in ranks}) > 1
+
+    out = []
+    for p in range(pp):
+        for d in range(dp):
+            for t in range(tp):
+                r = rank(t, d, p)
+                paths = int(spans([rank(x, d, p) for x in range(tp)]))
+                paths += int(spans([rank(t, x, p) for x in range(dp)]))
+                for q in (p - 1, p + 1):
+                    if 0 <= q < pp and spans([r, rank(t, d, q)]):
+                        paths += 1
+                if paths >= 2:
+                    out.append(r)
+    return sorted(out)
+
+
 def step_times(works, r, s):
     ts = [w.arrival for w in works[r] if w.step == s and w.arrival is not None]
     return (min(ts), max(ts)) if ts else (None, None)
@@ -855,6 +888,13 @@ def case(seed, name):
             pp = max(pp, 2)
         while tp * pp * dp > 64:
             dp //= 2
+        # a NIC only slows the job through traffic that leaves its node, and only traffic over
+        # two or more paths tells a slow NIC from one slow link (see nic_carriers): a layout
+        # where no rank's NIC does that is drawn again
+        while name == "slow_nic" and not nic_carriers(tp, pp, dp):
+            tp, pp, dp = rng.choice([2, 4, 8]), rng.choice([2, 4]), rng.choice([2, 4])
+            while tp * pp * dp > 64:
+                dp //= 2
         m = rng.choice([4, 6, 8])
         layers = rng.choice([1, 2])
         steps = 6
@@ -887,6 +927,7 @@ def case(seed, name):
             hang = False
         elif name == "slow_nic":
             onset = 0
+            culprit = rng.choice(nic_carriers(tp, pp, dp))
             job.nic_factor[culprit] = rng.uniform(6, 20)
             truth["culprits"] = [culprit]
             hang = False
