@@ -34,6 +34,16 @@ pub fn step(not_before_ms: u64, not_after_ms: u64, now_ms: u64) -> Step {
     }
 }
 
+/// [`step`] for a certificate the node's active CA did (`by_active_ca`) or did not sign: during
+/// a CA rollover (`yard ca rotate switch`) the bundle's first CA becomes a new one, and every
+/// certificate of the old CA is renewed at once, so that the old CA can be dropped.
+pub fn step_under(not_before_ms: u64, not_after_ms: u64, now_ms: u64, by_active_ca: bool) -> Step {
+    match step(not_before_ms, not_after_ms, now_ms) {
+        Step::Wait { .. } if !by_active_ca => Step::Renew,
+        step => step,
+    }
+}
+
 /// The instant two thirds of the validity window have passed.
 pub fn renew_at(not_before_ms: u64, not_after_ms: u64) -> u64 {
     let lifetime = not_after_ms.saturating_sub(not_before_ms);
@@ -52,6 +62,16 @@ mod tests {
     use proptest::prelude::*;
 
     const DAY: u64 = 24 * 3600 * 1000;
+
+    #[test]
+    fn a_certificate_of_a_ca_no_longer_active_is_renewed_at_once() {
+        assert_eq!(step_under(0, 90 * DAY, DAY, false), Step::Renew);
+        assert_eq!(
+            step_under(0, 90 * DAY, DAY, true),
+            Step::Wait { at_ms: 60 * DAY }
+        );
+        assert_eq!(step_under(0, 90 * DAY, 91 * DAY, false), Step::Expired);
+    }
 
     #[test]
     fn ninety_days_renew_after_sixty() {

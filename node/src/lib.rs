@@ -27,6 +27,7 @@ pub mod latency;
 pub mod limits;
 pub mod metrics;
 pub mod operator_proof;
+pub mod pki;
 pub mod planner_control;
 pub mod planner_report;
 pub mod prevote;

@@ -27,7 +27,8 @@ use serde::{Deserialize, Serialize};
 use yard_raft_store::SessionTag;
 
 use crate::rpc::AdminRequest;
-use crate::tls::{self, PeerRole};
+use crate::pki::{Pki, PkiCell};
+use crate::tls::{self, PeerRole, TrustBundle};
 
 /// How far a proof's time may be from the verifying node's clock, either way: the longest a
 /// captured proof can be replayed for a tagged write, and how long nonces are remembered.
@@ -178,7 +179,7 @@ impl Signer {
 /// a matching signature, and a time within [`MAX_SKEW_MS`] of `now_unix_ms`. Replays are the
 /// [`NonceBook`]'s to catch.
 pub fn verify(
-    ca: &CertificateDer<'static>,
+    ca: &TrustBundle,
     cluster: &str,
     proof: &OperatorProof,
     tag: Option<&SessionTag>,
@@ -202,6 +203,11 @@ fn in_time(proof: &OperatorProof, now_unix_ms: u64) -> Result<(), ProofError> {
     Ok(())
 }
 
+/// The CAs of `pki`; a node without certificate files takes no operator proof.
+fn trust_of(pki: &Pki) -> Result<&TrustBundle, ProofError> {
+    pki.trust.as_ref().ok_or(ProofError::NotAdmin)
+}
+
 /// An admin certificate that verified: its public key, and when it stops being valid.
 #[derive(Debug, Clone)]
 struct Admin {
@@ -212,7 +218,7 @@ struct Admin {
 /// The public key of `cert` if it is an admin certificate of `cluster` signed by `ca`, valid
 /// now by the system clock and at `now_unix_ms`.
 fn admin_key(
-    ca: &CertificateDer<'static>,
+    ca: &TrustBundle,
     cluster: &str,
     cert: &[u8],
     now_unix_ms: u64,
@@ -296,24 +302,34 @@ impl NonceBook {
 /// What a node checks forwarded operator requests with.
 #[derive(Debug)]
 pub struct ProofCheck {
-    ca: CertificateDer<'static>,
+    /// The node's PKI: the CAs an admin certificate must come from, as they are now.
+    pki: Arc<PkiCell>,
     cluster: String,
     nonces: Mutex<NonceBook>,
-    /// Admin certificates already verified against the CA, until their expiry: the chain check
+    /// Admin certificates already verified against the CAs, until their expiry: the chain check
     /// is an ECDSA verification and a parse, as costly as the request's own signature, and an
     /// operator's certificate is the same for every request it makes (admin certificates are
-    /// not revoked, only expire).
-    admins: Mutex<HashMap<Vec<u8>, Admin>>,
+    /// not revoked, only expire). Kept for one generation of the PKI: an admin certificate of
+    /// a CA the operator stopped trusting is refused from its next request on.
+    admins: Mutex<Admins>,
+}
+
+#[derive(Debug, Default)]
+struct Admins {
+    /// The generation the certificates were verified under.
+    under: Option<usize>,
+    known: HashMap<Vec<u8>, Admin>,
 }
 
 impl ProofCheck {
-    /// Checks against the cluster CA `ca` and the cluster's name.
-    pub fn new(ca: CertificateDer<'static>, cluster: &str) -> Self {
+    /// Checks against the CAs `pki` trusts (whatever they are at the time of a check) and the
+    /// cluster's name.
+    pub fn new(pki: Arc<PkiCell>, cluster: &str) -> Self {
         Self {
-            ca,
+            pki,
             cluster: cluster.to_owned(),
             nonces: Mutex::new(NonceBook::default()),
-            admins: Mutex::new(HashMap::new()),
+            admins: Mutex::new(Admins::default()),
         }
     }
 
@@ -327,22 +343,33 @@ impl ProofCheck {
         now_unix_ms: u64,
     ) -> Result<(), ProofError> {
         in_time(proof, now_unix_ms)?;
-        let known = self
-            .admins
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&proof.cert)
-            .filter(|a| now_unix_ms < a.not_after_unix_ms)
-            .cloned();
+        let pki = self.pki.get();
+        let generation = Arc::as_ptr(&pki) as usize;
+        let known = {
+            let mut admins = self.admins.lock().unwrap_or_else(|e| e.into_inner());
+            if admins.under != Some(generation) {
+                *admins = Admins {
+                    under: Some(generation),
+                    known: HashMap::new(),
+                };
+            }
+            admins
+                .known
+                .get(&proof.cert)
+                .filter(|a| now_unix_ms < a.not_after_unix_ms)
+                .cloned()
+        };
         let admin = match known {
             Some(admin) => admin,
             None => {
-                let admin = admin_key(&self.ca, &self.cluster, &proof.cert, now_unix_ms)?;
+                let admin = admin_key(trust_of(&pki)?, &self.cluster, &proof.cert, now_unix_ms)?;
                 let mut admins = self.admins.lock().unwrap_or_else(|e| e.into_inner());
-                if admins.len() >= ADMINS_REMEMBERED {
-                    admins.clear();
+                if admins.under == Some(generation) {
+                    if admins.known.len() >= ADMINS_REMEMBERED {
+                        admins.known.clear();
+                    }
+                    admins.known.insert(proof.cert.clone(), admin.clone());
                 }
-                admins.insert(proof.cert.clone(), admin.clone());
                 admin
             }
         };
@@ -369,7 +396,7 @@ mod tests {
     const NOW: u64 = 1_796_000_000_000;
 
     struct Cluster {
-        ca: CertificateDer<'static>,
+        ca: TrustBundle,
         signer: Signer,
         authority: CertAuthority,
     }
@@ -386,10 +413,19 @@ mod tests {
         let key = PrivateKeyDer::from_pem_slice(admin.key.as_bytes()).unwrap();
         let signer = Signer::new(name, &der(&admin.cert), &key).unwrap();
         Cluster {
-            ca: der(&authority.cert_pem),
+            ca: TrustBundle::of(&[&authority.cert_pem]).unwrap(),
             signer,
             authority,
         }
+    }
+
+    fn cell(c: &Cluster) -> Arc<PkiCell> {
+        Arc::new(PkiCell::new(Pki {
+            ca_hashes: c.ca.hashes(),
+            trust: Some(c.ca.clone()),
+            signer: None,
+            presented: None,
+        }))
     }
 
     fn put(value: &str) -> AdminRequest {
@@ -467,7 +503,7 @@ mod tests {
     #[test]
     fn an_untagged_proof_serves_once_and_is_forgotten_after_its_window() {
         let c = cluster("c1");
-        let check = ProofCheck::new(c.ca.clone(), "c1");
+        let check = ProofCheck::new(cell(&c), "c1");
         let req = AdminRequest::MembersRemove { id: 4 };
         let proof = c.signer.sign(None, &req, NOW).unwrap();
         assert_eq!(check.check(&proof, None, &req, NOW), Ok(()));
@@ -488,7 +524,7 @@ mod tests {
     #[test]
     fn a_remembered_admin_certificate_still_needs_a_matching_signature() {
         let c = cluster("c1");
-        let check = ProofCheck::new(c.ca.clone(), "c1");
+        let check = ProofCheck::new(cell(&c), "c1");
         let first = c.signer.sign(None, &put("a"), NOW).unwrap();
         check.check(&first, None, &put("a"), NOW).unwrap();
         let mut forged = c.signer.sign(None, &put("b"), NOW).unwrap();
@@ -518,7 +554,7 @@ mod tests {
     #[test]
     fn a_tagged_write_may_arrive_twice_with_one_proof() {
         let c = cluster("c1");
-        let check = ProofCheck::new(c.ca.clone(), "c1");
+        let check = ProofCheck::new(cell(&c), "c1");
         let tag = SessionTag {
             client: 1,
             seq: 1,

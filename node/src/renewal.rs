@@ -17,6 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use yard_control::cert_renewal::{self, Step};
 use yard_raft_store::NodeId;
 
+use crate::pki::Pki;
 use crate::rpc::{Reply, Request};
 use crate::service::Node;
 use crate::tls::{self, Identity, PeerRole, TlsError};
@@ -39,7 +40,7 @@ pub enum RenewalError {
     },
     #[error("no node holding the CA key signed a renewal: {0}")]
     NoSigner(String),
-    #[error("the renewed certificate from node {signer} is not for this node or this CA")]
+    #[error("the renewed certificate from node {signer} is not for this node's key or not signed by its active CA")]
     Foreign { signer: NodeId },
 }
 
@@ -48,7 +49,8 @@ impl Node {
     /// key its request proves, with the name and address the cluster has for it.
     pub(crate) fn handle_renewal(&self, id: NodeId, csr: &[u8]) -> Reply {
         let p = &self.inner;
-        let Some(ca) = p.ca.as_ref() else {
+        let pki = p.pki.get();
+        let Some(ca) = pki.signer.as_ref() else {
             return Reply::Error(format!(
                 "node {} holds no CA key and cannot sign certificates",
                 p.id
@@ -97,13 +99,37 @@ pub struct Renewer {
     pub quic: Arc<QuicTransport>,
     pub tls_dir: PathBuf,
     pub name: String,
-    /// The certificate the transport presents (None: the one it started with).
-    pub presented: Option<rustls::pki_types::CertificateDer<'static>>,
+    /// What the files held when the transport and the node's PKI last took them (None: what
+    /// the node started with, taken on the first look).
+    pub presented: Option<Files>,
 }
 
+/// What the certificate files hold, as far as a change of them matters: the certificate, the
+/// trusted CAs and the CA key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Files {
+    leaf: Option<rustls::pki_types::CertificateDer<'static>>,
+    trust: String,
+    ca_key: Option<String>,
+}
+
+impl Files {
+    fn of(identity: &Identity, pki: &Pki) -> Self {
+        Self {
+            leaf: identity.chain.first().cloned(),
+            trust: identity.trust.pem(),
+            ca_key: pki.signer.as_ref().map(|ca| ca.key_pem()),
+        }
+    }
+}
+
+/// How soon a renewal that a CA rollover asked for is tried again: the node holding the new CA
+/// key may take its files a little after this node took the new bundle.
+const ROLLOVER_RETRY: Duration = Duration::from_secs(2);
+
 impl Renewer {
-    /// Renews this node's certificate whenever [`cert_renewal::step`] says so, and reloads it
-    /// on `SIGHUP`. Runs until the node stops.
+    /// Renews this node's certificate whenever [`cert_renewal::step_under`] says so, and reloads
+    /// it on `SIGHUP`. Runs until the node stops.
     pub async fn run(mut self) {
         let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         {
@@ -119,45 +145,50 @@ impl Renewer {
                 () = tokio::time::sleep(wait) => {}
                 Some(()) = async { hangup.as_mut()?.recv().await } => {
                     match self.reload(None).await {
-                        Ok(until) => tracing::info!(valid_until = %humantime::format_rfc3339_seconds(until), "SIGHUP: reloaded the node certificate"),
-                        Err(e) => tracing::error!(error = %e, "SIGHUP: kept the certificate in use"),
+                        Ok(until) => tracing::info!(valid_until = %humantime::format_rfc3339_seconds(until), "SIGHUP: reloaded the certificate files"),
+                        Err(e) => tracing::error!(error = %e, "SIGHUP: kept the certificates in use"),
                     }
                 }
             }
         }
     }
 
-    /// One look at the certificate files: presents a certificate replaced there, renews it
-    /// if due, and says how long to sleep.
+    /// One look at the certificate files: takes what changed there (a certificate, the CA
+    /// bundle, the CA key), renews the certificate if due, and says how long to sleep.
     async fn tick(&mut self) -> Duration {
-        let identity = match self.load().await {
-            Ok(identity) => identity,
+        let (identity, pki) = match self.load().await {
+            Ok(loaded) => loaded,
             Err(e) => {
-                tracing::error!(error = %e, "cannot read this node's certificate");
+                tracing::error!(error = %e, "cannot read this node's certificate files");
                 return RECHECK;
             }
         };
-        let leaf = identity.chain.first().cloned();
-        if self.presented.is_some() && self.presented != leaf {
-            match self.reload(Some(identity.clone())).await {
+        let files = Files::of(&identity, &pki);
+        if self.presented.as_ref().is_some_and(|p| *p != files) {
+            match self.take(identity.clone(), pki) {
                 Ok(until) => {
-                    tracing::info!(valid_until = %humantime::format_rfc3339_seconds(until), "the certificate file changed: presenting the new certificate")
+                    tracing::info!(valid_until = %humantime::format_rfc3339_seconds(until), trusted = identity.trust.len(), "the certificate files changed: took them")
                 }
                 Err(e) => {
-                    tracing::error!(error = %e, "the certificate file changed but cannot be presented")
+                    tracing::error!(error = %e, "the certificate files changed but cannot be taken")
                 }
             }
         }
-        self.presented = leaf;
-        let Some((before, after)) = identity.chain.first().and_then(tls::validity) else {
+        self.presented = Some(files);
+        let Some(leaf) = identity.chain.first() else {
+            return RECHECK;
+        };
+        let Some((before, after)) = tls::validity(leaf) else {
             tracing::error!("this node's certificate has no readable validity");
             return RECHECK;
         };
         let (before, after, now) = (unix_ms(before), unix_ms(after), unix_ms(SystemTime::now()));
+        let by_active = identity.trust.is_active_issuer(leaf);
         let retry = Duration::from_millis(cert_renewal::retry_after_ms(before, after));
-        match cert_renewal::step(before, after, now) {
+        let retry = if by_active { retry } else { retry.min(ROLLOVER_RETRY) };
+        match cert_renewal::step_under(before, after, now, by_active) {
             Step::Wait { at_ms } => Duration::from_millis(at_ms - now).min(RECHECK),
-            Step::Expired if self.node.inner.ca.is_none() => {
+            Step::Expired if self.node.inner.pki.get().signer.is_none() => {
                 tracing::error!(
                     expired_ms_ago = now - after,
                     "this node's certificate expired and peers refuse it; join again with a new token or issue one with `yard ca issue`"
@@ -166,7 +197,7 @@ impl Renewer {
             }
             Step::Renew | Step::Expired => match self.renew().await {
                 Ok(until) => {
-                    tracing::info!(valid_until = %humantime::format_rfc3339_seconds(until), "renewed this node's certificate");
+                    tracing::info!(valid_until = %humantime::format_rfc3339_seconds(until), by_active_ca = by_active, "renewed this node's certificate");
                     Duration::ZERO
                 }
                 Err(e) => {
@@ -188,8 +219,9 @@ impl Renewer {
                 source,
             })?;
         let csr = tls::renewal_request(&key_pem)?;
+        let (identity, pki) = self.load().await?;
         let p = &self.node.inner;
-        let cert = match &p.ca {
+        let cert = match &pki.signer {
             Some(ca) => ca.renew_node(
                 &p.cluster,
                 &self.name,
@@ -198,15 +230,15 @@ impl Renewer {
                 p.cert_validity,
                 &csr,
             )?,
-            None => self.ask_signers(csr).await?,
+            None => self.ask_signers(csr, &identity).await?,
         };
         tls::write_renewed_cert(&self.tls_dir, &self.name, &cert)?;
         self.reload(None).await
     }
 
     /// Asks the leader, then every other voter, to sign `csr`; the first certificate for this
-    /// node under this node's CA wins.
-    async fn ask_signers(&self, csr: Vec<u8>) -> Result<String, RenewalError> {
+    /// node by the active CA of `ours` wins.
+    async fn ask_signers(&self, csr: Vec<u8>, ours: &Identity) -> Result<String, RenewalError> {
         let p = &self.node.inner;
         let mut signers: Vec<(NodeId, String)> = Vec::new();
         if let Some((id, info)) = self.node.known_leader() {
@@ -228,12 +260,11 @@ impl Renewer {
                 .call(Target::node(signer, addr), ask, p.rpc_timeout)
                 .await
             {
-                Ok(Reply::Renewed { ca, cert }) => {
-                    let ours = self.load().await?;
-                    if !issued_for(&cert, &ca, &ours, &p.cluster, p.id) {
-                        return Err(RenewalError::Foreign { signer });
+                Ok(Reply::Renewed { cert, .. }) => {
+                    if issued_for(&cert, ours, &p.cluster, p.id) {
+                        return Ok(cert);
                     }
-                    return Ok(cert);
+                    why.push(RenewalError::Foreign { signer }.to_string());
                 }
                 Ok(Reply::Error(e)) => why.push(format!("node {signer}: {e}")),
                 Ok(other) => why.push(format!("node {signer}: unexpected {other:?}")),
@@ -246,15 +277,25 @@ impl Renewer {
         Err(RenewalError::NoSigner(why.join("; ")))
     }
 
-    /// Presents `identity` (or what the certificate files hold) from now on; returns the new
+    /// Takes `identity` (or what the certificate files hold) from now on; returns the new
     /// expiry.
     async fn reload(&mut self, identity: Option<Identity>) -> Result<SystemTime, RenewalError> {
-        let identity = match identity {
-            Some(identity) => identity,
+        let (identity, pki) = match identity {
+            Some(identity) => {
+                let pki = self.pki_of(&identity).await?;
+                (identity, pki)
+            }
             None => self.load().await?,
         };
+        self.presented = Some(Files::of(&identity, &pki));
+        Ok(self.take(identity, pki)?)
+    }
+
+    /// Presents `identity` and makes `pki` the node's: the transport's new handshakes, the
+    /// signer, the operator-proof check and join tokens all use them from now on.
+    fn take(&self, identity: Identity, pki: Pki) -> Result<SystemTime, TlsError> {
         self.quic.reload(&identity)?;
-        self.presented = identity.chain.first().cloned();
+        self.node.inner.pki.set(pki);
         Ok(identity
             .chain
             .first()
@@ -262,23 +303,31 @@ impl Renewer {
             .unwrap_or(UNIX_EPOCH))
     }
 
-    async fn load(&self) -> Result<Identity, TlsError> {
-        let (dir, name) = (self.tls_dir.clone(), self.name.clone());
-        tokio::task::spawn_blocking(move || Identity::load(&dir, &name))
+    async fn pki_of(&self, identity: &Identity) -> Result<Pki, TlsError> {
+        let (dir, identity) = (self.tls_dir.clone(), identity.clone());
+        tokio::task::spawn_blocking(move || Pki::from_files(&identity, &dir))
             .await
             .unwrap_or_else(|e| Err(TlsError::Rustls(rustls::Error::General(e.to_string()))))
     }
+
+    async fn load(&self) -> Result<(Identity, Pki), TlsError> {
+        let (dir, name) = (self.tls_dir.clone(), self.name.clone());
+        tokio::task::spawn_blocking(move || {
+            let identity = Identity::load(&dir, &name)?;
+            let pki = Pki::from_files(&identity, &dir)?;
+            Ok((identity, pki))
+        })
+        .await
+        .unwrap_or_else(|e| Err(TlsError::Rustls(rustls::Error::General(e.to_string()))))
+    }
 }
 
-/// Whether PEM certificate `cert` names node `id` of `cluster`, is valid now under the CA
-/// `ours` trusts (`ca` is that CA) and is for `ours`'s key: a signer could otherwise hand a node a
-/// certificate it cannot use, and the node would replace a working one with it.
-fn issued_for(cert: &str, ca: &str, ours: &Identity, cluster: &str, id: NodeId) -> bool {
+/// Whether PEM certificate `cert` names node `id` of `cluster`, is valid now under the active
+/// CA of `ours` and is for `ours`'s key: a signer could otherwise hand a node a certificate it
+/// cannot use (or one of a CA being retired), and the node would replace a working one with it.
+fn issued_for(cert: &str, ours: &Identity, cluster: &str, id: NodeId) -> bool {
     use rustls::pki_types::pem::PemObject;
-    let (Ok(cert), Ok(ca)) = (
-        rustls::pki_types::CertificateDer::from_pem_slice(cert.as_bytes()),
-        rustls::pki_types::CertificateDer::from_pem_slice(ca.as_bytes()),
-    ) else {
+    let Ok(cert) = rustls::pki_types::CertificateDer::from_pem_slice(cert.as_bytes()) else {
         return false;
     };
     let spki = |c: &rustls::pki_types::CertificateDer<'_>| {
@@ -290,10 +339,9 @@ fn issued_for(cert: &str, ca: &str, ours: &Identity, cluster: &str, id: NodeId) 
         (spki(&cert), ours.chain.first().and_then(spki)),
         (Some(a), Some(b)) if a == b
     );
-    ca == ours.ca
-        && key_matches
+    key_matches
         && tls::role_of(cluster, &cert) == PeerRole::Node(id)
-        && tls::verify_client_cert(&ours.ca, &cert)
+        && ours.trust.is_active_issuer(&cert)
 }
 
 fn unix_ms(t: SystemTime) -> u64 {

@@ -24,7 +24,7 @@ use crate::rpc::{
     ActorHealth, AdminReply, AdminRequest, KvEntry, MemberStatus, RaftFailure, RaftReply,
     RaftRequest, Reply, Request, Status,
 };
-use crate::tls::{CertAuthority, PeerRole};
+use crate::tls::PeerRole;
 use crate::transport::{Handler, Target, Transport, TransportError};
 use yard_actors::gateway::actor::GatewayView;
 
@@ -46,11 +46,11 @@ pub struct NodeParts {
     pub raft: Raft,
     pub feed: ChangeFeed,
     pub transport: Arc<dyn Transport>,
-    /// Present on nodes that hold `ca.key`: only they can sign certificates for token joins.
-    pub ca: Option<Arc<CertAuthority>>,
+    /// What the node trusts, signs with (nodes holding `ca.key`: only they sign certificates
+    /// for token joins and renewals) and presents, as its certificate files say now.
+    pub pki: Arc<crate::pki::PkiCell>,
     /// How long the node certificates it signs are valid (`tls.cert_validity_s`).
     pub cert_validity: Duration,
-    pub ca_hash: String,
     pub rpc_timeout: Duration,
     /// How long a request waits for a leader to appear before giving up.
     pub leader_wait: Duration,
@@ -1003,7 +1003,7 @@ impl Node {
             Reply::Admin(AdminReply::Written { .. }) => {
                 tracing::info!(token = %id, node_id, name, expires_unix_ms, "created a join token");
                 Reply::Admin(AdminReply::Token {
-                    token: format!("{id}.{secret}.{}", self.inner.ca_hash),
+                    token: format!("{id}.{secret}.{}", self.inner.pki.get().active_hash()),
                     expires_unix_ms,
                 })
             }

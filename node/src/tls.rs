@@ -48,6 +48,8 @@ pub enum TlsError {
     BadRequest,
     #[error("a certificate validity of {0:?} is too short; use at least 10s")]
     ShortValidity(std::time::Duration),
+    #[error("{}/ca.key belongs to none of the CA certificates in its ca.crt", .0.display())]
+    KeyMatchesNoCa(PathBuf),
 }
 
 /// How long a node certificate is valid by default (`tls.cert_validity_s`). The node renews
@@ -267,9 +269,12 @@ impl CertAuthority {
     pub fn generate(cluster: &str) -> Result<Self, TlsError> {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::new(Vec::<String>::new())?;
+        // The creation time in the name: during a rollover two CAs of one cluster are trusted
+        // side by side, and an operator (and a path builder) tells them apart by subject.
+        let made = time::OffsetDateTime::now_utc().unix_timestamp();
         params
             .distinguished_name
-            .push(DnType::CommonName, format!("yard cluster CA {cluster}"));
+            .push(DnType::CommonName, format!("yard cluster CA {cluster} {made}"));
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         valid_for(&mut params, CA_VALIDITY)?;
         params.key_usages = vec![
@@ -284,19 +289,41 @@ impl CertAuthority {
         })
     }
 
-    /// Loads `ca.crt` and `ca.key` from `dir`.
+    /// Loads `ca.key` from `dir` and, from the bundle in `ca.crt`, the CA certificate of that
+    /// key: during a rollover the bundle holds two CAs and the key says which one signs here.
     pub fn load(dir: &Path) -> Result<Self, TlsError> {
-        let cert_pem = String::from_utf8_lossy(&read(&dir.join("ca.crt"))?).into_owned();
+        let trust = load_trust(dir)?;
         let key_pem = String::from_utf8_lossy(&read(&dir.join("ca.key"))?).into_owned();
-        let key = KeyPair::from_pem(&key_pem).map_err(|_| TlsError::Pem {
-            path: dir.join("ca.key"),
+        Self::from_parts(&trust, &key_pem).map_err(|e| match e {
+            TlsError::KeyMatchesNoCa(_) => TlsError::KeyMatchesNoCa(dir.to_owned()),
+            _ => TlsError::Pem {
+                path: dir.join("ca.key"),
+                what: "private key",
+            },
+        })
+    }
+
+    /// The CA of `key_pem` among `trust`'s certificates.
+    pub fn from_parts(trust: &TrustBundle, key_pem: &str) -> Result<Self, TlsError> {
+        let key = KeyPair::from_pem(key_pem).map_err(|_| TlsError::Pem {
+            path: PathBuf::from("ca.key"),
             what: "private key",
         })?;
-        let issuer = Issuer::from_ca_cert_pem(&cert_pem, key).map_err(|_| TlsError::Pem {
-            path: dir.join("ca.crt"),
-            what: "certificate",
-        })?;
-        Ok(Self { issuer, cert_pem })
+        let (der, pem) = trust
+            .certs
+            .iter()
+            .find(|(der, _)| public_key_of(der).as_deref() == Some(key.public_key_raw()))
+            .ok_or_else(|| TlsError::KeyMatchesNoCa(PathBuf::from(".")))?;
+        let issuer = Issuer::from_ca_cert_der(der, key)?;
+        Ok(Self {
+            issuer,
+            cert_pem: pem.clone(),
+        })
+    }
+
+    /// The CA's private key, PEM (what `yard ca rotate` moves between files).
+    pub fn key_pem(&self) -> String {
+        self.issuer.key().serialize_pem()
     }
 
     /// The parameters of a leaf certificate: its names, both TLS uses and its validity.
@@ -384,7 +411,7 @@ pub fn init_ca_dir(dir: &Path, cluster: &str, admin_validity: Duration) -> Resul
     }
     let ca = CertAuthority::generate(cluster)?;
     write(&dir.join("ca.crt"), &ca.cert_pem, false)?;
-    write(&dir.join("ca.key"), &ca.issuer.key().serialize_pem(), true)?;
+    write(&dir.join("ca.key"), &ca.key_pem(), true)?;
     let admin = ca.sign_admin(cluster, admin_validity)?;
     write_cert(dir, "admin", &admin)
 }
@@ -426,10 +453,103 @@ pub fn write_ca_cert(dir: &Path, pem: &str) -> Result<(), TlsError> {
     write(&dir.join("ca.crt"), pem, false)
 }
 
-/// A certificate chain and key to present, plus the CA to trust.
+/// The CA certificates a node trusts, as `ca.crt` holds them: one CA, or two while a CA is
+/// rolled over (`yard ca rotate`). The first is the active CA, the one certificates are
+/// signed by: a node whose certificate another CA of the bundle signed asks for a new one
+/// (see [`TrustBundle::is_active_issuer`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrustBundle {
+    /// Each CA as DER and as the PEM block it was read from.
+    certs: Vec<(CertificateDer<'static>, String)>,
+}
+
+impl TrustBundle {
+    /// Every `CERTIFICATE` block of `text`, in order; None without one or with one that is not
+    /// a certificate.
+    pub fn from_pem(text: &str) -> Option<Self> {
+        const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
+        const END: &str = "-----END CERTIFICATE-----";
+        let mut certs = Vec::new();
+        let mut rest = text;
+        while let Some(start) = rest.find(BEGIN) {
+            let end = rest[start..].find(END)? + start + END.len();
+            let block = format!("{}\n", &rest[start..end]);
+            let der = CertificateDer::from_pem_slice(block.as_bytes()).ok()?;
+            certs.push((der, block));
+            rest = &rest[end..];
+        }
+        (!certs.is_empty()).then_some(Self { certs })
+    }
+
+    /// A bundle of the CAs given as PEM, in this order (the first active).
+    pub fn of(pems: &[&str]) -> Option<Self> {
+        Self::from_pem(&pems.concat())
+    }
+
+    /// The active CA.
+    pub fn active(&self) -> &CertificateDer<'static> {
+        &self.certs[0].0
+    }
+
+    /// The CA certificates, the active one first.
+    pub fn certs(&self) -> impl Iterator<Item = &CertificateDer<'static>> {
+        self.certs.iter().map(|(der, _)| der)
+    }
+
+    /// How many CAs are trusted.
+    pub fn len(&self) -> usize {
+        self.certs.len()
+    }
+
+    /// Never: a bundle holds at least one CA.
+    pub fn is_empty(&self) -> bool {
+        self.certs.is_empty()
+    }
+
+    /// [`ca_hash`] of each CA, the active one first.
+    pub fn hashes(&self) -> Vec<String> {
+        self.certs().map(|c| ca_hash(c)).collect()
+    }
+
+    /// What `ca.crt` holds: every CA's PEM block, the active one first.
+    pub fn pem(&self) -> String {
+        self.certs.iter().map(|(_, pem)| pem.as_str()).collect()
+    }
+
+    /// The hash of the bundle's CA that signed `cert` (valid now), if one did.
+    pub fn issuer_of(&self, cert: &CertificateDer<'_>) -> Option<String> {
+        self.certs
+            .iter()
+            .find(|(ca, _)| verify_client_cert_by(ca, cert))
+            .map(|(ca, _)| ca_hash(ca))
+    }
+
+    /// Whether the active CA signed `cert`: a node presenting a certificate of another CA
+    /// renews it, which is how certificates move to a new CA during a rollover.
+    pub fn is_active_issuer(&self, cert: &CertificateDer<'_>) -> bool {
+        verify_client_cert_by(self.active(), cert)
+    }
+
+    fn roots(&self) -> Result<Arc<RootCertStore>, TlsError> {
+        let mut roots = RootCertStore::empty();
+        for ca in self.certs() {
+            roots.add(ca.clone())?;
+        }
+        Ok(Arc::new(roots))
+    }
+}
+
+/// The public key a certificate carries (the key bytes, without the algorithm).
+fn public_key_of(cert: &CertificateDer<'_>) -> Option<Vec<u8>> {
+    x509_parser::parse_x509_certificate(cert.as_ref())
+        .ok()
+        .map(|(_, p)| p.public_key().subject_public_key.data.to_vec())
+}
+
+/// A certificate chain and key to present, plus the CAs to trust.
 #[derive(Debug)]
 pub struct Identity {
-    pub ca: CertificateDer<'static>,
+    pub trust: TrustBundle,
     pub chain: Vec<CertificateDer<'static>>,
     pub key: PrivateKeyDer<'static>,
 }
@@ -437,27 +557,27 @@ pub struct Identity {
 impl Clone for Identity {
     fn clone(&self) -> Self {
         Self {
-            ca: self.ca.clone(),
+            trust: self.trust.clone(),
             chain: self.chain.clone(),
             key: self.key.clone_key(),
         }
     }
 }
 
-/// Loads the CA certificate from `dir/ca.crt`.
-pub fn load_ca(dir: &Path) -> Result<CertificateDer<'static>, TlsError> {
+/// Loads the CA bundle from `dir/ca.crt`.
+pub fn load_trust(dir: &Path) -> Result<TrustBundle, TlsError> {
     let path = dir.join("ca.crt");
-    CertificateDer::from_pem_slice(&read(&path)?).map_err(|_| TlsError::Pem {
+    TrustBundle::from_pem(&String::from_utf8_lossy(&read(&path)?)).ok_or(TlsError::Pem {
         path,
         what: "certificate",
     })
 }
 
 impl Identity {
-    /// Loads `ca.crt`, `<name>.crt` and `<name>.key` from `dir`. The CA is appended to the chain
-    /// so a token-holding joiner, which has only the CA's hash, can check it.
+    /// Loads `ca.crt`, `<name>.crt` and `<name>.key` from `dir`. The CAs are appended to the
+    /// chain so a token-holding joiner, which has only a CA's hash, can check it.
     pub fn load(dir: &Path, name: &str) -> Result<Self, TlsError> {
-        let ca = load_ca(dir)?;
+        let trust = load_trust(dir)?;
         let cert_path = dir.join(format!("{name}.crt"));
         let key_path = dir.join(format!("{name}.key"));
         let leaf =
@@ -469,11 +589,9 @@ impl Identity {
             path: key_path,
             what: "private key",
         })?;
-        Ok(Self {
-            chain: vec![leaf, ca.clone()],
-            ca,
-            key,
-        })
+        let mut chain = vec![leaf];
+        chain.extend(trust.certs().cloned());
+        Ok(Self { chain, trust, key })
     }
 }
 
@@ -481,12 +599,6 @@ impl Identity {
 /// webhook): `ring`, so the process carries one TLS implementation.
 pub(crate) fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
-}
-
-fn roots(ca: &CertificateDer<'static>) -> Result<Arc<RootCertStore>, TlsError> {
-    let mut roots = RootCertStore::empty();
-    roots.add(ca.clone())?;
-    Ok(Arc::new(roots))
 }
 
 fn transport_config() -> Arc<quinn::TransportConfig> {
@@ -559,7 +671,7 @@ pub fn endpoint_config(identity: &Identity) -> quinn::EndpointConfig {
 /// certificate-less clients through to redeem a join token.
 pub fn server_config(identity: &Identity) -> Result<quinn::ServerConfig, TlsError> {
     let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-        roots(&identity.ca)?,
+        identity.trust.roots()?,
         provider(),
     )
     .allow_unauthenticated()
@@ -577,12 +689,18 @@ pub fn server_config(identity: &Identity) -> Result<quinn::ServerConfig, TlsErro
     Ok(server)
 }
 
-/// Whether `cert` is valid now as a client certificate signed by `ca` (what every node checks
-/// when the holder connects).
-pub fn verify_client_cert(ca: &CertificateDer<'static>, cert: &CertificateDer<'_>) -> bool {
-    let Ok(roots) = roots(ca) else {
-        return false;
-    };
+/// Whether `cert` is valid now as a client certificate signed by one of `trust`'s CAs (what
+/// every node checks when the holder connects).
+pub fn verify_client_cert(trust: &TrustBundle, cert: &CertificateDer<'_>) -> bool {
+    trust.roots().is_ok_and(|roots| verify_under(roots, cert))
+}
+
+fn verify_client_cert_by(ca: &CertificateDer<'static>, cert: &CertificateDer<'_>) -> bool {
+    let mut roots = RootCertStore::empty();
+    roots.add(ca.clone()).is_ok() && verify_under(Arc::new(roots), cert)
+}
+
+fn verify_under(roots: Arc<RootCertStore>, cert: &CertificateDer<'_>) -> bool {
     let Ok(verifier) =
         rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider()).build()
     else {
@@ -596,8 +714,8 @@ pub fn verify_client_cert(ca: &CertificateDer<'static>, cert: &CertificateDer<'_
 /// How a client decides whom it trusts.
 #[derive(Debug, Clone)]
 pub enum Trust {
-    /// The cluster CA certificate.
-    Ca(CertificateDer<'static>),
+    /// The cluster's CA bundle.
+    Ca(TrustBundle),
     /// Only the CA's SHA-256 (from a join token): the server must send the CA in its chain.
     CaHash(String),
 }
@@ -655,8 +773,8 @@ impl ClusterNodeVerifier {
         &self,
         intermediates: &[CertificateDer<'_>],
     ) -> Result<Arc<WebPkiServerVerifier>, rustls::Error> {
-        let ca = match &self.trust {
-            Trust::Ca(ca) => ca.clone(),
+        let roots = match &self.trust {
+            Trust::Ca(trust) => trust.roots(),
             Trust::CaHash(hash) => {
                 let ca = intermediates
                     .iter()
@@ -666,10 +784,12 @@ impl ClusterNodeVerifier {
                             "server's CA does not match the join token's CA hash".into(),
                         )
                     })?;
-                ca.clone().into_owned()
+                let mut roots = RootCertStore::empty();
+                roots.add(ca.clone().into_owned())?;
+                Ok(Arc::new(roots))
             }
-        };
-        let roots = roots(&ca).map_err(|e| rustls::Error::General(e.to_string()))?;
+        }
+        .map_err(|e| rustls::Error::General(e.to_string()))?;
         WebPkiServerVerifier::builder_with_provider(roots, self.provider.clone())
             .build()
             .map_err(|e| rustls::Error::General(e.to_string()))
@@ -812,6 +932,10 @@ mod tests {
         ));
     }
 
+    fn bundle(pem: &str) -> TrustBundle {
+        TrustBundle::of(&[pem]).unwrap()
+    }
+
     fn der(pem: &str) -> CertificateDer<'static> {
         CertificateDer::from_pem_slice(pem.as_bytes()).unwrap()
     }
@@ -832,7 +956,7 @@ mod tests {
             ca.sign_admin("yard", Duration::from_secs(9)),
             Err(TlsError::ShortValidity(_))
         ));
-        assert!(verify_client_cert(&der(&ca.cert_pem), &der(&node.cert)));
+        assert!(verify_client_cert(&bundle(&ca.cert_pem), &der(&node.cert)));
     }
 
     /// A renewal keeps the node's key and takes the names the signer gives, not the request's.
@@ -853,7 +977,7 @@ mod tests {
             .unwrap();
         let (old_der, new_der) = (der(&old.cert), der(&renewed));
         assert_eq!(role_of("yard", &new_der), PeerRole::Node(7));
-        assert!(verify_client_cert(&der(&ca.cert_pem), &new_der));
+        assert!(verify_client_cert(&bundle(&ca.cert_pem), &new_der));
         let spki = |c: &CertificateDer<'_>| {
             let (_, p) = x509_parser::parse_x509_certificate(c.as_ref()).unwrap();
             p.public_key().raw.to_vec()
@@ -874,6 +998,6 @@ mod tests {
         ));
         // A certificate from another CA is not valid here.
         let other = CertAuthority::generate("yard").unwrap();
-        assert!(!verify_client_cert(&der(&other.cert_pem), &new_der));
+        assert!(!verify_client_cert(&bundle(&other.cert_pem), &new_der));
     }
 }

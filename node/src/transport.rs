@@ -150,7 +150,7 @@ impl QuicTransport {
     pub fn reload(&self, identity: &tls::Identity) -> Result<(), tls::TlsError> {
         let client = tls::client_config(
             &self.cluster,
-            tls::Trust::Ca(identity.ca.clone()),
+            tls::Trust::Ca(identity.trust.clone()),
             Some(identity),
         )?;
         let server = tls::server_config(identity)?;

@@ -79,7 +79,7 @@ impl Fixture {
     /// A transport presenting `identity`, dialling from an ephemeral port.
     fn client(&self, identity: &Identity) -> Arc<QuicTransport> {
         let cfg =
-            tls::client_config(CLUSTER, Trust::Ca(identity.ca.clone()), Some(identity)).unwrap();
+            tls::client_config(CLUSTER, Trust::Ca(identity.trust.clone()), Some(identity)).unwrap();
         self.rt.block_on(async {
             let endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
             QuicTransport::new(endpoint, cfg, CLUSTER.into(), MAX_FRAME)

@@ -221,7 +221,7 @@ async fn foreign_ca_is_refused_and_the_node_keeps_serving() {
 /// Opens a raw stream with the admin certificate and sends `bytes` as-is.
 async fn raw_exchange(d: &Daemon, bytes: &[u8]) -> Result<Reply, String> {
     let identity = Identity::load(&d.tls_dir(), "admin").unwrap();
-    let cfg = tls::client_config("yard", Trust::Ca(identity.ca.clone()), Some(&identity)).unwrap();
+    let cfg = tls::client_config("yard", Trust::Ca(identity.trust.clone()), Some(&identity)).unwrap();
     let ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
     let conn = ep
         .connect_with(
@@ -319,7 +319,7 @@ async fn an_anonymous_client_stalling_large_frames_leaves_memory_bounded() {
     let client = d.client();
     wait_serving(&client).await;
     let before = rss_bytes(&d);
-    let ca = tls::load_ca(&d.tls_dir()).unwrap();
+    let ca = tls::load_trust(&d.tls_dir()).unwrap();
     let cfg = tls::client_config("yard", Trust::Ca(ca), None).unwrap();
     let ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
     let mut conns = Vec::new();

@@ -88,7 +88,7 @@ fn start_counting_server(
 /// Node 2's transport, dialling from an ephemeral port.
 fn client(identity: &Identity) -> Quic {
     let client_cfg =
-        tls::client_config(CLUSTER, Trust::Ca(identity.ca.clone()), Some(identity)).unwrap();
+        tls::client_config(CLUSTER, Trust::Ca(identity.trust.clone()), Some(identity)).unwrap();
     let endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
     Quic(QuicTransport::new(
         endpoint,

@@ -219,7 +219,8 @@ impl Node {
         if role == PeerRole::Admin {
             return Reply::Error("admin certificates cannot redeem join tokens".into());
         }
-        let Some(ca) = p.ca.clone() else {
+        let pki = p.pki.get();
+        let Some(ca) = pki.signer.clone() else {
             // Only nodes holding ca.key can sign; the leader is the best guess for one.
             if let (Some((leader, node)), PeerRole::Anonymous) =
                 (self.known_leader().filter(|(l, _)| *l != p.id), role)
@@ -273,7 +274,7 @@ impl Node {
             Ok(cert) => {
                 tracing::info!(token = token_id, id = req.id, name = %req.name, "signed a node certificate for a token join");
                 Reply::Certificate {
-                    ca: ca.cert_pem.clone(),
+                    ca: pki.trust_pem().unwrap_or_else(|| ca.cert_pem.clone()),
                     cert,
                 }
             }
@@ -288,7 +289,7 @@ impl Node {
         else {
             return Err("join token is malformed; expected <id>.<secret>.<ca-hash>".into());
         };
-        if hash != self.inner.ca_hash {
+        if !self.inner.pki.get().ca_hashes.iter().any(|h| h == hash) {
             return Err("join token belongs to another cluster's CA".into());
         }
         Ok((id, secret))

@@ -28,7 +28,7 @@ use yard::http::{Endpoints, NodeReadiness};
 use yard::planner_control::PlannerSettings;
 use yard::rpc::{RedeemRequest, Reply, Request};
 use yard::service::{Node, NodeParts};
-use yard::tls::{self, CertAuthority, Identity, Trust};
+use yard::tls::{self, Identity, Trust};
 use yard::transport::{self, Quic, QuicTransport, Transport};
 use yard_actors::gateway::actor::PrepareRestart;
 use yard_actors::gateway::damping::DampingConfig;
@@ -181,7 +181,7 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
             quic: net.quic.clone(),
             tls_dir: cfg.tls_dir(),
             name: cfg.node.name.clone(),
-            presented: net.identity.chain.first().cloned(),
+            presented: None,
         }
         .run(),
     ));
@@ -260,8 +260,8 @@ struct Network {
     transport: Arc<dyn Transport>,
     /// The same transport, for presenting a renewed certificate.
     quic: Arc<QuicTransport>,
-    identity: Identity,
-    ca: Option<Arc<CertAuthority>>,
+    /// What the node trusts, signs with and presents; the renewal loop replaces it.
+    pki: Arc<yard::pki::PkiCell>,
 }
 
 /// Makes sure this node has its certificates, then binds the QUIC endpoint.
@@ -283,14 +283,12 @@ async fn open_network(cfg: &Config, args: &StartArgs) -> anyhow::Result<Network>
             humantime::format_rfc3339_seconds(expired)
         );
     }
-    let ca = if holds_ca {
-        Some(Arc::new(CertAuthority::load(&tls_dir)?))
-    } else {
-        None
-    };
+    let pki = Arc::new(yard::pki::PkiCell::new(yard::pki::Pki::from_files(
+        &identity, &tls_dir,
+    )?));
     let cluster = cfg.node.cluster.clone();
     let server_cfg = tls::server_config(&identity)?;
-    let client_cfg = tls::client_config(&cluster, Trust::Ca(identity.ca.clone()), Some(&identity))?;
+    let client_cfg = tls::client_config(&cluster, Trust::Ca(identity.trust.clone()), Some(&identity))?;
     let endpoint = yard::transport::bind_node_endpoint(cfg.node.listen, &identity, server_cfg)
         .with_context(|| format!("cannot listen on node.listen {}", cfg.node.listen))?;
     let quic = QuicTransport::new(
@@ -304,8 +302,7 @@ async fn open_network(cfg: &Config, args: &StartArgs) -> anyhow::Result<Network>
         endpoint,
         transport,
         quic,
-        identity,
-        ca,
+        pki,
     })
 }
 
@@ -355,9 +352,8 @@ fn build_node(
         raft,
         feed,
         transport: net.transport.clone(),
-        ca: net.ca.clone(),
+        pki: net.pki.clone(),
         cert_validity: cfg.tls.cert_validity(),
-        ca_hash: tls::ca_hash(&net.identity.ca),
         rpc_timeout: shared.rpc_timeout,
         // Long enough for one forward to time out on a dead leader and one more attempt after
         // an election.
@@ -373,7 +369,7 @@ fn build_node(
         max_frame: cfg.transport.max_frame_bytes,
         operator_proofs: (!cfg.admin.unsigned_forwarding).then(|| {
             Arc::new(yard::operator_proof::ProofCheck::new(
-                net.identity.ca.clone(),
+                net.pki.clone(),
                 &cfg.node.cluster,
             ))
         }),
