@@ -161,7 +161,7 @@ pub fn admitted(role: &PeerRole, req: &Request, view: &impl ClusterView) -> Resu
             Request::SignedAdmin {
                 tag: Some(_), req, ..
             } if !req.is_kv() => Err(Refusal::SessionOnNonKv),
-            Request::SignedAdmin { .. } | Request::Level => Ok(()),
+            Request::SignedAdmin { .. } | Request::Level | Request::Pki => Ok(()),
             Request::RedeemToken(_) => Err(Refusal::Role {
                 what: "token redemptions",
                 needs: "no certificate (a host without one redeems its token)",
@@ -272,8 +272,9 @@ fn node_admitted(sender: NodeId, req: &Request, view: &impl ClusterView) -> Resu
         // tables to any node certificate: a removed voter learns of its removal from one, and
         // a removed host's certificate is refused by revocation, not here.
         Request::Probe | Request::Watch { .. } | Request::Watchers | Request::ReadIndex => Ok(()),
-        // Two numbers every host and operator may know (the leader asks every host).
-        Request::Level => Ok(()),
+        // Two numbers every host and operator may know (the leader asks every host), and which
+        // CAs a node trusts and uses (public certificates' hashes).
+        Request::Level | Request::Pki => Ok(()),
     }
 }
 
@@ -358,6 +359,7 @@ fn kind(req: &Request) -> &'static str {
         Request::RenewCertificate { .. } => "certificate renewals",
         Request::BandwidthTicket => "bandwidth probes",
         Request::Level => "release levels",
+        Request::Pki => "certificate authorities",
     }
 }
 
@@ -590,6 +592,12 @@ mod tests {
         let mut view = View::three();
         view.revoked.insert(4);
         assert_eq!(admitted(&PeerRole::Admin, &Request::Level, &view), Ok(()));
+        assert_eq!(admitted(&PeerRole::Admin, &Request::Pki, &view), Ok(()));
+        assert_eq!(admitted(&PeerRole::Node(2), &Request::Pki, &view), Ok(()));
+        assert!(matches!(
+            admitted(&PeerRole::Anonymous, &Request::Pki, &view),
+            Err(Refusal::Role { .. })
+        ));
         assert_eq!(admitted(&PeerRole::Node(2), &Request::Level, &view), Ok(()));
         assert!(matches!(
             admitted(&PeerRole::Anonymous, &Request::Level, &view),

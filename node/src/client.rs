@@ -170,7 +170,8 @@ impl AdminClient {
         timeout: Duration,
     ) -> Result<Self, ClientError> {
         let identity = Identity::load(tls_dir, "admin")?;
-        let client = tls::client_config(cluster, Trust::Ca(identity.trust.clone()), Some(&identity))?;
+        let client =
+            tls::client_config(cluster, Trust::Ca(identity.trust.clone()), Some(&identity))?;
         let mut admin = Self::with_config(endpoints, client, cluster, timeout)?;
         match Signer::new(cluster, &identity.chain[0], &identity.key) {
             Ok(signer) => admin.signer = Some(Arc::new(signer)),

@@ -219,6 +219,7 @@ impl Handler for Node {
                     release: yard_raft_store::version::LEVEL,
                     cluster: this.inner.feed.read(|d| d.cluster_level),
                 },
+                (_, Request::Pki) => Reply::Pki(this.inner.pki.get().report()),
                 (PeerRole::Node(_), Request::Watch { .. }) if !this.is_member() => {
                     Reply::Error(format!(
                         "node {} is not a raft member and serves no watch",

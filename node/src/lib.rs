@@ -11,6 +11,7 @@ pub mod agg_feed;
 pub mod agg_service;
 pub mod alert;
 pub mod batcher;
+pub mod ca_rotation;
 pub mod client;
 pub mod config;
 pub mod data_dir;

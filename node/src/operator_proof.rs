@@ -26,8 +26,8 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde::{Deserialize, Serialize};
 use yard_raft_store::SessionTag;
 
-use crate::rpc::AdminRequest;
 use crate::pki::{Pki, PkiCell};
+use crate::rpc::AdminRequest;
 use crate::tls::{self, PeerRole, TrustBundle};
 
 /// How far a proof's time may be from the verifying node's clock, either way: the longest a

@@ -185,7 +185,11 @@ impl Renewer {
         let (before, after, now) = (unix_ms(before), unix_ms(after), unix_ms(SystemTime::now()));
         let by_active = identity.trust.is_active_issuer(leaf);
         let retry = Duration::from_millis(cert_renewal::retry_after_ms(before, after));
-        let retry = if by_active { retry } else { retry.min(ROLLOVER_RETRY) };
+        let retry = if by_active {
+            retry
+        } else {
+            retry.min(ROLLOVER_RETRY)
+        };
         match cert_renewal::step_under(before, after, now, by_active) {
             Step::Wait { at_ms } => Duration::from_millis(at_ms - now).min(RECHECK),
             Step::Expired if self.node.inner.pki.get().signer.is_none() => {

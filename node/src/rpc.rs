@@ -100,8 +100,11 @@ pub enum Request {
     },
     /// Which release level this node runs, and the cluster level its tables hold
     /// (`yard_raft_store::version`): `Level`. A node of a release before levels cannot decode
-    /// this request and answers so, which the asker reads as level 0. Last in the enum.
+    /// this request and answers so, which the asker reads as level 0.
     Level,
+    /// Which CAs this node trusts, which signed the certificate it presents and which it signs
+    /// with (`yard ca rotate status`): `Pki`. Last in the enum.
+    Pki,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -457,11 +460,13 @@ pub enum Reply {
     BandwidthTicket {
         ticket: [u8; 16],
     },
-    /// This node's release level and the cluster level of its tables. Last in the enum.
+    /// This node's release level and the cluster level of its tables.
     Level {
         release: u32,
         cluster: u32,
     },
+    /// This node's PKI as it serves now. Last in the enum.
+    Pki(crate::pki::PkiReport),
 }
 
 /// A Raft RPC failed on the receiver (serialised openraft error text).

@@ -272,9 +272,10 @@ impl CertAuthority {
         // The creation time in the name: during a rollover two CAs of one cluster are trusted
         // side by side, and an operator (and a path builder) tells them apart by subject.
         let made = time::OffsetDateTime::now_utc().unix_timestamp();
-        params
-            .distinguished_name
-            .push(DnType::CommonName, format!("yard cluster CA {cluster} {made}"));
+        params.distinguished_name.push(
+            DnType::CommonName,
+            format!("yard cluster CA {cluster} {made}"),
+        );
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         valid_for(&mut params, CA_VALIDITY)?;
         params.key_usages = vec![
@@ -494,6 +495,11 @@ impl TrustBundle {
     /// The CA certificates, the active one first.
     pub fn certs(&self) -> impl Iterator<Item = &CertificateDer<'static>> {
         self.certs.iter().map(|(der, _)| der)
+    }
+
+    /// Each CA's PEM block, the active one first.
+    pub fn pems(&self) -> impl Iterator<Item = &str> {
+        self.certs.iter().map(|(_, pem)| pem.as_str())
     }
 
     /// How many CAs are trusted.

@@ -141,7 +141,9 @@ async fn start(
         raft,
         feed,
         transport,
-        pki: Arc::new(yard::pki::PkiCell::new(yard::pki::Pki::without_files(ca, "cafe"))),
+        pki: Arc::new(yard::pki::PkiCell::new(yard::pki::Pki::without_files(
+            ca, "cafe",
+        ))),
         cert_validity: yard::tls::NODE_VALIDITY,
         rpc_timeout: Duration::from_millis(500),
         leader_wait: Duration::from_secs(3),

@@ -71,7 +71,9 @@ async fn one_node() -> OneNode {
         raft,
         feed,
         transport,
-        pki: Arc::new(yard::pki::PkiCell::new(yard::pki::Pki::without_files(None, "cafe"))),
+        pki: Arc::new(yard::pki::PkiCell::new(yard::pki::Pki::without_files(
+            None, "cafe",
+        ))),
         cert_validity: yard::tls::NODE_VALIDITY,
         rpc_timeout: Duration::from_millis(500),
         leader_wait: Duration::from_secs(3),

@@ -221,7 +221,8 @@ async fn foreign_ca_is_refused_and_the_node_keeps_serving() {
 /// Opens a raw stream with the admin certificate and sends `bytes` as-is.
 async fn raw_exchange(d: &Daemon, bytes: &[u8]) -> Result<Reply, String> {
     let identity = Identity::load(&d.tls_dir(), "admin").unwrap();
-    let cfg = tls::client_config("yard", Trust::Ca(identity.trust.clone()), Some(&identity)).unwrap();
+    let cfg =
+        tls::client_config("yard", Trust::Ca(identity.trust.clone()), Some(&identity)).unwrap();
     let ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
     let conn = ep
         .connect_with(

@@ -265,7 +265,9 @@ async fn build_member(
         raft: r,
         feed,
         transport,
-        pki: Arc::new(yard::pki::PkiCell::new(yard::pki::Pki::without_files(None, "sim"))),
+        pki: Arc::new(yard::pki::PkiCell::new(yard::pki::Pki::without_files(
+            None, "sim",
+        ))),
         cert_validity: yard::tls::NODE_VALIDITY,
         rpc_timeout,
         leader_wait: rpc_timeout + Duration::from_millis(raft.election_timeout_max_ms * 8),

@@ -183,6 +183,12 @@ enum CaCmd {
         #[arg(long, default_value = "365d", value_parser = humantime::parse_duration)]
         validity: Duration,
     },
+    /// Move the cluster to a new CA with no failed request: begin, switch, finish (README,
+    /// Operations: certificate rotation).
+    Rotate {
+        #[command(subcommand)]
+        step: super::ca_rotate::RotateCmd,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -346,6 +352,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             });
             Ok(ExitCode::SUCCESS)
         }
+        Command::Ca {
+            cmd: CaCmd::Rotate { step },
+        } if step.is_offline() => super::ca_rotate::offline(step, &args.cluster, out),
         Command::Diagnose(d) if d.is_offline() => super::diagnose::offline(d, out),
         Command::Sim { cmd } => super::sim::run(cmd, out),
         Command::Offload { cmd } => super::offload::run(cmd, out),
@@ -377,6 +386,17 @@ async fn client_command(args: &Args, out: Out) -> anyhow::Result<ExitCode> {
     }
     if let Command::Diagnose(d) = &args.command {
         return super::diagnose::live(&client, d, out).await;
+    }
+    if let Command::Ca {
+        cmd: CaCmd::Rotate { step },
+    } = &args.command
+    {
+        let connect = super::ca_rotate::connector(
+            args.tls_dir.clone(),
+            args.cluster.clone(),
+            Duration::from_millis(args.timeout_ms),
+        );
+        return super::ca_rotate::online(step, &client, connect, &args.cluster, out).await;
     }
     if let Command::Version = &args.command {
         return super::output::print_version(client.call(Request::Level).await?, out);

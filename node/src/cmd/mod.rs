@@ -3,6 +3,7 @@
 
 mod agg;
 mod bench;
+mod ca_rotate;
 mod cli;
 mod daemon;
 mod diagnose;

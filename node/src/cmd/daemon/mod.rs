@@ -288,7 +288,8 @@ async fn open_network(cfg: &Config, args: &StartArgs) -> anyhow::Result<Network>
     )?));
     let cluster = cfg.node.cluster.clone();
     let server_cfg = tls::server_config(&identity)?;
-    let client_cfg = tls::client_config(&cluster, Trust::Ca(identity.trust.clone()), Some(&identity))?;
+    let client_cfg =
+        tls::client_config(&cluster, Trust::Ca(identity.trust.clone()), Some(&identity))?;
     let endpoint = yard::transport::bind_node_endpoint(cfg.node.listen, &identity, server_cfg)
         .with_context(|| format!("cannot listen on node.listen {}", cfg.node.listen))?;
     let quic = QuicTransport::new(
