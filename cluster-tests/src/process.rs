@@ -123,6 +123,11 @@ impl Process {
         self.signal(Signal::USR1)
     }
 
+    /// Sends SIGHUP, which the daemon takes as "re-read your certificate files".
+    pub fn hup(&self) -> Result<()> {
+        self.signal(Signal::HUP)
+    }
+
     /// Resumes it after [`Process::stop`] with SIGCONT.
     pub fn cont(&self) -> Result<()> {
         self.signal(Signal::CONT)

@@ -507,6 +507,304 @@ fn a_token_joined_host_renews_its_short_certificate_and_keeps_serving() {
     assert_eq!(ok(c.cli(1, &["kv", "get", &last]).unwrap()), "v");
 }
 
+/// Copies the operator files `names` from `from` into a new directory `to` (what an operator
+/// hands a workstation or a node).
+fn copy_files(from: &Path, to: &Path, names: &[&str]) {
+    std::fs::create_dir_all(to).unwrap();
+    for name in names {
+        std::fs::copy(from.join(name), to.join(name)).unwrap();
+    }
+}
+
+/// Issue 28: certificate rotation without a restart. A 3-voter cluster (the voters hold the
+/// CA key) and a host that joined with a token (its own TLS directory, no CA key) take, under
+/// a writer that puts a key through each host in turn: every node's certificate replaced by
+/// hand and SIGHUP, then the whole CA rollover (`yard ca rotate begin`, `switch`, `finish`).
+/// Not one write fails; `finish` is refused while a host still presents the old CA's
+/// certificate; at the end every host presents and trusts the new CA alone, and the old
+/// admin credentials open nothing.
+#[test]
+fn every_certificate_then_the_ca_rotate_under_writes_with_none_failed() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Mutex;
+    require_root();
+    let mut c = YardCluster::start(&yard_bin(), 3, 4, &ClusterOptions::default()).unwrap();
+    let created = ok(c
+        .cli(
+            1,
+            &[
+                "token",
+                "create",
+                "--node-id",
+                "4",
+                "--name",
+                "n4",
+                "--json",
+            ],
+        )
+        .unwrap());
+    let token: serde_json::Value = serde_json::from_str(&created).unwrap();
+    let p4 = c
+        .join_with_token(4, token["token"].as_str().unwrap())
+        .unwrap();
+    let start = Instant::now();
+    while c.status(4).is_err() {
+        assert!(p4.is_running(), "token join failed:\n{}", p4.log());
+        assert!(start.elapsed() < Duration::from_secs(30), "{}", p4.log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let run = c.topo.dir().to_owned();
+    let shared = c.tls_dir().to_owned();
+    let n4 = run.join("n4/tls");
+    let creds = ["ca.crt", "admin.crt", "admin.key"];
+    copy_files(&shared, &run.join("ops-1"), &creds);
+    let yard = |args: &[&str]| {
+        let mut full = vec!["--tls-dir", shared.to_str().unwrap()];
+        full.extend_from_slice(args);
+        std::process::Command::new(yard_bin())
+            .args(&full)
+            .output()
+            .unwrap()
+    };
+    let hup_all = |c: &YardCluster, hosts: &[usize]| {
+        for i in hosts {
+            c.process(*i).unwrap().hup().unwrap();
+        }
+    };
+    let status = |c: &YardCluster| -> Vec<serde_json::Value> {
+        let out = ok(c.cli(1, &["ca", "rotate", "status", "--json"]).unwrap());
+        serde_json::from_str(&out).unwrap()
+    };
+    // Waits until every host presents a certificate of CA `ca` (a hash).
+    let presenting = |c: &YardCluster, ca: &str| {
+        let start = Instant::now();
+        loop {
+            let rows = status(c);
+            if rows.len() == 4 && rows.iter().all(|r| r["presents"] == ca) {
+                return rows;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "not every host presents CA {ca}: {rows:#?}"
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    };
+    let writer_creds = Mutex::new(run.join("ops-1"));
+    let stop = AtomicBool::new(false);
+    let (writes, failures) = std::thread::scope(|s| {
+        let writer = s.spawn(|| {
+            let (mut n, mut failed) = (0usize, Vec::new());
+            while !stop.load(Ordering::Relaxed) {
+                let host = 1 + n % 4;
+                let dir = writer_creds.lock().unwrap().display().to_string();
+                let key = format!("rot-{n}");
+                let out = c
+                    .topology()
+                    .exec_with(
+                        host,
+                        &yard_bin(),
+                        &[
+                            "--endpoint",
+                            &c.endpoint(host),
+                            "--tls-dir",
+                            &dir,
+                            "kv",
+                            "put",
+                            &key,
+                            "v",
+                        ],
+                        &[],
+                        Duration::from_secs(20),
+                    )
+                    .unwrap();
+                if !out.status.success() {
+                    failed.push(format!(
+                        "{key} through node {host} with {dir}: {}",
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    ));
+                }
+                n += 1;
+            }
+            (n, failed)
+        });
+        std::thread::sleep(Duration::from_secs(2));
+
+        // Every node's certificate replaced by hand (a new key too) and taken on SIGHUP.
+        let before = status(&c);
+        for i in 1..=4 {
+            let ip = c.topology().addr(i).to_string();
+            let (name, id) = (format!("n{i}"), i.to_string());
+            ok(yard(&[
+                "ca",
+                "issue",
+                "--dir",
+                shared.to_str().unwrap(),
+                "--name",
+                &name,
+                "--id",
+                &id,
+                "--ip",
+                &ip,
+            ]));
+        }
+        copy_files(&shared, &n4, &["n4.crt", "n4.key"]);
+        hup_all(&c, &[1, 2, 3, 4]);
+        let start = Instant::now();
+        loop {
+            let now = status(&c);
+            let renewed = now.iter().zip(&before).all(|(a, b)| {
+                a["cert_not_after_unix"].as_u64() > b["cert_not_after_unix"].as_u64()
+            });
+            if renewed {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "not every host took its new certificate: {now:#?}"
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let old_ca = before[0]["presents"].as_str().unwrap().to_owned();
+        std::thread::sleep(Duration::from_secs(2));
+
+        // Step 1: trust the new CA beside the old one.
+        ok(yard(&[
+            "ca",
+            "rotate",
+            "begin",
+            "--dir",
+            shared.to_str().unwrap(),
+        ]));
+        copy_files(&shared, &n4, &["ca.crt"]);
+        hup_all(&c, &[1, 2, 3, 4]);
+        copy_files(&shared, &run.join("ops-2"), &creds);
+        *writer_creds.lock().unwrap() = run.join("ops-2");
+        let start = Instant::now();
+        while !status(&c)
+            .iter()
+            .all(|r| r["trusts"].as_array().map(Vec::len) == Some(2))
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "the bundle was not taken: {:#?}",
+                status(&c)
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        std::thread::sleep(Duration::from_secs(2));
+
+        // Step 2: the new CA signs; the voters (they hold the key) first, then node 4.
+        ok(yard(&[
+            "ca",
+            "rotate",
+            "switch",
+            "--dir",
+            shared.to_str().unwrap(),
+        ]));
+        copy_files(&shared, &run.join("ops-3"), &creds);
+        let refused = c
+            .cli(
+                1,
+                &["ca", "rotate", "finish", "--dir", shared.to_str().unwrap()],
+            )
+            .unwrap();
+        assert!(
+            !refused.status.success(),
+            "finish was taken before any host had the new CA"
+        );
+        let why = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            why.contains("still needed") && why.contains("node 4"),
+            "{why}"
+        );
+        assert_eq!(tls_cas(&shared), 2, "a refused finish changed ca.crt");
+        hup_all(&c, &[1, 2, 3]);
+        copy_files(&shared, &n4, &["ca.crt"]);
+        hup_all(&c, &[4]);
+        *writer_creds.lock().unwrap() = run.join("ops-3");
+        let new_ca = status(&c)[0]["trusts"][0].as_str().unwrap().to_owned();
+        assert_ne!(new_ca, old_ca);
+        presenting(&c, &new_ca);
+        std::thread::sleep(Duration::from_secs(2));
+
+        // Step 3: the old CA is dropped everywhere.
+        ok(c.cli(
+            1,
+            &["ca", "rotate", "finish", "--dir", shared.to_str().unwrap()],
+        )
+        .unwrap());
+        assert_eq!(tls_cas(&shared), 1);
+        copy_files(&shared, &n4, &["ca.crt"]);
+        hup_all(&c, &[1, 2, 3, 4]);
+        copy_files(&shared, &run.join("ops-4"), &creds);
+        *writer_creds.lock().unwrap() = run.join("ops-4");
+        let start = Instant::now();
+        loop {
+            let rows = presenting(&c, &new_ca);
+            if rows
+                .iter()
+                .all(|r| r["trusts"] == serde_json::json!([new_ca.clone()]))
+            {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "the old CA is still trusted: {rows:#?}"
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        std::thread::sleep(Duration::from_secs(2));
+        stop.store(true, Ordering::Relaxed);
+        writer.join().unwrap()
+    });
+    println!("{writes} writes through the four hosts during the rotations");
+    assert!(
+        failures.is_empty(),
+        "{} of {writes} writes failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    assert!(writes >= 40, "only {writes} writes");
+    let last = format!("rot-{}", writes - 1);
+    assert_eq!(ok(c.cli(2, &["kv", "get", &last]).unwrap()), "v");
+    // The old admin credentials (a certificate of the old CA) open nothing any more.
+    let old = run.join("ops-1");
+    let out = c
+        .topology()
+        .exec_with(
+            1,
+            &yard_bin(),
+            &[
+                "--endpoint",
+                &c.endpoint(1),
+                "--tls-dir",
+                old.to_str().unwrap(),
+                "kv",
+                "get",
+                &last,
+            ],
+            &[],
+            Duration::from_secs(20),
+        )
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "the old CA's admin certificate still works"
+    );
+    for i in 1..=4 {
+        assert!(c.process(i).unwrap().is_running(), "node {i} stopped");
+    }
+}
+
+/// How many CA certificates `dir/ca.crt` holds.
+fn tls_cas(dir: &Path) -> usize {
+    std::fs::read_to_string(dir.join("ca.crt"))
+        .unwrap()
+        .matches("BEGIN CERTIFICATE")
+        .count()
+}
+
 /// Issue 28: backup and restore. Writes acknowledged by a 3-node cluster are saved through a
 /// follower with `yard snapshot save`; `status` checks the file and refuses a corrupted and a
 /// truncated copy in one sentence; `restore` makes a new one-node cluster on another host
