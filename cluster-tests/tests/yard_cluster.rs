@@ -603,7 +603,7 @@ fn every_certificate_then_the_ca_rotate_under_writes_with_none_failed() {
                     .topology()
                     .exec_with(
                         host,
-                        &yard_bin(),
+                        yard_bin(),
                         &[
                             "--endpoint",
                             &c.endpoint(host),
@@ -774,7 +774,7 @@ fn every_certificate_then_the_ca_rotate_under_writes_with_none_failed() {
         .topology()
         .exec_with(
             1,
-            &yard_bin(),
+            yard_bin(),
             &[
                 "--endpoint",
                 &c.endpoint(1),

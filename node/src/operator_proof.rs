@@ -521,6 +521,31 @@ mod tests {
         assert_eq!(book.len(), 2, "the first nonce aged out");
     }
 
+    /// Issue 28: once a CA rollover drops the CA an admin certificate came from, the check
+    /// refuses the certificate from the next request on, though it verified and was remembered.
+    #[test]
+    fn an_admin_certificate_of_a_dropped_ca_is_refused_though_it_was_remembered() {
+        let c = cluster("c1");
+        let next = CertAuthority::generate("c1").unwrap();
+        let pki_of = |trust: TrustBundle| Pki {
+            ca_hashes: trust.hashes(),
+            trust: Some(trust),
+            signer: None,
+            presented: None,
+        };
+        let both = TrustBundle::of(&[&c.authority.cert_pem, &next.cert_pem]).unwrap();
+        let pki = Arc::new(PkiCell::new(pki_of(both)));
+        let check = ProofCheck::new(pki.clone(), "c1");
+        let first = c.signer.sign(None, &put("a"), NOW).unwrap();
+        assert_eq!(check.check(&first, None, &put("a"), NOW), Ok(()));
+        pki.set(pki_of(TrustBundle::of(&[&next.cert_pem]).unwrap()));
+        let second = c.signer.sign(None, &put("b"), NOW + 1).unwrap();
+        assert_eq!(
+            check.check(&second, None, &put("b"), NOW + 1),
+            Err(ProofError::NotAdmin)
+        );
+    }
+
     #[test]
     fn a_remembered_admin_certificate_still_needs_a_matching_signature() {
         let c = cluster("c1");

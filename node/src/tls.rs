@@ -946,6 +946,44 @@ mod tests {
         CertificateDer::from_pem_slice(pem.as_bytes()).unwrap()
     }
 
+    /// Issue 28: `ca.crt` may hold two CAs; the first is active, each verifies its own
+    /// certificates, and a CA key picks its certificate from the bundle whatever the order.
+    #[test]
+    fn a_bundle_trusts_both_cas_and_the_key_picks_its_certificate() {
+        let (old, new) = (
+            CertAuthority::generate("yard").unwrap(),
+            CertAuthority::generate("yard").unwrap(),
+        );
+        let both = TrustBundle::of(&[&new.cert_pem, &old.cert_pem]).unwrap();
+        assert_eq!(both.len(), 2);
+        assert_eq!(TrustBundle::from_pem(&both.pem()), Some(both.clone()));
+        let by_old = der(&old
+            .sign_node("yard", "n1", 1, &[], NODE_VALIDITY)
+            .unwrap()
+            .cert);
+        let by_new = der(&new
+            .sign_node("yard", "n1", 1, &[], NODE_VALIDITY)
+            .unwrap()
+            .cert);
+        assert!(verify_client_cert(&both, &by_old) && verify_client_cert(&both, &by_new));
+        assert!(both.is_active_issuer(&by_new) && !both.is_active_issuer(&by_old));
+        assert_eq!(both.issuer_of(&by_old), Some(ca_hash(&der(&old.cert_pem))));
+        assert!(!verify_client_cert(&bundle(&new.cert_pem), &by_old));
+        for ca in [&old, &new] {
+            let picked = CertAuthority::from_parts(&both, &ca.key_pem()).unwrap();
+            assert_eq!(
+                picked.cert_pem,
+                TrustBundle::of(&[&ca.cert_pem]).unwrap().pem()
+            );
+        }
+        let stranger = CertAuthority::generate("yard").unwrap();
+        assert!(matches!(
+            CertAuthority::from_parts(&both, &stranger.key_pem()),
+            Err(TlsError::KeyMatchesNoCa(_))
+        ));
+        assert_eq!(TrustBundle::from_pem("no certificate here"), None);
+    }
+
     /// Issue 25: `yard ca` issued every certificate valid until 4096.
     #[test]
     fn certificates_are_valid_for_what_they_were_signed_for() {
