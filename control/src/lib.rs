@@ -7,5 +7,6 @@
 pub mod cert_renewal;
 pub mod follow;
 pub mod host_liveness;
+pub mod leader_transfer;
 pub mod prevote;
 pub mod roles;

@@ -153,8 +153,8 @@ pub struct HostView {
     pub lag: Option<u64>,
     /// Drained for maintenance (`yard node drain`): it is given no vote or replica seat, and
     /// the ones it holds go to other hosts as if it were gone, without the grace. The leader
-    /// itself keeps its vote while it leads (demoting it would force an election; stopping it
-    /// hands the lead on, and the next leader then demotes it).
+    /// itself keeps its vote while it leads (demoting it would force an election): it hands
+    /// its leadership over first ([`hands_over`]), and the next leader then demotes it.
     pub drained: bool,
 }
 
@@ -294,6 +294,18 @@ pub fn role_for_join(cfg: &RolesConfig, view: &ClusterView, id: u64, _zone: Opti
     } else {
         Role::Agent
     }
+}
+
+/// Whether the leader should hand its leadership to another voter before anything else: it is
+/// drained and another voter that is alive and not drained can take over
+/// (`yard_control::leader_transfer` picks which).
+pub fn hands_over(view: &ClusterView) -> bool {
+    let leader_drained = view.hosts.iter().any(|h| h.id == view.leader && h.drained);
+    leader_drained
+        && view
+            .hosts
+            .iter()
+            .any(|h| h.id != view.leader && h.role == Role::Voter && h.alive && !h.drained)
 }
 
 /// The autopilot's next membership change.
@@ -937,6 +949,22 @@ mod tests {
 
     /// `yard node drain` of a voter: replaced at once (no grace), add before remove, then
     /// dropped to an agent; the drained host is never chosen back.
+    #[test]
+    fn a_drained_leader_hands_over_when_another_voter_can_lead() {
+        let mut v = ClusterView {
+            now_ms: 100_000,
+            leader: 1,
+            hosts: vec![voter(1, "a"), voter(2, "b"), voter(3, "c")],
+            change_in_flight: false,
+        };
+        assert!(!hands_over(&v));
+        v.hosts[0].drained = true;
+        assert!(hands_over(&v));
+        v.hosts[1].drained = true;
+        v.hosts[2].alive = false;
+        assert!(!hands_over(&v), "no voter can take over");
+    }
+
     #[test]
     fn a_drained_voter_is_replaced_demoted_and_dropped_without_the_grace() {
         let cfg = RolesConfig::default();

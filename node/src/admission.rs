@@ -275,6 +275,8 @@ fn node_admitted(sender: NodeId, req: &Request, view: &impl ClusterView) -> Resu
         // Two numbers every host and operator may know (the leader asks every host), and which
         // CAs a node trusts and uses (public certificates' hashes).
         Request::Level | Request::Pki => Ok(()),
+        // The handler takes it only from the leader this node follows.
+        Request::TakeLeadership => Ok(()),
     }
 }
 
@@ -360,6 +362,7 @@ fn kind(req: &Request) -> &'static str {
         Request::BandwidthTicket => "bandwidth probes",
         Request::Level => "release levels",
         Request::Pki => "certificate authorities",
+        Request::TakeLeadership => "leadership handovers",
     }
 }
 

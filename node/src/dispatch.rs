@@ -116,6 +116,21 @@ impl Node {
                 };
                 self.write(forwarded, &req, cmd).await
             }
+            AdminRequest::LeaderTransfer { to } => {
+                let to = *to;
+                self.leader_or_forward(forwarded, None, &req, || async move {
+                    if self.inner.raft.metrics().borrow().state == ServerState::Leader {
+                        let from = self.id();
+                        match crate::roles::leader_transfer::transfer(self, to).await {
+                            Ok(to) => Ok(Attempt::Done(AdminReply::LeaderMoved { from, to })),
+                            Err(why) => Err(Reply::Error(why)),
+                        }
+                    } else {
+                        Ok(Attempt::Forward(self.known_leader()))
+                    }
+                })
+                .await
+            }
             AdminRequest::Members => {
                 self.leader_or_forward(forwarded, None, &req, || async {
                     if self.inner.raft.metrics().borrow().state == ServerState::Leader {
@@ -220,6 +235,9 @@ impl Handler for Node {
                     cluster: this.inner.feed.read(|d| d.cluster_level),
                 },
                 (_, Request::Pki) => Reply::Pki(this.inner.pki.get().report()),
+                (PeerRole::Node(from), Request::TakeLeadership) => {
+                    this.handle_take_leadership(from).await
+                }
                 (PeerRole::Node(_), Request::Watch { .. }) if !this.is_member() => {
                     Reply::Error(format!(
                         "node {} is not a raft member and serves no watch",

@@ -29,6 +29,33 @@ pub struct RaftNet {
     /// stand for election and depose a healthy leader (openraft's default is 500 ms). One
     /// heartbeat interval is what the daemon uses.
     pub retry_after: Duration,
+    /// Set while this leader hands its leadership over (`crate::roles::leader_transfer`).
+    pub handover: Handover,
+}
+
+/// The voter a leader hands over to, while it does: replication to every other voter is held
+/// back so that their leader leases run out while the target gets every entry
+/// (`yard_control::leader_transfer`). Shared by the node and its Raft network.
+#[derive(Clone, Default)]
+pub struct Handover(Arc<std::sync::Mutex<Option<NodeId>>>);
+
+impl Handover {
+    /// Holds replication to every voter but `target` back until [`Handover::release`].
+    pub fn hold(&self, target: NodeId) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(target);
+    }
+
+    pub fn release(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// Whether replication to `peer` is held back now.
+    fn holds(&self, peer: NodeId) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|target| target != peer)
+    }
 }
 
 impl RaftNetworkFactory<TypeConfig> for RaftNet {
@@ -41,6 +68,7 @@ impl RaftNetworkFactory<TypeConfig> for RaftNet {
             peer: target,
             target: Target::node(target, node.addr.clone()),
             retry_after: self.retry_after,
+            handover: self.handover.clone(),
         }
     }
 }
@@ -51,11 +79,26 @@ pub struct PeerLink {
     peer: NodeId,
     target: Target,
     retry_after: Duration,
+    handover: Handover,
 }
 
 type RpcErr<E = openraft::error::Infallible> = RPCError<NodeId, NodeInfo, RaftError<NodeId, E>>;
 
 impl PeerLink {
+    /// Refuses to replicate to this peer while a handover holds it back: openraft takes the
+    /// peer as unreachable and retries after its backoff.
+    fn held<E: std::error::Error>(&self) -> Result<(), RpcErr<E>> {
+        if self.handover.holds(self.peer) {
+            return Err(RPCError::Unreachable(Unreachable::new(
+                &std::io::Error::other(format!(
+                    "replication to node {} is held during a leadership handover",
+                    self.peer
+                )),
+            )));
+        }
+        Ok(())
+    }
+
     async fn send<E: std::error::Error>(
         &self,
         action: RPCTypes,
@@ -106,6 +149,7 @@ impl RaftNetwork<TypeConfig> for PeerLink {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RpcErr> {
+        self.held()?;
         match self
             .send(
                 RPCTypes::AppendEntries,
@@ -124,6 +168,7 @@ impl RaftNetwork<TypeConfig> for PeerLink {
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<InstallSnapshotResponse<NodeId>, RpcErr<InstallSnapshotError>> {
+        self.held()?;
         match self
             .send(
                 RPCTypes::InstallSnapshot,

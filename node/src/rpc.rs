@@ -103,8 +103,11 @@ pub enum Request {
     /// this request and answers so, which the asker reads as level 0.
     Level,
     /// Which CAs this node trusts, which signed the certificate it presents and which it signs
-    /// with (`yard ca rotate status`): `Pki`. Last in the enum.
+    /// with (`yard ca rotate status`): `Pki`.
     Pki,
+    /// The leader, handing its leadership over, asks this voter to stand for election now
+    /// (`crate::roles::leader_transfer`): `Standing`. Last in the enum.
+    TakeLeadership,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -172,10 +175,15 @@ pub enum AdminRequest {
     /// (`yard_raft_store::backup`), read linearizably from the leader or a caught-up agent.
     SnapshotSave,
     /// `yard node drain ID` / `yard node undrain ID`: `Command::DrainNode`, which needs
-    /// cluster level 1. Last in the enum.
+    /// cluster level 1.
     NodeDrain {
         id: NodeId,
         drained: bool,
+    },
+    /// `yard leader transfer [NODE]`: the leader hands its leadership to `to` (None: the most
+    /// caught-up voter): `LeaderMoved`. Last in the enum.
+    LeaderTransfer {
+        to: Option<NodeId>,
     },
 }
 
@@ -465,8 +473,10 @@ pub enum Reply {
         release: u32,
         cluster: u32,
     },
-    /// This node's PKI as it serves now. Last in the enum.
+    /// This node's PKI as it serves now.
     Pki(crate::pki::PkiReport),
+    /// This voter stands for election. Last in the enum.
+    Standing,
 }
 
 /// A Raft RPC failed on the receiver (serialised openraft error text).
@@ -540,6 +550,11 @@ pub enum AdminReply {
     Members(MembersView),
     /// A snapshot file's bytes.
     Snapshot(Vec<u8>),
+    /// Leadership moved from `from` to `to`. Last in the enum.
+    LeaderMoved {
+        from: NodeId,
+        to: NodeId,
+    },
 }
 
 /// One host in `yard members`.

@@ -51,6 +51,8 @@ pub struct NodeParts {
     pub pki: Arc<crate::pki::PkiCell>,
     /// How long the node certificates it signs are valid (`tls.cert_validity_s`).
     pub cert_validity: Duration,
+    /// This node's side of a leadership handover, shared with its Raft network.
+    pub handover: crate::raft_network::Handover,
     pub rpc_timeout: Duration,
     /// How long a request waits for a leader to appear before giving up.
     pub leader_wait: Duration,

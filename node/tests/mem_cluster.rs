@@ -129,7 +129,9 @@ async fn start(
         transport: transport.clone(),
         id,
         retry_after: Duration::from_millis(raft.heartbeat_ms),
+        handover: yard::raft_network::Handover::default(),
     };
+    let handover = net_factory.handover.clone();
     let raft = yard_raft_store::Raft::new(id, cfg, net_factory, log, sm)
         .await
         .unwrap();
@@ -145,6 +147,7 @@ async fn start(
             ca, "cafe",
         ))),
         cert_validity: yard::tls::NODE_VALIDITY,
+        handover,
         rpc_timeout: Duration::from_millis(500),
         leader_wait: Duration::from_secs(3),
         health: HealthRegistry::default(),
@@ -1816,4 +1819,113 @@ async fn a_drained_voter_hands_its_vote_to_the_replica_and_follows_as_an_agent()
         .node
         .feed()
         .read(|d| d.drained.is_empty() && d.gateway.draining.is_empty()));
+}
+
+/// Issue 28: `yard leader transfer NODE`. The leader hands its leadership to the voter named
+/// while a client writes through the agent without a pause: the named voter leads (every
+/// voter agrees), no write fails, and the old leader follows. A host that is not a voter, and
+/// the leader itself, are refused in one sentence each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_hands_over_to_the_named_voter_while_writes_go_on() {
+    let net = MemNetwork::default();
+    let (hosts, leader, _) = voters_replica_and_agent(&net).await;
+    let target = hosts[..3]
+        .iter()
+        .map(|h| h.node.id())
+        .find(|id| *id != leader)
+        .unwrap();
+    let writes = {
+        let (net, addr) = (net.clone(), hosts[4].addr.clone());
+        tokio::spawn(async move {
+            let mut failed = Vec::new();
+            for i in 0..150 {
+                if let Err(e) = put(&net, &addr, &format!("handover{i}"), "1").await {
+                    failed.push(format!("handover{i}: {e}"));
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            failed
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let reply = admin(
+        &net,
+        &hosts[4].addr,
+        AdminRequest::LeaderTransfer { to: Some(target) },
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(reply, AdminReply::LeaderMoved { from, to } if from == leader && to == target),
+        "{reply:?}"
+    );
+    let voters: Vec<&TestNode> = hosts[..3].iter().collect();
+    assert_eq!(wait_leader(&voters, None).await, target);
+    let failed = writes.await.unwrap();
+    assert!(failed.is_empty(), "writes failed: {failed:#?}");
+    wait_local(&hosts[4], "handover149", "1").await;
+    for (asked, says) in [(5, "node 5 is not a voter"), (target, "already leads")] {
+        let why = admin(
+            &net,
+            &hosts[0].addr,
+            AdminRequest::LeaderTransfer { to: Some(asked) },
+        )
+        .await
+        .unwrap_err();
+        assert!(why.contains(says), "{why}");
+    }
+}
+
+/// Issue 28 item 5: a drained leader hands its leadership to another voter by itself, and the
+/// next leader demotes it and drops it to an agent, while writes through it go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_leader_hands_over_and_is_then_demoted() {
+    let net = MemNetwork::default();
+    let (hosts, leader, _) = voters_replica_and_agent(&net).await;
+    let l = hosts.iter().find(|h| h.node.id() == leader).unwrap();
+    let start = Instant::now();
+    while l.node.feed().read(|d| d.cluster_level) < 1 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "level not raised"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    admin(
+        &net,
+        &hosts[4].addr,
+        AdminRequest::NodeDrain {
+            id: leader,
+            drained: true,
+        },
+    )
+    .await
+    .unwrap();
+    let start = Instant::now();
+    let mut i = 0;
+    loop {
+        put(&net, &l.addr, &format!("drained-leader{i}"), "1")
+            .await
+            .unwrap();
+        i += 1;
+        let others: Vec<&TestNode> = hosts[..4]
+            .iter()
+            .filter(|h| h.node.id() != leader)
+            .collect();
+        let now = others
+            .iter()
+            .find_map(|h| h.node.known_leader().map(|(id, _)| id));
+        if let Some(new) = now.filter(|n| *n != leader) {
+            let n = hosts.iter().find(|h| h.node.id() == new).unwrap();
+            let voters = n.node.voter_ids();
+            if voters.len() == 3 && !voters.contains(&leader) {
+                break;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "leader {now:?}; old leader {leader}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -49,6 +49,7 @@ async fn one_node() -> OneNode {
         logs_kept: 1_000,
         ..RaftSection::default()
     };
+    let handover = yard::raft_network::Handover::default();
     let raft = yard_raft_store::Raft::new(
         1,
         Arc::new(raft_cfg.to_openraft("test").unwrap()),
@@ -56,6 +57,7 @@ async fn one_node() -> OneNode {
             transport: transport.clone(),
             id: 1,
             retry_after: Duration::from_millis(50),
+            handover: handover.clone(),
         },
         log,
         sm,
@@ -75,6 +77,7 @@ async fn one_node() -> OneNode {
             None, "cafe",
         ))),
         cert_validity: yard::tls::NODE_VALIDITY,
+        handover,
         rpc_timeout: Duration::from_millis(500),
         leader_wait: Duration::from_secs(3),
         health: health.clone(),

@@ -254,7 +254,9 @@ async fn build_member(
         transport: transport.clone(),
         id,
         retry_after: Duration::from_millis(raft.heartbeat_ms),
+        handover: yard::raft_network::Handover::default(),
     };
+    let handover = net_factory.handover.clone();
     let r = yard_raft_store::Raft::new(id, cfg, net_factory, log, sm).await?;
     let rpc_timeout = Duration::from_millis(2_000);
     Ok(Node::new(NodeParts {
@@ -269,6 +271,7 @@ async fn build_member(
             None, "sim",
         ))),
         cert_validity: yard::tls::NODE_VALIDITY,
+        handover,
         rpc_timeout,
         leader_wait: rpc_timeout + Duration::from_millis(raft.election_timeout_max_ms * 8),
         health: HealthRegistry::default(),

@@ -76,6 +76,11 @@ enum Command {
         #[command(subcommand)]
         cmd: KvCmd,
     },
+    /// The Raft leader: hand its leadership to another voter.
+    Leader {
+        #[command(subcommand)]
+        cmd: LeaderCmd,
+    },
     /// Every host's role (voter, replica, agent), zone, lag and liveness; or remove one.
     Members {
         #[command(subcommand)]
@@ -147,6 +152,13 @@ enum NodeCmd {
     Drain { id: u64 },
     /// End node ID's drain: it may be given VIPs, aggregator seats and a vote again.
     Undrain { id: u64 },
+}
+
+#[derive(Debug, Subcommand)]
+enum LeaderCmd {
+    /// Hand the leadership to voter NODE (default: the most caught-up voter), e.g. before the
+    /// leader's host is stopped: writes go on meanwhile.
+    Transfer { node: Option<u64> },
 }
 
 #[derive(Debug, Subcommand)]
@@ -458,6 +470,9 @@ async fn client_command(args: &Args, out: Out) -> anyhow::Result<ExitCode> {
             id: *id,
             drained: false,
         },
+        Command::Leader {
+            cmd: LeaderCmd::Transfer { node },
+        } => AdminRequest::LeaderTransfer { to: *node },
         Command::Node {
             cmd: NodeCmd::Start { .. },
         }
@@ -567,6 +582,10 @@ fn render(req: &AdminRequest, reply: AdminReply, out: Out) -> ExitCode {
         ) => out.line(
             json!({"token": token, "expires_unix_ms": expires_unix_ms}),
             || token.clone(),
+        ),
+        (_, AdminReply::LeaderMoved { from, to }) => out.line(
+            json!({"from": from, "to": to}),
+            || format!("node {to} leads (was node {from})"),
         ),
         (_, AdminReply::Value(None)) => {}
         // Gateway replies are rendered by `yard gateway`.

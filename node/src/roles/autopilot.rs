@@ -176,6 +176,13 @@ pub async fn run(node: Node) {
                 .collect();
             view = self::view(&node, &mut clock, now_ms, &agent_lag);
         }
+        if yard_control::roles::hands_over(&view) {
+            // A drained leader gives its leadership away first; the next leader demotes it.
+            if let Err(why) = crate::roles::leader_transfer::transfer(&node, None).await {
+                tracing::warn!(%why, "the drained leader could not hand over; retrying");
+            }
+            continue;
+        }
         let decision = yard_control::roles::decide(node.roles(), &view);
         if decision.reason != last_reason {
             tracing::info!(reason = %decision.reason, action = ?decision.action, "autopilot");

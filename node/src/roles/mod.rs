@@ -12,11 +12,14 @@
 //!   it (the decision is `yard_raft_store::version`).
 //!
 //! - `join`: a host joins; the leader asks the roles core for its role and carries it out.
+//! - `leader_transfer`: the leader hands its leadership to another voter (`yard leader
+//!   transfer`, a drained leader; the decisions are `yard_control::leader_transfer`).
 
 pub mod agent;
 pub mod autopilot;
 pub mod cluster_level;
 pub mod join;
+pub mod leader_transfer;
 pub mod liveness;
 pub mod liveness_state;
 pub mod members;

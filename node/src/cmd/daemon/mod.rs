@@ -163,7 +163,9 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
         transport: net.transport.clone(),
         id: cfg.node.id,
         retry_after: Duration::from_millis(cfg.raft.heartbeat_ms),
+        handover: yard::raft_network::Handover::default(),
     };
+    let handover = raft_net.handover.clone();
     let raft = yard_raft_store::Raft::new(cfg.node.id, raft_cfg, raft_net, log, sm)
         .await
         .context("cannot start raft")?;
@@ -171,6 +173,7 @@ async fn run(cfg: Config, args: StartArgs) -> anyhow::Result<()> {
         health: HealthRegistry::default(),
         reachability: Reachability::default(),
         rpc_timeout: Duration::from_millis(cfg.transport.rpc_timeout_ms),
+        handover,
     };
     let (node, gateway_control, diagnosis_control) =
         build_node(&cfg, &net, raft.clone(), feed, &shared)?;
@@ -252,6 +255,8 @@ struct Shared {
     health: HealthRegistry,
     reachability: Reachability,
     rpc_timeout: Duration,
+    /// The node's and its Raft network's side of a leadership handover.
+    handover: yard::raft_network::Handover,
 }
 
 /// This node's QUIC endpoint and the transport over it, with its certificates.
@@ -355,6 +360,7 @@ fn build_node(
         transport: net.transport.clone(),
         pki: net.pki.clone(),
         cert_validity: cfg.tls.cert_validity(),
+        handover: shared.handover.clone(),
         rpc_timeout: shared.rpc_timeout,
         // Long enough for one forward to time out on a dead leader and one more attempt after
         // an election.

@@ -1,0 +1,127 @@
+//! The leader hands its leadership to another voter (`yard leader transfer`, and a leader the
+//! operator drained): `yard_control::leader_transfer` decides whom and when; this carries it
+//! out through the Raft network's [`crate::raft_network::Handover`] and the target's
+//! [`crate::rpc::Request::TakeLeadership`].
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use openraft::ServerState;
+use yard_control::leader_transfer::{self, Step};
+use yard_raft_store::NodeId;
+
+use crate::rpc::{Reply, Request};
+use crate::service::Node;
+
+/// How long the leader holds replication to the other voters back for the target to catch
+/// up, at most: the cluster commits only through the leader and the target meanwhile.
+const CATCH_UP_LIMIT: Duration = Duration::from_secs(2);
+/// How long the leader waits for the target's election after asking it.
+const ELECTION_LIMIT: Duration = Duration::from_secs(3);
+/// How often the leader looks at its replication progress meanwhile.
+const LOOK_EVERY: Duration = Duration::from_millis(5);
+
+/// Hands this node's leadership to `asked` (None: the most caught-up voter); returns the
+/// node that leads afterwards.
+pub async fn transfer(node: &Node, asked: Option<NodeId>) -> Result<NodeId, String> {
+    let me = node.id();
+    let metrics = node.raft().metrics().borrow().clone();
+    if metrics.state != ServerState::Leader {
+        return Err(format!("node {me} does not lead"));
+    }
+    let drained = node.feed().read(|d| d.drained.clone());
+    let target = leader_transfer::pick(me, &node.voter_ids(), &drained, &matched(&metrics), asked)?;
+    let cfg = node.raft().config();
+    // The followers' lease runs from the last append they received; one heartbeat more covers
+    // an append already on its way when the hold began.
+    let lease_ms = cfg.election_timeout_max + cfg.heartbeat_interval;
+    tracing::info!(target, "handing leadership over");
+    node.inner.handover.hold(target);
+    let result = async {
+        let held = Instant::now();
+        loop {
+            let metrics = node.raft().metrics().borrow().clone();
+            if metrics.state != ServerState::Leader {
+                return Err(format!("node {me} lost its leadership during the handover"));
+            }
+            match leader_transfer::step(
+                target,
+                held.elapsed().as_millis() as u64,
+                lease_ms,
+                matched(&metrics).get(&target).copied(),
+                metrics.last_log_index.unwrap_or(0),
+                CATCH_UP_LIMIT.as_millis() as u64,
+            ) {
+                Step::Wait => tokio::time::sleep(LOOK_EVERY).await,
+                Step::Elect => break,
+                Step::GiveUp(why) => return Err(why),
+            }
+        }
+        match node
+            .call_node(target, Request::TakeLeadership, node.inner.rpc_timeout)
+            .await
+        {
+            Ok(Reply::Standing) => {}
+            Ok(Reply::Error(e)) => return Err(format!("node {target} refused to stand: {e}")),
+            Ok(other) => return Err(format!("node {target} answered {other:?}")),
+            Err(e) => return Err(format!("cannot reach node {target}: {e}")),
+        }
+        let asked_at = Instant::now();
+        loop {
+            let leader = node.raft().metrics().borrow().current_leader;
+            match leader {
+                Some(l) if l != me => return Ok(l),
+                _ if asked_at.elapsed() > ELECTION_LIMIT => {
+                    return Err(format!(
+                        "node {target} stood for election but no other node leads after {} s",
+                        ELECTION_LIMIT.as_secs()
+                    ))
+                }
+                _ => tokio::time::sleep(LOOK_EVERY).await,
+            }
+        }
+    }
+    .await;
+    node.inner.handover.release();
+    match &result {
+        Ok(leader) => tracing::info!(target, leader, "handed leadership over"),
+        Err(why) => tracing::warn!(target, %why, "leadership handover failed"),
+    }
+    result
+}
+
+/// The last log index each voter is known to hold, from the leader's replication progress.
+fn matched(
+    metrics: &openraft::RaftMetrics<NodeId, yard_raft_store::NodeInfo>,
+) -> BTreeMap<NodeId, u64> {
+    metrics
+        .replication
+        .iter()
+        .flatten()
+        .map(|(id, log)| (*id, log.map_or(0, |l| l.index)))
+        .collect()
+}
+
+impl Node {
+    /// The leader (`from`) asks this voter to stand for election now, its replication to the
+    /// other voters held back so that their leases run out.
+    pub(crate) async fn handle_take_leadership(&self, from: NodeId) -> Reply {
+        let me = self.id();
+        if self.known_leader().map(|(l, _)| l) != Some(from) {
+            return Reply::Error(format!("node {from} is not the leader node {me} follows"));
+        }
+        if !self.voter_ids().contains(&me) {
+            return Reply::Error(format!("node {me} is not a voter"));
+        }
+        match self.raft().trigger().elect().await {
+            Ok(()) => {
+                tracing::info!(
+                    leader = from,
+                    "standing for election: the leader hands over"
+                );
+                Reply::Standing
+            }
+            Err(e) => Reply::Error(format!("cannot stand for election: {e}")),
+        }
+    }
+}
