@@ -3,12 +3,13 @@
 //!
 //! openraft 0.9 has no leadership transfer, and its followers refuse every vote while their
 //! leader's lease lasts (`election_timeout_max` since its last append). So the leader stops
-//! replicating to every voter but the target ([`pick`]). Writes still commit (the leader and
-//! the target are a majority of three, and more voters keep committing as long as the
-//! replicated ones are a majority), the target receives every entry, and the others' leases
-//! run out. Then ([`step`]) the target stands for election: its log is at least as long as
-//! any other voter's, so they grant it their votes, and the old leader steps down on the
-//! higher term. etcd's `move-leader` does the same in spirit with raft's TimeoutNow message.
+//! replicating to every voter but the target ([`pick`]) and proposes nothing new (writes wait
+//! for the handover, then go to the new leader): the target receives every entry, and the
+//! others' leases run out. Then ([`step`]) the target stands for election: its log is at least
+//! as long as any other voter's, so they grant it their votes, and the old leader steps down on
+//! the higher term. Writes pause for about one lease (`election_timeout_max`, 80 ms by
+//! default) plus the election. etcd's `move-leader` does the same in spirit with raft's
+//! TimeoutNow message.
 
 use std::collections::{BTreeMap, BTreeSet};
 

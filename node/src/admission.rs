@@ -276,7 +276,7 @@ fn node_admitted(sender: NodeId, req: &Request, view: &impl ClusterView) -> Resu
         // CAs a node trusts and uses (public certificates' hashes).
         Request::Level | Request::Pki => Ok(()),
         // The handler takes it only from the leader this node follows.
-        Request::TakeLeadership => Ok(()),
+        Request::Handover { .. } => Ok(()),
     }
 }
 
@@ -362,7 +362,7 @@ fn kind(req: &Request) -> &'static str {
         Request::BandwidthTicket => "bandwidth probes",
         Request::Level => "release levels",
         Request::Pki => "certificate authorities",
-        Request::TakeLeadership => "leadership handovers",
+        Request::Handover { .. } => "leadership handovers",
     }
 }
 

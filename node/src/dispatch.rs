@@ -235,8 +235,8 @@ impl Handler for Node {
                     cluster: this.inner.feed.read(|d| d.cluster_level),
                 },
                 (_, Request::Pki) => Reply::Pki(this.inner.pki.get().report()),
-                (PeerRole::Node(from), Request::TakeLeadership) => {
-                    this.handle_take_leadership(from).await
+                (PeerRole::Node(from), Request::Handover { to }) => {
+                    this.handle_handover(from, to).await
                 }
                 (PeerRole::Node(_), Request::Watch { .. }) if !this.is_member() => {
                     Reply::Error(format!(

@@ -49,6 +49,19 @@ impl Handover {
         *self.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
+    /// Whether a handover is under way.
+    pub fn active(&self) -> bool {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
+
+    /// Waits until no handover is under way, at most `within`.
+    pub async fn released(&self, within: Duration) {
+        let until = tokio::time::Instant::now() + within;
+        while self.active() && tokio::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
     /// Whether replication to `peer` is held back now.
     fn holds(&self, peer: NodeId) -> bool {
         self.0

@@ -105,9 +105,10 @@ pub enum Request {
     /// Which CAs this node trusts, which signed the certificate it presents and which it signs
     /// with (`yard ca rotate status`): `Pki`.
     Pki,
-    /// The leader, handing its leadership over, asks this voter to stand for election now
-    /// (`crate::roles::leader_transfer`): `Standing`. Last in the enum.
-    TakeLeadership,
+    /// The leader hands its leadership to voter `to` (`crate::roles::leader_transfer`): the
+    /// other voters hold back from standing for a while, `to` stands for election now.
+    /// `Standing`. Last in the enum.
+    Handover { to: NodeId },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -475,7 +476,7 @@ pub enum Reply {
     },
     /// This node's PKI as it serves now.
     Pki(crate::pki::PkiReport),
-    /// This voter stands for election. Last in the enum.
+    /// This voter took the handover in: it stands for election, or holds back. Last in the enum.
     Standing,
 }
 

@@ -90,6 +90,8 @@ pub struct Node {
     probe_view: Arc<std::sync::OnceLock<yard_actors::probe::socket::SharedProbe>>,
     /// How long the pre-vote gate has been watching (`yard_control::prevote::Watch`).
     prevote_watch: Arc<crate::prevote::watch::SharedWatch>,
+    /// A handover to another voter this node was told of: it does not stand meanwhile.
+    standby: Arc<crate::roles::leader_transfer::Standby>,
     /// This node's aggregator, when it aggregates.
     agg_view: Arc<std::sync::OnceLock<yard_actors::aggregator::actor::AggView>>,
     /// The job limits this node checks creations against when it leads.
@@ -163,6 +165,7 @@ impl Node {
             gateway_view: Arc::default(),
             probe_view: Arc::default(),
             prevote_watch: Arc::default(),
+            standby: Arc::default(),
             agg_view: Arc::default(),
             agg_quota: Arc::default(),
             agent_leader: Arc::default(),
@@ -252,6 +255,11 @@ impl Node {
                 .map(|(id, n)| (*id, n.addr.clone()))
                 .collect()
         })
+    }
+
+    /// The handover this node was told of, which keeps it from standing (its pre-vote gate).
+    pub fn standby(&self) -> &crate::roles::leader_transfer::Standby {
+        &self.standby
     }
 
     /// The pre-vote gate's watch, shared by its loop and the `PreVote` handler.
@@ -485,6 +493,13 @@ impl Node {
             }
         };
         loop {
+            // A leader handing its leadership over proposes nothing new: an entry appended
+            // after the target caught up could be cut off by its election, and the write
+            // would answer "unknown". Once the handover ends this node forwards to the new
+            // leader (or, if it failed, still leads).
+            p.handover
+                .released(p.leader_wait.saturating_sub(start.elapsed()))
+                .await;
             let remaining = p.leader_wait.saturating_sub(start.elapsed());
             // An agent holds no copy Raft would let it write or read linearizably: it forwards
             // to the leader its watch names.

@@ -62,8 +62,16 @@ pub async fn run(node: Node) {
             }
             Some((round, from, granted)) = rx.recv() => gate.answer(round, from, granted, watch.now_ms()),
         };
+        // A voter told of a handover to another does not open elections or stand meanwhile
+        // (`crate::roles::leader_transfer::Standby`).
+        let standing_by = node
+            .standby()
+            .holds(node.raft().metrics().borrow().current_leader);
         for effect in effects {
             match effect {
+                Effect::Elect(true) | Effect::Campaign if standing_by => {
+                    tracing::debug!(node = me, "pre-vote: a handover is under way; not standing");
+                }
                 Effect::Elect(on) => {
                     if on {
                         tracing::info!(

@@ -1,7 +1,12 @@
 //! The leader hands its leadership to another voter (`yard leader transfer`, and a leader the
 //! operator drained): `yard_control::leader_transfer` decides whom and when; this carries it
-//! out through the Raft network's [`crate::raft_network::Handover`] and the target's
-//! [`crate::rpc::Request::TakeLeadership`].
+//! out through the Raft network's [`crate::raft_network::Handover`] and the voters'
+//! [`crate::rpc::Request::Handover`].
+//!
+//! The other voters are told first, and do not stand for election for a while ([`Standby`]):
+//! they hear nothing from the leader during the handover, and once the target stands (it then
+//! grants pre-votes, having no leader) one of them could win a pre-vote and campaign against
+//! it; a voter at a higher term then deposes the new leader, and leadership lands anywhere.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -20,6 +25,32 @@ const CATCH_UP_LIMIT: Duration = Duration::from_secs(2);
 const ELECTION_LIMIT: Duration = Duration::from_secs(3);
 /// How often the leader looks at its replication progress meanwhile.
 const LOOK_EVERY: Duration = Duration::from_millis(5);
+/// How long a voter told of a handover holds back from standing, at most (until it sees the
+/// target lead): if the leader dies mid-handover, failover waits this much longer.
+const STANDBY: Duration = Duration::from_secs(3);
+
+/// A handover this node was told of: to whom, and until when it does not stand.
+#[derive(Debug, Default)]
+pub struct Standby(std::sync::Mutex<Option<(NodeId, Instant)>>);
+
+impl Standby {
+    fn hold(&self, to: NodeId) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some((to, Instant::now() + STANDBY));
+    }
+
+    /// Whether this node holds back from standing, given the leader it follows now.
+    pub fn holds(&self, leader: Option<NodeId>) -> bool {
+        let mut pending = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match *pending {
+            Some((to, until)) if Instant::now() < until && leader != Some(to) => true,
+            Some(_) => {
+                *pending = None;
+                false
+            }
+            None => false,
+        }
+    }
+}
 
 /// Hands this node's leadership to `asked` (None: the most caught-up voter); returns the
 /// node that leads afterwards.
@@ -36,6 +67,21 @@ pub async fn transfer(node: &Node, asked: Option<NodeId>) -> Result<NodeId, Stri
     // an append already on its way when the hold began.
     let lease_ms = cfg.election_timeout_max + cfg.heartbeat_interval;
     tracing::info!(target, "handing leadership over");
+    // Every other voter holds back from standing first (see the module doc); one that cannot
+    // be told is one the hold keeps from the new leader's log anyway, and cannot win.
+    let others: Vec<NodeId> = node
+        .voter_ids()
+        .into_iter()
+        .filter(|id| *id != me && *id != target)
+        .collect();
+    futures::future::join_all(others.iter().map(|id| {
+        node.call_node(
+            *id,
+            Request::Handover { to: target },
+            node.inner.rpc_timeout,
+        )
+    }))
+    .await;
     node.inner.handover.hold(target);
     let result = async {
         let held = Instant::now();
@@ -58,7 +104,11 @@ pub async fn transfer(node: &Node, asked: Option<NodeId>) -> Result<NodeId, Stri
             }
         }
         match node
-            .call_node(target, Request::TakeLeadership, node.inner.rpc_timeout)
+            .call_node(
+                target,
+                Request::Handover { to: target },
+                node.inner.rpc_timeout,
+            )
             .await
         {
             Ok(Reply::Standing) => {}
@@ -103,15 +153,25 @@ fn matched(
 }
 
 impl Node {
-    /// The leader (`from`) asks this voter to stand for election now, its replication to the
-    /// other voters held back so that their leases run out.
-    pub(crate) async fn handle_take_leadership(&self, from: NodeId) -> Reply {
+    /// The leader (`from`) hands its leadership to `to`: this voter stands for election now if
+    /// it is `to` (the leader held replication to the others back so that their leases ran
+    /// out), else holds back from standing until `to` leads or [`STANDBY`] passed.
+    pub(crate) async fn handle_handover(&self, from: NodeId, to: NodeId) -> Reply {
         let me = self.id();
         if self.known_leader().map(|(l, _)| l) != Some(from) {
             return Reply::Error(format!("node {from} is not the leader node {me} follows"));
         }
         if !self.voter_ids().contains(&me) {
             return Reply::Error(format!("node {me} is not a voter"));
+        }
+        if to != me {
+            self.standby().hold(to);
+            tracing::info!(
+                leader = from,
+                to,
+                "the leader hands over: not standing meanwhile"
+            );
+            return Reply::Standing;
         }
         match self.raft().trigger().elect().await {
             Ok(()) => {
