@@ -983,6 +983,66 @@ impl Writer {
     }
 }
 
+/// Issue 28 item 5: `yard leader transfer`. In a cluster of three voters under a writer, the
+/// leadership goes to the voter named, then (no node named) to the most caught-up other voter,
+/// through a follower's CLI; a non-voter is refused in one sentence. No write fails, every
+/// acknowledged one is there.
+#[test]
+fn yard_leader_transfer_moves_the_leadership_under_writes_with_none_failed() {
+    require_root();
+    let c = YardCluster::start(&yard_bin(), 3, 3, &ClusterOptions::default()).unwrap();
+    let endpoints = c.all_endpoints();
+    let writer = Writer::start(&c, &yard_bin(), &endpoints, Duration::from_millis(20));
+    std::thread::sleep(Duration::from_secs(1));
+    let first = c.wait_leader(1).unwrap();
+    let target = (1..=3).find(|i| *i != first).unwrap();
+    let moved: serde_json::Value = serde_json::from_str(&ok(c
+        .cli(
+            first,
+            &["leader", "transfer", &target.to_string(), "--json"],
+        )
+        .unwrap()))
+    .unwrap();
+    assert_eq!(moved["from"], first as u64, "{moved}");
+    assert_eq!(moved["to"], target as u64, "{moved}");
+    for i in 1..=3 {
+        assert_eq!(c.wait_leader(i).unwrap(), target, "node {i}'s leader");
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    // Through a follower, no node named: the most caught-up other voter takes over.
+    let follower = (1..=3).find(|i| *i != target).unwrap();
+    let moved: serde_json::Value = serde_json::from_str(&ok(c
+        .cli(follower, &["leader", "transfer", "--json"])
+        .unwrap()))
+    .unwrap();
+    assert_eq!(moved["from"], target as u64, "{moved}");
+    let now = moved["to"].as_u64().unwrap() as usize;
+    assert_ne!(now, target);
+    assert_eq!(c.wait_leader(follower).unwrap(), now);
+    let refused = c.cli(1, &["leader", "transfer", "9"]).unwrap();
+    assert!(!refused.status.success());
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(why.contains("node 9 is not a voter"), "{why}");
+    std::thread::sleep(Duration::from_secs(1));
+    let (acked, failed) = writer.stop();
+    println!("{} writes acknowledged across two handovers", acked.len());
+    assert!(failed.is_empty(), "failed writes: {failed:#?}");
+    assert!(acked.len() > 20, "{} writes", acked.len());
+    let listed: serde_json::Value =
+        serde_json::from_str(&ok(c.cli(1, &["kv", "list", "up", "--json"]).unwrap())).unwrap();
+    let have: std::collections::BTreeSet<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["key"].as_str().unwrap())
+        .collect();
+    let lost: Vec<&String> = acked
+        .iter()
+        .filter(|k| !have.contains(k.as_str()))
+        .collect();
+    assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
+}
+
 /// Waits until node `i` has applied what the leader has.
 fn wait_caught_up(c: &YardCluster, i: usize) {
     let l = c.wait_leader(i).unwrap();

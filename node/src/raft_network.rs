@@ -98,18 +98,10 @@ pub struct PeerLink {
 type RpcErr<E = openraft::error::Infallible> = RPCError<NodeId, NodeInfo, RaftError<NodeId, E>>;
 
 impl PeerLink {
-    /// Refuses to replicate to this peer while a handover holds it back: openraft takes the
-    /// peer as unreachable and retries after its backoff.
-    fn held<E: std::error::Error>(&self) -> Result<(), RpcErr<E>> {
-        if self.handover.holds(self.peer) {
-            return Err(RPCError::Unreachable(Unreachable::new(
-                &std::io::Error::other(format!(
-                    "replication to node {} is held during a leadership handover",
-                    self.peer
-                )),
-            )));
-        }
-        Ok(())
+    /// Whether replication to this peer is held back by a handover: openraft is told the peer
+    /// is unreachable ([`held`]) and retries after its backoff.
+    fn is_held(&self) -> bool {
+        self.handover.holds(self.peer)
     }
 
     async fn send<E: std::error::Error>(
@@ -150,6 +142,13 @@ impl PeerLink {
     }
 }
 
+/// What a replication RPC to `peer` held back by a handover returns.
+fn held<E: std::error::Error>(peer: NodeId) -> RpcErr<E> {
+    RPCError::Unreachable(Unreachable::new(&std::io::Error::other(format!(
+        "replication to node {peer} is held during a leadership handover"
+    ))))
+}
+
 fn mismatch<E: std::error::Error>(reply: RaftReply) -> RpcErr<E> {
     RPCError::Network(NetworkError::new(&std::io::Error::other(format!(
         "mismatched raft reply: {reply:?}"
@@ -162,7 +161,9 @@ impl RaftNetwork<TypeConfig> for PeerLink {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RpcErr> {
-        self.held()?;
+        if self.is_held() {
+            return Err(held(self.peer));
+        }
         match self
             .send(
                 RPCTypes::AppendEntries,
@@ -181,7 +182,9 @@ impl RaftNetwork<TypeConfig> for PeerLink {
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<InstallSnapshotResponse<NodeId>, RpcErr<InstallSnapshotError>> {
-        self.held()?;
+        if self.is_held() {
+            return Err(held(self.peer));
+        }
         match self
             .send(
                 RPCTypes::InstallSnapshot,
