@@ -267,6 +267,9 @@ impl<T: Borrow<Topology>> YardCluster<T> {
         let p = self
             .topology()
             .spawn(i, bin, &args, &[], &format!("n{i}.log"))?;
+        if self.nodes.len() < i {
+            self.nodes.resize(i, None);
+        }
         self.nodes[i - 1] = Some(p.clone());
         Ok(p)
     }

@@ -1067,7 +1067,8 @@ const PINNED_OLD: &str = "63c7ee8";
 /// on the old release, the cluster level stays 0 and the second one goes back to the old
 /// release and up again (the downgrade the new release's encoding allows while the level is
 /// old); once all three run this release the leader raises the cluster level to this
-/// release's. No write fails and every acknowledged one is there at the end.
+/// release's, and a fourth host on the old release is refused when it tries to join. No write
+/// fails and every acknowledged one is there at the end.
 ///
 /// `deploy/test.sh` runs it through `deploy/upgrade-test.sh`, which builds the pinned release
 /// from the repository's history and sets `YARD_OLD_BIN`; ignored in a plain `cargo test`,
@@ -1086,7 +1087,7 @@ fn a_rolling_upgrade_from_the_previous_release_loses_no_acknowledged_write() {
         extra_config: "[raft]\nsnapshot_every = 50\nlogs_kept = 0\n".into(),
         ..Default::default()
     };
-    let mut c = YardCluster::start(&old, 3, 3, &opts).unwrap();
+    let mut c = YardCluster::start(&old, 3, 4, &opts).unwrap();
     let endpoints = c.all_endpoints();
     let writer = Writer::start(&c, &new, &endpoints, Duration::from_millis(50));
     // Enough writes that every store has taken a snapshot and purged its log.
@@ -1142,6 +1143,37 @@ fn a_rolling_upgrade_from_the_previous_release_loses_no_acknowledged_write() {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
+    // A host of the earlier release can no longer join: it is asked its release and refused
+    // in one sentence (it could not read the tables it would be sent).
+    let ip = c.topology().addr(4).to_string();
+    let tls = c.tls_dir().display().to_string();
+    ok(std::process::Command::new(&new)
+        .args([
+            "ca", "issue", "--dir", &tls, "--name", "n4", "--id", "4", "--ip", &ip,
+        ])
+        .output()
+        .unwrap());
+    c.reconfigure(4, "").unwrap();
+    let seed = c.endpoint(order[2]);
+    let late = c.spawn(4, &["--join", &seed]).unwrap();
+    let start = Instant::now();
+    while !late
+        .log()
+        .contains("node 4 runs a release of level 0 and the cluster is at level")
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the old release's join was not refused:\n{}",
+            late.log_tail(20)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    c.kill9(4).unwrap();
+    assert!(!c.status(order[2]).unwrap()["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|m| m["id"] == 4));
     std::thread::sleep(Duration::from_secs(1));
     let (acked, failed) = writer.stop();
     println!(

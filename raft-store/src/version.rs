@@ -87,6 +87,21 @@ pub fn next_level(current: u32, answers: &BTreeMap<NodeId, Option<u32>>) -> Rais
     }
 }
 
+/// Whether a host whose release level is `release` (None: it did not answer) may join a
+/// cluster at `cluster_level`: it must read every command the tables may hold. A host of an
+/// earlier release would fail on the first table or entry of a later level it is sent.
+pub fn admits_host(cluster_level: u32, host: NodeId, release: Option<u32>) -> Result<(), String> {
+    match release {
+        Some(r) if r >= cluster_level => Ok(()),
+        Some(r) => Err(format!(
+            "node {host} runs a release of level {r} and the cluster is at level {cluster_level}; start it with a release of level {cluster_level} or later"
+        )),
+        None => Err(format!(
+            "cannot ask node {host} which release it runs, and the cluster is at level {cluster_level}; it joins once it answers"
+        )),
+    }
+}
+
 /// The sentence for tables (a snapshot, a watch snapshot) written at `level`, above this
 /// release's.
 pub fn too_new(level: u32) -> String {
@@ -98,6 +113,15 @@ pub fn too_new(level: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_host_joins_only_with_a_release_of_the_cluster_level_or_later() {
+        assert_eq!(admits_host(0, 7, Some(0)), Ok(()));
+        assert_eq!(admits_host(1, 7, Some(2)), Ok(()));
+        let old = admits_host(1, 7, Some(0)).unwrap_err();
+        assert!(old.contains("node 7 runs a release of level 0") && old.contains("level 1"));
+        assert!(admits_host(1, 7, None).is_err());
+    }
     use proptest::prelude::*;
 
     fn answers(pairs: &[(NodeId, Option<u32>)]) -> BTreeMap<NodeId, Option<u32>> {

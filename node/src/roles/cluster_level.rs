@@ -99,7 +99,7 @@ async fn ask_hosts(node: &Node) -> BTreeMap<NodeId, Option<u32>> {
 }
 
 /// A host's release level from its answer to [`Request::Level`].
-fn level_of(reply: Result<Reply, String>) -> Option<u32> {
+pub(crate) fn level_of(reply: Result<Reply, String>) -> Option<u32> {
     match reply {
         Ok(Reply::Level { release, .. }) => Some(release),
         Ok(Reply::Error(e)) if crate::frame::is_undecodable(&e) => Some(0),

@@ -161,6 +161,26 @@ impl Node {
                 req.id
             ));
         }
+        // Once the cluster level rose, a host of an earlier release could not read the tables
+        // it is sent: it is asked its release first and refused in one sentence.
+        let cluster_level = p.feed.read(|d| d.cluster_level);
+        if cluster_level > 0 {
+            let reply = p
+                .transport
+                .call(
+                    Target::node(req.id, req.addr.clone()),
+                    Request::Level,
+                    p.rpc_timeout,
+                )
+                .await
+                .map_err(|e| e.to_string());
+            let release = crate::roles::cluster_level::level_of(reply);
+            if let Err(why) = yard_raft_store::version::admits_host(cluster_level, req.id, release)
+            {
+                tracing::warn!(id = req.id, %why, "refused a join");
+                return Reply::Error(why);
+            }
+        }
         let role = self.role_for_join(&req);
         tracing::info!(id = req.id, addr = %req.addr, %role, "adding a host");
         if role != Role::Agent {
