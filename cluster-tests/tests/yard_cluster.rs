@@ -427,18 +427,9 @@ fn unix_now() -> i64 {
         .as_secs() as i64
 }
 
-/// Issue 25: certificates never expired. With 20 s certificates, a host that joined with a
-/// token (it holds no CA key) renews its own through the nodes that do before each expires,
-/// presents the new one without a restart, and keeps serving: writes through it every half
-/// second for 50 s (more than two validities) all succeed and all reach the leader's side.
-#[test]
-fn a_token_joined_host_renews_its_short_certificate_and_keeps_serving() {
-    require_root();
-    let opts = ClusterOptions {
-        tls_config: "cert_validity_s = 20".into(),
-        ..Default::default()
-    };
-    let mut c = YardCluster::start(&yard_bin(), 3, 4, &opts).unwrap();
+/// Node 4, started with no certificate, joins with a token made through node 1; returns once
+/// it answers.
+fn join_node_4_with_token(c: &mut YardCluster) -> yard_cluster_tests::Process {
     let created = ok(c
         .cli(
             1,
@@ -463,6 +454,22 @@ fn a_token_joined_host_renews_its_short_certificate_and_keeps_serving() {
         assert!(start.elapsed() < Duration::from_secs(30), "{}", p.log());
         std::thread::sleep(Duration::from_millis(200));
     }
+    p
+}
+
+/// Issue 25: certificates never expired. With 20 s certificates, a host that joined with a
+/// token (it holds no CA key) renews its own through the nodes that do before each expires,
+/// presents the new one without a restart, and keeps serving: writes through it every half
+/// second for 50 s (more than two validities) all succeed and all reach the leader's side.
+#[test]
+fn a_token_joined_host_renews_its_short_certificate_and_keeps_serving() {
+    require_root();
+    let opts = ClusterOptions {
+        tls_config: "cert_validity_s = 20".into(),
+        ..Default::default()
+    };
+    let mut c = YardCluster::start(&yard_bin(), 3, 4, &opts).unwrap();
+    let p = join_node_4_with_token(&mut c);
     let cert = c.topo.dir().join("n4/tls/n4.crt");
     let mut seen = vec![validity(&cert)];
     let (before, after) = seen[0];
@@ -529,30 +536,7 @@ fn every_certificate_then_the_ca_rotate_under_writes_with_none_failed() {
     use std::sync::Mutex;
     require_root();
     let mut c = YardCluster::start(&yard_bin(), 3, 4, &ClusterOptions::default()).unwrap();
-    let created = ok(c
-        .cli(
-            1,
-            &[
-                "token",
-                "create",
-                "--node-id",
-                "4",
-                "--name",
-                "n4",
-                "--json",
-            ],
-        )
-        .unwrap());
-    let token: serde_json::Value = serde_json::from_str(&created).unwrap();
-    let p4 = c
-        .join_with_token(4, token["token"].as_str().unwrap())
-        .unwrap();
-    let start = Instant::now();
-    while c.status(4).is_err() {
-        assert!(p4.is_running(), "token join failed:\n{}", p4.log());
-        assert!(start.elapsed() < Duration::from_secs(30), "{}", p4.log());
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    join_node_4_with_token(&mut c);
     let run = c.topo.dir().to_owned();
     let shared = c.tls_dir().to_owned();
     let n4 = run.join("n4/tls");
@@ -1028,6 +1012,12 @@ fn yard_leader_transfer_moves_the_leadership_under_writes_with_none_failed() {
     println!("{} writes acknowledged across two handovers", acked.len());
     assert!(failed.is_empty(), "failed writes: {failed:#?}");
     assert!(acked.len() > 20, "{} writes", acked.len());
+    assert_none_lost(&c, &acked);
+}
+
+/// Asserts that every key the [`Writer`] had acknowledged is in the store (listed through
+/// node 1).
+fn assert_none_lost(c: &YardCluster, acked: &[String]) {
     let listed: serde_json::Value =
         serde_json::from_str(&ok(c.cli(1, &["kv", "list", "up", "--json"]).unwrap())).unwrap();
     let have: std::collections::BTreeSet<&str> = listed
@@ -1181,19 +1171,7 @@ fn a_rolling_upgrade_from_the_previous_release_loses_no_acknowledged_write() {
         acked.len()
     );
     assert!(failed.is_empty(), "failed writes: {failed:#?}");
-    let listed: serde_json::Value =
-        serde_json::from_str(&ok(c.cli(1, &["kv", "list", "up", "--json"]).unwrap())).unwrap();
-    let have: std::collections::BTreeSet<&str> = listed
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["key"].as_str().unwrap())
-        .collect();
-    let lost: Vec<&String> = acked
-        .iter()
-        .filter(|k| !have.contains(k.as_str()))
-        .collect();
-    assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
+    assert_none_lost(&c, &acked);
 }
 
 /// `yard version --json` through node `i` with the CLI `bin`: the node's release level, its

@@ -1357,6 +1357,19 @@ async fn an_agent_behind_a_compacted_watch_log_resumes_from_a_snapshot() {
 }
 
 /// Three voters, host 4 a replica and host 5 an agent, with a voter grace of 1 s; the leader.
+/// Waits until `l`'s tables are at cluster level 1 (the leader raises it once every host
+/// answers; drains need it).
+async fn wait_level_1(l: &TestNode) {
+    let start = Instant::now();
+    while l.node.feed().read(|d| d.cluster_level) < 1 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "level not raised"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 async fn voters_replica_and_agent(net: &MemNetwork) -> (Vec<TestNode>, NodeId, RaftSection) {
     let raft = RaftSection {
         replicas: 1,
@@ -1757,14 +1770,7 @@ async fn a_drained_voter_hands_its_vote_to_the_replica_and_follows_as_an_agent()
     let (hosts, leader, _) = voters_replica_and_agent(&net).await;
     let l = hosts.iter().find(|h| h.node.id() == leader).unwrap();
     // The leader raises the cluster level first; the drain needs it.
-    let start = Instant::now();
-    while l.node.feed().read(|d| d.cluster_level) < 1 {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "level not raised"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_level_1(l).await;
     let drained = hosts[..3].iter().find(|h| h.node.id() != leader).unwrap();
     let id = drained.node.id();
     let reply = admin(
@@ -1897,14 +1903,7 @@ async fn a_drained_leader_hands_over_and_is_then_demoted() {
     let net = MemNetwork::default();
     let (hosts, leader, _) = voters_replica_and_agent(&net).await;
     let l = hosts.iter().find(|h| h.node.id() == leader).unwrap();
-    let start = Instant::now();
-    while l.node.feed().read(|d| d.cluster_level) < 1 {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "level not raised"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_level_1(l).await;
     admin(
         &net,
         &hosts[4].addr,
