@@ -376,7 +376,10 @@ fn a_nic_slow_from_the_first_step_with_one_path_in_and_one_out_is_named() {
     // Named against its peers from the first slow transfer on, not after a history.
     let at = first(&h, |v| v.links.iter().any(|l| l.kind == LinkKind::Nic)).expect("named");
     let second = end_of(&job.events(), 10, 2).expect("the second step ends");
-    assert!(at <= second, "named at {at}, the second step ended at {second}");
+    assert!(
+        at <= second,
+        "named at {at}, the second step ended at {second}"
+    );
 }
 
 /// A slow link into a host on a ring, with its knock-on: the host forwards late what it
