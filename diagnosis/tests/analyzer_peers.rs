@@ -29,6 +29,13 @@ struct Job {
     gap: Vec<Vec<u64>>,
     /// slowdown of the path from host a to host b at a step (1 = healthy)
     path: Box<dyn Fn(usize, u32, u32) -> f64>,
+    /// How much longer the receiver of the path from host a to host b waits than its sender
+    /// at a step (1 = as long): the hop after a slow link, whose sender forwards what it
+    /// received late, so its receiver waits for data while its sender's network is idle.
+    waits: Box<dyn Fn(usize, u32, u32) -> f64>,
+    /// The data-parallel rings run: both (the default) or only `dp0`, where each host has one
+    /// path in and one out.
+    rings: Vec<(&'static str, Vec<u32>)>,
 }
 
 fn host(r: u32) -> u32 {
@@ -50,7 +57,16 @@ impl Job {
             steps,
             gap: vec![vec![100 * MS; RANKS as usize]; steps],
             path: Box::new(|_, _, _| 1.0),
+            waits: Box::new(|_, _, _| 1.0),
+            rings: rings(),
         }
+    }
+
+    /// Only the `dp0` ring: every host has one inter-host path in and one out.
+    fn one_ring(steps: usize) -> Job {
+        let mut job = Job::healthy(steps);
+        job.rings.truncate(1);
+        job
     }
 
     /// Every event with its delivery time (1 ms after it happened), in delivery order.
@@ -73,7 +89,7 @@ impl Job {
         let mut groups: Vec<(String, Vec<u32>)> = (0..HOSTS)
             .map(|h| (format!("tp{h}"), vec![2 * h, 2 * h + 1]))
             .collect();
-        groups.extend(rings().into_iter().map(|(n, r)| (n.to_string(), r)));
+        groups.extend(self.rings.iter().map(|(n, r)| (n.to_string(), r.clone())));
         for (name, ranks) in &groups {
             out.push((
                 T0,
@@ -121,16 +137,18 @@ impl Job {
                 }
             }
             // Each ring, with every pair's progress at the end.
-            for (name, ring) in rings() {
+            for (name, ring) in self.rings.iter().cloned() {
                 let start = ring.iter().map(|&r| ready[r as usize]).max().unwrap_or(0);
-                let busy: Vec<u64> = (0..ring.len())
+                let (busy, waited): (Vec<u64>, Vec<u64>) = (0..ring.len())
                     .map(|i| {
                         let (a, b) = (ring[i], ring[(i + 1) % ring.len()]);
                         let slow = (self.path)(step, host(a), host(b));
-                        (RING_BYTES as f64 / (THR / slow)) as u64
+                        let busy = RING_BYTES as f64 / (THR / slow);
+                        let waits = (self.waits)(step, host(a), host(b));
+                        (busy as u64, (busy * waits) as u64)
                     })
-                    .collect();
-                let end = start + busy.iter().max().copied().unwrap_or(0);
+                    .unzip();
+                let end = start + waited.iter().max().copied().unwrap_or(0);
                 for (i, &r) in ring.iter().enumerate() {
                     let next = ring[(i + 1) % ring.len()];
                     out.push((
@@ -138,7 +156,10 @@ impl Job {
                         coll(r, name, seq, RING_BYTES, Phase::Enqueue, ready[r as usize]),
                     ));
                     out.push((end, coll(r, name, seq, RING_BYTES, Phase::End, end)));
-                    for (from, to, dir) in [(r, next, Dir::Send), (next, r, Dir::Recv)] {
+                    for (from, to, dir, busy) in [
+                        (r, next, Dir::Send, busy[i]),
+                        (next, r, Dir::Recv, waited[i]),
+                    ] {
                         out.push((
                             end,
                             Event::Peer(PeerProgress {
@@ -148,7 +169,7 @@ impl Job {
                                 peer: to,
                                 dir,
                                 bytes: RING_BYTES,
-                                busy_ns: busy[i],
+                                busy_ns: busy,
                                 t_ns: end,
                             }),
                         ));
@@ -331,6 +352,61 @@ fn a_nic_slow_from_the_first_step_is_named_against_the_other_paths() {
     assert_eq!(top.links[0].kind, LinkKind::Nic);
     assert!(top.links[0].name.starts_with("h5/"), "{top:#?}");
     assert!(top.culprits.is_empty());
+}
+
+/// One host's NIC slow from the first step where the host has one inter-host path in and one
+/// out (a ring through it): both paths are slow at the host's own end, its ranks' receive
+/// and their send, against the other paths' pace, and nothing else is slow; the NIC is named.
+/// (A ring over 16,384 ranks starts with such a barrier, which a slow NIC stretches to
+/// seconds before any other traffic flows.)
+#[test]
+fn a_nic_slow_from_the_first_step_with_one_path_in_and_one_out_is_named() {
+    let mut job = Job::one_ring(5);
+    job.path = Box::new(|_, a, b| if a == 5 || b == 5 { 8.0 } else { 1.0 });
+    let h = job.run();
+    let top = &last(&h)[0];
+    assert_eq!(
+        (top.class, top.subtype),
+        (Class::Slow, Subtype::SlowLink),
+        "{top:#?}"
+    );
+    assert_eq!(top.links.len(), 1, "{top:#?}");
+    assert_eq!(top.links[0].kind, LinkKind::Nic, "{top:#?}");
+    assert!(top.links[0].name.starts_with("h5/"), "{top:#?}");
+    // Named against its peers from the first slow transfer on, not after a history.
+    let at = first(&h, |v| v.links.iter().any(|l| l.kind == LinkKind::Nic)).expect("named");
+    let second = end_of(&job.events(), 10, 2).expect("the second step ends");
+    assert!(
+        at <= second,
+        "named at {at}, the second step ended at {second}"
+    );
+}
+
+/// A slow link into a host on a ring, with its knock-on: the host forwards late what it
+/// received late, so the next hop's receiver waits as long, but the host's own send is not
+/// slow. One path in and one out again, yet not the host's NIC: the paths are named.
+#[test]
+fn a_slow_link_and_its_knock_on_through_a_host_is_not_its_nic() {
+    let mut job = Job::one_ring(5);
+    job.path = Box::new(|_, a, b| if (a, b) == (4, 5) { 8.0 } else { 1.0 });
+    job.waits = Box::new(|_, a, b| if (a, b) == (5, 6) { 8.0 } else { 1.0 });
+    let h = job.run();
+    let top = &last(&h)[0];
+    assert_eq!(
+        (top.class, top.subtype),
+        (Class::Slow, Subtype::SlowLink),
+        "{top:#?}"
+    );
+    assert!(
+        top.links.iter().all(|l| l.kind == LinkKind::Pair),
+        "{top:#?}"
+    );
+    assert!(
+        h.iter()
+            .flat_map(|(_, v)| v)
+            .all(|v| v.links.iter().all(|l| l.kind != LinkKind::Nic)),
+        "a NIC was named at some point"
+    );
 }
 
 /// The link between two hosts turning slow three steps in: the path over it is named (only

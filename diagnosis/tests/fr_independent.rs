@@ -11,7 +11,9 @@
 //! once and then looked at: 201-205 (27d: 49/55, then a change made with their misses in
 //! view) and 301-310 (27e: 100/110, then the generator's slow-NIC placement and three rules
 //! changed with their misses in view); `FRGEN_FRESH=<a>-<b>` scores any of them again, and
-//! 27e scored 401-410 once after its changes. The test prints all three scorecards (`cargo
+//! 27e scored 401-410 once after its changes, 27f 501-510 once after its own (a new NIC rule
+//! for live paths and tied candidates in untimed hangs, neither made with any set's misses in
+//! view). The test prints all three scorecards (`cargo
 //! test -p yard-diagnosis --test fr_independent -- --nocapture`) and asserts what must hold on
 //! every seed: no verdict naming a rank or a link on a healthy job.
 

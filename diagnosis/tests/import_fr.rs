@@ -1291,8 +1291,11 @@ fn one_gpu_hang_seen_in_many_groups_is_one_verdict_naming_its_rank() {
 
 /// The same hang without TORCH_NCCL_ENABLE_TIMING: no work has a start event, so every entry
 /// of the stuck TP all_reduce is `scheduled` on both ranks and the records cannot tell the
-/// hung GPU from its waiting peer. The verdict says where the hang begins and names both
-/// members as candidates in its evidence, and no culprit.
+/// hung GPU from its waiting peer (PyTorch's `WorkNCCL` allocates start events only with
+/// timing on, so the recorder's `time_discovered_started_ns` and `pg_status`'s
+/// `last_started_collective` stay empty for both). The verdict says where the hang begins,
+/// says it is undecidable from these records, and ranks both members as tied candidates, each
+/// with what its records show; it names no culprit.
 #[test]
 fn a_tp_hang_without_timing_names_its_group_and_no_culprit() {
     let world = [0, 1, 2, 3];
@@ -1349,6 +1352,27 @@ fn a_tp_hang_without_timing_names_its_group_and_no_culprit() {
             .any(|e| e.contains("ranks 0 and 1") && e.contains("TORCH_NCCL_ENABLE_TIMING")),
         "{:?}",
         v.evidence
+    );
+    assert!(
+        v.evidence
+            .iter()
+            .any(|e| e.starts_with("undecidable from these records")),
+        "{:?}",
+        v.evidence
+    );
+    assert_eq!(yard_diagnosis::timeline::candidates(v), vec![0, 1]);
+    let lines: Vec<&String> = v
+        .evidence
+        .iter()
+        .filter(|e| e.starts_with("candidate "))
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(
+        lines.iter().all(|e| e.contains("tied")
+            && e.contains("all_reduce #6")
+            && e.contains("as its peers' are")
+            && e.contains("the last op it finished there is #5")),
+        "{lines:?}"
     );
 }
 

@@ -492,10 +492,24 @@ fn fold_leads(state: &State, verdicts: &mut Vec<Verdict>, leads: Vec<Lead>) {
     } else {
         let members: Vec<Rank> = considered.iter().copied().collect();
         v.evidence.push(format!(
-            "no member's records stand out from its peers' (no candidate to rank above the others): every one of {} may hold the hang ({} entered the op and none finished; without TORCH_NCCL_ENABLE_TIMING a record does not say whether a member's GPU ever reached it, which is what would tell a hung GPU from its waiting peers)",
+            "undecidable from these records: no member's records stand out from its peers' (no candidate to rank above the others): every one of {} may hold the hang ({} entered the op and none finished; without TORCH_NCCL_ENABLE_TIMING a record does not say whether a member's GPU ever reached it, which is what would tell a hung GPU from its waiting peers)",
             text::ranks(&members),
             members.len()
         ));
+        let tied = tied_candidates(state, verdicts, &leads, &members);
+        let n = tied.len();
+        for (i, (r, facts)) in tied.iter().take(SHOWN).enumerate() {
+            v.evidence.push(format!(
+                "candidate {} of {n}, tied with the others: rank {r}: {facts}",
+                i + 1
+            ));
+        }
+        if n > SHOWN {
+            v.evidence.push(format!(
+                "{} more candidates, tied, are not listed",
+                n - SHOWN
+            ));
+        }
         v.confidence = 0.2;
     }
     // Sentences other rules attached to the folded verdicts (what else waits behind them).
@@ -513,6 +527,66 @@ fn fold_leads(state: &State, verdicts: &mut Vec<Verdict>, leads: Vec<Lead>) {
         verdicts.remove(i);
     }
     verdicts.insert(at.min(verdicts.len()), v);
+}
+
+/// What each of `members` records in the stream where the hang begins, when nothing sets any
+/// of them apart: every one is a candidate, tied, and the user sees for each why it cannot be
+/// ruled out (its op there was enqueued and never finished, like its peers'), where it last
+/// made progress, and what else it has pending. Members of no root stream come last, with
+/// nothing recorded.
+fn tied_candidates(
+    state: &State,
+    verdicts: &[Verdict],
+    leads: &[Lead],
+    members: &[Rank],
+) -> Vec<(Rank, String)> {
+    let roots: Vec<&Lead> = leads.iter().filter(|l| l.root).collect();
+    members
+        .iter()
+        .map(|&r| {
+            let facts = roots.iter().find_map(|l| {
+                let pg = &state.pgs[l.pg];
+                let m = pg.member_of(r)?;
+                let lv = &verdicts[l.verdict];
+                let seq = lv.seq?;
+                let rec = pg.rec(m, seq)?;
+                let op = lv.op.map_or_else(|| rec.sig.op.to_string(), |o| o.to_string());
+                let word = |rec: &super::state::Rec| {
+                    if rec.has_end() {
+                        "completed"
+                    } else if rec.has_start() {
+                        "started and never completed"
+                    } else {
+                        "enqueued, with no start or completion recorded"
+                    }
+                };
+                let state_word = word(rec);
+                let alike = (0..pg.members.len())
+                    .filter_map(|o| pg.rec(o, seq))
+                    .all(|o| word(o) == state_word);
+                let last = pg.state[m]
+                    .last_end
+                    .map_or("none".to_string(), |e| format!("#{e}"));
+                let pending = state.ranks.get(r).map_or(0, |rs| {
+                    rs.pgs
+                        .iter()
+                        .filter(|&&(p, pm)| {
+                            p as usize != l.pg && state.pgs[p as usize].state[pm as usize].in_flight
+                        })
+                        .count()
+                });
+                Some(format!(
+                    "its {op} #{seq} in {} is {state_word}{}; the last op it finished there is {last}; {pending} of its other streams have an op pending",
+                    text::pg(pg),
+                    if alike { ", as its peers' are" } else { "" }
+                ))
+            });
+            (
+                r,
+                facts.unwrap_or_else(|| "its records of the stuck streams say nothing more".into()),
+            )
+        })
+        .collect()
 }
 
 /// The stream and seq where member `m` of the stuck stream `st` is still inside an op of

@@ -56,6 +56,11 @@ pub(crate) struct Paths {
     pub slow: BTreeSet<(Rank, Rank)>,
     /// Carried traffic with a known baseline and no slow transfer in its recent window.
     pub normal: BTreeSet<(Rank, Rank)>,
+    /// Slow paths whose sender's own report (its send side, `SendWait`) is slow against its
+    /// peers' pace, and those whose receiver's own report (`RecvWait`) is: which end's NIC
+    /// is waiting. Only the peer comparison of paths fills these.
+    pub sent_slow: BTreeSet<(Rank, Rank)>,
+    pub received_slow: BTreeSet<(Rank, Rank)>,
 }
 
 impl Paths {
@@ -105,9 +110,13 @@ impl Paths {
             match passing.as_slice() {
                 [] => continue,
                 [h] => {
-                    // One slow path in and one out (a 3-host ring) fit a NIC and two link
-                    // faults (or one and its knock-on) equally: a NIC needs slow paths to at
-                    // least two peer hosts in one direction.
+                    // One slow path in and one out (a ring through the host) fit a NIC and a
+                    // slow link with its knock-on: the host forwards what it receives, so
+                    // the hop after a slow link waits too. A NIC needs slow paths to at least
+                    // two peer hosts in one direction, or the host's own ends of one path in
+                    // and one out to two different hosts waiting on the network: its receive
+                    // of the path in and its send of the path out. A knock-on hop's sender
+                    // waits for data, not for the network, so its send side is not slow.
                     let peers = |leaving: bool| -> BTreeSet<&str> {
                         self.slow
                             .iter()
@@ -118,7 +127,9 @@ impl Paths {
                             })
                             .collect()
                     };
-                    if peers(true).len() < 2 && peers(false).len() < 2 {
+                    let (out, into) = (peers(true), peers(false));
+                    if out.len() < 2 && into.len() < 2 && !self.own_ends_slow(state, h, &out, &into)
+                    {
                         return Component::Paths;
                     }
                     let rank = if host(first.0) == *h {
@@ -172,6 +183,29 @@ impl Paths {
             }
             None => Component::Paths,
         }
+    }
+}
+
+impl Paths {
+    /// The slow paths of host `h` go in from one host and out to another, and every one is
+    /// slow at `h`'s own end: received slowly by its ranks, sent slowly by its ranks.
+    fn own_ends_slow(
+        &self,
+        state: &State,
+        h: &str,
+        out: &BTreeSet<&str>,
+        into: &BTreeSet<&str>,
+    ) -> bool {
+        out.len() == 1
+            && into.len() == 1
+            && out != into
+            && self.slow.iter().all(|p| {
+                if host(state, p.1) == h {
+                    self.received_slow.contains(p)
+                } else {
+                    self.sent_slow.contains(p)
+                }
+            })
     }
 }
 

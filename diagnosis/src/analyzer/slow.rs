@@ -91,6 +91,9 @@ struct PathObs {
     thr: f32,
     /// Throughput of the transfer before it, if any.
     prev: Option<f32>,
+    /// Throughput by the sender's report alone, and by the receiver's, where each reported.
+    sent: Option<f32>,
+    received: Option<f32>,
 }
 
 /// Slow paths against their peers in the same step, CCL-D's comparison: no history is needed,
@@ -135,6 +138,8 @@ fn peer_links(state: &State, cfg: &Config, stuck: &[bool]) -> Option<Verdict> {
                 busy,
                 thr: bytes as f32 / busy as f32,
                 prev: (p.last_thr > 0.0).then_some(p.last_thr),
+                sent: side_thr(&p.send),
+                received: side_thr(&p.recv),
             });
         }
     }
@@ -176,6 +181,12 @@ fn peer_links(state: &State, cfg: &Config, stuck: &[bool]) -> Option<Verdict> {
                 // than the absolute margin) raises nothing, but says which paths share the
                 // slowdown, as the history rules' relatively slow pairs do.
                 paths.slow.insert(o.key);
+                if o.sent.is_some_and(|t| t * factor <= median) {
+                    paths.sent_slow.insert(o.key);
+                }
+                if o.received.is_some_and(|t| t * factor <= median) {
+                    paths.received_slow.insert(o.key);
+                }
                 strict |= late;
                 slow.push((o, median));
             } else if !below {
@@ -280,7 +291,11 @@ fn peer_links(state: &State, cfg: &Config, stuck: &[bool]) -> Option<Verdict> {
     Some(v)
 }
 
-/// Adds a verdict, or folds it into an earlier one naming the same ranks or component.
+/// One side's throughput of a pair's current op (bytes per ns), if it reported any.
+fn side_thr(side: &super::state::Side) -> Option<f32> {
+    (side.seen && side.bytes > 0 && side.busy > 0).then(|| side.bytes as f32 / side.busy as f32)
+}
+
 /// The NIC name rank `rank` reported, or "nic" when it reported none.
 fn nic_name(state: &State, rank: Rank) -> &str {
     state
@@ -292,6 +307,7 @@ fn nic_name(state: &State, rank: Rank) -> &str {
         .unwrap_or("nic")
 }
 
+/// Adds a verdict, or folds it into an earlier one naming the same ranks or component.
 fn merge(out: &mut Vec<Verdict>, v: Verdict, pg: &Pg) {
     let component = |v: &Verdict| {
         v.links

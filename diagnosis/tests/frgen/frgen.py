@@ -38,6 +38,29 @@ Behaviours of the real recorder this reproduces, because an analyzer meets them:
   * groups made by `split_group` may share one name across disjoint rank sets;
   * a crashed rank leaves no dump.
 
+A GPU that hangs inside a rank's own compute (tp_gpu_hang), as the recorder shows it. Read in
+pytorch/pytorch: ProcessGroupNCCL.cpp (WorkNCCL's constructor allocates ncclStartEvent_ only
+when timing is enabled; startedGPUExecutionInternal() returns false without timing; the
+watchdog advances pg_status last_started_collective only when work.isStarted(), and
+last_completed_collective only when the end event has fired; TORCH_NCCL_ENABLE_TIMING defaults
+to off unless TORCH_NCCL_DESYNC_DEBUG or TORCH_DISTRIBUTED_DEBUG=DETAIL turn it on) and
+FlightRecorderDetail.hpp (update_state sets time_discovered_started_ns only from a start event
+and time_discovered_completed_ns only from the end event; the dump writes state "completed",
+"started" or "scheduled" from those two times alone):
+  * with timing, the hung rank's next collective stays "scheduled" while its peers' are
+    "started" (their streams reached the kernel and it waits for the hung rank);
+  * without timing, neither the hung rank's entry nor its peers' can ever be "started": all are
+    "scheduled", with no discovery times, and pg_status says last_started -1 for everyone; the
+    end events of earlier ops fired on all of them alike. Nothing in the dumps tells the hung
+    GPU from its waiting peers, and this generator writes nothing that would;
+  * the process is not hung (its CPU, watchdog and dump thread run; cudaEventQuery does not
+    block on a busy stream), so it times out and dumps like its peers; its CPU goes on
+    enqueuing to the step's host sync as theirs do.
+This generator's CPU clock of a stuck rank runs on from where its GPU stopped, while a rank
+whose GPU runs enqueues just ahead of it: the hung rank's later entries are created earlier
+than its peers'. A real CPU runs ahead of its GPU by however much the launch queue allows,
+hung or not, so time_created_ns is no evidence of which GPU hung.
+
 Usage: frgen.py SEED OUTDIR   writes OUTDIR/<case>/nccl_trace_rank_N for every case and
 OUTDIR/truth.json ({case: {"kind", "culprits", "link", "healthy", "dump", ...}}), "dump"
 being "timeout" or "on_demand".
