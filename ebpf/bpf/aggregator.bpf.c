@@ -436,8 +436,7 @@ static __always_inline int forward_up(struct xdp_md *ctx, const struct agg_job *
 	return XDP_TX;
 }
 
-SEC("xdp")
-int yard_agg(struct xdp_md *ctx)
+static __always_inline int agg_xdp(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
@@ -848,22 +847,40 @@ decided:
 	return XDP_PASS;
 }
 
-#define ETH_OFF_DEST 0
-#define IP_OFF_CHECK (14 + __builtin_offsetof(struct iphdr, check))
-#define IP_OFF_DADDR (14 + __builtin_offsetof(struct iphdr, daddr))
-#define UDP_OFF_DEST (14 + 20 + __builtin_offsetof(struct udphdr, dest))
-#define AGG_OFF_KIND (14 + 20 + 8 + __builtin_offsetof(struct agg_hdr, kind))
-#define AGG_OFF_TOKEN (14 + 20 + 8 + __builtin_offsetof(struct agg_hdr, token))
+SEC("xdp")
+int yard_agg(struct xdp_md *ctx)
+{
+	return agg_xdp(ctx);
+}
+
+/*
+ * The same program built for multi-buffer XDP (issue 26, jumbo frames): a driver refuses a
+ * single-buffer program while its MTU exceeds what one buffer holds (veth: about a page), so
+ * Aggregator::attach falls back to this one there. It reads only the first buffer, like
+ * yard_agg: a frame split over several buffers (longer than the first, which on veth holds
+ * about 3.5 KB, more than the largest aggregation frame) fails the length check and is dropped,
+ * counted AGG_BAD_HEADER, never summed in part; traffic that is not aggregation passes whole.
+ */
+SEC("xdp.frags")
+int yard_agg_frags(struct xdp_md *ctx)
+{
+	return agg_xdp(ctx);
+}
 
 /*
  * yard_agg_fanout: TC ingress on the aggregator's interface. XDP can send a frame back only
- * where it came from, so a fresh result (kind AGG_FANOUT) comes here as an skb, is re-addressed
- * to each worker of its job in turn and cloned out of the interface; the original is then
- * dropped. Workers whose MAC is not known yet (no frame of theirs accepted) are skipped and
- * counted: they get the result by resending their contribution. Every other packet gets no
- * verdict.
+ * where it came from, so a fresh result (kind AGG_FANOUT) comes here as an skb and is sent to
+ * each worker of its job in turn. Workers whose MAC is not known yet (no frame of theirs
+ * accepted) are skipped and counted: they get the result by resending their contribution.
+ * Every other packet gets no verdict.
  *
- * Only yard_agg's own results are cloned, so nobody can make this host multiply a frame: yard_agg
+ * The cost is in the copies (issue 26, docs/aggregation-cpu-profile.md): a clone shares the
+ * frame's data, so rewriting the frame after a clone makes the kernel copy its whole head
+ * first. Each copy's headers are therefore written in one store (one copy of the head at most
+ * per store), and the last worker gets the original itself (bpf_redirect) instead of a clone
+ * followed by a drop: N workers cost N - 1 clones and N - 1 head copies, not N clones.
+ *
+ * Only yard_agg's own results are sent, so nobody can make this host multiply a frame: yard_agg
  * drops every received frame of kind AGG_FANOUT (to AGG_PORT or any other port), and a frame
  * that reached TC ingress some other way lacks the job's fanout_tag, which only yard_agg writes
  * and which is replaced by the job's result token before any copy leaves (dropped and counted
@@ -889,13 +906,13 @@ int yard_agg_fanout(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	}
 	__u32 workers = job->workers;
-	__u8 kind = AGG_RESULT;
-	__u32 token = job->result_token;
-	__u32 daddr = f.ip.daddr;
+	__u32 ifindex = skb->ifindex;
+	/* What every copy carries: a RESULT with the result token. */
+	f.agg.kind = AGG_RESULT;
+	f.agg.token = job->result_token;
+	/* A worker is sent its copy once the next one is known, so the last gets the original. */
+	int pending = 0;
 
-	if (bpf_skb_store_bytes(skb, AGG_OFF_KIND, &kind, 1, 0) < 0 ||
-	    bpf_skb_store_bytes(skb, AGG_OFF_TOKEN, &token, 4, 0) < 0)
-		return TC_ACT_SHOT;
 #pragma clang loop unroll(disable)
 	for (__u32 w = 0; w < AGG_WORKERS_MAX; w++) {
 		if (w >= workers)
@@ -903,32 +920,38 @@ int yard_agg_fanout(struct __sk_buff *skb)
 		struct agg_peer_key key = { .job = job_id, .worker = w };
 		struct agg_peer *peer = bpf_map_lookup_elem(&agg_peers, &key);
 		__u8 mac[ETH_ALEN];
-		__u32 ip;
-		__u16 port;
 
 		if (!peer) {
 			count(AGG_FANOUT_FAILED, job_id, len);
 			continue;
 		}
 		__builtin_memcpy(mac, peer->mac, ETH_ALEN);
-		ip = peer->ip;
-		port = peer->port;
 		if (!(mac[0] | mac[1] | mac[2] | mac[3] | mac[4] | mac[5])) {
 			count(AGG_FANOUT_FAILED, job_id, len);
 			continue;
 		}
-		if (bpf_skb_store_bytes(skb, ETH_OFF_DEST, mac, ETH_ALEN, 0) < 0 ||
-		    bpf_l3_csum_replace(skb, IP_OFF_CHECK, daddr, ip, 4) < 0 ||
-		    bpf_skb_store_bytes(skb, IP_OFF_DADDR, &ip, 4, 0) < 0 ||
-		    bpf_skb_store_bytes(skb, UDP_OFF_DEST, &port, 2, 0) < 0) {
+		if (pending) {
+			/* The previous worker's headers are in the frame: a clone goes to it. */
+			if (bpf_clone_redirect(skb, ifindex, 0) < 0)
+				count(AGG_FANOUT_FAILED, job_id, len);
+			else
+				count(AGG_FANOUT_SENT, job_id, len);
+		}
+		struct iphdr ip = f.ip; /* aligned, for the checksum */
+
+		ip.daddr = peer->ip;
+		ip.check = ipv4_csum20(&ip);
+		__builtin_memcpy(f.eth.h_dest, mac, ETH_ALEN);
+		f.ip = ip;
+		f.udp.dest = peer->port;
+		if (bpf_skb_store_bytes(skb, 0, &f, sizeof(f), 0) < 0) {
 			count(AGG_FANOUT_FAILED, job_id, len);
 			return TC_ACT_SHOT;
 		}
-		daddr = ip;
-		if (bpf_clone_redirect(skb, skb->ifindex, 0) < 0)
-			count(AGG_FANOUT_FAILED, job_id, len);
-		else
-			count(AGG_FANOUT_SENT, job_id, len);
+		pending = 1;
 	}
-	return TC_ACT_SHOT;
+	if (!pending)
+		return TC_ACT_SHOT;
+	count(AGG_FANOUT_SENT, job_id, len);
+	return bpf_redirect(ifindex, 0);
 }

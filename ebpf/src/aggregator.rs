@@ -33,6 +33,8 @@ use crate::{CounterValue, EbpfError, TcAction, XdpMode};
 
 const OBJECT: &str = "aggregator.bpf.o";
 const PROGRAM_XDP: &str = "yard_agg";
+/// `yard_agg` built for multi-buffer XDP, for interfaces whose MTU exceeds one buffer.
+const PROGRAM_XDP_FRAGS: &str = "yard_agg_frags";
 const PROGRAM_FANOUT: &str = "yard_agg_fanout";
 
 static BYTES: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/aggregator.bpf.o"));
@@ -296,8 +298,16 @@ impl Aggregator {
         let tc = crate::program::get_mut::<SchedClassifier>(&mut self.ebpf, PROGRAM_FANOUT)?
             .attach(iface, TcAttachType::Ingress)
             .map_err(prog_err("attach", PROGRAM_FANOUT))?;
-        let xdp =
+        let mut xdp =
             crate::program::xdp_mut(&mut self.ebpf, PROGRAM_XDP)?.attach(iface, mode.to_aya());
+        if xdp.is_err() && mode == XdpMode::Native {
+            // A driver refuses a single-buffer program while the MTU exceeds one buffer (veth:
+            // about a page, so jumbo frames): the multi-buffer build of the same program
+            // attaches there. If it fails too, the first refusal is the one reported.
+            if let Ok(id) = self.attach_frags(iface, mode) {
+                xdp = Ok(id);
+            }
+        }
         match xdp {
             Ok(id) => {
                 self.xdp_link = Some(id);
@@ -311,6 +321,26 @@ impl Aggregator {
                 Err(prog_err("attach", PROGRAM_XDP)(e))
             }
         }
+    }
+
+    /// Loads (once) and attaches the multi-buffer build of the XDP program.
+    fn attach_frags(&mut self, iface: &str, mode: XdpMode) -> Result<XdpLinkId, EbpfError> {
+        let prog = crate::program::xdp_mut(&mut self.ebpf, PROGRAM_XDP_FRAGS)?;
+        if prog.fd().is_err() {
+            prog.load().map_err(prog_err("load", PROGRAM_XDP_FRAGS))?;
+        }
+        prog.attach(iface, mode.to_aya())
+            .map_err(prog_err("attach", PROGRAM_XDP_FRAGS))
+    }
+
+    /// One BPF_PROG_TEST_RUN of the multi-buffer build of `yard_agg` on `frame` (loading it
+    /// first if no attach did), against this value's maps.
+    pub fn test_run_frags(&mut self, frame: &[u8]) -> Result<TestOutcome, EbpfError> {
+        let prog = crate::program::xdp_mut(&mut self.ebpf, PROGRAM_XDP_FRAGS)?;
+        if prog.fd().is_err() {
+            prog.load().map_err(prog_err("load", PROGRAM_XDP_FRAGS))?;
+        }
+        run_once(prog, PROGRAM_XDP_FRAGS, frame)
     }
 
     /// Serves `entry` (a new job, or a new epoch or membership of one). Members are written

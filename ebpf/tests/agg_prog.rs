@@ -403,7 +403,8 @@ fn the_fan_out_takes_only_fresh_results() {
         agg.test_run_fanout(&d).unwrap().0,
         yard_ebpf::TcAction::Unspec
     );
-    // a fresh result: copies go to the members whose MAC is known, then the original is dropped
+    // a fresh result: a clone to each member whose MAC is known but the last, which gets the
+    // original (redirected)
     agg.test_run(&d).unwrap(); // learns worker 0's MAC
     let out = agg
         .test_run(&frame(a.members[1], &data(&a, 1, 0, 0, 0, &[2; 10])))
@@ -411,11 +412,155 @@ fn the_fan_out_takes_only_fresh_results() {
     assert_eq!(out.action, XdpAction::Pass);
     assert_eq!(
         agg.test_run_fanout(&out.frame).unwrap().0,
-        yard_ebpf::TcAction::Shot
+        yard_ebpf::TcAction::Redirect
     );
     let sent = counter(&agg, Some(4), AggCounter::FanoutSent);
     let failed = counter(&agg, Some(4), AggCounter::FanoutFailed);
     assert_eq!(sent + failed, 2, "one attempt per member");
+}
+
+/// Issue 26: the fan-out writes each copy's headers in one store and sends the original to the
+/// last worker whose MAC is known. The frame it leaves is that worker's whole RESULT: its MAC,
+/// address and port, a valid IPv4 checksum, the result token, the exact sum; a member whose MAC
+/// is unknown gets no copy (counted), and with no MAC known the original is dropped.
+#[test]
+fn the_fan_out_sends_the_original_to_the_last_known_member() {
+    let a = spec(5, 3, 10, Dtype::I32);
+    let mut agg = loaded(4);
+    agg.set_job(&entry(&a, 0)).unwrap();
+    let mac = |w: usize| [0x02, 0, 0, 0, 0x55, u8::try_from(w).unwrap()];
+    let from = |w: usize, payload: &[u8]| {
+        let mut f = HostFrame::udp(
+            *a.members[w].ip(),
+            a.members[w].port(),
+            AGG,
+            wire::PORT,
+            payload,
+        );
+        f.eth_src = mac(w);
+        f.build()
+    };
+    let attempts = |agg: &Aggregator| {
+        (
+            counter(agg, Some(5), AggCounter::FanoutSent),
+            counter(agg, Some(5), AggCounter::FanoutFailed),
+        )
+    };
+    // A genuine fresh result of chunk 0 before any member's MAC is known: nobody to send to.
+    let result = wire::encode(
+        &Header {
+            kind: Kind::Fanout,
+            flags: 0,
+            exp: 0,
+            job: 5,
+            epoch: 1,
+            round: 0,
+            chunk: 0,
+            worker: 0,
+            count: 0,
+            contributors: 3,
+            token: 0,
+        },
+        &[7; 10],
+    );
+    let fanout = HostFrame::udp(
+        AGG,
+        wire::PORT,
+        *a.members[0].ip(),
+        40000,
+        &as_fanout(&result, agg.fanout_tag()),
+    )
+    .build();
+    let (verdict, _) = agg.test_run_fanout(&fanout).unwrap();
+    assert_eq!(verdict, yard_ebpf::TcAction::Shot, "no member to send to");
+    assert_eq!(attempts(&agg), (0, 3), "every member counted as failed");
+
+    // Members 0 and 1 contribute (their MACs learned), member 2 not yet: member 1 is the last
+    // one known, so it gets the original, member 0 a clone, member 2 nothing.
+    for w in [0, 1] {
+        let values = [i32::try_from(w).unwrap() + 1; 10];
+        let out = agg
+            .test_run(&from(w, &data(&a, w, 0, 0, 0, &values)))
+            .unwrap();
+        assert_eq!(out.action, XdpAction::Drop);
+    }
+    let (verdict, out) = agg.test_run_fanout(&fanout).unwrap();
+    assert_eq!(verdict, yard_ebpf::TcAction::Redirect);
+    assert_eq!(
+        attempts(&agg),
+        (2, 4),
+        "two copies sent, member 2 failed again"
+    );
+    assert_eq!(&out[0..6], &mac(1), "to member 1's MAC");
+    assert!(
+        yard_ebpf::frames::ipv4_header_valid(&out[14..34]),
+        "IPv4 checksum"
+    );
+    assert_eq!(
+        &out[30..34],
+        &a.members[1].ip().octets(),
+        "to member 1's address"
+    );
+    assert_eq!(u16::from_be_bytes([out[36], out[37]]), a.members[1].port());
+    let (h, body) = Header::parse(payload_of(&out)).expect("a RESULT");
+    assert_eq!(
+        (h.kind, h.token, h.contributors),
+        (Kind::Result, a.result_token, 3)
+    );
+    assert_eq!(wire::values(body), vec![7; 10], "the values untouched");
+
+    // Member 2 completes chunk 0: its fresh result goes to all three, the original to member 2.
+    let done = agg
+        .test_run(&from(2, &data(&a, 2, 0, 0, 0, &[3; 10])))
+        .unwrap();
+    assert_eq!(done.action, XdpAction::Pass);
+    let (verdict, out) = agg.test_run_fanout(&done.frame).unwrap();
+    assert_eq!(verdict, yard_ebpf::TcAction::Redirect);
+    assert_eq!(attempts(&agg), (5, 4), "one copy per member");
+    assert_eq!(&out[0..6], &mac(2));
+    assert!(
+        yard_ebpf::frames::ipv4_header_valid(&out[14..34]),
+        "IPv4 checksum"
+    );
+    let (h, body) = Header::parse(payload_of(&out)).unwrap();
+    assert_eq!((h.kind, h.token), (Kind::Result, a.result_token));
+    assert_eq!(wire::values(body), vec![6; 10], "the exact sum");
+}
+
+/// Issue 26: the multi-buffer build (`yard_agg_frags`, attached where the MTU exceeds one
+/// buffer) is the same program: a chunk summed through it gives the same frames, bit for bit,
+/// as through `yard_agg`, and a frame longer than its header says is refused alike.
+#[test]
+fn the_multi_buffer_build_sums_like_the_shipped_one() {
+    let a = spec(8, 2, 1000, Dtype::I32);
+    let mut single = loaded(a.geometry.chunks() * 2);
+    single.set_job(&entry(&a, 0)).unwrap();
+    let mut frags = loaded(a.geometry.chunks() * 2);
+    frags.set_job(&entry(&a, 0)).unwrap();
+    for chunk in 0..a.geometry.chunks() {
+        let n = i32::try_from(a.geometry.chunk_len(chunk)).unwrap();
+        let mut last = Vec::new();
+        for w in 0..2 {
+            let scale = i32::try_from(w).unwrap() + 3;
+            let values: Vec<i32> = (0..n).map(|i| i * scale - 500).collect();
+            let f = frame(a.members[w], &data(&a, w, 0, chunk, 0, &values));
+            let mut one = single.test_run(&f).unwrap();
+            let mut two = frags.test_run_frags(&f).unwrap();
+            assert_eq!(one.action, two.action, "chunk {chunk}, worker {w}");
+            // the fan-out tag, drawn at random by each load, aside
+            one.frame[HEADERS + 28..HEADERS + 32].fill(0);
+            two.frame[HEADERS + 28..HEADERS + 32].fill(0);
+            assert_eq!(one.frame, two.frame, "chunk {chunk}, worker {w}");
+            last = two.frame;
+        }
+        let (h, _) = Header::parse(payload_of(&last)).unwrap();
+        assert_eq!(h.kind, Kind::Fanout, "chunk {chunk} completed");
+    }
+    let mut long = frame(a.members[0], &data(&a, 0, 1, 0, 0, &[1; CHUNK as usize]));
+    long.extend_from_slice(&[0; 8]);
+    assert_eq!(frags.test_run_frags(&long).unwrap().action, XdpAction::Drop);
+    // refused before the job is looked up: counted globally
+    assert_eq!(counter(&frags, None, AggCounter::BadHeader), 1);
 }
 
 /// Issue 25, finding 6: a frame shaped like a fresh result (from the aggregation port, kind
@@ -485,9 +630,9 @@ fn a_fanout_frame_to_another_port_is_never_cloned() {
         "each refusal counted, by XDP and by TC"
     );
 
-    // The genuine result is cloned to both members and leaves as a plain RESULT.
+    // The genuine result goes to both members (a clone, then the original) as a plain RESULT.
     let (verdict, out) = agg.test_run_fanout(&genuine.frame).unwrap();
-    assert_eq!(verdict, yard_ebpf::TcAction::Shot);
+    assert_eq!(verdict, yard_ebpf::TcAction::Redirect);
     assert_eq!(attempts(&agg), tried + 2, "one copy per member");
     let (h, body) = Header::parse(payload_of(&out)).expect("a valid RESULT frame");
     assert_eq!((h.kind, h.worker, h.contributors), (Kind::Result, 0, 2));
@@ -746,7 +891,7 @@ fn a_member_s_address_without_its_token_sets_nothing() {
     // ...and the fan-out's last copy (worker 1's) goes to worker 1's MAC, not the forger's,
     // with the result token.
     let (verdict, last) = agg.test_run_fanout(&done.frame).unwrap();
-    assert_eq!(verdict, yard_ebpf::TcAction::Shot);
+    assert_eq!(verdict, yard_ebpf::TcAction::Redirect);
     assert_eq!(
         &last[0..6],
         &mac(1),

@@ -491,7 +491,11 @@ impl<'a> Bench<'a> {
                         let tid = hostcpu::this_tid();
                         match mode {
                             Mode::Xdp => {
-                                let before = bpfstats::ids_named(&["yard_agg", "yard_agg_fanout"]);
+                                let before = bpfstats::ids_named(&[
+                                    "yard_agg",
+                                    "yard_agg_frags",
+                                    "yard_agg_fanout",
+                                ]);
                                 let setup = (|| -> Result<Aggregator> {
                                     let mut a = Aggregator::load(geometry.chunks() * 2)?;
                                     a.attach("eth0", xdp_mode)?;
@@ -516,11 +520,14 @@ impl<'a> Bench<'a> {
                                         return Err(e);
                                     }
                                 };
-                                let ours: Vec<u32> =
-                                    bpfstats::ids_named(&["yard_agg", "yard_agg_fanout"])
-                                        .into_iter()
-                                        .filter(|id| !before.contains(id))
-                                        .collect();
+                                let ours: Vec<u32> = bpfstats::ids_named(&[
+                                    "yard_agg",
+                                    "yard_agg_frags",
+                                    "yard_agg_fanout",
+                                ])
+                                .into_iter()
+                                .filter(|id| !before.contains(id))
+                                .collect();
                                 let _ = ready_tx.send(Ok((tid, ours)));
                                 while !stop2.load(Ordering::Relaxed) {
                                     std::thread::sleep(Duration::from_millis(20));
