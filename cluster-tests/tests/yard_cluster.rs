@@ -976,7 +976,10 @@ fn yard_leader_transfer_moves_the_leadership_under_writes_with_none_failed() {
     require_root();
     let c = YardCluster::start(&yard_bin(), 3, 3, &ClusterOptions::default()).unwrap();
     let endpoints = c.all_endpoints();
-    let writer = Writer::start(&c, &yard_bin(), &endpoints, Duration::from_millis(20));
+    // One CLI process a write, each a new QUIC connection from host 1's address: at a 20 ms
+    // pace one run went over `transport.max_connections_per_ip` (64) there, and the last
+    // check's CLI was refused; 50 ms is the rolling upgrade test's pace.
+    let writer = Writer::start(&c, &yard_bin(), &endpoints, Duration::from_millis(50));
     std::thread::sleep(Duration::from_secs(1));
     let first = c.wait_leader(1).unwrap();
     let target = (1..=3).find(|i| *i != first).unwrap();

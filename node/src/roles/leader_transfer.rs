@@ -19,15 +19,16 @@ use crate::rpc::{Reply, Request};
 use crate::service::Node;
 
 /// How long the leader holds replication to the other voters back for the target to catch
-/// up, at most: the cluster commits only through the leader and the target meanwhile.
-const CATCH_UP_LIMIT: Duration = Duration::from_secs(2);
+/// up, at most. With [`ELECTION_LIMIT`] it keeps a handover within a forwarded request's
+/// RPC timeout (`transport.rpc_timeout_ms`, 2 s by default).
+const CATCH_UP_LIMIT: Duration = Duration::from_millis(1_000);
 /// How long the leader waits for the target's election after asking it.
-const ELECTION_LIMIT: Duration = Duration::from_secs(3);
+const ELECTION_LIMIT: Duration = Duration::from_millis(700);
 /// How often the leader looks at its replication progress meanwhile.
 const LOOK_EVERY: Duration = Duration::from_millis(5);
 /// How long a voter told of a handover holds back from standing, at most (until it sees the
 /// target lead): if the leader dies mid-handover, failover waits this much longer.
-const STANDBY: Duration = Duration::from_secs(3);
+const STANDBY: Duration = Duration::from_secs(2);
 
 /// A handover this node was told of: to whom, and until when it does not stand.
 #[derive(Debug, Default)]
@@ -36,6 +37,10 @@ pub struct Standby(std::sync::Mutex<Option<(NodeId, Instant)>>);
 impl Standby {
     fn hold(&self, to: NodeId) {
         *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some((to, Instant::now() + STANDBY));
+    }
+
+    fn release(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
     /// Whether this node holds back from standing, given the leader it follows now.
@@ -82,6 +87,10 @@ pub async fn transfer(node: &Node, asked: Option<NodeId>) -> Result<NodeId, Stri
         )
     }))
     .await;
+    // This node too: once it steps down for the target, its pre-vote gate would otherwise win
+    // a round (the candidate grants it) and campaign against the target it just chose, with a
+    // log as long as the target's (seen by hand: the leadership came straight back).
+    node.standby().hold(target);
     node.inner.handover.hold(target);
     let result = async {
         let held = Instant::now();
@@ -117,14 +126,22 @@ pub async fn transfer(node: &Node, asked: Option<NodeId>) -> Result<NodeId, Stri
             Err(e) => return Err(format!("cannot reach node {target}: {e}")),
         }
         let asked_at = Instant::now();
+        let term = node.raft().metrics().borrow().current_term;
         loop {
-            let leader = node.raft().metrics().borrow().current_leader;
-            match leader {
+            let m = node.raft().metrics().borrow().clone();
+            match m.current_leader {
                 Some(l) if l != me => return Ok(l),
+                // Leading again in a later term: the target lost, and this node must not keep
+                // the other voters' replication held while it leads.
+                Some(l) if l == me && m.current_term > term => {
+                    return Err(format!(
+                        "node {target} stood for election but node {me} was elected again; leadership stays"
+                    ))
+                }
                 _ if asked_at.elapsed() > ELECTION_LIMIT => {
                     return Err(format!(
-                        "node {target} stood for election but no other node leads after {} s",
-                        ELECTION_LIMIT.as_secs()
+                        "node {target} stood for election but no other node leads after {} ms",
+                        ELECTION_LIMIT.as_millis()
                     ))
                 }
                 _ => tokio::time::sleep(LOOK_EVERY).await,
@@ -133,6 +150,9 @@ pub async fn transfer(node: &Node, asked: Option<NodeId>) -> Result<NodeId, Stri
     }
     .await;
     node.inner.handover.release();
+    if result.is_err() {
+        node.standby().release();
+    }
     match &result {
         Ok(leader) => tracing::info!(target, leader, "handed leadership over"),
         Err(why) => tracing::warn!(target, %why, "leadership handover failed"),
