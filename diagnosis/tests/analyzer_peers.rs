@@ -234,6 +234,20 @@ fn first(history: &[(u64, Vec<Verdict>)], pred: impl Fn(&Verdict) -> bool) -> Op
         .map(|(t, _)| *t)
 }
 
+/// Asserts that the last verdict's top names one NIC, of the host `prefix` names; returns it.
+fn assert_top_is_nic<'h>(history: &'h [(u64, Vec<Verdict>)], prefix: &str) -> &'h Verdict {
+    let top = &last(history)[0];
+    assert_eq!(
+        (top.class, top.subtype),
+        (Class::Slow, Subtype::SlowLink),
+        "{top:#?}"
+    );
+    assert_eq!(top.links.len(), 1, "{top:#?}");
+    assert_eq!(top.links[0].kind, LinkKind::Nic, "{top:#?}");
+    assert!(top.links[0].name.starts_with(prefix), "{top:#?}");
+    top
+}
+
 fn last(history: &[(u64, Vec<Verdict>)]) -> &[Verdict] {
     history.last().map_or(&[][..], |(_, v)| v)
 }
@@ -342,15 +356,7 @@ fn a_nic_slow_from_the_first_step_is_named_against_the_other_paths() {
     let mut job = Job::healthy(5);
     job.path = Box::new(|_, a, b| if a == 5 || b == 5 { 8.0 } else { 1.0 });
     let h = job.run();
-    let top = &last(&h)[0];
-    assert_eq!(
-        (top.class, top.subtype),
-        (Class::Slow, Subtype::SlowLink),
-        "{top:#?}"
-    );
-    assert_eq!(top.links.len(), 1, "{top:#?}");
-    assert_eq!(top.links[0].kind, LinkKind::Nic);
-    assert!(top.links[0].name.starts_with("h5/"), "{top:#?}");
+    let top = assert_top_is_nic(&h, "h5/");
     assert!(top.culprits.is_empty());
 }
 
@@ -364,15 +370,7 @@ fn a_nic_slow_from_the_first_step_with_one_path_in_and_one_out_is_named() {
     let mut job = Job::one_ring(5);
     job.path = Box::new(|_, a, b| if a == 5 || b == 5 { 8.0 } else { 1.0 });
     let h = job.run();
-    let top = &last(&h)[0];
-    assert_eq!(
-        (top.class, top.subtype),
-        (Class::Slow, Subtype::SlowLink),
-        "{top:#?}"
-    );
-    assert_eq!(top.links.len(), 1, "{top:#?}");
-    assert_eq!(top.links[0].kind, LinkKind::Nic, "{top:#?}");
-    assert!(top.links[0].name.starts_with("h5/"), "{top:#?}");
+    assert_top_is_nic(&h, "h5/");
     // Named against its peers from the first slow transfer on, not after a history.
     let at = first(&h, |v| v.links.iter().any(|l| l.kind == LinkKind::Nic)).expect("named");
     let second = end_of(&job.events(), 10, 2).expect("the second step ends");

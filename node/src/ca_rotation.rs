@@ -96,11 +96,11 @@ impl Dir {
             None
         };
         let index = |ca: &CertAuthority| {
-            let hash = TrustBundle::of(&[&ca.cert_pem]).map(|b| b.hashes().remove(0));
+            let hash = ca.cert_hash();
             trust
                 .hashes()
                 .iter()
-                .position(|h| Some(h) == hash.as_ref())
+                .position(|h| *h == hash)
                 .unwrap_or(usize::MAX)
         };
         let phase = phase(trust.len(), index(&signer), next.as_ref().map(index))

@@ -92,11 +92,7 @@ impl Pki {
                 .and_then(tls::not_after)
                 .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
                 .map_or(0, |d| d.as_secs()),
-            signs_with: self
-                .signer
-                .as_ref()
-                .and_then(|ca| TrustBundle::of(&[&ca.cert_pem]))
-                .map(|b| b.hashes().remove(0)),
+            signs_with: self.signer.as_ref().map(|ca| ca.cert_hash()),
         }
     }
 }

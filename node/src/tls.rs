@@ -322,6 +322,12 @@ impl CertAuthority {
         })
     }
 
+    /// [`ca_hash`] of this CA's certificate: how a bundle, a token and `yard ca rotate status`
+    /// name it.
+    pub fn cert_hash(&self) -> String {
+        TrustBundle::of(&[&self.cert_pem]).map_or_else(String::new, |b| ca_hash(b.active()))
+    }
+
     /// The CA's private key, PEM (what `yard ca rotate` moves between files).
     pub fn key_pem(&self) -> String {
         self.issuer.key().serialize_pem()
